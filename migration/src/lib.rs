@@ -1,0 +1,13 @@
+//! Versioned schema migrations. One migration per file: its file name is its version.
+pub use sea_orm_migration::prelude::*;
+
+mod m20261129_000001_task_owned_schema;
+
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261129_000001_task_owned_schema::Migration)]
+    }
+}

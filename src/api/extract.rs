@@ -1,0 +1,78 @@
+//! The authenticated caller, with the scope a route needs declared in its signature:
+//! `auth: Authorized<TasksRead>` both verifies the bearer token and requires `tasks:read`.
+use std::future::{Ready, ready};
+use std::marker::PhantomData;
+
+use actix_web::http::header::AUTHORIZATION;
+use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
+
+use super::AppState;
+use crate::auth::{Principal, Scope};
+use crate::domain::error::Error;
+
+pub trait RequiredScope {
+    const SCOPE: Scope;
+}
+
+macro_rules! scope_markers {
+    ($($name:ident => $scope:expr),* $(,)?) => {
+        $(
+            #[doc = concat!("Requires the `", stringify!($name), "` scope.")]
+            pub struct $name;
+            impl RequiredScope for $name {
+                const SCOPE: Scope = $scope;
+            }
+        )*
+    };
+}
+
+scope_markers! {
+    WorkspacesAdmin => Scope::WorkspacesAdmin,
+    TasksRead => Scope::TasksRead,
+    TasksWrite => Scope::TasksWrite,
+}
+
+pub struct Authorized<S>(pub Principal, PhantomData<S>);
+
+impl<S> std::ops::Deref for Authorized<S> {
+    type Target = Principal;
+    fn deref(&self) -> &Principal {
+        &self.0
+    }
+}
+
+impl<S: RequiredScope> FromRequest for Authorized<S> {
+    type Error = Error;
+    type Future = Ready<Result<Self, Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(authenticate(req).and_then(|p| {
+            p.require(S::SCOPE)?;
+            Ok(Authorized(p, PhantomData))
+        }))
+    }
+}
+
+fn authenticate(req: &HttpRequest) -> Result<Principal, Error> {
+    let state = req
+        .app_data::<web::Data<AppState>>()
+        .ok_or_else(|| Error::Internal(anyhow::anyhow!("no app state")))?;
+    let header = req
+        .headers()
+        .get(AUTHORIZATION)
+        .ok_or(Error::Unauthenticated(
+            "an Authorization: Bearer token is required",
+        ))?;
+    let value = header
+        .to_str()
+        .map_err(|_| Error::Unauthenticated("malformed Authorization header"))?;
+    let (scheme, token) = value
+        .split_once(' ')
+        .ok_or(Error::Unauthenticated("malformed Authorization header"))?;
+    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+        return Err(Error::Unauthenticated(
+            "the Authorization scheme must be Bearer",
+        ));
+    }
+    state.verifier.verify(token.trim())
+}

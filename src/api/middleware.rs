@@ -1,0 +1,86 @@
+//! Request ids (echoed or generated, on every response and log line) and request metrics.
+use std::time::Instant;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::middleware::Next;
+use actix_web::{Error, HttpMessage, web};
+use tracing_actix_web::{DefaultRootSpanBuilder, RootSpanBuilder};
+
+use super::AppState;
+
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+tokio::task_local! {
+    static REQUEST_ID: String;
+}
+
+/// The id of the request being served, for problem bodies.
+pub fn current_request_id() -> Option<String> {
+    REQUEST_ID.try_with(|id| id.clone()).ok()
+}
+
+/// Accepts a caller's id if it is short printable ASCII; otherwise makes one.
+fn request_id_for(req: &ServiceRequest) -> String {
+    req.headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string())
+}
+
+/// Outermost middleware: sets the request id before logging starts, records metrics after the response.
+pub async fn request_id_and_metrics(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody + 'static>, Error> {
+    let id = request_id_for(&req);
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let state = req.app_data::<web::Data<AppState>>().cloned();
+    let method = req.method().clone();
+    let started = Instant::now();
+    let mut res = REQUEST_ID.scope(id.clone(), next.call(req)).await?;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        res.headers_mut()
+            .insert(HeaderName::from_static(REQUEST_ID_HEADER), value);
+    }
+    if let Some(state) = state {
+        let route = res
+            .request()
+            .match_pattern()
+            .unwrap_or_else(|| "unmatched".to_string());
+        state.metrics.observe(
+            method.as_str(),
+            &route,
+            res.status().as_u16(),
+            started.elapsed(),
+        );
+    }
+    Ok(res)
+}
+
+/// Puts our request id (not tracing-actix-web's own) on the root span of every request.
+pub struct BerthRootSpan;
+
+impl RootSpanBuilder for BerthRootSpan {
+    fn on_request_start(request: &ServiceRequest) -> tracing::Span {
+        let id = request
+            .extensions()
+            .get::<RequestId>()
+            .map(|r| r.0.clone())
+            .unwrap_or_default();
+        tracing_actix_web::root_span!(request, request_id = %id)
+    }
+
+    fn on_request_end<B: MessageBody>(
+        span: tracing::Span,
+        outcome: &Result<ServiceResponse<B>, Error>,
+    ) {
+        DefaultRootSpanBuilder::on_request_end(span, outcome);
+    }
+}

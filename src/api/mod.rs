@@ -1,0 +1,172 @@
+//! HTTP: one file per resource, thin handlers, request/response types with `ToSchema`.
+pub mod extract;
+pub mod middleware;
+pub mod ops;
+pub mod problem;
+pub mod repositories;
+pub mod tasks;
+pub mod workspaces;
+
+use std::sync::Arc;
+
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{RefOr, Response};
+use utoipa::{IntoParams, Modify, OpenApi};
+use utoipa_actix_web::service_config::ServiceConfig;
+
+use crate::auth::JwtVerifier;
+use crate::domain::Ctx;
+use crate::domain::error::Error;
+use crate::metrics::Metrics;
+
+pub struct AppState {
+    pub ctx: Ctx,
+    pub verifier: Arc<JwtVerifier>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Routes that need no token (I33). Everything else declares the bearer scheme.
+pub const PUBLIC_PATHS: [&str; 5] = ["/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"];
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "berth",
+        description = "Control plane for coding agents working in git worktrees. A task owns its environment and worktrees; sessions only use them.",
+        license(name = "MIT")
+    ),
+    components(schemas(problem::Problem, problem::ErrorCode, crate::domain::error::FieldError)),
+    modifiers(&SecurityAddon),
+    tags(
+        (name = "workspaces", description = "Workspaces: the tenancy boundary"),
+        (name = "repositories", description = "Source repositories a workspace may use"),
+        (name = "tasks", description = "Tasks: the owners of environments and worktrees"),
+        (name = "operations", description = "Health, readiness and metrics")
+    )
+)]
+pub struct ApiDoc;
+
+struct SecurityAddon;
+
+impl Modify for SecurityAddon {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// Adds the answers every authenticated operation can give, so each handler lists only its own.
+fn add_common_responses(openapi: &mut utoipa::openapi::OpenApi) {
+    let problem = |description: &str| -> RefOr<Response> {
+        RefOr::T(
+            utoipa::openapi::ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/problem+json",
+                    utoipa::openapi::ContentBuilder::new()
+                        .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build(),
+        )
+    };
+    for item in openapi.paths.paths.values_mut() {
+        for op in [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if op.security.is_none() {
+                continue;
+            }
+            let responses = &mut op.responses.responses;
+            for (code, text) in [
+                ("400", "Malformed request (`validation_failed`)"),
+                ("401", "Missing or invalid token (`unauthenticated`)"),
+                ("403", "The token lacks the scope (`insufficient_scope`)"),
+                ("500", "Unexpected error (`internal`)"),
+            ] {
+                responses
+                    .entry(code.to_string())
+                    .or_insert_with(|| problem(text));
+            }
+        }
+    }
+}
+
+/// The spec as served and committed: generated from the same route table the server uses.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    use utoipa_actix_web::AppExt;
+    let (_, mut spec) = actix_web::App::new()
+        .into_utoipa_app()
+        .openapi(ApiDoc::openapi())
+        .configure(configure)
+        .split_for_parts();
+    finish_spec(&mut spec);
+    spec
+}
+
+pub fn finish_spec(spec: &mut utoipa::openapi::OpenApi) {
+    spec.info.version = env!("CARGO_PKG_VERSION").to_string();
+    add_common_responses(spec);
+}
+
+/// Every route. `startup` and `openapi()` both build from this, so the spec cannot miss a route.
+pub fn configure(cfg: &mut ServiceConfig) {
+    cfg.service(ops::healthz)
+        .service(ops::readyz)
+        .service(ops::metrics)
+        .service(
+            utoipa_actix_web::scope("/api/v1")
+                .configure(workspaces::routes)
+                .configure(repositories::routes)
+                .configure(tasks::routes),
+        );
+}
+
+/// `?limit=&cursor=` on every list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<u64>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+impl PageQuery {
+    pub fn page(&self) -> Result<crate::domain::pagination::PageRequest, Error> {
+        crate::domain::pagination::PageRequest::parse(self.limit, self.cursor.as_deref())
+    }
+}
+
+/// `201 Created` with a `Location` header.
+pub fn created<T: serde::Serialize>(location: String, body: &T) -> HttpResponse {
+    HttpResponse::Created()
+        .insert_header((actix_web::http::header::LOCATION, location))
+        .json(body)
+}
+
+/// Unmatched routes answer problem+json too, never an empty or HTML page.
+pub async fn not_found() -> Result<HttpResponse, Error> {
+    Err(Error::NotFound("route"))
+}
+
+pub fn data(state: AppState) -> web::Data<AppState> {
+    web::Data::new(state)
+}

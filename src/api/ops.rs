@@ -1,0 +1,70 @@
+//! Operations: liveness, readiness, metrics. Public (no token), as `design/api.md` lists.
+use actix_web::{HttpResponse, get, web};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::AppState;
+use super::problem::{ErrorCode, Problem};
+use crate::store::migrate;
+
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+}
+
+#[utoipa::path(tag = "operations", responses((status = 200, description = "The process is up", body = Health)))]
+#[get("/healthz")]
+pub async fn healthz() -> web::Json<Health> {
+    web::Json(Health {
+        status: "ok".into(),
+    })
+}
+
+#[utoipa::path(
+    tag = "operations",
+    responses(
+        (status = 200, description = "Database reachable and migrations applied", body = Health),
+        (status = 503, description = "Not ready", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/readyz")]
+pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let db = &state.ctx.db.conn;
+    if db.ping().await.is_err() {
+        return not_ready("the database is unreachable");
+    }
+    if !migrate::is_current(db).await {
+        return not_ready("migrations are not applied");
+    }
+    HttpResponse::Ok().json(Health {
+        status: "ready".into(),
+    })
+}
+
+fn not_ready(detail: &str) -> HttpResponse {
+    Problem {
+        retryable: true,
+        ..Problem::new(
+            actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Internal,
+            "Not ready",
+            detail,
+        )
+    }
+    .response()
+}
+
+#[utoipa::path(
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain; version=0.0.4"))
+)]
+#[get("/metrics")]
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let (open, idle) = state.ctx.db.pool_usage();
+    let body = state
+        .metrics
+        .render(open, idle, state.ctx.config.db_max_connections);
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(body)
+}

@@ -1,0 +1,285 @@
+//! RFC 9457 problem+json: the one place where domain errors become HTTP responses.
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpRequest, HttpResponse, ResponseError};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::domain::error::{Error, FieldError};
+
+/// Stable machine-readable error codes; clients switch on these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    Unauthenticated,
+    InsufficientScope,
+    NotFound,
+    ValidationFailed,
+    Conflict,
+    SessionBusy,
+    TaskArchived,
+    TaskCleanupInProgress,
+    WorkspacePreparing,
+    WorkspaceReuseUnsafe,
+    WorkspaceReuseUnsupported,
+    TaskDeleteDirtyWorktree,
+    RepositoryInUse,
+    NotAGitRepository,
+    PathNotAllowed,
+    InvalidCursor,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::InsufficientScope => "insufficient_scope",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::ValidationFailed => "validation_failed",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::SessionBusy => "session_busy",
+            ErrorCode::TaskArchived => "task_archived",
+            ErrorCode::TaskCleanupInProgress => "task_cleanup_in_progress",
+            ErrorCode::WorkspacePreparing => "workspace_preparing",
+            ErrorCode::WorkspaceReuseUnsafe => "workspace_reuse_unsafe",
+            ErrorCode::WorkspaceReuseUnsupported => "workspace_reuse_unsupported",
+            ErrorCode::TaskDeleteDirtyWorktree => "task_delete_dirty_worktree",
+            ErrorCode::RepositoryInUse => "repository_in_use",
+            ErrorCode::NotAGitRepository => "not_a_git_repository",
+            ErrorCode::PathNotAllowed => "path_not_allowed",
+            ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+/// An `application/problem+json` body. Never carries a path, a token, a secret or a stack trace.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub type_url: String,
+    pub title: String,
+    pub status: u16,
+    pub code: ErrorCode,
+    pub detail: String,
+    pub retryable: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    /// The request id (also in `X-Request-Id`): enough to find the log line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+    /// The scope that was missing, for `insufficient_scope`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub required_scope: Option<String>,
+    /// How many live tasks hold a repository, for `repository_in_use`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_count: Option<u64>,
+}
+
+impl Problem {
+    pub fn new(
+        status: StatusCode,
+        code: ErrorCode,
+        title: &str,
+        detail: impl Into<String>,
+    ) -> Problem {
+        Problem {
+            type_url: format!("https://berth.dev/problems/{}", code.as_str()),
+            title: title.to_string(),
+            status: status.as_u16(),
+            code,
+            detail: detail.into(),
+            retryable: false,
+            retry_after_ms: None,
+            action: None,
+            request_id: super::middleware::current_request_id(),
+            errors: Vec::new(),
+            required_scope: None,
+            task_count: None,
+        }
+    }
+
+    pub fn response(&self) -> HttpResponse {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut res = HttpResponse::build(status);
+        res.insert_header((
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        ));
+        if self.code == ErrorCode::Unauthenticated {
+            res.insert_header((
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"berth\""),
+            ));
+        }
+        if let Some(ms) = self.retry_after_ms {
+            res.insert_header((header::RETRY_AFTER, ms.div_ceil(1000).to_string()));
+        }
+        res.body(serde_json::to_string(self).unwrap_or_default())
+    }
+}
+
+impl From<&Error> for Problem {
+    fn from(err: &Error) -> Problem {
+        use ErrorCode as C;
+        use StatusCode as S;
+        match err {
+            Error::Unauthenticated(why) => Problem::new(
+                S::UNAUTHORIZED,
+                C::Unauthenticated,
+                "Authentication required",
+                *why,
+            ),
+            Error::InsufficientScope(scope) => Problem {
+                required_scope: Some(scope.to_string()),
+                ..Problem::new(
+                    S::FORBIDDEN,
+                    C::InsufficientScope,
+                    "Insufficient scope",
+                    format!("this operation needs the {scope} scope"),
+                )
+            },
+            Error::SessionBound => Problem::new(
+                S::FORBIDDEN,
+                C::InsufficientScope,
+                "Insufficient scope",
+                "a session-bound token acts only on its session",
+            ),
+            Error::NotFound(what) => Problem::new(
+                S::NOT_FOUND,
+                C::NotFound,
+                "Not found",
+                format!("{what} not found"),
+            ),
+            Error::BadRequest(detail) => Problem::new(
+                S::BAD_REQUEST,
+                C::ValidationFailed,
+                "Bad request",
+                detail.clone(),
+            ),
+            Error::Invalid { detail, errors } => Problem {
+                errors: errors.clone(),
+                ..Problem::new(
+                    S::UNPROCESSABLE_ENTITY,
+                    C::ValidationFailed,
+                    "Validation failed",
+                    detail.clone(),
+                )
+            },
+            Error::PayloadTooLarge { limit } => Problem::new(
+                S::PAYLOAD_TOO_LARGE,
+                C::ValidationFailed,
+                "Request body too large",
+                format!("the body must be at most {limit} bytes"),
+            ),
+            Error::Conflict(detail) => {
+                Problem::new(S::CONFLICT, C::Conflict, "Conflict", detail.clone())
+            }
+            Error::TaskArchived => Problem {
+                action: Some("unarchive_task".into()),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::TaskArchived,
+                    "Task is archived",
+                    "unarchive the task first",
+                )
+            },
+            Error::RepositoryInUse { task_count } => Problem {
+                task_count: Some(*task_count),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::RepositoryInUse,
+                    "Repository in use",
+                    "archive or delete the tasks that use this repository first",
+                )
+            },
+            Error::NotAGitRepository(detail) => Problem::new(
+                S::UNPROCESSABLE_ENTITY,
+                C::NotAGitRepository,
+                "Not a git repository",
+                *detail,
+            ),
+            Error::PathNotAllowed(detail) => Problem::new(
+                S::UNPROCESSABLE_ENTITY,
+                C::PathNotAllowed,
+                "Path not allowed",
+                *detail,
+            ),
+            Error::InvalidCursor => Problem::new(
+                S::BAD_REQUEST,
+                C::InvalidCursor,
+                "Invalid cursor",
+                "the cursor is not one this list returned; start again without it",
+            ),
+            Error::Internal(_) => Problem {
+                retryable: true,
+                ..Problem::new(
+                    S::INTERNAL_SERVER_ERROR,
+                    C::Internal,
+                    "Internal error",
+                    "an unexpected error occurred; quote the request id",
+                )
+            },
+        }
+    }
+}
+
+impl ResponseError for Error {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(Problem::from(self).status)
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let Error::Internal(source) = self {
+            // The whole chain goes to the log; the body says nothing about it.
+            tracing::error!(error = ?source, "internal error");
+        }
+        Problem::from(self).response()
+    }
+}
+
+/// Body errors: malformed JSON and unknown fields are 400, wrong types 422, oversized 413.
+pub fn json_error(
+    err: actix_web::error::JsonPayloadError,
+    _req: &HttpRequest,
+    limit: usize,
+) -> actix_web::Error {
+    use actix_web::error::JsonPayloadError as J;
+    let domain = match &err {
+        J::Overflow { .. } | J::OverflowKnownLength { .. } => Error::PayloadTooLarge { limit },
+        J::Deserialize(e) if e.is_data() => {
+            let msg = e.to_string();
+            if msg.starts_with("unknown field") {
+                Error::BadRequest(msg)
+            } else {
+                Error::Invalid {
+                    detail: msg,
+                    errors: Vec::new(),
+                }
+            }
+        }
+        J::Deserialize(e) => Error::BadRequest(format!("malformed JSON: {e}")),
+        J::ContentType => Error::BadRequest("expected Content-Type: application/json".into()),
+        other => Error::BadRequest(format!("could not read the body: {other}")),
+    };
+    actix_web::error::InternalError::from_response(err, domain.error_response()).into()
+}
+
+pub fn path_error(err: actix_web::error::PathError, _req: &HttpRequest) -> actix_web::Error {
+    let domain = Error::BadRequest("a path parameter is malformed (ids are UUIDs)".into());
+    actix_web::error::InternalError::from_response(err, domain.error_response()).into()
+}
+
+pub fn query_error(
+    err: actix_web::error::QueryPayloadError,
+    _req: &HttpRequest,
+) -> actix_web::Error {
+    let domain = Error::BadRequest(format!("invalid query string: {err}"));
+    actix_web::error::InternalError::from_response(err, domain.error_response()).into()
+}

@@ -1,0 +1,163 @@
+//! HTTP for source repositories.
+use actix_web::{HttpResponse, delete, get, post, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_actix_web::service_config::ServiceConfig;
+use uuid::Uuid;
+
+use super::extract::{Authorized, TasksRead, WorkspacesAdmin};
+use super::problem::Problem;
+use super::{AppState, PageQuery};
+use crate::domain::error::Error;
+use crate::domain::repositories::{self, NewRepository};
+use crate::entity::repository;
+
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(register_repository)
+        .service(list_repositories)
+        .service(get_repository)
+        .service(delete_repository);
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Repository {
+    pub id: Uuid,
+    pub workspace_id: Uuid,
+    /// Names the repository's worktree directory inside a task root.
+    pub name: String,
+    /// The canonical work tree root.
+    pub path: String,
+    /// The canonical common git directory: the repository's identity.
+    pub common_git_dir: String,
+    pub default_branch: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<repository::Model> for Repository {
+    fn from(m: repository::Model) -> Self {
+        Repository {
+            id: m.id,
+            workspace_id: m.workspace_id,
+            name: m.name,
+            path: m.path,
+            common_git_dir: m.common_git_dir,
+            default_branch: m.default_branch,
+            created_at: m.created_at,
+            updated_at: m.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RepositoryList {
+    pub items: Vec<Repository>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRepository {
+    /// Absolute, canonical path of a non-bare git work tree root (inside `BERTH_REPO_ROOTS` when set).
+    pub path: String,
+    /// Defaults to the directory's name.
+    pub name: Option<String>,
+    /// Defaults to the branch HEAD names.
+    pub default_branch: Option<String>,
+}
+
+#[utoipa::path(
+    tag = "repositories",
+    security(("bearer" = ["workspaces:admin"])),
+    params(("id" = Uuid, Path, description = "Workspace id")),
+    request_body = RegisterRepository,
+    responses(
+        (status = 201, description = "Registered", body = Repository, headers(("Location" = String))),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already registered (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`not_a_git_repository`, `path_not_allowed` or `validation_failed`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/workspaces/{id}/repositories")]
+async fn register_repository(
+    auth: Authorized<WorkspacesAdmin>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    body: web::Json<RegisterRepository>,
+) -> Result<HttpResponse, Error> {
+    let body = body.into_inner();
+    let input = NewRepository {
+        path: body.path,
+        name: body.name,
+        default_branch: body.default_branch,
+    };
+    let repo = repositories::register(&state.ctx, &auth, *id, input).await?;
+    Ok(super::created(
+        format!("/api/v1/repositories/{}", repo.id),
+        &Repository::from(repo),
+    ))
+}
+
+#[utoipa::path(
+    tag = "repositories",
+    security(("bearer" = ["tasks:read"])),
+    params(("id" = Uuid, Path, description = "Workspace id"), PageQuery),
+    responses(
+        (status = 200, description = "Registered repositories, newest first", body = RepositoryList),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/workspaces/{id}/repositories")]
+async fn list_repositories(
+    auth: Authorized<TasksRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    query: web::Query<PageQuery>,
+) -> Result<web::Json<RepositoryList>, Error> {
+    let page = repositories::list(&state.ctx, &auth, *id, query.page()?).await?;
+    Ok(web::Json(RepositoryList {
+        items: page.items.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+#[utoipa::path(
+    tag = "repositories",
+    security(("bearer" = ["tasks:read"])),
+    params(("id" = Uuid, Path, description = "Repository id")),
+    responses(
+        (status = 200, description = "The repository", body = Repository),
+        (status = 404, description = "No such repository (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/repositories/{id}")]
+async fn get_repository(
+    auth: Authorized<TasksRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<Repository>, Error> {
+    Ok(web::Json(
+        repositories::get(&state.ctx, &auth, *id).await?.into(),
+    ))
+}
+
+#[utoipa::path(
+    tag = "repositories",
+    security(("bearer" = ["workspaces:admin"])),
+    params(("id" = Uuid, Path, description = "Repository id")),
+    responses(
+        (status = 204, description = "Deregistered; nothing on disk is touched"),
+        (status = 404, description = "No such repository (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A live task uses it (`repository_in_use`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[delete("/repositories/{id}")]
+async fn delete_repository(
+    auth: Authorized<WorkspacesAdmin>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<HttpResponse, Error> {
+    repositories::delete(&state.ctx, &auth, *id).await?;
+    Ok(HttpResponse::NoContent().finish())
+}

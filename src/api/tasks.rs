@@ -1,0 +1,251 @@
+//! HTTP for tasks.
+use actix_web::{HttpResponse, get, patch, post, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_actix_web::service_config::ServiceConfig;
+use uuid::Uuid;
+
+use super::extract::{Authorized, TasksRead, TasksWrite};
+use super::problem::Problem;
+use super::{AppState, PageQuery};
+use crate::domain::error::Error;
+use crate::domain::tasks::{self, NewSlot, NewTask, TaskFilter, TaskPatch, TaskView};
+use crate::entity::task::{TaskKind, WorkspaceMode};
+
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(create_task)
+        .service(list_tasks)
+        .service(get_task)
+        .service(update_task);
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskRepository {
+    pub repository_id: Uuid,
+    /// The branch the worktree starts from; the repository's default branch when null.
+    pub base_branch: Option<String>,
+    /// The branch the task works on; berth names one when null.
+    pub branch: Option<String>,
+    /// The slot key: the branch when one was asked for, else empty.
+    pub branch_slug: String,
+    pub position: i32,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Task {
+    pub id: Uuid,
+    pub workspace_id: Uuid,
+    pub parent_task_id: Option<Uuid>,
+    pub title: String,
+    pub description: String,
+    pub kind: TaskKind,
+    pub workspace_mode: WorkspaceMode,
+    pub repositories: Vec<TaskRepository>,
+    pub archived_at: Option<DateTime<Utc>>,
+    pub primary_session_id: Option<Uuid>,
+    pub session_count: u64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<TaskView> for Task {
+    fn from(v: TaskView) -> Self {
+        let t = v.task;
+        Task {
+            id: t.id,
+            workspace_id: t.workspace_id,
+            parent_task_id: t.parent_task_id,
+            title: t.title,
+            description: t.description,
+            kind: t.kind,
+            workspace_mode: t.workspace_mode,
+            repositories: v
+                .repositories
+                .into_iter()
+                .map(|s| TaskRepository {
+                    repository_id: s.repository_id,
+                    base_branch: s.base_branch,
+                    branch: s.branch,
+                    branch_slug: s.branch_slug,
+                    position: s.position,
+                })
+                .collect(),
+            archived_at: t.archived_at,
+            primary_session_id: v.primary_session_id,
+            session_count: v.session_count,
+            created_at: t.created_at,
+            updated_at: t.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskList {
+    pub items: Vec<Task>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskRepositoryInput {
+    pub repository_id: Uuid,
+    pub base_branch: Option<String>,
+    pub branch: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTask {
+    pub title: String,
+    pub description: Option<String>,
+    /// Default `standard`.
+    pub kind: Option<TaskKind>,
+    pub parent_task_id: Option<Uuid>,
+    /// Default `new_workspace`. `inherit_parent` uses the parent's environment and repositories.
+    pub workspace_mode: Option<WorkspaceMode>,
+    #[serde(default)]
+    pub repositories: Vec<TaskRepositoryInput>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateTask {
+    pub title: Option<String>,
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TaskListQuery {
+    /// `false` (default): live tasks; `true`: archived ones.
+    pub archived: Option<bool>,
+    /// Only the subtasks of this task.
+    pub parent_task_id: Option<Uuid>,
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<u64>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+#[utoipa::path(
+    tag = "tasks",
+    security(("bearer" = ["tasks:write"])),
+    params(("id" = Uuid, Path, description = "Workspace id")),
+    request_body = CreateTask,
+    responses(
+        (status = 201, description = "Created", body = Task, headers(("Location" = String))),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The parent task is archived (`task_archived`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid task (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/workspaces/{id}/tasks")]
+async fn create_task(
+    auth: Authorized<TasksWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    body: web::Json<CreateTask>,
+) -> Result<HttpResponse, Error> {
+    let body = body.into_inner();
+    let input = NewTask {
+        title: body.title,
+        description: body.description,
+        kind: body.kind.unwrap_or(TaskKind::Standard),
+        parent_task_id: body.parent_task_id,
+        workspace_mode: body.workspace_mode.unwrap_or(WorkspaceMode::NewWorkspace),
+        repositories: body
+            .repositories
+            .into_iter()
+            .map(|r| NewSlot {
+                repository_id: r.repository_id,
+                base_branch: r.base_branch,
+                branch: r.branch,
+            })
+            .collect(),
+    };
+    let task = tasks::create(&state.ctx, &auth, *id, input).await?;
+    Ok(super::created(
+        format!("/api/v1/tasks/{}", task.task.id),
+        &Task::from(task),
+    ))
+}
+
+#[utoipa::path(
+    tag = "tasks",
+    security(("bearer" = ["tasks:read"])),
+    params(("id" = Uuid, Path, description = "Workspace id"), TaskListQuery),
+    responses(
+        (status = 200, description = "Tasks, newest first", body = TaskList),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/workspaces/{id}/tasks")]
+async fn list_tasks(
+    auth: Authorized<TasksRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    query: web::Query<TaskListQuery>,
+) -> Result<web::Json<TaskList>, Error> {
+    let page = PageQuery {
+        limit: query.limit,
+        cursor: query.cursor.clone(),
+    }
+    .page()?;
+    let filter = TaskFilter {
+        archived: query.archived.unwrap_or(false),
+        parent_task_id: query.parent_task_id,
+    };
+    let page = tasks::list(&state.ctx, &auth, *id, filter, page).await?;
+    Ok(web::Json(TaskList {
+        items: page.items.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+#[utoipa::path(
+    tag = "tasks",
+    security(("bearer" = ["tasks:read"])),
+    params(("id" = Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "The task", body = Task),
+        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/tasks/{id}")]
+async fn get_task(
+    auth: Authorized<TasksRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<Task>, Error> {
+    Ok(web::Json(tasks::get(&state.ctx, &auth, *id).await?.into()))
+}
+
+#[utoipa::path(
+    tag = "tasks",
+    security(("bearer" = ["tasks:write"])),
+    params(("id" = Uuid, Path, description = "Task id")),
+    request_body = UpdateTask,
+    responses(
+        (status = 200, description = "The updated task", body = Task),
+        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The task is archived (`task_archived`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid field (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[patch("/tasks/{id}")]
+async fn update_task(
+    auth: Authorized<TasksWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    body: web::Json<UpdateTask>,
+) -> Result<web::Json<Task>, Error> {
+    let body = body.into_inner();
+    let patch = TaskPatch {
+        title: body.title,
+        description: body.description,
+    };
+    Ok(web::Json(
+        tasks::update(&state.ctx, &auth, *id, patch).await?.into(),
+    ))
+}

@@ -1,0 +1,117 @@
+//! HTTP for workspaces.
+use actix_web::{HttpResponse, get, post, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_actix_web::service_config::ServiceConfig;
+use uuid::Uuid;
+
+use super::extract::{Authorized, TasksRead, WorkspacesAdmin};
+use super::problem::Problem;
+use super::{AppState, PageQuery};
+use crate::domain::error::Error;
+use crate::domain::workspaces;
+use crate::entity::workspace;
+
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(create_workspace)
+        .service(list_workspaces)
+        .service(get_workspace);
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Workspace {
+    pub id: Uuid,
+    pub name: String,
+    /// `active`, or `deleting` while its cleanup runs.
+    pub status: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<workspace::Model> for Workspace {
+    fn from(m: workspace::Model) -> Self {
+        Workspace {
+            id: m.id,
+            name: m.name,
+            status: m.status,
+            created_at: m.created_at,
+            updated_at: m.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkspaceList {
+    pub items: Vec<Workspace>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWorkspace {
+    /// Unique; it confirms deletion later.
+    pub name: String,
+}
+
+#[utoipa::path(
+    tag = "workspaces",
+    security(("bearer" = ["workspaces:admin"])),
+    request_body = CreateWorkspace,
+    responses(
+        (status = 201, description = "Created", body = Workspace, headers(("Location" = String))),
+        (status = 409, description = "A workspace with this name exists (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid name (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/workspaces")]
+async fn create_workspace(
+    auth: Authorized<WorkspacesAdmin>,
+    state: web::Data<AppState>,
+    body: web::Json<CreateWorkspace>,
+) -> Result<HttpResponse, Error> {
+    let ws = workspaces::create(&state.ctx, &auth, &body.name).await?;
+    Ok(super::created(
+        format!("/api/v1/workspaces/{}", ws.id),
+        &Workspace::from(ws),
+    ))
+}
+
+#[utoipa::path(
+    tag = "workspaces",
+    security(("bearer" = ["tasks:read"])),
+    params(PageQuery),
+    responses((status = 200, description = "Workspaces the token may see, newest first", body = WorkspaceList))
+)]
+#[get("/workspaces")]
+async fn list_workspaces(
+    auth: Authorized<TasksRead>,
+    state: web::Data<AppState>,
+    query: web::Query<PageQuery>,
+) -> Result<web::Json<WorkspaceList>, Error> {
+    let page = workspaces::list(&state.ctx, &auth, query.page()?).await?;
+    Ok(web::Json(WorkspaceList {
+        items: page.items.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+#[utoipa::path(
+    tag = "workspaces",
+    security(("bearer" = ["tasks:read"])),
+    params(("id" = Uuid, Path, description = "Workspace id")),
+    responses(
+        (status = 200, description = "The workspace", body = Workspace),
+        (status = 404, description = "No such workspace, or not the token's (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/workspaces/{id}")]
+async fn get_workspace(
+    auth: Authorized<TasksRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<Workspace>, Error> {
+    Ok(web::Json(
+        workspaces::get(&state.ctx, &auth, *id).await?.into(),
+    ))
+}

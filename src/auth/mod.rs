@@ -1,0 +1,263 @@
+//! Authentication: JWT verification with a pinned algorithm, the `Principal` it yields (scopes,
+//! workspace tenancy, optional session binding) and token minting for `berth token`.
+use std::str::FromStr;
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::config::{Config, JwtKey};
+use crate::domain::error::{Error, Result};
+
+/// The scopes of `design/api.md`. `admin` implies every other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    WorkspacesAdmin,
+    TasksRead,
+    TasksWrite,
+    TasksArchive,
+    TasksDelete,
+    SessionsRead,
+    SessionsWrite,
+    SessionsDelete,
+    CleanupRead,
+    CleanupAdmin,
+    EventsRead,
+    Admin,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 12] = [
+        Scope::WorkspacesAdmin,
+        Scope::TasksRead,
+        Scope::TasksWrite,
+        Scope::TasksArchive,
+        Scope::TasksDelete,
+        Scope::SessionsRead,
+        Scope::SessionsWrite,
+        Scope::SessionsDelete,
+        Scope::CleanupRead,
+        Scope::CleanupAdmin,
+        Scope::EventsRead,
+        Scope::Admin,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::WorkspacesAdmin => "workspaces:admin",
+            Scope::TasksRead => "tasks:read",
+            Scope::TasksWrite => "tasks:write",
+            Scope::TasksArchive => "tasks:archive",
+            Scope::TasksDelete => "tasks:delete",
+            Scope::SessionsRead => "sessions:read",
+            Scope::SessionsWrite => "sessions:write",
+            Scope::SessionsDelete => "sessions:delete",
+            Scope::CleanupRead => "cleanup:read",
+            Scope::CleanupAdmin => "cleanup:admin",
+            Scope::EventsRead => "events:read",
+            Scope::Admin => "admin",
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Scope {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Scope::ALL
+            .into_iter()
+            .find(|scope| scope.as_str() == s)
+            .ok_or_else(|| format!("unknown scope {s:?}"))
+    }
+}
+
+/// Who is calling, as proven by a verified token.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub sub: String,
+    scopes: Vec<Scope>,
+    /// `None`: every workspace.
+    workspaces: Option<Vec<Uuid>>,
+    /// An agent's token: it may act only on this session (and read its task and environment).
+    pub session_id: Option<Uuid>,
+}
+
+impl Principal {
+    pub fn has(&self, scope: Scope) -> bool {
+        self.scopes.contains(&Scope::Admin) || self.scopes.contains(&scope)
+    }
+
+    pub fn require(&self, scope: Scope) -> Result<()> {
+        if self.has(scope) {
+            Ok(())
+        } else {
+            Err(Error::InsufficientScope(scope))
+        }
+    }
+
+    /// I33: a resource in a workspace outside the token's list is reported missing, never forbidden.
+    pub fn sees_workspace(&self, workspace_id: Uuid) -> bool {
+        self.workspaces
+            .as_ref()
+            .is_none_or(|ids| ids.contains(&workspace_id))
+    }
+
+    /// The workspaces this token is limited to, if any (for list filters).
+    pub fn workspace_filter(&self) -> Option<&[Uuid]> {
+        self.workspaces.as_deref()
+    }
+
+    /// Refuses a session-bound token on a route that is not about its session.
+    pub fn require_unbound(&self) -> Result<()> {
+        if self.session_id.is_some() {
+            Err(Error::SessionBound)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Claims {
+    pub sub: String,
+    #[serde(default)]
+    pub scope: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspaces: Option<Vec<Uuid>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<Uuid>,
+    pub exp: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iat: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iss: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aud: Option<String>,
+}
+
+/// Verifies tokens with one pinned algorithm and, for a shared secret, mints them.
+pub struct JwtVerifier {
+    decoding: DecodingKey,
+    encoding: Option<EncodingKey>,
+    algorithm: Algorithm,
+    validation: Validation,
+    issuer: String,
+    audience: String,
+}
+
+impl JwtVerifier {
+    pub fn from_config(config: &Config) -> anyhow::Result<JwtVerifier> {
+        let (decoding, encoding, algorithm) = match &config.jwt_key {
+            JwtKey::Secret { secret, .. } => (
+                DecodingKey::from_secret(secret)?,
+                Some(EncodingKey::from_secret(secret)?),
+                Algorithm::HS256,
+            ),
+            JwtKey::PublicKeyPem(pem) => {
+                if let Ok(key) = DecodingKey::from_ed_pem(pem) {
+                    (key, None, Algorithm::EdDSA)
+                } else {
+                    let key = DecodingKey::from_rsa_pem(pem)
+                        .map_err(|e| anyhow::anyhow!("invalid BERTH_JWT_PUBLIC_KEY_FILE: not an Ed25519 or RSA public key: {e}"))?;
+                    (key, None, Algorithm::RS256)
+                }
+            }
+        };
+        let mut validation = Validation::new(algorithm);
+        validation.algorithms = vec![algorithm];
+        validation.set_issuer(&[config.jwt_issuer.as_str()]);
+        validation.set_audience(&[config.jwt_audience.as_str()]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        validation.leeway = 30;
+        validation.validate_exp = true;
+        Ok(JwtVerifier {
+            decoding,
+            encoding,
+            algorithm,
+            validation,
+            issuer: config.jwt_issuer.clone(),
+            audience: config.jwt_audience.clone(),
+        })
+    }
+
+    /// Verifies a bearer token. Every failure is the same opaque 401: the reason goes to the log only.
+    pub fn verify(&self, token: &str) -> Result<Principal> {
+        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
+            .map_err(|e| {
+                tracing::debug!(error = %e, "token rejected");
+                Error::Unauthenticated("invalid or expired token")
+            })?;
+        let claims = data.claims;
+        // Unknown scope names are ignored: a token minted for a newer berth still works for what we know.
+        let scopes = claims
+            .scope
+            .split_whitespace()
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        Ok(Principal {
+            sub: claims.sub,
+            scopes,
+            workspaces: claims.workspaces,
+            session_id: claims.session_id,
+        })
+    }
+
+    pub fn mint(
+        &self,
+        sub: &str,
+        scopes: &[Scope],
+        workspaces: Option<Vec<Uuid>>,
+        session_id: Option<Uuid>,
+        ttl: std::time::Duration,
+    ) -> anyhow::Result<String> {
+        let key = self
+            .encoding
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("berth verifies with a public key and cannot mint tokens; use the matching private key"))?;
+        let now = chrono::Utc::now().timestamp();
+        let claims = Claims {
+            sub: sub.to_string(),
+            scope: scopes
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(" "),
+            workspaces,
+            session_id,
+            exp: now + ttl.as_secs() as i64,
+            iat: Some(now),
+            iss: Some(self.issuer.clone()),
+            aud: Some(self.audience.clone()),
+        };
+        Ok(jsonwebtoken::encode(
+            &Header::new(self.algorithm),
+            &claims,
+            key,
+        )?)
+    }
+}
+
+/// Parses "90s", "30m", "1h", "7d" or plain seconds.
+pub fn parse_ttl(s: &str) -> std::result::Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid ttl {s:?}: expected e.g. 30m, 1h, 7d"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86400,
+        _ => return Err(format!("invalid ttl {s:?}: unit must be s, m, h or d")),
+    };
+    if secs == 0 {
+        return Err("ttl must be positive".into());
+    }
+    Ok(std::time::Duration::from_secs(secs))
+}

@@ -1,0 +1,404 @@
+//! Configuration: defaults, then an optional TOML file (`BERTH_CONFIG`), then `BERTH_*` environment
+//! variables; secrets may come from `*_FILE` variables. A bad value is a one-line error naming the setting.
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {setting}: {reason}")]
+pub struct ConfigError {
+    pub setting: String,
+    pub reason: String,
+}
+
+fn bad(setting: &str, reason: impl std::fmt::Display) -> ConfigError {
+    ConfigError {
+        setting: setting.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// An agent profile: defined only in the config file, never accepted over HTTP (decision 7).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentProfile {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// Where the JWT verification key comes from.
+#[derive(Clone)]
+pub enum JwtKey {
+    /// HS256 with a shared secret; `generated` when it is the one berth keeps in its data dir.
+    Secret { secret: Vec<u8>, generated: bool },
+    /// EdDSA or RS256 public key (PEM); berth can verify but not mint.
+    PublicKeyPem(Vec<u8>),
+}
+
+impl std::fmt::Debug for JwtKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JwtKey::Secret { generated, .. } => {
+                write!(f, "Secret(<redacted>, generated: {generated})")
+            }
+            JwtKey::PublicKeyPem(_) => write!(f, "PublicKeyPem(<redacted>)"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub bind: SocketAddr,
+    pub data_dir: PathBuf,
+    pub database_url: String,
+    pub db_max_connections: u32,
+    pub jwt_key: JwtKey,
+    pub jwt_issuer: String,
+    pub jwt_audience: String,
+    pub worktree_root: PathBuf,
+    pub repo_roots: Option<Vec<PathBuf>>,
+    pub node_id: String,
+    pub log_format: LogFormat,
+    pub max_body_bytes: usize,
+    pub migration_lock_timeout: Duration,
+    pub agents: BTreeMap<String, AgentProfile>,
+}
+
+/// The TOML file: every key optional, unknown keys rejected so typos do not pass silently.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    bind: Option<String>,
+    data_dir: Option<PathBuf>,
+    database_url: Option<String>,
+    db_max_connections: Option<u32>,
+    jwt_secret: Option<String>,
+    jwt_secret_file: Option<PathBuf>,
+    jwt_public_key_file: Option<PathBuf>,
+    jwt_issuer: Option<String>,
+    jwt_audience: Option<String>,
+    worktree_root: Option<PathBuf>,
+    repo_roots: Option<Vec<PathBuf>>,
+    node_id: Option<String>,
+    log_format: Option<String>,
+    max_body_bytes: Option<usize>,
+    migration_lock_timeout_ms: Option<u64>,
+    #[serde(default)]
+    agents: BTreeMap<String, AgentProfile>,
+}
+
+/// A source of `BERTH_*` variables; the process environment in production, a map in tests.
+pub trait Env {
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+pub struct ProcessEnv;
+impl Env for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok().filter(|v| !v.is_empty())
+    }
+}
+
+impl Env for BTreeMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        BTreeMap::get(self, name).cloned().filter(|v| !v.is_empty())
+    }
+}
+
+impl Config {
+    /// Loads the configuration and prepares the data dir (secret and node id are generated on first use).
+    pub fn load(env: &dyn Env) -> Result<Config, ConfigError> {
+        let file = match env.get("BERTH_CONFIG") {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| bad("BERTH_CONFIG", format!("{path}: {e}")))?;
+                toml::from_str::<FileConfig>(&text)
+                    .map_err(|e| bad("BERTH_CONFIG", format!("{path}: {}", e.message())))?
+            }
+            None => FileConfig::default(),
+        };
+
+        let pick = |var: &str, from_file: Option<String>| env.get(var).or(from_file);
+
+        let bind = pick("BERTH_BIND", file.bind.clone()).unwrap_or_else(|| "127.0.0.1:8080".into());
+        let bind: SocketAddr = bind
+            .parse()
+            .map_err(|e| bad("BERTH_BIND", format!("{bind:?}: {e}")))?;
+
+        let data_dir = env
+            .get("BERTH_DATA_DIR")
+            .map(PathBuf::from)
+            .or(file.data_dir.clone())
+            .unwrap_or_else(|| "./berth-data".into());
+        if data_dir.as_os_str().is_empty() {
+            return Err(bad("BERTH_DATA_DIR", "must not be empty"));
+        }
+        std::fs::create_dir_all(&data_dir)
+            .map_err(|e| bad("BERTH_DATA_DIR", format!("{}: {e}", data_dir.display())))?;
+        let data_dir = data_dir
+            .canonicalize()
+            .map_err(|e| bad("BERTH_DATA_DIR", format!("{}: {e}", data_dir.display())))?;
+
+        let database_url =
+            pick("BERTH_DATABASE_URL", file.database_url.clone()).unwrap_or_else(|| {
+                format!("sqlite://{}?mode=rwc", data_dir.join("berth.db").display())
+            });
+        if !(database_url.starts_with("sqlite:")
+            || database_url.starts_with("postgres://")
+            || database_url.starts_with("postgresql://"))
+        {
+            return Err(bad(
+                "BERTH_DATABASE_URL",
+                "must start with sqlite:, postgres:// or postgresql://",
+            ));
+        }
+
+        let db_max_connections = parse_num(
+            env,
+            "BERTH_DB_MAX_CONNECTIONS",
+            file.db_max_connections,
+            10u32,
+        )?;
+        if db_max_connections == 0 {
+            return Err(bad("BERTH_DB_MAX_CONNECTIONS", "must be at least 1"));
+        }
+        let max_body_bytes = parse_num(
+            env,
+            "BERTH_MAX_BODY_BYTES",
+            file.max_body_bytes,
+            256 * 1024usize,
+        )?;
+        let lock_ms = parse_num(
+            env,
+            "BERTH_MIGRATION_LOCK_TIMEOUT_MS",
+            file.migration_lock_timeout_ms,
+            60_000u64,
+        )?;
+
+        let jwt_key = load_jwt_key(env, &file, &data_dir)?;
+        let jwt_issuer =
+            pick("BERTH_JWT_ISSUER", file.jwt_issuer.clone()).unwrap_or_else(|| "berth".into());
+        let jwt_audience = pick("BERTH_JWT_AUDIENCE", file.jwt_audience.clone())
+            .unwrap_or_else(|| "berth-api".into());
+
+        let worktree_root = env
+            .get("BERTH_WORKTREE_ROOT")
+            .map(PathBuf::from)
+            .or(file.worktree_root.clone())
+            .unwrap_or_else(|| data_dir.join("worktrees"));
+        if !worktree_root.is_absolute() && worktree_root.components().count() == 0 {
+            return Err(bad("BERTH_WORKTREE_ROOT", "must not be empty"));
+        }
+        std::fs::create_dir_all(&worktree_root).map_err(|e| {
+            bad(
+                "BERTH_WORKTREE_ROOT",
+                format!("{}: {e}", worktree_root.display()),
+            )
+        })?;
+        let worktree_root = worktree_root.canonicalize().map_err(|e| {
+            bad(
+                "BERTH_WORKTREE_ROOT",
+                format!("{}: {e}", worktree_root.display()),
+            )
+        })?;
+
+        let repo_roots = match env.get("BERTH_REPO_ROOTS") {
+            Some(list) => Some(
+                list.split(':')
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from)
+                    .collect::<Vec<_>>(),
+            ),
+            None => file.repo_roots.clone(),
+        };
+        let repo_roots = match repo_roots {
+            Some(roots) => {
+                let mut out = Vec::new();
+                for root in roots {
+                    let canonical = root
+                        .canonicalize()
+                        .map_err(|e| bad("BERTH_REPO_ROOTS", format!("{}: {e}", root.display())))?;
+                    out.push(canonical);
+                }
+                Some(out)
+            }
+            None => None,
+        };
+
+        let node_id = match pick("BERTH_NODE_ID", file.node_id.clone()) {
+            Some(id) => id,
+            None => read_or_create(&data_dir.join("node-id"), || {
+                uuid::Uuid::now_v7().to_string().into_bytes()
+            })
+            .map_err(|e| bad("BERTH_NODE_ID", e))
+            .map(|(bytes, _)| String::from_utf8_lossy(&bytes).trim().to_string())?,
+        };
+        if node_id.is_empty() || node_id.len() > 200 {
+            return Err(bad("BERTH_NODE_ID", "must be 1 to 200 characters"));
+        }
+
+        let log_format = match pick("BERTH_LOG_FORMAT", file.log_format.clone()).as_deref() {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(bad(
+                    "BERTH_LOG_FORMAT",
+                    format!("{other:?} is not text or json"),
+                ));
+            }
+        };
+
+        Ok(Config {
+            bind,
+            data_dir,
+            database_url,
+            db_max_connections,
+            jwt_key,
+            jwt_issuer,
+            jwt_audience,
+            worktree_root,
+            repo_roots,
+            node_id,
+            log_format,
+            max_body_bytes,
+            migration_lock_timeout: Duration::from_millis(lock_ms),
+            agents: file.agents,
+        })
+    }
+
+    pub fn is_sqlite(&self) -> bool {
+        self.database_url.starts_with("sqlite:")
+    }
+}
+
+fn parse_num<T: std::str::FromStr + Copy>(
+    env: &dyn Env,
+    var: &str,
+    from_file: Option<T>,
+    default: T,
+) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    match env.get(var) {
+        Some(v) => v
+            .trim()
+            .parse::<T>()
+            .map_err(|e| bad(var, format!("{v:?}: {e}"))),
+        None => Ok(from_file.unwrap_or(default)),
+    }
+}
+
+fn load_jwt_key(env: &dyn Env, file: &FileConfig, data_dir: &Path) -> Result<JwtKey, ConfigError> {
+    if let Some(path) = env
+        .get("BERTH_JWT_PUBLIC_KEY_FILE")
+        .map(PathBuf::from)
+        .or(file.jwt_public_key_file.clone())
+    {
+        let pem = std::fs::read(&path).map_err(|e| {
+            bad(
+                "BERTH_JWT_PUBLIC_KEY_FILE",
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+        return Ok(JwtKey::PublicKeyPem(pem));
+    }
+    if let Some(secret) = env.get("BERTH_JWT_SECRET").or(file.jwt_secret.clone()) {
+        return secret_key("BERTH_JWT_SECRET", secret.into_bytes());
+    }
+    if let Some(path) = env
+        .get("BERTH_JWT_SECRET_FILE")
+        .map(PathBuf::from)
+        .or(file.jwt_secret_file.clone())
+    {
+        let bytes = std::fs::read(&path)
+            .map_err(|e| bad("BERTH_JWT_SECRET_FILE", format!("{}: {e}", path.display())))?;
+        return secret_key("BERTH_JWT_SECRET_FILE", trim_newline(bytes));
+    }
+    let (bytes, created) = read_or_create(&data_dir.join("jwt-secret"), || {
+        let mut raw = [0u8; 48];
+        getrandom::fill(&mut raw).expect("the operating system's random source");
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(raw)
+            .into_bytes()
+    })
+    .map_err(|e| bad("BERTH_JWT_SECRET", e))?;
+    if created {
+        tracing::info!(path = %data_dir.join("jwt-secret").display(), "generated a JWT signing secret");
+    }
+    match secret_key("BERTH_JWT_SECRET", trim_newline(bytes))? {
+        JwtKey::Secret { secret, .. } => Ok(JwtKey::Secret {
+            secret,
+            generated: true,
+        }),
+        other => Ok(other),
+    }
+}
+
+fn secret_key(setting: &str, secret: Vec<u8>) -> Result<JwtKey, ConfigError> {
+    if secret.len() < 32 {
+        return Err(bad(setting, "an HS256 secret must be at least 32 bytes"));
+    }
+    Ok(JwtKey::Secret {
+        secret,
+        generated: false,
+    })
+}
+
+fn trim_newline(mut bytes: Vec<u8>) -> Vec<u8> {
+    while matches!(bytes.last(), Some(b'\n' | b'\r')) {
+        bytes.pop();
+    }
+    bytes
+}
+
+/// Reads a small file from the data dir, or creates it with mode 0600 (atomically: a racing process
+/// either wins the create or reads the winner's content). Returns the content and whether it was created.
+fn read_or_create(path: &Path, make: impl FnOnce() -> Vec<u8>) -> Result<(Vec<u8>, bool), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::read(path) {
+        Ok(bytes) if !bytes.is_empty() => return Ok((bytes, false)),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    }
+    let content = make();
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    f.write_all(&content)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    // hard_link fails if the target exists, so the first writer wins and everyone reads its value.
+    let created = match std::fs::hard_link(&tmp, path) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(format!("{}: {e}", path.display()));
+        }
+    };
+    let _ = std::fs::remove_file(&tmp);
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((bytes, created))
+}

@@ -1,0 +1,43 @@
+//! The rules. Handlers call one function here; nothing here knows about HTTP.
+pub mod error;
+pub mod pagination;
+pub mod repositories;
+pub mod tasks;
+pub mod workspaces;
+
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::store::Db;
+
+/// What every domain operation needs: storage, configuration and this process generation's id.
+#[derive(Clone)]
+pub struct Ctx {
+    pub db: Db,
+    pub config: Arc<Config>,
+    /// Changes with every server start (I26); stamped on every event.
+    pub instance_id: Uuid,
+}
+
+/// Trims and bounds a required free-text field.
+pub(crate) fn required_text(field: &str, value: &str, max_chars: usize) -> error::Result<String> {
+    let trimmed = value.trim();
+    if trimmed.is_empty() {
+        return Err(error::Error::invalid(field, "must not be empty"));
+    }
+    if trimmed.chars().count() > max_chars {
+        return Err(error::Error::invalid(
+            field,
+            format!("must be at most {max_chars} characters"),
+        ));
+    }
+    if trimmed.chars().any(|c| c.is_control()) {
+        return Err(error::Error::invalid(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(trimmed.to_string())
+}

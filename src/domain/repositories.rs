@@ -1,0 +1,310 @@
+//! Source repositories a workspace may use. Registration proves, read-only, that the path is a canonical,
+//! allowed, non-bare git work tree and records its identity; deregistration is refused while a live task
+//! uses it and otherwise only hides the row (archived tasks keep their slots).
+use std::path::{Path, PathBuf};
+
+use chrono::Utc;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Statement,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Ctx;
+use super::error::{Error, Result, is_unique_violation};
+use super::pagination::{Page, PageRequest};
+use crate::auth::Principal;
+use crate::entity::repository;
+use crate::events::{self, Subject};
+use crate::git::{self, BranchName, InspectError};
+
+pub struct NewRepository {
+    pub path: String,
+    pub name: Option<String>,
+    pub default_branch: Option<String>,
+}
+
+pub async fn register(
+    ctx: &Ctx,
+    p: &Principal,
+    workspace_id: Uuid,
+    input: NewRepository,
+) -> Result<repository::Model> {
+    p.require_unbound()?;
+    super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
+    let path = allowed_path(
+        &input.path,
+        ctx.config.repo_roots.as_deref(),
+        &ctx.config.worktree_root,
+    )?;
+    let default_branch = input
+        .default_branch
+        .as_deref()
+        .map(|b| BranchName::parse(b).map_err(|m| Error::invalid("default_branch", m)))
+        .transpose()?;
+    let name = match input.name.as_deref() {
+        Some(name) => RepositoryName::parse(name).map_err(|m| Error::invalid("name", m))?,
+        None => RepositoryName::from_dir(&path),
+    };
+
+    let inspect_path = path.clone();
+    let identity = tokio::task::spawn_blocking(move || git::inspect_repository(&inspect_path))
+        .await
+        .map_err(|e| Error::Internal(e.into()))?
+        .map_err(|e| match e {
+            InspectError::NotARepository => {
+                Error::NotAGitRepository("the path is not a git repository")
+            }
+            InspectError::Bare => Error::NotAGitRepository("a bare repository has no work tree"),
+            InspectError::NotTheRoot => {
+                Error::NotAGitRepository("the path is not the root of a git work tree")
+            }
+        })?;
+    let default_branch = default_branch
+        .map(|b| b.as_str().to_string())
+        .or(identity.head_branch)
+        .unwrap_or_else(|| "main".to_string());
+
+    let now = Utc::now();
+    let model = repository::Model {
+        id: Uuid::now_v7(),
+        workspace_id,
+        name: name.0,
+        path: identity.workdir.to_string_lossy().into_owned(),
+        common_git_dir: identity.common_git_dir.to_string_lossy().into_owned(),
+        default_branch,
+        created_at: now,
+        updated_at: now,
+        deleted_at: None,
+    };
+    let txn = ctx.db.begin_write().await?;
+    let am: repository::ActiveModel = model.clone().into();
+    match repository::Entity::insert(am)
+        .exec_without_returning(&txn)
+        .await
+    {
+        Err(e) if is_unique_violation(&e) => {
+            return Err(Error::Conflict(
+                "a repository with this path or name is already registered in this workspace"
+                    .into(),
+            ));
+        }
+        // The workspace vanished between the check and the insert.
+        Err(e)
+            if matches!(
+                e.sql_err(),
+                Some(sea_orm::SqlErr::ForeignKeyConstraintViolation(_))
+            ) =>
+        {
+            return Err(Error::NotFound("workspace"));
+        }
+        other => other?,
+    };
+    events::append(
+        &txn,
+        ctx.instance_id,
+        "repository.created",
+        Subject::workspace(workspace_id),
+        json!({ "repository_id": model.id, "name": model.name }),
+    )
+    .await?;
+    txn.commit().await?;
+    Ok(model)
+}
+
+pub async fn list(
+    ctx: &Ctx,
+    p: &Principal,
+    workspace_id: Uuid,
+    page: PageRequest,
+) -> Result<Page<repository::Model>> {
+    p.require_unbound()?;
+    super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
+    let mut q = repository::Entity::find()
+        .filter(repository::Column::WorkspaceId.eq(workspace_id))
+        .filter(repository::Column::DeletedAt.is_null());
+    if let Some(before) = page.before {
+        q = q.filter(repository::Column::Id.lt(before));
+    }
+    let rows = q
+        .order_by_desc(repository::Column::Id)
+        .limit(page.fetch())
+        .all(&ctx.db.conn)
+        .await?;
+    Ok(Page::from_rows(rows, &page, |r| r.id))
+}
+
+pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<repository::Model> {
+    p.require_unbound()?;
+    visible(&ctx.db.conn, p, id).await
+}
+
+pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
+    p.require_unbound()?;
+    let txn = ctx.db.begin_write().await?;
+    // The row lock (PostgreSQL) orders this against task creation, which share-locks the repository.
+    let repo = repository::Entity::find_by_id(id)
+        .filter(repository::Column::DeletedAt.is_null())
+        .lock_exclusive()
+        .one(&txn)
+        .await?
+        .filter(|r| p.sees_workspace(r.workspace_id))
+        .ok_or(Error::NotFound("repository"))?;
+    let backend = txn.get_database_backend();
+    let row = txn
+        .query_one_raw(Statement::from_sql_and_values(
+            backend,
+            "SELECT COUNT(*) AS n FROM task_repositories tr JOIN tasks t ON t.id = tr.task_id \
+             WHERE tr.repository_id = $1 AND t.archived_at IS NULL",
+            [id.into()],
+        ))
+        .await?;
+    let live_tasks: i64 = row.map(|r| r.try_get("", "n")).transpose()?.unwrap_or(0);
+    if live_tasks > 0 {
+        return Err(Error::RepositoryInUse {
+            task_count: live_tasks as u64,
+        });
+    }
+    let now = Utc::now();
+    repository::Entity::update(repository::ActiveModel {
+        id: Set(id),
+        deleted_at: Set(Some(now)),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(&txn)
+    .await?;
+    events::append(
+        &txn,
+        ctx.instance_id,
+        "repository.deleted",
+        Subject::workspace(repo.workspace_id),
+        json!({ "repository_id": id }),
+    )
+    .await?;
+    txn.commit().await?;
+    Ok(())
+}
+
+/// A registered repository the token may see; otherwise `not_found`.
+pub(crate) async fn visible<C: ConnectionTrait>(
+    conn: &C,
+    p: &Principal,
+    id: Uuid,
+) -> Result<repository::Model> {
+    repository::Entity::find_by_id(id)
+        .filter(repository::Column::DeletedAt.is_null())
+        .one(conn)
+        .await?
+        .filter(|r| p.sees_workspace(r.workspace_id))
+        .ok_or(Error::NotFound("repository"))
+}
+
+/// Checks a path a client asks to register, without following it anywhere first: absolute, inside the
+/// allowed roots (lexically, before touching the filesystem, so nothing outside them is probed), existing,
+/// canonical (no symlink, `.` or `..`), and not inside berth's own worktree root. Errors name no path.
+fn allowed_path(raw: &str, roots: Option<&[PathBuf]>, worktree_root: &Path) -> Result<PathBuf> {
+    if raw.trim().is_empty() {
+        return Err(Error::invalid("path", "must not be empty"));
+    }
+    let path = Path::new(raw);
+    if !path.is_absolute() {
+        return Err(Error::PathNotAllowed("the path must be absolute"));
+    }
+    let under_roots =
+        |p: &Path| roots.is_none_or(|roots| roots.iter().any(|root| p.starts_with(root)));
+    if !under_roots(path) {
+        return Err(Error::PathNotAllowed(
+            "the path is outside the allowed repository roots",
+        ));
+    }
+    let canonical = path
+        .canonicalize()
+        .map_err(|_| Error::NotAGitRepository("the path does not exist or cannot be read"))?;
+    if canonical != path {
+        return Err(Error::PathNotAllowed(
+            "the path must be canonical: no symlinks, '.' or '..'",
+        ));
+    }
+    if !under_roots(&canonical) {
+        return Err(Error::PathNotAllowed(
+            "the path is outside the allowed repository roots",
+        ));
+    }
+    if canonical.starts_with(worktree_root) {
+        return Err(Error::PathNotAllowed(
+            "the path is inside berth's worktree root",
+        ));
+    }
+    Ok(canonical)
+}
+
+/// A repository name: it names the repository's worktree directory inside a task root.
+struct RepositoryName(String);
+
+impl RepositoryName {
+    fn parse(name: &str) -> std::result::Result<RepositoryName, &'static str> {
+        let ok = !name.is_empty()
+            && name.len() <= 100
+            && !name.starts_with('.')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if ok {
+            Ok(RepositoryName(name.to_string()))
+        } else {
+            Err("must be 1 to 100 of A-Z a-z 0-9 . _ - and not start with '.'")
+        }
+    }
+
+    /// The directory's name, with anything a name may not hold replaced.
+    fn from_dir(path: &Path) -> RepositoryName {
+        let base = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut name: String = base
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(100)
+            .collect();
+        while name.starts_with('.') {
+            name.remove(0);
+        }
+        if name.is_empty() {
+            name = "repository".into();
+        }
+        RepositoryName(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_directory_safe() {
+        assert!(RepositoryName::parse("api-server_2.x").is_ok());
+        for bad in ["", "..", ".git", "a/b", "a b", "ü"] {
+            assert!(
+                RepositoryName::parse(bad).is_err(),
+                "{bad:?} should be refused"
+            );
+        }
+        assert_eq!(
+            RepositoryName::from_dir(Path::new("/src/my repo")).0,
+            "my-repo"
+        );
+        assert_eq!(
+            RepositoryName::from_dir(Path::new("/src/.hidden")).0,
+            "hidden"
+        );
+    }
+}

@@ -1,0 +1,387 @@
+//! Tasks: the owners of environments and worktrees. This file holds creation, reads and updates; the
+//! lifecycle (archive, delete, cleanup) arrives with its own issue.
+use std::collections::{HashMap, HashSet};
+
+use chrono::Utc;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, PaginatorTrait,
+    QueryFilter, QueryOrder, QuerySelect,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Ctx;
+use super::error::{Error, Result};
+use super::pagination::{Page, PageRequest};
+use crate::auth::Principal;
+use crate::entity::task::{self, TaskKind, WorkspaceMode};
+use crate::entity::{repository, task_repository, task_session};
+use crate::events::{self, Subject};
+use crate::git::BranchName;
+
+pub const MAX_REPOSITORIES: usize = 20;
+
+pub struct NewTask {
+    pub title: String,
+    pub description: Option<String>,
+    pub kind: TaskKind,
+    pub parent_task_id: Option<Uuid>,
+    pub workspace_mode: WorkspaceMode,
+    pub repositories: Vec<NewSlot>,
+}
+
+pub struct NewSlot {
+    pub repository_id: Uuid,
+    pub base_branch: Option<String>,
+    pub branch: Option<String>,
+}
+
+pub struct TaskPatch {
+    pub title: Option<String>,
+    pub description: Option<String>,
+}
+
+/// A task with what its readers need alongside it.
+#[derive(Debug, Clone)]
+pub struct TaskView {
+    pub task: task::Model,
+    pub repositories: Vec<task_repository::Model>,
+    pub primary_session_id: Option<Uuid>,
+    pub session_count: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TaskFilter {
+    pub archived: bool,
+    pub parent_task_id: Option<Uuid>,
+}
+
+pub async fn create(
+    ctx: &Ctx,
+    p: &Principal,
+    workspace_id: Uuid,
+    input: NewTask,
+) -> Result<TaskView> {
+    p.require_unbound()?;
+    super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
+    let title = super::required_text("title", &input.title, 500)?;
+    let description = description(input.description.as_deref())?;
+    if input.repositories.len() > MAX_REPOSITORIES {
+        return Err(Error::invalid(
+            "repositories",
+            format!("at most {MAX_REPOSITORIES}"),
+        ));
+    }
+    let mut slots = Vec::with_capacity(input.repositories.len());
+    let mut seen = HashSet::new();
+    for (i, slot) in input.repositories.iter().enumerate() {
+        let field = |name: &str| format!("repositories[{i}].{name}");
+        let branch = parse_branch(&field("branch"), slot.branch.as_deref())?;
+        let base_branch = parse_branch(&field("base_branch"), slot.base_branch.as_deref())?;
+        let branch_slug = branch.clone().unwrap_or_default();
+        if !seen.insert((slot.repository_id, branch_slug.clone())) {
+            return Err(Error::invalid(
+                &field("repository_id"),
+                "the same repository and branch appear twice",
+            ));
+        }
+        slots.push((slot.repository_id, branch_slug, base_branch, branch));
+    }
+    match (input.workspace_mode, input.parent_task_id) {
+        (WorkspaceMode::InheritParent, None) => {
+            return Err(Error::invalid(
+                "workspace_mode",
+                "inherit_parent needs a parent_task_id",
+            ));
+        }
+        (WorkspaceMode::InheritParent, Some(_)) if !slots.is_empty() => {
+            return Err(Error::invalid(
+                "repositories",
+                "an inherit_parent subtask uses its parent's repositories",
+            ));
+        }
+        _ => {}
+    }
+
+    let txn = ctx.db.begin_write().await?;
+    if let Some(parent_id) = input.parent_task_id {
+        let parent = task::Entity::find_by_id(parent_id)
+            .lock_shared()
+            .one(&txn)
+            .await?
+            .filter(|t| t.workspace_id == workspace_id)
+            .ok_or_else(|| Error::invalid("parent_task_id", "no such task in this workspace"))?;
+        if parent.archived_at.is_some() {
+            return Err(Error::TaskArchived);
+        }
+        if input.workspace_mode == WorkspaceMode::InheritParent {
+            let parent_slots = task_repository::Entity::find()
+                .filter(task_repository::Column::TaskId.eq(parent_id))
+                .order_by_asc(task_repository::Column::Position)
+                .all(&txn)
+                .await?;
+            slots = parent_slots
+                .into_iter()
+                .map(|s| (s.repository_id, s.branch_slug, s.base_branch, s.branch))
+                .collect();
+        }
+    }
+    // Share-lock the repositories (PostgreSQL) so a concurrent deregistration waits for this task.
+    let ids: Vec<Uuid> = slots.iter().map(|s| s.0).collect();
+    let live: HashSet<Uuid> = if ids.is_empty() {
+        HashSet::new()
+    } else {
+        repository::Entity::find()
+            .filter(repository::Column::Id.is_in(ids.iter().copied()))
+            .filter(repository::Column::WorkspaceId.eq(workspace_id))
+            .filter(repository::Column::DeletedAt.is_null())
+            .lock_shared()
+            .all(&txn)
+            .await?
+            .into_iter()
+            .map(|r| r.id)
+            .collect()
+    };
+    if let Some(i) = ids.iter().position(|id| !live.contains(id)) {
+        return Err(Error::invalid(
+            &format!("repositories[{i}].repository_id"),
+            "not a repository of this workspace",
+        ));
+    }
+
+    let now = Utc::now();
+    let model = task::Model {
+        id: Uuid::now_v7(),
+        workspace_id,
+        parent_task_id: input.parent_task_id,
+        title,
+        description,
+        kind: input.kind,
+        workspace_mode: input.workspace_mode,
+        archived_at: None,
+        last_activity_at: now,
+        created_at: now,
+        updated_at: now,
+    };
+    let am: task::ActiveModel = model.clone().into();
+    task::Entity::insert(am)
+        .exec_without_returning(&txn)
+        .await?;
+    let mut rows = Vec::with_capacity(slots.len());
+    for (position, (repository_id, branch_slug, base_branch, branch)) in
+        slots.into_iter().enumerate()
+    {
+        rows.push(task_repository::Model {
+            id: Uuid::now_v7(),
+            task_id: model.id,
+            repository_id,
+            branch_slug,
+            base_branch,
+            branch,
+            position: position as i32,
+            created_at: now,
+        });
+    }
+    if !rows.is_empty() {
+        task_repository::Entity::insert_many(
+            rows.iter().cloned().map(task_repository::ActiveModel::from),
+        )
+        .exec_without_returning(&txn)
+        .await?;
+    }
+    events::append(
+        &txn,
+        ctx.instance_id,
+        "task.created",
+        Subject::task(workspace_id, model.id),
+        json!({ "title": model.title, "kind": model.kind, "parent_task_id": model.parent_task_id }),
+    )
+    .await?;
+    txn.commit().await?;
+    Ok(TaskView {
+        task: model,
+        repositories: rows,
+        primary_session_id: None,
+        session_count: 0,
+    })
+}
+
+pub async fn list(
+    ctx: &Ctx,
+    p: &Principal,
+    workspace_id: Uuid,
+    filter: TaskFilter,
+    page: PageRequest,
+) -> Result<Page<TaskView>> {
+    p.require_unbound()?;
+    super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
+    let mut q = task::Entity::find().filter(task::Column::WorkspaceId.eq(workspace_id));
+    q = if filter.archived {
+        q.filter(task::Column::ArchivedAt.is_not_null())
+    } else {
+        q.filter(task::Column::ArchivedAt.is_null())
+    };
+    if let Some(parent) = filter.parent_task_id {
+        q = q.filter(task::Column::ParentTaskId.eq(parent));
+    }
+    if let Some(before) = page.before {
+        q = q.filter(task::Column::Id.lt(before));
+    }
+    let rows = q
+        .order_by_desc(task::Column::Id)
+        .limit(page.fetch())
+        .all(&ctx.db.conn)
+        .await?;
+    let page = Page::from_rows(rows, &page, |t| t.id);
+    let views = views(&ctx.db.conn, page.items).await?;
+    Ok(Page {
+        items: views,
+        next_cursor: page.next_cursor,
+    })
+}
+
+pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<TaskView> {
+    let task = readable(&ctx.db.conn, p, id).await?;
+    Ok(views(&ctx.db.conn, vec![task]).await?.remove(0))
+}
+
+pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: TaskPatch) -> Result<TaskView> {
+    p.require_unbound()?;
+    let title = patch
+        .title
+        .as_deref()
+        .map(|t| super::required_text("title", t, 500))
+        .transpose()?;
+    let description = patch
+        .description
+        .as_deref()
+        .map(|d| description(Some(d)))
+        .transpose()?;
+    let txn = ctx.db.begin_write().await?;
+    let task = task::Entity::find_by_id(id)
+        .lock_exclusive()
+        .one(&txn)
+        .await?
+        .filter(|t| p.sees_workspace(t.workspace_id))
+        .ok_or(Error::NotFound("task"))?;
+    if task.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    let mut changed = serde_json::Map::new();
+    let mut am = task::ActiveModel {
+        id: Set(id),
+        ..Default::default()
+    };
+    if let Some(title) = title.filter(|t| *t != task.title) {
+        changed.insert("title".into(), json!(title));
+        am.title = Set(title);
+    }
+    if let Some(description) = description.filter(|d| *d != task.description) {
+        changed.insert("description".into(), json!(description));
+        am.description = Set(description);
+    }
+    if changed.is_empty() {
+        txn.rollback().await?;
+        return get(ctx, p, id).await;
+    }
+    am.updated_at = Set(Utc::now());
+    task::Entity::update(am).exec(&txn).await?;
+    events::append(
+        &txn,
+        ctx.instance_id,
+        "task.updated",
+        Subject::task(task.workspace_id, id),
+        json!({ "changed": changed }),
+    )
+    .await?;
+    txn.commit().await?;
+    get(ctx, p, id).await
+}
+
+/// A task the principal may read: in a visible workspace and, for a session-bound token, the task of
+/// its session. Anything else is `not_found` (I33).
+pub(crate) async fn readable<C: ConnectionTrait>(
+    conn: &C,
+    p: &Principal,
+    id: Uuid,
+) -> Result<task::Model> {
+    let task = task::Entity::find_by_id(id)
+        .one(conn)
+        .await?
+        .filter(|t| p.sees_workspace(t.workspace_id))
+        .ok_or(Error::NotFound("task"))?;
+    if let Some(session_id) = p.session_id {
+        let bound = task_session::Entity::find_by_id(session_id)
+            .filter(task_session::Column::TaskId.eq(id))
+            .count(conn)
+            .await?;
+        if bound == 0 {
+            return Err(Error::NotFound("task"));
+        }
+    }
+    Ok(task)
+}
+
+/// Loads slots and session facts for a page of tasks in two queries, not two per task.
+async fn views<C: ConnectionTrait>(conn: &C, tasks: Vec<task::Model>) -> Result<Vec<TaskView>> {
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = tasks.iter().map(|t| t.id).collect();
+    let mut slots: HashMap<Uuid, Vec<task_repository::Model>> = HashMap::new();
+    for slot in task_repository::Entity::find()
+        .filter(task_repository::Column::TaskId.is_in(ids.iter().copied()))
+        .order_by_asc(task_repository::Column::Position)
+        .all(conn)
+        .await?
+    {
+        slots.entry(slot.task_id).or_default().push(slot);
+    }
+    let sessions: Vec<(Uuid, Uuid, bool)> = task_session::Entity::find()
+        .select_only()
+        .column(task_session::Column::TaskId)
+        .column(task_session::Column::Id)
+        .column(task_session::Column::IsPrimary)
+        .filter(Condition::all().add(task_session::Column::TaskId.is_in(ids.iter().copied())))
+        .into_tuple()
+        .all(conn)
+        .await?;
+    let mut counts: HashMap<Uuid, u64> = HashMap::new();
+    let mut primaries: HashMap<Uuid, Uuid> = HashMap::new();
+    for (task_id, session_id, is_primary) in sessions {
+        *counts.entry(task_id).or_default() += 1;
+        if is_primary {
+            primaries.insert(task_id, session_id);
+        }
+    }
+    Ok(tasks
+        .into_iter()
+        .map(|task| TaskView {
+            repositories: slots.remove(&task.id).unwrap_or_default(),
+            primary_session_id: primaries.get(&task.id).copied(),
+            session_count: counts.get(&task.id).copied().unwrap_or(0),
+            task,
+        })
+        .collect())
+}
+
+fn description(value: Option<&str>) -> Result<String> {
+    let value = value.unwrap_or("");
+    if value.chars().count() > 20_000 {
+        return Err(Error::invalid(
+            "description",
+            "must be at most 20000 characters",
+        ));
+    }
+    Ok(value.to_string())
+}
+
+fn parse_branch(field: &str, value: Option<&str>) -> Result<Option<String>> {
+    value
+        .map(|b| {
+            BranchName::parse(b)
+                .map(|b| b.as_str().to_string())
+                .map_err(|m| Error::invalid(field, m))
+        })
+        .transpose()
+}

@@ -1,0 +1,23 @@
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "events")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub seq: i64,
+    pub instance_id: Uuid,
+    #[sea_orm(column_name = "type")]
+    pub event_type: String,
+    pub workspace_id: Option<Uuid>,
+    pub task_id: Option<Uuid>,
+    pub session_id: Option<Uuid>,
+    pub task_environment_id: Option<Uuid>,
+    pub execution_id: Option<Uuid>,
+    pub data: Json,
+    pub created_at: DateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

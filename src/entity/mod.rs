@@ -1,0 +1,7 @@
+//! sea-orm entities: one file per table. Column enums that the API also shows derive `ToSchema`.
+pub mod event;
+pub mod repository;
+pub mod task;
+pub mod task_repository;
+pub mod task_session;
+pub mod workspace;

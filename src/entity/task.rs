@@ -1,0 +1,49 @@
+use sea_orm::entity::prelude::*;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema,
+)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+pub enum TaskKind {
+    #[sea_orm(string_value = "standard")]
+    Standard,
+    #[sea_orm(string_value = "quick_chat")]
+    QuickChat,
+}
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema,
+)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+pub enum WorkspaceMode {
+    #[sea_orm(string_value = "new_workspace")]
+    NewWorkspace,
+    #[sea_orm(string_value = "inherit_parent")]
+    InheritParent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "tasks")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub workspace_id: Uuid,
+    pub parent_task_id: Option<Uuid>,
+    pub title: String,
+    pub description: String,
+    pub kind: TaskKind,
+    pub workspace_mode: WorkspaceMode,
+    pub archived_at: Option<DateTimeUtc>,
+    pub last_activity_at: DateTimeUtc,
+    pub created_at: DateTimeUtc,
+    pub updated_at: DateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,21 @@
+use sea_orm::entity::prelude::*;
+
+/// A repository slot a task asks for. The physical inventory lives in `task_environment_repos`.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "task_repositories")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub task_id: Uuid,
+    pub repository_id: Uuid,
+    pub branch_slug: String,
+    pub base_branch: Option<String>,
+    pub branch: Option<String>,
+    pub position: i32,
+    pub created_at: DateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,77 @@
+//! Git. Reads happen in-process with gix (repository identity, HEAD); mutations (worktree add/remove/
+//! prune, branch delete) go through the `git` CLI behind one trait, added with the environment issue.
+use std::path::{Path, PathBuf};
+
+/// A branch name git would accept (`refs/heads/<name>` is a valid reference).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchName(String);
+
+impl BranchName {
+    pub fn parse(name: &str) -> Result<BranchName, &'static str> {
+        if name.is_empty() || name.len() > 200 {
+            return Err("must be 1 to 200 characters");
+        }
+        if name.starts_with('-') {
+            return Err("must not start with '-'");
+        }
+        gix::validate::reference::branch_name(name.as_bytes().into())
+            .map_err(|_| "is not a valid git branch name")?;
+        Ok(BranchName(name.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What berth records about a source repository when it is registered.
+#[derive(Debug, Clone)]
+pub struct RepositoryIdentity {
+    /// The canonical work tree root.
+    pub workdir: PathBuf,
+    /// The canonical common git directory: the identity shared by the repository and all its worktrees.
+    pub common_git_dir: PathBuf,
+    /// HEAD's branch (also when unborn), if HEAD is not detached.
+    pub head_branch: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error("not a git repository")]
+    NotARepository,
+    #[error("a bare repository has no work tree")]
+    Bare,
+    #[error("the path is inside a repository but not its work tree root")]
+    NotTheRoot,
+}
+
+/// Opens `path` read-only (isolated from user and system config) and reports its identity.
+pub fn inspect_repository(path: &Path) -> Result<RepositoryIdentity, InspectError> {
+    let repo = gix::open_opts(path, gix::open::Options::isolated())
+        .map_err(|_| InspectError::NotARepository)?;
+    if repo.is_bare() {
+        return Err(InspectError::Bare);
+    }
+    let workdir = repo.workdir().ok_or(InspectError::Bare)?;
+    let workdir = workdir
+        .canonicalize()
+        .map_err(|_| InspectError::NotARepository)?;
+    if workdir != path {
+        return Err(InspectError::NotTheRoot);
+    }
+    // gix returns the common dir un-normalized (`.../worktrees/x/../..`): canonicalize before comparing.
+    let common_git_dir = repo
+        .common_dir()
+        .canonicalize()
+        .map_err(|_| InspectError::NotARepository)?;
+    let head_branch = repo
+        .head_name()
+        .ok()
+        .flatten()
+        .map(|name| name.shorten().to_string());
+    Ok(RepositoryIdentity {
+        workdir,
+        common_git_dir,
+        head_branch,
+    })
+}

@@ -1,0 +1,15 @@
+//! berth: the control plane for coding agents working in git worktrees.
+//!
+//! Data flows one way: `api` → `domain` → (`store`, `git`, `events`). A task owns its environment and
+//! worktrees; sessions only use them; physical cleanup belongs to task lifecycle operations.
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod domain;
+pub mod entity;
+pub mod events;
+pub mod git;
+pub mod metrics;
+pub mod startup;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,100 @@
+//! Building the application: the same function serves `berth serve` and every integration test.
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use actix_web::middleware::from_fn;
+use actix_web::{App, HttpServer, web};
+use tracing_actix_web::TracingLogger;
+use utoipa::OpenApi;
+use utoipa_actix_web::AppExt;
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::api::middleware::{BerthRootSpan, request_id_and_metrics};
+use crate::api::{self, ApiDoc, AppState, problem};
+use crate::auth::JwtVerifier;
+use crate::config::Config;
+use crate::domain::Ctx;
+use crate::metrics::Metrics;
+use crate::store::Db;
+use crate::store::migrate::{self, MigrateOutcome};
+
+pub struct Application {
+    port: u16,
+    server: actix_web::dev::Server,
+    pub state: web::Data<AppState>,
+}
+
+/// Connects and migrates; nothing else runs before the schema is committed (I35).
+pub async fn open_database(config: &Config) -> anyhow::Result<(Db, MigrateOutcome)> {
+    let db = Db::connect(&config.database_url, config.db_max_connections)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open the database: {e}"))?;
+    let outcome = migrate::migrate(&db, &config.data_dir, config.migration_lock_timeout).await?;
+    if let MigrateOutcome::Applied { versions, backup } = &outcome {
+        tracing::info!(?versions, backup = ?backup, "applied migrations");
+    }
+    Ok((db, outcome))
+}
+
+impl Application {
+    pub async fn build(config: Config) -> anyhow::Result<Application> {
+        let (db, _) = open_database(&config).await?;
+        let verifier = Arc::new(JwtVerifier::from_config(&config)?);
+        let listener = TcpListener::bind(config.bind)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.bind))?;
+        let port = listener.local_addr()?.port();
+        let max_body = config.max_body_bytes;
+        let state = api::data(AppState {
+            ctx: Ctx {
+                db,
+                config: Arc::new(config),
+                instance_id: uuid::Uuid::now_v7(),
+            },
+            verifier,
+            metrics: Arc::new(Metrics::default()),
+        });
+        let app_state = state.clone();
+        let server = HttpServer::new(move || {
+            let (app, mut spec) = App::new()
+                .into_utoipa_app()
+                .openapi(ApiDoc::openapi())
+                .app_data(app_state.clone())
+                .app_data(
+                    web::JsonConfig::default()
+                        .limit(max_body)
+                        .content_type_required(false)
+                        .error_handler(move |err, req| problem::json_error(err, req, max_body)),
+                )
+                .app_data(web::PayloadConfig::default().limit(max_body))
+                .app_data(web::PathConfig::default().error_handler(problem::path_error))
+                .app_data(web::QueryConfig::default().error_handler(problem::query_error))
+                .configure(api::configure)
+                .split_for_parts();
+            api::finish_spec(&mut spec);
+            app.service(web::redirect("/docs", "/docs/"))
+                .service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", spec))
+                .default_service(web::to(api::not_found))
+                .wrap(TracingLogger::<BerthRootSpan>::new())
+                .wrap(from_fn(request_id_and_metrics))
+        })
+        .listen(listener)?
+        .run();
+        Ok(Application {
+            port,
+            server,
+            state,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+}

@@ -1,0 +1,74 @@
+//! Connections and the per-backend write strategy (decision 1).
+//!
+//! SQLite: WAL, busy timeout, foreign keys, a pool of several connections, and `BEGIN IMMEDIATE` for
+//! every write transaction, because a deferred transaction that reads then writes fails with "database
+//! is locked" under concurrency and sea-orm drops `FOR UPDATE` there. PostgreSQL: a pool, and row locks.
+pub mod migrate;
+
+use std::time::Duration;
+
+use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+use sea_orm::{
+    ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
+
+#[derive(Clone)]
+pub struct Db {
+    pub conn: DatabaseConnection,
+}
+
+impl Db {
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Db, DbErr> {
+        let mut opts = ConnectOptions::new(url.to_string());
+        opts.max_connections(max_connections)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .sqlx_logging(false);
+        if url.starts_with("sqlite:") {
+            opts.map_sqlx_sqlite_opts(|o| {
+                o.journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Normal)
+                    .busy_timeout(Duration::from_secs(30))
+                    .foreign_keys(true)
+                    .create_if_missing(true)
+            });
+        }
+        let conn = Database::connect(opts).await?;
+        Ok(Db { conn })
+    }
+
+    pub fn backend(&self) -> DbBackend {
+        self.conn.get_database_backend()
+    }
+
+    pub fn is_sqlite(&self) -> bool {
+        self.backend() == DbBackend::Sqlite
+    }
+
+    /// A transaction that will write: `BEGIN IMMEDIATE` on SQLite (the writer lock up front), a plain
+    /// transaction on PostgreSQL (callers lock rows they read before writing).
+    pub async fn begin_write(&self) -> Result<DatabaseTransaction, DbErr> {
+        self.conn
+            .begin_with_options(TransactionOptions {
+                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                ..Default::default()
+            })
+            .await
+    }
+
+    /// Pool usage for /metrics: (connections open, idle).
+    pub fn pool_usage(&self) -> (u32, u32) {
+        match self.backend() {
+            DbBackend::Sqlite => {
+                let pool = self.conn.get_sqlite_connection_pool();
+                (pool.size(), pool.num_idle() as u32)
+            }
+            DbBackend::Postgres => {
+                let pool = self.conn.get_postgres_connection_pool();
+                (pool.size(), pool.num_idle() as u32)
+            }
+            _ => (0, 0),
+        }
+    }
+}
