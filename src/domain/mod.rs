@@ -21,6 +21,13 @@ pub struct Ctx {
     pub instance_id: Uuid,
 }
 
+/// The current time at the precision both databases store (microseconds), so what a create returns
+/// equals what a later read returns.
+pub fn now() -> chrono::DateTime<chrono::Utc> {
+    use chrono::SubsecRound;
+    chrono::Utc::now().trunc_subsecs(6)
+}
+
 /// Trims and bounds a required free-text field.
 pub(crate) fn required_text(field: &str, value: &str, max_chars: usize) -> error::Result<String> {
     let trimmed = value.trim();

@@ -3,7 +3,6 @@
 //! uses it and otherwise only hides the row (archived tasks keep their slots).
 use std::path::{Path, PathBuf};
 
-use chrono::Utc;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
     QuerySelect, Statement,
@@ -66,7 +65,7 @@ pub async fn register(
         .or(identity.head_branch)
         .unwrap_or_else(|| "main".to_string());
 
-    let now = Utc::now();
+    let now = crate::domain::now();
     let model = repository::Model {
         id: Uuid::now_v7(),
         workspace_id,
@@ -166,7 +165,7 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
             task_count: live_tasks as u64,
         });
     }
-    let now = Utc::now();
+    let now = crate::domain::now();
     repository::Entity::update(repository::ActiveModel {
         id: Set(id),
         deleted_at: Set(Some(now)),

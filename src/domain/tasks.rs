@@ -2,7 +2,6 @@
 //! lifecycle (archive, delete, cleanup) arrives with its own issue.
 use std::collections::{HashMap, HashSet};
 
-use chrono::Utc;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, PaginatorTrait,
     QueryFilter, QueryOrder, QuerySelect,
@@ -149,7 +148,7 @@ pub async fn create(
         ));
     }
 
-    let now = Utc::now();
+    let now = crate::domain::now();
     let model = task::Model {
         id: Uuid::now_v7(),
         workspace_id,
@@ -284,7 +283,7 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: TaskPatch) -> Res
         txn.rollback().await?;
         return get(ctx, p, id).await;
     }
-    am.updated_at = Set(Utc::now());
+    am.updated_at = Set(crate::domain::now());
     task::Entity::update(am).exec(&txn).await?;
     events::append(
         &txn,

@@ -1,5 +1,4 @@
 //! Workspaces: the tenancy boundary. Deletion arrives with the cleanup issue (it is a cleanup job).
-use chrono::Utc;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
     QuerySelect,
@@ -17,7 +16,7 @@ use crate::events::{self, Subject};
 pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::Model> {
     p.require_unbound()?;
     let name = super::required_text("name", name, 100)?;
-    let now = Utc::now();
+    let now = crate::domain::now();
     let model = workspace::Model {
         id: Uuid::now_v7(),
         name,

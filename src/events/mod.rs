@@ -61,7 +61,7 @@ pub async fn append(
         task_environment_id: Set(subject.task_environment_id),
         execution_id: Set(subject.execution_id),
         data: Set(data),
-        created_at: Set(chrono::Utc::now()),
+        created_at: Set(crate::domain::now()),
     })
     .exec_without_returning(txn)
     .await?;

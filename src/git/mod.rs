@@ -14,7 +14,11 @@ impl BranchName {
         if name.starts_with('-') {
             return Err("must not start with '-'");
         }
-        gix::validate::reference::branch_name(name.as_bytes().into())
+        if name == "HEAD" {
+            return Err("HEAD is not a branch name");
+        }
+        let full = format!("refs/heads/{name}");
+        gix::validate::reference::branch_name(full.as_bytes().into())
             .map_err(|_| "is not a valid git branch name")?;
         Ok(BranchName(name.to_string()))
     }
@@ -25,6 +29,23 @@ impl BranchName {
 }
 
 /// What berth records about a source repository when it is registered.
+#[cfg(test)]
+mod tests {
+    use super::BranchName;
+
+    #[test]
+    fn branch_names_follow_git_rules() {
+        for ok in ["main", "trunk", "feature/login", "berth/task-1", "v1.2"] {
+            assert!(BranchName::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "", "-x", "a..b", "a b", "x~1", "a:b", "HEAD", "a/", "a.lock", "a@{1}",
+        ] {
+            assert!(BranchName::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RepositoryIdentity {
     /// The canonical work tree root.

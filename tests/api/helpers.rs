@@ -1,0 +1,433 @@
+//! The test harness: the real app on 127.0.0.1:0 with a fresh database per test (a new SQLite file, or a
+//! new PostgreSQL database created from `BERTH_TEST_POSTGRES_URL` and dropped afterwards).
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Once;
+
+use berth::auth::{JwtVerifier, Scope};
+use berth::config::Config;
+use berth::startup::Application;
+use reqwest::{Method, StatusCode};
+use sea_orm::sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
+use serde_json::Value;
+use tempfile::TempDir;
+use uuid::Uuid;
+
+pub const SECRET: &str = "test-secret-test-secret-test-secret-0123456789";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Runs each named `async fn(TestApp)` on SQLite and, when `BERTH_TEST_POSTGRES_URL` is set, on PostgreSQL.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                use $crate::helpers::{Backend, TestApp};
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name(TestApp::spawn(Backend::Sqlite).await.expect("sqlite is always available")).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    if let Some(app) = TestApp::spawn(Backend::Postgres).await {
+                        super::$name(app).await;
+                    }
+                }
+            }
+        )*
+    };
+}
+
+static SQLITE_ONLY_NOTICE: Once = Once::new();
+
+/// The PostgreSQL server URL for tests, or `None` (with a notice written past the test harness's output
+/// capture) when it is not configured.
+pub fn postgres_url() -> Option<String> {
+    match std::env::var("BERTH_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            SQLITE_ONLY_NOTICE.call_once(|| {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\nnote: BERTH_TEST_POSTGRES_URL is not set: running the SQLite half of the suite only \
+                     (PostgreSQL variants pass without running)\n"
+                );
+            });
+            None
+        }
+    }
+}
+
+/// A fresh PostgreSQL database, dropped when this is dropped.
+pub struct PgDatabase {
+    server_url: String,
+    pub name: String,
+    pub url: String,
+}
+
+impl PgDatabase {
+    pub async fn create() -> Option<PgDatabase> {
+        let server_url = postgres_url()?;
+        let name = format!("berth_test_{}", Uuid::new_v4().simple());
+        let mut conn = PgConnection::connect(&server_url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("BERTH_TEST_POSTGRES_URL is set but PostgreSQL is unreachable: {e}")
+            });
+        conn.execute(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .await
+            .expect("create test database");
+        conn.close().await.ok();
+        let mut url = reqwest::Url::parse(&server_url).expect("BERTH_TEST_POSTGRES_URL is a URL");
+        url.set_path(&format!("/{name}"));
+        Some(PgDatabase {
+            server_url,
+            name,
+            url: url.to_string(),
+        })
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        let server_url = self.server_url.clone();
+        let name = self.name.clone();
+        // Drop may run inside a runtime: do the async work on a thread of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(mut conn) = PgConnection::connect(&server_url).await {
+                    let _ = conn
+                        .execute(AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                        )))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+pub struct TestApp {
+    pub backend: Backend,
+    pub base: String,
+    pub client: reqwest::Client,
+    /// A token with the `admin` scope.
+    pub admin: String,
+    pub app_state: actix_web::web::Data<berth::api::AppState>,
+    pub config: Config,
+    pub env: BTreeMap<String, String>,
+    handle: actix_web::dev::ServerHandle,
+    // Dropped after the server handle is told to stop.
+    _pg: Option<PgDatabase>,
+    _data_dir: TempDir,
+    /// Scratch space for git repositories and other test files.
+    pub scratch: TempDir,
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: reqwest::header::HeaderMap,
+    pub text: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
+    }
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    }
+    /// Asserts a problem+json answer with this status and code, and returns it.
+    #[track_caller]
+    pub fn problem(&self, status: u16, code: &str) -> Value {
+        assert_eq!(
+            self.status.as_u16(),
+            status,
+            "unexpected status; body: {}",
+            self.text
+        );
+        assert_eq!(
+            self.header("content-type").as_deref(),
+            Some("application/problem+json"),
+            "body: {}",
+            self.text
+        );
+        let body = self.json();
+        assert_eq!(body["code"], code, "body: {}", self.text);
+        assert_eq!(body["status"], status);
+        body
+    }
+    #[track_caller]
+    pub fn ok(&self, status: u16) -> Value {
+        assert_eq!(
+            self.status.as_u16(),
+            status,
+            "unexpected status; body: {}",
+            self.text
+        );
+        if self.text.is_empty() {
+            Value::Null
+        } else {
+            self.json()
+        }
+    }
+}
+
+impl TestApp {
+    pub async fn spawn(backend: Backend) -> Option<TestApp> {
+        TestApp::spawn_with(backend, &[]).await
+    }
+
+    /// Spawns the app with extra `BERTH_*` settings (`{scratch}` in a value is replaced by the scratch dir).
+    pub async fn spawn_with(backend: Backend, extra: &[(&str, &str)]) -> Option<TestApp> {
+        let pg = match backend {
+            Backend::Postgres => Some(PgDatabase::create().await?),
+            Backend::Sqlite => None,
+        };
+        let data_dir = TempDir::new().unwrap();
+        let scratch = TempDir::new().unwrap();
+        let scratch_path = scratch.path().canonicalize().unwrap();
+        let mut env = BTreeMap::new();
+        env.insert(
+            "BERTH_DATA_DIR".to_string(),
+            data_dir.path().display().to_string(),
+        );
+        env.insert("BERTH_BIND".to_string(), "127.0.0.1:0".to_string());
+        env.insert("BERTH_JWT_SECRET".to_string(), SECRET.to_string());
+        env.insert("BERTH_DB_MAX_CONNECTIONS".to_string(), "5".to_string());
+        if let Some(pg) = &pg {
+            env.insert("BERTH_DATABASE_URL".to_string(), pg.url.clone());
+        }
+        for (k, v) in extra {
+            env.insert(
+                k.to_string(),
+                v.replace("{scratch}", &scratch_path.display().to_string()),
+            );
+        }
+        let config = Config::load(&env).expect("test config");
+        let app = Application::build(config.clone())
+            .await
+            .expect("the app starts");
+        let base = format!("http://127.0.0.1:{}", app.port());
+        let handle = app.handle();
+        let app_state = app.state.clone();
+        tokio::spawn(app.run_until_stopped());
+        let admin = mint(&config, "admin", "admin", None, None);
+        Some(TestApp {
+            backend,
+            base,
+            client: reqwest::Client::new(),
+            admin,
+            app_state,
+            config,
+            env,
+            handle,
+            _pg: pg,
+            _data_dir: data_dir,
+            scratch,
+        })
+    }
+
+    pub fn db(&self) -> &sea_orm::DatabaseConnection {
+        &self.app_state.ctx.db.conn
+    }
+
+    pub fn token(&self, scope: &str) -> String {
+        mint(&self.config, "tester", scope, None, None)
+    }
+
+    pub fn token_for(
+        &self,
+        scope: &str,
+        workspaces: Option<Vec<Uuid>>,
+        session: Option<Uuid>,
+    ) -> String {
+        mint(&self.config, "tester", scope, workspaces, session)
+    }
+
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Reply {
+        let mut req = self
+            .client
+            .request(method, format!("{}{}", self.base, path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await.expect("request");
+        let status = res.status();
+        let headers = res.headers().clone();
+        let text = res.text().await.unwrap();
+        Reply {
+            status,
+            headers,
+            text,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.call(Method::GET, path, Some(&self.admin), None).await
+    }
+    pub async fn post(&self, path: &str, body: Value) -> Reply {
+        self.call(Method::POST, path, Some(&self.admin), Some(body))
+            .await
+    }
+    pub async fn patch(&self, path: &str, body: Value) -> Reply {
+        self.call(Method::PATCH, path, Some(&self.admin), Some(body))
+            .await
+    }
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.call(Method::DELETE, path, Some(&self.admin), None)
+            .await
+    }
+
+    /// Creates a workspace and returns its id.
+    pub async fn workspace(&self, name: &str) -> Uuid {
+        let r = self
+            .post("/api/v1/workspaces", serde_json::json!({ "name": name }))
+            .await;
+        id_of(&r.ok(201))
+    }
+
+    /// Makes a git repository with one commit under the scratch dir and registers it.
+    pub async fn repository(&self, workspace: Uuid, name: &str) -> (Uuid, PathBuf) {
+        let path = git_repo(&self.scratch.path().join(name), "main");
+        let r = self
+            .post(
+                &format!("/api/v1/workspaces/{workspace}/repositories"),
+                serde_json::json!({ "path": path }),
+            )
+            .await;
+        (id_of(&r.ok(201)), path)
+    }
+
+    /// Number of rows in `table` (for asserting that nothing was written).
+    pub async fn count(&self, table: &str) -> i64 {
+        use sea_orm::{ConnectionTrait, Statement};
+        let backend = self.db().get_database_backend();
+        let row = self
+            .db()
+            .query_one_raw(Statement::from_string(
+                backend,
+                format!("SELECT COUNT(*) AS n FROM {table}"),
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get("", "n").unwrap()
+    }
+
+    /// The events table, oldest first: (seq, type).
+    pub async fn events(&self) -> Vec<(i64, String, Option<Uuid>)> {
+        use sea_orm::{EntityTrait, QueryOrder};
+        berth::entity::event::Entity::find()
+            .order_by_asc(berth::entity::event::Column::Seq)
+            .all(self.db())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.seq, e.event_type, e.task_id))
+            .collect()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        // Stop accepting and release the pool before the database is dropped.
+        let handle = self.handle.clone();
+        std::mem::drop(handle.stop(false));
+    }
+}
+
+pub fn mint(
+    config: &Config,
+    sub: &str,
+    scope: &str,
+    workspaces: Option<Vec<Uuid>>,
+    session: Option<Uuid>,
+) -> String {
+    let scopes: Vec<Scope> = scope
+        .split_whitespace()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    JwtVerifier::from_config(config)
+        .unwrap()
+        .mint(
+            sub,
+            &scopes,
+            workspaces,
+            session,
+            std::time::Duration::from_secs(3600),
+        )
+        .unwrap()
+}
+
+pub fn id_of(v: &Value) -> Uuid {
+    v["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no id in {v}"))
+        .parse()
+        .unwrap()
+}
+
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "berth-test")
+        .env("GIT_AUTHOR_EMAIL", "test@berth.invalid")
+        .env("GIT_COMMITTER_NAME", "berth-test")
+        .env("GIT_COMMITTER_EMAIL", "test@berth.invalid")
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `git init` with one commit on `branch`; returns the canonical path.
+pub fn git_repo(dir: &Path, branch: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    git(dir, &["init", "-q", "-b", branch]);
+    std::fs::write(dir.join("README.md"), "hello\n").unwrap();
+    git(dir, &["add", "README.md"]);
+    git(dir, &["commit", "-q", "-m", "init"]);
+    dir.canonicalize().unwrap()
+}
+
+/// Asserts that a response body names no filesystem path under `dir` (I34).
+#[track_caller]
+pub fn assert_no_path(reply: &Reply, dir: &Path) {
+    let dir = dir.display().to_string();
+    assert!(
+        !reply.text.contains(&dir),
+        "the body discloses a path: {}",
+        reply.text
+    );
+}

@@ -1,0 +1,13 @@
+//! One integration test binary (so linking happens once). Every test runs through the real HTTP server
+//! on SQLite and, when `BERTH_TEST_POSTGRES_URL` is set, on PostgreSQL.
+mod helpers;
+
+mod auth;
+mod errors;
+mod migrations;
+mod openapi;
+mod ops;
+mod pagination;
+mod repositories;
+mod tasks;
+mod workspaces;

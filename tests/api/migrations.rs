@@ -1,0 +1,315 @@
+//! Migrations fail closed (I35): idempotent, safe when several `berth migrate` run at once, a checked
+//! SQLite backup before pending migrations, a newer database refused, a failed migration rolled back.
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Output;
+
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
+use tempfile::TempDir;
+
+use crate::helpers::{PgDatabase, SECRET};
+
+struct Target {
+    env: BTreeMap<String, String>,
+    url: String,
+    data_dir: TempDir,
+    _pg: Option<PgDatabase>,
+}
+
+async fn sqlite_target() -> Target {
+    let data_dir = TempDir::new().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        data_dir.path().join("berth.db").display()
+    );
+    target(data_dir, url, None)
+}
+
+async fn postgres_target() -> Option<Target> {
+    let pg = PgDatabase::create().await?;
+    let url = pg.url.clone();
+    Some(target(TempDir::new().unwrap(), url, Some(pg)))
+}
+
+fn target(data_dir: TempDir, url: String, pg: Option<PgDatabase>) -> Target {
+    let mut env = BTreeMap::new();
+    env.insert(
+        "BERTH_DATA_DIR".into(),
+        data_dir.path().display().to_string(),
+    );
+    env.insert("BERTH_DATABASE_URL".into(), url.clone());
+    env.insert("BERTH_JWT_SECRET".into(), SECRET.into());
+    env.insert("BERTH_BIND".into(), "127.0.0.1:0".into());
+    Target {
+        env,
+        url,
+        data_dir,
+        _pg: pg,
+    }
+}
+
+impl Target {
+    fn berth(&self, args: &[&str]) -> Output {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    }
+
+    async fn berth_async(&self, args: &[&str]) -> Output {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.output().await.unwrap()
+    }
+
+    async fn db(&self) -> DatabaseConnection {
+        Database::connect(&self.url).await.unwrap()
+    }
+
+    fn backups(&self) -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(self.data_dir.path().join("backups"))
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+async fn exec(db: &DatabaseConnection, sql: &str) {
+    db.execute_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await
+        .unwrap();
+}
+
+async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get_by_index(0).unwrap()
+}
+
+async fn idempotent(t: Target) {
+    let first = t.berth(&["migrate"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(
+        stdout(&first).starts_with("applied 1 migration"),
+        "{}",
+        stdout(&first)
+    );
+    let second = t.berth(&["migrate"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_eq!(stdout(&second).trim(), "schema is up to date");
+    let db = t.db().await;
+    assert_eq!(
+        scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await,
+        1
+    );
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM workspaces").await, 0);
+}
+
+#[tokio::test]
+async fn sqlite_migrate_is_idempotent() {
+    idempotent(sqlite_target().await).await;
+}
+
+#[tokio::test]
+async fn postgres_migrate_is_idempotent() {
+    if let Some(t) = postgres_target().await {
+        idempotent(t).await;
+    }
+}
+
+/// I35: the SQLite backup is taken, checked, and holds the database as it was before migrating.
+#[tokio::test]
+async fn sqlite_backup_is_taken_before_pending_migrations() {
+    let t = sqlite_target().await;
+    let out = t.berth(&["migrate"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let backups = t.backups();
+    assert_eq!(backups.len(), 1, "{backups:?}");
+    assert!(stdout(&out).contains("backup taken before migrating"));
+    let backup = Database::connect(format!("sqlite://{}?mode=ro", backups[0].display()))
+        .await
+        .unwrap();
+    let row = backup
+        .query_one_raw(Statement::from_string(
+            backup.get_database_backend(),
+            "PRAGMA integrity_check",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.try_get_by_index::<String>(0).unwrap(), "ok");
+    assert_eq!(
+        scalar(
+            &backup,
+            "SELECT COUNT(*) FROM sqlite_master WHERE name = 'workspaces'"
+        )
+        .await,
+        0,
+        "taken before the schema"
+    );
+    // Nothing pending: no new backup.
+    assert!(t.berth(&["migrate"]).status.success());
+    assert_eq!(t.backups().len(), 1);
+}
+
+/// I35: a failing migration rolls back whole; the data stays, and on SQLite a backup was taken first.
+async fn failed_migration_rolls_back(t: Target, sqlite: bool) {
+    assert!(t.berth(&["migrate"]).status.success());
+    let db = t.db().await;
+    exec(&db, "INSERT INTO workspaces (id, name, status, created_at, updated_at) VALUES ('0190f0f0-0000-7000-8000-000000000001', 'keep', 'active', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z')").await;
+    // Forget that the schema was applied: re-applying it must fail on the existing tables.
+    exec(&db, "DELETE FROM seaql_migrations").await;
+    let out = t.berth(&["migrate"]);
+    assert!(!out.status.success(), "the migration should have failed");
+    assert!(stderr(&out).contains("rolled back"), "{}", stderr(&out));
+    assert_eq!(
+        scalar(&db, "SELECT COUNT(*) FROM workspaces").await,
+        1,
+        "data survives"
+    );
+    assert_eq!(
+        scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await,
+        0,
+        "nothing half-applied"
+    );
+    if sqlite {
+        assert_eq!(
+            t.backups().len(),
+            2,
+            "a backup was taken before the failed attempt"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sqlite_failed_migration_rolls_back() {
+    failed_migration_rolls_back(sqlite_target().await, true).await;
+}
+
+#[tokio::test]
+async fn postgres_failed_migration_rolls_back() {
+    if let Some(t) = postgres_target().await {
+        failed_migration_rolls_back(t, false).await;
+    }
+}
+
+/// A database migrated by a newer berth is refused by `migrate` and by `serve`, and left unchanged.
+async fn newer_database_is_refused(t: Target) {
+    assert!(t.berth(&["migrate"]).status.success());
+    let db = t.db().await;
+    exec(&db, "INSERT INTO seaql_migrations (version, applied_at) VALUES ('m29990101_000001_from_the_future', 0)").await;
+    for cmd in ["migrate", "serve"] {
+        let out = t.berth(&[cmd]);
+        assert!(!out.status.success(), "{cmd} should refuse");
+        assert!(
+            stderr(&out).contains("newer berth"),
+            "{cmd}: {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(
+        scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await,
+        2
+    );
+}
+
+#[tokio::test]
+async fn sqlite_newer_database_is_refused() {
+    newer_database_is_refused(sqlite_target().await).await;
+}
+
+#[tokio::test]
+async fn postgres_newer_database_is_refused() {
+    if let Some(t) = postgres_target().await {
+        newer_database_is_refused(t).await;
+    }
+}
+
+/// Several `berth migrate` at once on a fresh database: all succeed, exactly one applies.
+async fn concurrent_migrations(t: Target) {
+    let runs: Vec<_> = (0..6).map(|_| t.berth_async(&["migrate"])).collect();
+    let outs = futures_util::future::join_all(runs).await;
+    for o in &outs {
+        assert!(
+            o.status.success(),
+            "a concurrent migrate failed: {}",
+            stderr(o)
+        );
+    }
+    let applied = outs
+        .iter()
+        .filter(|o| stdout(o).starts_with("applied"))
+        .count();
+    assert_eq!(
+        applied,
+        1,
+        "{:?}",
+        outs.iter().map(stdout).collect::<Vec<_>>()
+    );
+    let db = t.db().await;
+    assert_eq!(
+        scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_concurrent_migrate_processes_all_succeed() {
+    if let Some(t) = postgres_target().await {
+        concurrent_migrations(t).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_concurrent_migrate_processes_all_succeed() {
+    concurrent_migrations(sqlite_target().await).await;
+}
+
+#[test]
+fn only_the_newest_two_backups_are_kept() {
+    let dir = TempDir::new().unwrap();
+    for stamp in [
+        "20260101T000000Z",
+        "20260201T000000Z",
+        "20260301T000000Z",
+        "20260401T000000Z",
+    ] {
+        std::fs::write(dir.path().join(format!("berth-{stamp}-before-m1.db")), b"x").unwrap();
+    }
+    std::fs::write(dir.path().join("unrelated.txt"), b"keep").unwrap();
+    berth::store::migrate::prune_backups(dir.path());
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        vec![
+            "berth-20260301T000000Z-before-m1.db",
+            "berth-20260401T000000Z-before-m1.db",
+            "unrelated.txt"
+        ]
+    );
+    let _ = Path::new("");
+}
