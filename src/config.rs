@@ -152,10 +152,14 @@ impl Config {
             .canonicalize()
             .map_err(|e| bad("BERTH_DATA_DIR", format!("{}: {e}", data_dir.display())))?;
 
-        let database_url =
-            pick("BERTH_DATABASE_URL", file.database_url.clone()).unwrap_or_else(|| {
-                format!("sqlite://{}?mode=rwc", data_dir.join("berth.db").display())
-            });
+        // The URL may carry a password, so it may come from a file too.
+        let database_url = match secret_from_file(env, "BERTH_DATABASE_URL_FILE")? {
+            Some(url) => Some(url),
+            None => pick("BERTH_DATABASE_URL", file.database_url.clone()),
+        };
+        let database_url = database_url.unwrap_or_else(|| {
+            format!("sqlite://{}?mode=rwc", data_dir.join("berth.db").display())
+        });
         if !(database_url.starts_with("sqlite:")
             || database_url.starts_with("postgres://")
             || database_url.starts_with("postgresql://"))
@@ -349,6 +353,17 @@ fn load_jwt_key(env: &dyn Env, file: &FileConfig, data_dir: &Path) -> Result<Jwt
     }
 }
 
+/// Reads `VAR_FILE`'s file (trailing newline trimmed), if the variable is set.
+fn secret_from_file(env: &dyn Env, var: &str) -> Result<Option<String>, ConfigError> {
+    let Some(path) = env.get(var) else {
+        return Ok(None);
+    };
+    let bytes = std::fs::read(&path).map_err(|e| bad(var, format!("{path}: {e}")))?;
+    let text = String::from_utf8(trim_newline(bytes))
+        .map_err(|_| bad(var, format!("{path}: not UTF-8")))?;
+    Ok(Some(text))
+}
+
 fn secret_key(setting: &str, secret: Vec<u8>) -> Result<JwtKey, ConfigError> {
     if secret.len() < 32 {
         return Err(bad(setting, "an HS256 secret must be at least 32 bytes"));
@@ -401,4 +416,128 @@ fn read_or_create(path: &Path, make: impl FnOnce() -> Vec<u8>) -> Result<(Vec<u8
     let _ = std::fs::remove_file(&tmp);
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok((bytes, created))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn env(pairs: &[(&str, &str)], dir: &Path) -> BTreeMap<String, String> {
+        let mut m: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        m.entry("BERTH_DATA_DIR".into())
+            .or_insert_with(|| dir.display().to_string());
+        m
+    }
+
+    #[test]
+    fn defaults_need_no_configuration_and_keep_generated_values() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let c = Config::load(&env(&[], dir.path())).unwrap();
+        let data = dir.path().canonicalize().unwrap();
+        assert_eq!(c.bind.to_string(), "127.0.0.1:8080");
+        assert_eq!(
+            c.database_url,
+            format!("sqlite://{}?mode=rwc", data.join("berth.db").display())
+        );
+        assert_eq!(c.worktree_root, data.join("worktrees"));
+        assert!(c.worktree_root.is_dir());
+        assert_eq!(
+            (c.jwt_issuer.as_str(), c.jwt_audience.as_str()),
+            ("berth", "berth-api")
+        );
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert!(c.repo_roots.is_none());
+        let JwtKey::Secret { secret, generated } = &c.jwt_key else {
+            panic!("expected a secret")
+        };
+        assert!(generated);
+        let mode = std::fs::metadata(data.join("jwt-secret"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "the secret is private");
+        // A second start reads the same secret and node id.
+        let again = Config::load(&env(&[], dir.path())).unwrap();
+        let JwtKey::Secret {
+            secret: secret2, ..
+        } = &again.jwt_key
+        else {
+            panic!()
+        };
+        assert_eq!(secret, secret2);
+        assert_eq!(c.node_id, again.node_id);
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let cases = [
+            ("BERTH_BIND", "nonsense"),
+            ("BERTH_LOG_FORMAT", "xml"),
+            ("BERTH_DB_MAX_CONNECTIONS", "many"),
+            ("BERTH_DB_MAX_CONNECTIONS", "0"),
+            ("BERTH_DATABASE_URL", "mysql://x"),
+            ("BERTH_JWT_SECRET", "short"),
+            ("BERTH_JWT_SECRET_FILE", "/nonexistent/secret"),
+            ("BERTH_REPO_ROOTS", "/nonexistent/root"),
+            ("BERTH_CONFIG", "/nonexistent/berth.toml"),
+        ];
+        for (var, value) in cases {
+            let err = Config::load(&env(&[(var, value)], dir.path())).unwrap_err();
+            assert_eq!(err.setting, var, "{err}");
+            assert!(
+                err.to_string().starts_with(&format!("invalid {var}: ")),
+                "{err}"
+            );
+            assert!(!err.to_string().contains('\n'), "one line: {err}");
+        }
+    }
+
+    #[test]
+    fn file_then_environment_then_secret_files() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let file = dir.path().join("berth.toml");
+        std::fs::write(
+            &file,
+            "bind = \"127.0.0.1:9000\"\njwt_issuer = \"from-file\"\nlog_format = \"json\"\n[agents.pi]\ncommand = \"pi\"\nargs = [\"--mode\", \"rpc\"]\n",
+        )
+        .unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let url = dir.path().join("url");
+        std::fs::write(&url, "postgres://u:p@db/berth\n").unwrap();
+        let c = Config::load(&env(
+            &[
+                ("BERTH_CONFIG", file.to_str().unwrap()),
+                ("BERTH_BIND", "127.0.0.1:9001"),
+                ("BERTH_JWT_SECRET_FILE", secret.to_str().unwrap()),
+                ("BERTH_DATABASE_URL_FILE", url.to_str().unwrap()),
+            ],
+            dir.path(),
+        ))
+        .unwrap();
+        assert_eq!(c.bind.port(), 9001, "the environment wins over the file");
+        assert_eq!(c.jwt_issuer, "from-file");
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.database_url, "postgres://u:p@db/berth");
+        assert_eq!(c.agents["pi"].args, vec!["--mode", "rpc"]);
+        let JwtKey::Secret { secret, generated } = &c.jwt_key else {
+            panic!()
+        };
+        assert_eq!(secret.as_slice(), b"0123456789abcdef0123456789abcdef");
+        assert!(!generated);
+        // Unknown keys in the file are refused, naming the file setting.
+        std::fs::write(&file, "bnid = \"x\"\n").unwrap();
+        let err = Config::load(&env(
+            &[("BERTH_CONFIG", file.to_str().unwrap())],
+            dir.path(),
+        ))
+        .unwrap_err();
+        assert_eq!(err.setting, "BERTH_CONFIG");
+        assert!(err.reason.contains("bnid"), "{err}");
+    }
 }

@@ -4,7 +4,56 @@ use reqwest::Method;
 use crate::both_backends;
 use crate::helpers::TestApp;
 
-both_backends!(health_readiness_and_metrics);
+both_backends!(
+    health_readiness_and_metrics,
+    storage_is_configured_for_concurrency
+);
+
+/// SQLite runs with WAL, foreign keys and a busy timeout, on a pool of several connections.
+async fn storage_is_configured_for_concurrency(app: TestApp) {
+    use sea_orm::{ConnectionTrait, Statement};
+    if app.backend == crate::helpers::Backend::Postgres {
+        assert_eq!(
+            app.db().get_database_backend(),
+            sea_orm::DbBackend::Postgres
+        );
+        return;
+    }
+    let db = app.db();
+    let mut values = Vec::new();
+    for name in ["journal_mode", "foreign_keys", "busy_timeout"] {
+        let row = db
+            .query_one_raw(Statement::from_string(
+                sea_orm::DbBackend::Sqlite,
+                format!("PRAGMA {name}"),
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        let value = row
+            .try_get_by_index::<String>(0)
+            .or_else(|_| row.try_get_by_index::<i64>(0).map(|n| n.to_string()))
+            .unwrap();
+        values.push(value);
+    }
+    assert_eq!(values, vec!["wal", "1", "30000"]);
+    // A dangling reference is refused by the database itself.
+    let r = app
+        .db()
+        .execute_raw(Statement::from_string(
+            sea_orm::DbBackend::Sqlite,
+            "INSERT INTO tasks (id, workspace_id, title, description, kind, workspace_mode, last_activity_at, created_at, updated_at) VALUES (X'0190f0f0000070008000000000000001', X'0190f0f0000070008000000000000002', 't', '', 'standard', 'new_workspace', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z')",
+        ))
+        .await;
+    assert!(r.is_err(), "foreign keys are enforced");
+    // Concurrent writers on the pool do not fail with "database is locked" (BEGIN IMMEDIATE).
+    let ws = app.workspace("busy").await;
+    let url = format!("/api/v1/workspaces/{ws}/tasks");
+    let writes = (0..24).map(|i| app.post(&url, serde_json::json!({"title": format!("t{i}")})));
+    for r in futures_util::future::join_all(writes).await {
+        r.ok(201);
+    }
+}
 
 async fn health_readiness_and_metrics(app: TestApp) {
     assert_eq!(
