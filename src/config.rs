@@ -74,6 +74,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub max_body_bytes: usize,
     pub migration_lock_timeout: Duration,
+    pub git_timeout: Duration,
+    pub git_max_concurrent: usize,
     pub agents: BTreeMap<String, AgentProfile>,
 }
 
@@ -96,6 +98,8 @@ struct FileConfig {
     log_format: Option<String>,
     max_body_bytes: Option<usize>,
     migration_lock_timeout_ms: Option<u64>,
+    git_timeout_secs: Option<u64>,
+    git_max_concurrent: Option<usize>,
     #[serde(default)]
     agents: BTreeMap<String, AgentProfile>,
 }
@@ -192,6 +196,23 @@ impl Config {
             60_000u64,
         )?;
 
+        let git_timeout = parse_num(env, "BERTH_GIT_TIMEOUT_SECS", file.git_timeout_secs, 120u64)?;
+        let git_max_concurrent = parse_num(
+            env,
+            "BERTH_GIT_MAX_CONCURRENT",
+            file.git_max_concurrent,
+            4usize,
+        )?;
+        if git_timeout == 0 || git_max_concurrent == 0 {
+            return Err(bad(
+                if git_timeout == 0 {
+                    "BERTH_GIT_TIMEOUT_SECS"
+                } else {
+                    "BERTH_GIT_MAX_CONCURRENT"
+                },
+                "must be at least 1",
+            ));
+        }
         let jwt_key = load_jwt_key(env, &file, &data_dir)?;
         let jwt_issuer =
             pick("BERTH_JWT_ISSUER", file.jwt_issuer.clone()).unwrap_or_else(|| "berth".into());
@@ -279,6 +300,8 @@ impl Config {
             log_format,
             max_body_bytes,
             migration_lock_timeout: Duration::from_millis(lock_ms),
+            git_timeout: Duration::from_secs(git_timeout),
+            git_max_concurrent,
             agents: file.agents,
         })
     }

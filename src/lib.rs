@@ -8,6 +8,7 @@ pub mod config;
 pub mod domain;
 pub mod entity;
 pub mod events;
+pub mod executor;
 pub mod git;
 pub mod metrics;
 pub mod startup;

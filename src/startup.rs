@@ -13,7 +13,8 @@ use crate::api::middleware::{BerthRootSpan, request_id_and_metrics};
 use crate::api::{self, ApiDoc, AppState, problem};
 use crate::auth::JwtVerifier;
 use crate::config::Config;
-use crate::domain::Ctx;
+use crate::domain::{Ctx, environments};
+use crate::git::cli::GitCli;
 use crate::metrics::Metrics;
 use crate::store::Db;
 use crate::store::migrate::{self, MigrateOutcome};
@@ -47,12 +48,23 @@ impl Application {
         let state = api::data(AppState {
             ctx: Ctx {
                 db,
+                git: GitCli::new(config.git_max_concurrent, config.git_timeout),
                 config: Arc::new(config),
                 instance_id: uuid::Uuid::now_v7(),
             },
             verifier,
             metrics: Arc::new(Metrics::default()),
         });
+        // Before serving: settle what an earlier process left half-done on this node.
+        let interrupted = environments::fail_interrupted(&state.ctx)
+            .await
+            .map_err(|e| anyhow::anyhow!("startup recovery: {e}"))?;
+        if interrupted > 0 {
+            tracing::warn!(
+                interrupted,
+                "marked environments interrupted by a restart as failed"
+            );
+        }
         let app_state = state.clone();
         let server = HttpServer::new(move || {
             let (app, mut spec) = App::new()

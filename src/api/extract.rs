@@ -30,6 +30,9 @@ scope_markers! {
     WorkspacesAdmin => Scope::WorkspacesAdmin,
     TasksRead => Scope::TasksRead,
     TasksWrite => Scope::TasksWrite,
+    SessionsRead => Scope::SessionsRead,
+    SessionsWrite => Scope::SessionsWrite,
+    SessionsDelete => Scope::SessionsDelete,
 }
 
 pub struct Authorized<S>(pub Principal, PhantomData<S>);

@@ -1,9 +1,11 @@
 //! HTTP: one file per resource, thin handlers, request/response types with `ToSchema`.
+pub mod environments;
 pub mod extract;
 pub mod middleware;
 pub mod ops;
 pub mod problem;
 pub mod repositories;
+pub mod sessions;
 pub mod tasks;
 pub mod workspaces;
 
@@ -37,12 +39,14 @@ pub const PUBLIC_PATHS: [&str; 5] = ["/healthz", "/readyz", "/metrics", "/openap
         description = "Control plane for coding agents working in git worktrees. A task owns its environment and worktrees; sessions only use them.",
         license(name = "MIT")
     ),
-    components(schemas(problem::Problem, problem::ErrorCode, crate::domain::error::FieldError)),
+    components(schemas(problem::Problem, problem::ErrorCode, crate::domain::error::FieldError, crate::domain::error::ReuseCategory)),
     modifiers(&SecurityAddon),
     tags(
         (name = "workspaces", description = "Workspaces: the tenancy boundary"),
         (name = "repositories", description = "Source repositories a workspace may use"),
         (name = "tasks", description = "Tasks: the owners of environments and worktrees"),
+        (name = "environments", description = "The task-owned workspace and its worktree inventory"),
+        (name = "sessions", description = "Agent conversations that use their task's environment and own nothing physical"),
         (name = "operations", description = "Health, readiness and metrics")
     )
 )]
@@ -135,7 +139,9 @@ pub fn configure(cfg: &mut ServiceConfig) {
             utoipa_actix_web::scope("/api/v1")
                 .configure(workspaces::routes)
                 .configure(repositories::routes)
-                .configure(tasks::routes),
+                .configure(tasks::routes)
+                .configure(environments::routes)
+                .configure(sessions::routes),
         );
 }
 

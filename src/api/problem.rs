@@ -5,7 +5,7 @@ use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::domain::error::{Error, FieldError};
+use crate::domain::error::{Error, FieldError, ReuseCategory};
 
 /// Stable machine-readable error codes; clients switch on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -79,6 +79,12 @@ pub struct Problem {
     /// How many live tasks hold a repository, for `repository_in_use`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_count: Option<u64>,
+    /// Why, for `workspace_reuse_unsafe`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub category: Option<ReuseCategory>,
+    /// The environment concerned, when there is one (for example a failed preparation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_environment_id: Option<uuid::Uuid>,
 }
 
 impl Problem {
@@ -101,6 +107,8 @@ impl Problem {
             errors: Vec::new(),
             required_scope: None,
             task_count: None,
+            category: None,
+            task_environment_id: None,
         }
     }
 
@@ -149,6 +157,12 @@ impl From<&Error> for Problem {
                 C::InsufficientScope,
                 "Insufficient scope",
                 "a session-bound token acts only on its session",
+            ),
+            Error::Forbidden(why) => Problem::new(
+                S::FORBIDDEN,
+                C::InsufficientScope,
+                "Insufficient scope",
+                *why,
             ),
             Error::NotFound(what) => Problem::new(
                 S::NOT_FOUND,
@@ -216,6 +230,68 @@ impl From<&Error> for Problem {
                 "Invalid cursor",
                 "the cursor is not one this list returned; start again without it",
             ),
+            Error::TaskCleanupInProgress => Problem::new(
+                S::CONFLICT,
+                C::TaskCleanupInProgress,
+                "Task cleanup in progress",
+                "the task's resources are being cleaned up; nothing new can be created for it",
+            ),
+            Error::WorkspacePreparing => Problem {
+                retryable: true,
+                retry_after_ms: Some(1000),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::WorkspacePreparing,
+                    "Workspace is being prepared",
+                    "another request is preparing the task's workspace; retry shortly",
+                )
+            },
+            Error::SessionBusy => Problem {
+                retryable: true,
+                retry_after_ms: Some(0),
+                action: Some("stop_session".into()),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::SessionBusy,
+                    "Session is busy",
+                    "stop the session before deleting it",
+                )
+            },
+            Error::WorkspaceReuseUnsafe(category) => Problem {
+                retryable: true,
+                action: Some("reset_environment".into()),
+                category: Some(*category),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::WorkspaceReuseUnsafe,
+                    "Workspace reuse is unsafe",
+                    "the task's workspace failed validation; nothing was started or changed",
+                )
+            },
+            Error::WorkspaceReuseUnsupported(detail) => Problem {
+                action: Some("choose_executor".into()),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::WorkspaceReuseUnsupported,
+                    "Workspace reuse unsupported",
+                    *detail,
+                )
+            },
+            Error::MaterializationFailed {
+                environment_id,
+                repository_name,
+            } => Problem {
+                retryable: true,
+                task_environment_id: Some(*environment_id),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::Conflict,
+                    "Preparing the workspace failed",
+                    format!(
+                        "preparing repository {repository_name} failed; the environment's repos say why, and a new session retries"
+                    ),
+                )
+            },
             Error::Internal(_) => Problem {
                 retryable: true,
                 ..Problem::new(

@@ -136,8 +136,9 @@ pub struct Claims {
     pub iat: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iss: Option<String>,
+    /// A string or a list (RFC 7519); jsonwebtoken has validated it before this is read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub aud: Option<String>,
+    pub aud: Option<serde_json::Value>,
 }
 
 /// Verifies tokens with one pinned algorithm and, for a shared secret, mints them.
@@ -175,6 +176,7 @@ impl JwtVerifier {
         validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         validation.leeway = 30;
         validation.validate_exp = true;
+        validation.validate_nbf = true;
         Ok(JwtVerifier {
             decoding,
             encoding,
@@ -232,7 +234,7 @@ impl JwtVerifier {
             exp: now + ttl.as_secs() as i64,
             iat: Some(now),
             iss: Some(self.issuer.clone()),
-            aud: Some(self.audience.clone()),
+            aud: Some(serde_json::Value::String(self.audience.clone())),
         };
         Ok(jsonwebtoken::encode(
             &Header::new(self.algorithm),

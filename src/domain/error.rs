@@ -16,6 +16,9 @@ pub enum Error {
     InsufficientScope(Scope),
     #[error("a session-bound token acts only on its session")]
     SessionBound,
+    /// 403 for a token whose limits (not scopes) forbid the operation.
+    #[error("forbidden: {0}")]
+    Forbidden(&'static str),
     #[error("{0} not found")]
     NotFound(&'static str),
     /// 400: the request is malformed (syntax, unknown field, bad id in the path, bad query).
@@ -41,9 +44,39 @@ pub enum Error {
     PathNotAllowed(&'static str),
     #[error("invalid cursor")]
     InvalidCursor,
+    #[error("a cleanup of the task is in progress")]
+    TaskCleanupInProgress,
+    #[error("the workspace is being prepared")]
+    WorkspacePreparing,
+    #[error("the session is busy")]
+    SessionBusy,
+    /// I16: typed, retry-aware, and never carrying a path, branch or secret.
+    #[error("workspace reuse is unsafe: {0:?}")]
+    WorkspaceReuseUnsafe(ReuseCategory),
+    #[error("workspace reuse is unsupported: {0}")]
+    WorkspaceReuseUnsupported(&'static str),
+    /// Preparing the workspace failed; the environment is `failed` and its repos say why.
+    #[error("preparing the workspace failed for repository {repository_name}")]
+    MaterializationFailed {
+        environment_id: uuid::Uuid,
+        repository_name: String,
+    },
     /// Anything unexpected; the source chain goes to the log, never into the response.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
+}
+
+/// Why a workspace may not be reused (`category` of `workspace_reuse_unsafe`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReuseCategory {
+    ExecutorMismatch,
+    InventoryIncomplete,
+    InventoryAmbiguous,
+    WorkspaceMissing,
+    NotAGitWorktree,
+    RepositoryMismatch,
+    EnvironmentNotReady,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,7 +1,9 @@
 //! The rules. Handlers call one function here; nothing here knows about HTTP.
+pub mod environments;
 pub mod error;
 pub mod pagination;
 pub mod repositories;
+pub mod sessions;
 pub mod tasks;
 pub mod workspaces;
 
@@ -10,6 +12,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::config::Config;
+use crate::git::cli::GitCli;
 use crate::store::Db;
 
 /// What every domain operation needs: storage, configuration and this process generation's id.
@@ -19,6 +22,8 @@ pub struct Ctx {
     pub config: Arc<Config>,
     /// Changes with every server start (I26); stamped on every event.
     pub instance_id: Uuid,
+    /// The one way berth mutates git: timeouts and a process-wide concurrency cap.
+    pub git: GitCli,
 }
 
 /// The current time at the precision both databases store (microseconds), so what a create returns

@@ -1,7 +1,7 @@
 //! Source repositories a workspace may use. Registration proves, read-only, that the path is a canonical,
 //! allowed, non-bare git work tree and records its identity; deregistration is refused while a live task
 //! uses it and otherwise only hides the row (archived tasks keep their slots).
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
@@ -60,6 +60,21 @@ pub async fn register(
                 Error::NotAGitRepository("the path is not the root of a git work tree")
             }
         })?;
+    // The repository itself (its common git directory) must be allowed too, not only the work tree: a
+    // linked worktree inside the roots may belong to a repository outside them.
+    if !under_roots(&identity.common_git_dir, ctx.config.repo_roots.as_deref()) {
+        return Err(Error::PathNotAllowed(
+            "the repository's git directory is outside the allowed repository roots",
+        ));
+    }
+    if identity
+        .common_git_dir
+        .starts_with(&ctx.config.worktree_root)
+    {
+        return Err(Error::PathNotAllowed(
+            "the repository lives inside berth's worktree root",
+        ));
+    }
     let default_branch = default_branch
         .map(|b| b.as_str().to_string())
         .or(identity.head_branch)
@@ -200,9 +215,10 @@ pub(crate) async fn visible<C: ConnectionTrait>(
         .ok_or(Error::NotFound("repository"))
 }
 
-/// Checks a path a client asks to register, without following it anywhere first: absolute, inside the
-/// allowed roots (lexically, before touching the filesystem, so nothing outside them is probed), existing,
-/// canonical (no symlink, `.` or `..`), and not inside berth's own worktree root. Errors name no path.
+/// Checks a path a client asks to register without following it anywhere: absolute, no `..`, inside the
+/// allowed roots (decided lexically, before the filesystem is touched, so nothing outside them is probed),
+/// no symlink on the way (checked component by component, so nothing behind a symlink is probed either),
+/// existing, and not inside berth's own worktree root. Errors name no path.
 fn allowed_path(raw: &str, roots: Option<&[PathBuf]>, worktree_root: &Path) -> Result<PathBuf> {
     if raw.trim().is_empty() {
         return Err(Error::invalid("path", "must not be empty"));
@@ -211,25 +227,35 @@ fn allowed_path(raw: &str, roots: Option<&[PathBuf]>, worktree_root: &Path) -> R
     if !path.is_absolute() {
         return Err(Error::PathNotAllowed("the path must be absolute"));
     }
-    let under_roots =
-        |p: &Path| roots.is_none_or(|roots| roots.iter().any(|root| p.starts_with(root)));
-    if !under_roots(path) {
+    const NOT_CANONICAL: &str = "the path must be canonical: no symlinks, '.' or '..'";
+    if path.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(Error::PathNotAllowed(NOT_CANONICAL));
+    }
+    if !under_roots(path, roots) {
         return Err(Error::PathNotAllowed(
             "the path is outside the allowed repository roots",
         ));
+    }
+    let mut prefix = PathBuf::new();
+    for component in path.components() {
+        prefix.push(component);
+        match std::fs::symlink_metadata(&prefix) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(Error::PathNotAllowed(NOT_CANONICAL));
+            }
+            Ok(_) => {}
+            Err(_) => {
+                return Err(Error::NotAGitRepository(
+                    "the path does not exist or cannot be read",
+                ));
+            }
+        }
     }
     let canonical = path
         .canonicalize()
         .map_err(|_| Error::NotAGitRepository("the path does not exist or cannot be read"))?;
-    if canonical != path {
-        return Err(Error::PathNotAllowed(
-            "the path must be canonical: no symlinks, '.' or '..'",
-        ));
-    }
-    if !under_roots(&canonical) {
-        return Err(Error::PathNotAllowed(
-            "the path is outside the allowed repository roots",
-        ));
+    if canonical != path || !under_roots(&canonical, roots) {
+        return Err(Error::PathNotAllowed(NOT_CANONICAL));
     }
     if canonical.starts_with(worktree_root) {
         return Err(Error::PathNotAllowed(
@@ -237,6 +263,10 @@ fn allowed_path(raw: &str, roots: Option<&[PathBuf]>, worktree_root: &Path) -> R
         ));
     }
     Ok(canonical)
+}
+
+fn under_roots(path: &Path, roots: Option<&[PathBuf]>) -> bool {
+    roots.is_none_or(|roots| roots.iter().any(|root| path.starts_with(root)))
 }
 
 /// A repository name: it names the repository's worktree directory inside a task root.

@@ -15,6 +15,12 @@ use crate::events::{self, Subject};
 
 pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::Model> {
     p.require_unbound()?;
+    if p.workspace_filter().is_some() {
+        // Names are unique across workspaces: a limited token must not learn other tenants' names.
+        return Err(Error::Forbidden(
+            "a token limited to some workspaces cannot create workspaces",
+        ));
+    }
     let name = super::required_text("name", name, 100)?;
     let now = crate::domain::now();
     let model = workspace::Model {

@@ -1,7 +1,10 @@
 //! sea-orm entities: one file per table. Column enums that the API also shows derive `ToSchema`.
+pub mod cleanup_job;
 pub mod event;
 pub mod repository;
 pub mod task;
+pub mod task_environment;
+pub mod task_environment_repo;
 pub mod task_repository;
 pub mod task_session;
 pub mod workspace;

@@ -1,4 +1,49 @@
 use sea_orm::entity::prelude::*;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+pub use super::task_environment::ExecutorType;
+
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    EnumIter,
+    DeriveActiveEnum,
+    Serialize,
+    Deserialize,
+    ToSchema,
+)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    #[sea_orm(string_value = "created")]
+    Created,
+    #[sea_orm(string_value = "starting")]
+    Starting,
+    /// The agent is working.
+    #[sea_orm(string_value = "running")]
+    Running,
+    /// Waiting for input.
+    #[sea_orm(string_value = "idle")]
+    Idle,
+    /// The agent asked a question.
+    #[sea_orm(string_value = "attention")]
+    Attention,
+    #[sea_orm(string_value = "recovering")]
+    Recovering,
+    #[sea_orm(string_value = "stopping")]
+    Stopping,
+    #[sea_orm(string_value = "stopped")]
+    Stopped,
+    #[sea_orm(string_value = "failed")]
+    Failed,
+    #[sea_orm(string_value = "cancelled")]
+    Cancelled,
+}
 
 /// A session references the task's environment and owns nothing physical (I1).
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
@@ -9,9 +54,9 @@ pub struct Model {
     pub task_id: Uuid,
     pub task_environment_id: Option<Uuid>,
     pub name: String,
-    pub executor_type: String,
+    pub executor_type: ExecutorType,
     pub agent_profile: Option<String>,
-    pub state: String,
+    pub state: SessionState,
     pub is_primary: bool,
     pub desired_open: bool,
     pub execution_id: Option<Uuid>,

@@ -1,5 +1,8 @@
-//! Git. Reads happen in-process with gix (repository identity, HEAD); mutations (worktree add/remove/
-//! prune, branch delete) go through the `git` CLI behind one trait, added with the environment issue.
+//! Git. Reads happen in-process with gix (repository identity, HEAD, worktree identity); mutations
+//! (worktree add/remove/prune, branch delete) go through the `git` CLI in `cli`, with a timeout and a
+//! process-wide concurrency cap.
+pub mod cli;
+
 use std::path::{Path, PathBuf};
 
 /// A branch name git would accept (`refs/heads/<name>` is a valid reference).
@@ -95,4 +98,49 @@ pub fn inspect_repository(path: &Path) -> Result<RepositoryIdentity, InspectErro
         common_git_dir,
         head_branch,
     })
+}
+
+/// What a work tree directory is, as far as git says (read-only).
+#[derive(Debug, Clone)]
+pub struct WorktreeInfo {
+    /// The canonical common git directory: equal to the source repository's when it is one of its worktrees.
+    pub common_git_dir: PathBuf,
+    /// The linked worktree's id (its admin directory under `<common>/worktrees/`), `None` for a main work tree.
+    pub worktree_id: Option<String>,
+    pub branch: Option<String>,
+}
+
+/// Inspects an existing work tree root without changing anything.
+pub fn inspect_worktree(path: &Path) -> Result<WorktreeInfo, InspectError> {
+    let identity = inspect_repository(path)?;
+    let repo = gix::open_opts(path, gix::open::Options::isolated())
+        .map_err(|_| InspectError::NotARepository)?;
+    let git_dir = repo
+        .git_dir()
+        .canonicalize()
+        .map_err(|_| InspectError::NotARepository)?;
+    let worktree_id = (git_dir != identity.common_git_dir)
+        .then(|| {
+            git_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .flatten();
+    Ok(WorktreeInfo {
+        common_git_dir: identity.common_git_dir,
+        worktree_id,
+        branch: identity.head_branch,
+    })
+}
+
+/// True when `refs/heads/<branch>` exists in the repository at `repo_path`.
+pub fn branch_exists(repo_path: &Path, branch: &str) -> Result<bool, InspectError> {
+    let repo = gix::open_opts(repo_path, gix::open::Options::isolated())
+        .map_err(|_| InspectError::NotARepository)?;
+    let name = format!("refs/heads/{branch}");
+    Ok(repo
+        .try_find_reference(name.as_str())
+        .ok()
+        .flatten()
+        .is_some())
 }

@@ -25,6 +25,8 @@ pub enum MigrateError {
     NewerDatabase(String),
     #[error("could not take the pre-migration backup at {path}: {reason}")]
     Backup { path: PathBuf, reason: String },
+    #[error("could not take the migration lock: {0}")]
+    Lock(String),
     #[error("migration failed and was rolled back: {0}")]
     Db(#[from] DbErr),
 }
@@ -129,6 +131,9 @@ async fn migrate_postgres(db: &Db, lock_timeout: Duration) -> Result<MigrateOutc
 }
 
 async fn migrate_sqlite(db: &Db, data_dir: &Path) -> Result<MigrateOutcome, MigrateError> {
+    // One migrating process at a time, from the pending check through backup, commit and pruning: only
+    // the process that applies migrations takes (and prunes) backups, so none is lost to a race.
+    let _lock = lock_file(&data_dir.join("migrate.lock")).await?;
     let todo = pending(&applied_versions(&db.conn).await?)?;
     if todo.is_empty() {
         return Ok(MigrateOutcome::UpToDate);
@@ -147,6 +152,20 @@ async fn migrate_sqlite(db: &Db, data_dir: &Path) -> Result<MigrateOutcome, Migr
         versions: todo,
         backup: Some(backup),
     })
+}
+
+/// An exclusive advisory lock on a file, held until the returned handle is dropped.
+async fn lock_file(path: &Path) -> Result<std::fs::File, MigrateError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| MigrateError::Lock(format!("{}: {e}", path.display())))?;
+    tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+        .await
+        .map_err(|e| MigrateError::Lock(e.to_string()))?
+        .map_err(|e| MigrateError::Lock(format!("{}: {e}", path.display())))
 }
 
 /// `VACUUM INTO` a fresh file, prove it with `PRAGMA integrity_check`, keep the newest two.

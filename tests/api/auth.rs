@@ -238,6 +238,15 @@ async fn other_workspace_answers_404(app: TestApp) {
         .await
         .ok(200);
 
+    // A limited token cannot create workspaces (names are global: it would learn other tenants' names).
+    app.call(
+        Method::POST,
+        "/api/v1/workspaces",
+        t,
+        Some(json!({"name": "theirs"})),
+    )
+    .await
+    .problem(403, "insufficient_scope");
     // The list shows only the token's workspaces.
     let list = app
         .call(Method::GET, "/api/v1/workspaces", t, None)

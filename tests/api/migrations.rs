@@ -172,33 +172,55 @@ async fn sqlite_backup_is_taken_before_pending_migrations() {
     assert_eq!(t.backups().len(), 1);
 }
 
-/// I35: a failing migration rolls back whole; the data stays, and on SQLite a backup was taken first.
+/// I35: a migration that fails part-way rolls back whole: nothing of it remains, the data stays, and on
+/// SQLite a backup was taken first.
 async fn failed_migration_rolls_back(t: Target, sqlite: bool) {
-    assert!(t.berth(&["migrate"]).status.success());
     let db = t.db().await;
-    exec(&db, "INSERT INTO workspaces (id, name, status, created_at, updated_at) VALUES ('0190f0f0-0000-7000-8000-000000000001', 'keep', 'active', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z')").await;
-    // Forget that the schema was applied: re-applying it must fail on the existing tables.
-    exec(&db, "DELETE FROM seaql_migrations").await;
+    // Data that must survive, and an obstacle that the migration meets only after creating many tables.
+    exec(&db, "CREATE TABLE keep_me (n INTEGER)").await;
+    exec(&db, "INSERT INTO keep_me (n) VALUES (42)").await;
+    exec(&db, "CREATE TABLE event_sequence (obstacle INTEGER)").await;
     let out = t.berth(&["migrate"]);
     assert!(!out.status.success(), "the migration should have failed");
     assert!(stderr(&out).contains("rolled back"), "{}", stderr(&out));
+    let table_count = |name: &str| {
+        let sql = if sqlite {
+            format!("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '{name}'")
+        } else {
+            format!(
+                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = '{name}'"
+            )
+        };
+        let db = db.clone();
+        async move { scalar(&db, &sql).await }
+    };
     assert_eq!(
-        scalar(&db, "SELECT COUNT(*) FROM workspaces").await,
-        1,
-        "data survives"
+        table_count("workspaces").await,
+        0,
+        "tables created before the failure were rolled back"
+    );
+    assert_eq!(table_count("tasks").await, 0);
+    assert_eq!(
+        table_count("seaql_migrations").await,
+        0,
+        "nothing recorded as applied"
     );
     assert_eq!(
-        scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await,
-        0,
-        "nothing half-applied"
+        scalar(&db, "SELECT COUNT(*) FROM keep_me").await,
+        1,
+        "data survives"
     );
     if sqlite {
         assert_eq!(
             t.backups().len(),
-            2,
+            1,
             "a backup was taken before the failed attempt"
         );
     }
+    // Without the obstacle, it applies.
+    exec(&db, "DROP TABLE event_sequence").await;
+    let out = t.berth(&["migrate"]);
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[tokio::test]

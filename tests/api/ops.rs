@@ -46,10 +46,12 @@ async fn storage_is_configured_for_concurrency(app: TestApp) {
         ))
         .await;
     assert!(r.is_err(), "foreign keys are enforced");
-    // Concurrent writers on the pool do not fail with "database is locked" (BEGIN IMMEDIATE).
+    // Concurrent read-then-write transactions on the pool do not fail with "database is locked": a
+    // deferred transaction that reads the repositories and then writes would (BEGIN IMMEDIATE does not).
     let ws = app.workspace("busy").await;
+    let (repo, _) = app.repository(ws, "busy-repo").await;
     let url = format!("/api/v1/workspaces/{ws}/tasks");
-    let writes = (0..24).map(|i| app.post(&url, serde_json::json!({"title": format!("t{i}")})));
+    let writes = (0..24).map(|i| app.post(&url, serde_json::json!({"title": format!("t{i}"), "repositories": [{"repository_id": repo}]})));
     for r in futures_util::future::join_all(writes).await {
         r.ok(201);
     }

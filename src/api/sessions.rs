@@ -1,0 +1,213 @@
+//! HTTP for sessions.
+use actix_web::{HttpResponse, delete, get, post, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_actix_web::service_config::ServiceConfig;
+use uuid::Uuid;
+
+use super::extract::{Authorized, SessionsDelete, SessionsRead, SessionsWrite};
+use super::problem::Problem;
+use super::{AppState, PageQuery};
+use crate::domain::error::Error;
+use crate::domain::sessions::{self, NewSession, SessionView};
+use crate::entity::task_session::{ExecutorType, SessionState};
+
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(create_session)
+        .service(list_sessions)
+        .service(get_session)
+        .service(delete_session)
+        .service(make_primary);
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionError {
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Session {
+    pub id: Uuid,
+    pub task_id: Uuid,
+    pub task_environment_id: Option<Uuid>,
+    pub name: String,
+    pub executor_type: ExecutorType,
+    pub agent_profile: Option<String>,
+    pub state: SessionState,
+    pub is_primary: bool,
+    pub desired_open: bool,
+    /// The environment's effective workspace path (never a copy kept on the session).
+    pub workspace_path: Option<String>,
+    pub execution_id: Option<Uuid>,
+    pub last_error: Option<SessionError>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+impl From<SessionView> for Session {
+    fn from(v: SessionView) -> Self {
+        let s = v.session;
+        Session {
+            id: s.id,
+            task_id: s.task_id,
+            task_environment_id: s.task_environment_id,
+            name: s.name,
+            executor_type: s.executor_type,
+            agent_profile: s.agent_profile,
+            state: s.state,
+            is_primary: s.is_primary,
+            desired_open: s.desired_open,
+            workspace_path: v.workspace_path,
+            execution_id: s.execution_id,
+            last_error: s.last_error_code.map(|code| SessionError {
+                code,
+                message: s.last_error_message.unwrap_or_default(),
+            }),
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+            started_at: s.started_at,
+            ended_at: s.ended_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionList {
+    pub items: Vec<Session>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// `worktree`: one git worktree per repository slot; `local`: the registered repository itself.
+    pub executor_type: ExecutorType,
+    /// A profile from the config file (`GET /api/v1/agent-profiles`).
+    pub agent_profile: Option<String>,
+    pub name: Option<String>,
+    /// Refused for now: this version does not launch agents, so it could not deliver a prompt.
+    pub prompt: Option<String>,
+    /// Launch the agent after admission (default true). Agent launch is not available in this version:
+    /// the session is created in state `created` either way.
+    pub start: Option<bool>,
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:write"])),
+    params(("id" = Uuid, Path, description = "Task id")),
+    request_body = CreateSession,
+    responses(
+        (status = 201, description = "Attached to the task's ready environment, materializing it first if needed", body = Session, headers(("Location" = String))),
+        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`workspace_preparing` (retry), `task_archived`, `task_cleanup_in_progress`, `workspace_reuse_unsafe`, `workspace_reuse_unsupported`, or `conflict` when preparing the workspace failed", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid request (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/tasks/{id}/sessions")]
+async fn create_session(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    body: web::Json<CreateSession>,
+) -> Result<HttpResponse, Error> {
+    let body = body.into_inner();
+    let input = NewSession {
+        executor_type: body.executor_type,
+        agent_profile: body.agent_profile,
+        name: body.name,
+        prompt: body.prompt,
+    };
+    let view = sessions::create(&state.ctx, &auth, *id, input).await?;
+    Ok(super::created(
+        format!("/api/v1/sessions/{}", view.session.id),
+        &Session::from(view),
+    ))
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:read"])),
+    params(("id" = Uuid, Path, description = "Task id"), PageQuery),
+    responses(
+        (status = 200, description = "The task's sessions, newest first", body = SessionList),
+        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/tasks/{id}/sessions")]
+async fn list_sessions(
+    auth: Authorized<SessionsRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    query: web::Query<PageQuery>,
+) -> Result<web::Json<SessionList>, Error> {
+    let page = sessions::list(&state.ctx, &auth, *id, query.page()?).await?;
+    Ok(web::Json(SessionList {
+        items: page.items.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:read"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session", body = Session),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/sessions/{id}")]
+async fn get_session(
+    auth: Authorized<SessionsRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<Session>, Error> {
+    Ok(web::Json(
+        sessions::get(&state.ctx, &auth, *id).await?.into(),
+    ))
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:delete"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 204, description = "The session and its conversation are deleted. The task's workspace, files, worktrees and branches remain."),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session is starting, running, recovering or stopping (`session_busy`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[delete("/sessions/{id}")]
+async fn delete_session(
+    auth: Authorized<SessionsDelete>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<HttpResponse, Error> {
+    sessions::delete(&state.ctx, &auth, *id).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:write"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session, now its task's primary", body = Session),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/sessions/{id}/primary")]
+async fn make_primary(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<Session>, Error> {
+    Ok(web::Json(
+        sessions::make_primary(&state.ctx, &auth, *id).await?.into(),
+    ))
+}

@@ -1,0 +1,569 @@
+//! Environments: the task-owned workspace (seed 001, seed 000 "canonical environment and inventory").
+//!
+//! A task owns at most one current environment (I1). The first session that needs one elects itself
+//! materializer under the task's lock and commits a `creating` row; the physical worktrees are created
+//! outside any transaction; the complete inventory and `ready` are then published together, so nothing
+//! can attach to a half-made environment. Concurrent first sessions get `workspace_preparing` (I14).
+use std::collections::HashMap;
+
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait,
+    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Ctx;
+use super::error::{Error, Result, ReuseCategory};
+use crate::auth::Principal;
+use crate::entity::task::{self, WorkspaceMode};
+use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
+use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
+use crate::entity::{cleanup_job, repository, task_repository, task_session};
+use crate::events::{self, Subject};
+use crate::executor::{self, ManagedRoot, worktree};
+
+/// An environment with its inventory, in workspace order.
+#[derive(Debug, Clone)]
+pub struct EnvironmentView {
+    pub env: env::Model,
+    pub repos: Vec<env_repo::Model>,
+}
+
+/// The task whose environment `task` uses: itself, or for an `inherit_parent` subtask its nearest
+/// ancestor with a workspace of its own.
+pub(crate) async fn owner_of<C: ConnectionTrait>(
+    conn: &C,
+    task: &task::Model,
+) -> Result<task::Model> {
+    let mut current = task.clone();
+    for _ in 0..64 {
+        if current.workspace_mode != WorkspaceMode::InheritParent {
+            return Ok(current);
+        }
+        let parent_id = current
+            .parent_task_id
+            .ok_or(Error::NotFound("parent task"))?;
+        current = task::Entity::find_by_id(parent_id)
+            .one(conn)
+            .await?
+            .ok_or(Error::NotFound("parent task"))?;
+    }
+    Err(Error::Internal(anyhow::anyhow!(
+        "task {} inherits through more than 64 ancestors",
+        task.id
+    )))
+}
+
+/// I7: a task with an active cleanup job accepts no new session, environment or inventory row.
+pub(crate) async fn ensure_no_cleanup<C: ConnectionTrait>(
+    conn: &C,
+    task_ids: &[Uuid],
+) -> Result<()> {
+    let active = cleanup_job::Entity::find()
+        .filter(cleanup_job::Column::TaskId.is_in(task_ids.iter().copied()))
+        .filter(cleanup_job::Column::State.is_in(cleanup_job::ACTIVE_STATES))
+        .count(conn)
+        .await?;
+    if active > 0 {
+        Err(Error::TaskCleanupInProgress)
+    } else {
+        Ok(())
+    }
+}
+
+/// Locks a task row for the rest of the transaction (PostgreSQL; SQLite holds the writer lock already).
+pub(crate) async fn lock_task(txn: &DatabaseTransaction, id: Uuid) -> Result<task::Model> {
+    task::Entity::find_by_id(id)
+        .lock_exclusive()
+        .one(txn)
+        .await?
+        .ok_or(Error::NotFound("task"))
+}
+
+/// The current (non-superseded) environment of an owner task.
+pub(crate) async fn current<C: ConnectionTrait>(
+    conn: &C,
+    owner_task_id: Uuid,
+) -> Result<Option<env::Model>> {
+    Ok(env::Entity::find()
+        .filter(env::Column::TaskId.eq(owner_task_id))
+        .filter(env::Column::Status.ne(EnvironmentStatus::Superseded))
+        .one(conn)
+        .await?)
+}
+
+enum Election {
+    Ready(env::Model),
+    Elected(env::Model),
+}
+
+/// Returns the task's ready environment for `executor`, materializing it first when there is none.
+pub async fn ensure_ready(
+    ctx: &Ctx,
+    task: &task::Model,
+    executor: ExecutorType,
+) -> Result<env::Model> {
+    let owner = owner_of(&ctx.db.conn, task).await?;
+    let env = match elect(ctx, task, &owner, executor).await? {
+        Election::Ready(env) => return Ok(env),
+        Election::Elected(env) => env,
+    };
+    let plans = plans(ctx, &owner).await?;
+    match executor {
+        ExecutorType::Local => {
+            let rows = plans
+                .iter()
+                .map(|p| Done {
+                    repository_id: p.repository_id,
+                    branch_slug: p.branch_slug.clone(),
+                    position: p.position,
+                    worktree_id: None,
+                    worktree_path: Some(p.repository_path.to_string_lossy().into_owned()),
+                    worktree_branch: None,
+                })
+                .collect();
+            let path = plans
+                .first()
+                .map(|p| p.repository_path.to_string_lossy().into_owned());
+            publish(ctx, task, &owner, &env, rows, path).await
+        }
+        ExecutorType::Worktree => {
+            let root = ManagedRoot::new(ctx.config.worktree_root.clone());
+            let task_dir = executor::task_dir_name(&owner.title, owner.id);
+            match worktree::materialize(&ctx.git, &root, &task_dir, &plans).await {
+                Ok(made) => {
+                    let rows = made
+                        .iter()
+                        .map(|m| Done {
+                            repository_id: m.repository_id,
+                            branch_slug: m.branch_slug.clone(),
+                            position: m.position,
+                            worktree_id: m.worktree_id.clone(),
+                            worktree_path: Some(m.worktree_path.clone()),
+                            worktree_branch: m.worktree_branch.clone(),
+                        })
+                        .collect::<Vec<_>>();
+                    // I19: one repository works in its worktree; several in the task root.
+                    let path = match made.as_slice() {
+                        [one] => Some(one.worktree_path.clone()),
+                        _ => Some(root.path().join(&task_dir).to_string_lossy().into_owned()),
+                    };
+                    let published = publish(ctx, task, &owner, &env, rows, path).await;
+                    if published.is_err() {
+                        // The barrier or a failure won: the worktrees never became task state (I7).
+                        worktree::compensate(&ctx.git, &made).await;
+                    }
+                    published
+                }
+                Err(failure) => {
+                    fail(ctx, &owner, &env, &failure).await?;
+                    Err(Error::MaterializationFailed {
+                        environment_id: env.id,
+                        repository_name: failure.repository_name,
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// Under the owner's lock: select a ready environment, or elect this request to materialize one.
+async fn elect(
+    ctx: &Ctx,
+    task: &task::Model,
+    owner: &task::Model,
+    executor: ExecutorType,
+) -> Result<Election> {
+    let txn = ctx.db.begin_write().await?;
+    let owner_row = lock_task(&txn, owner.id).await?;
+    if owner_row.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+    let now = super::now();
+    match current(&txn, owner.id).await? {
+        Some(e) if e.status == EnvironmentStatus::Creating => Err(Error::WorkspacePreparing),
+        Some(e)
+            if matches!(
+                e.status,
+                EnvironmentStatus::Ready | EnvironmentStatus::Stopped
+            ) =>
+        {
+            if e.executor_type != executor {
+                // Executor transition (I18) is the launch issue's; until then a mismatch is refused.
+                return Err(Error::WorkspaceReuseUnsafe(ReuseCategory::ExecutorMismatch));
+            }
+            Ok(Election::Ready(e))
+        }
+        previous => {
+            if let Some(failed) = previous {
+                // A failed attempt stays recorded for diagnostics; the retry is a new environment.
+                env::Entity::update(env::ActiveModel {
+                    id: Set(failed.id),
+                    status: Set(EnvironmentStatus::Superseded),
+                    superseded_at: Set(Some(now)),
+                    updated_at: Set(now),
+                    ..Default::default()
+                })
+                .exec(&txn)
+                .await?;
+                events::append(
+                    &txn,
+                    ctx.instance_id,
+                    "environment.superseded",
+                    env_subject(owner, failed.id),
+                    json!({ "reason": "retry" }),
+                )
+                .await?;
+            }
+            let slots = task_repository::Entity::find()
+                .filter(task_repository::Column::TaskId.eq(owner.id))
+                .count(&txn)
+                .await?;
+            if executor == ExecutorType::Worktree && slots == 0 {
+                return Err(Error::invalid(
+                    "executor_type",
+                    "the task has no repository to make a worktree of",
+                ));
+            }
+            if executor == ExecutorType::Local && slots > 1 {
+                return Err(Error::WorkspaceReuseUnsupported(
+                    "the local executor works in one repository; use the worktree executor for several",
+                ));
+            }
+            let model = env::Model {
+                id: Uuid::now_v7(),
+                task_id: owner.id,
+                executor_type: executor,
+                status: EnvironmentStatus::Creating,
+                workspace_path: None,
+                node_id: ctx.config.node_id.clone(),
+                ownership_generation: 1,
+                materializer_id: Some(Uuid::now_v7()),
+                error_message: None,
+                created_at: now,
+                updated_at: now,
+                superseded_at: None,
+            };
+            let am: env::ActiveModel = model.clone().into();
+            match env::Entity::insert(am).exec_without_returning(&txn).await {
+                // The partial unique index is the backstop: someone else is materializing.
+                Err(e) if super::error::is_unique_violation(&e) => {
+                    return Err(Error::WorkspacePreparing);
+                }
+                other => other?,
+            };
+            events::append(
+                &txn,
+                ctx.instance_id,
+                "environment.created",
+                env_subject(owner, model.id),
+                json!({ "executor_type": executor, "status": "creating" }),
+            )
+            .await?;
+            txn.commit().await?;
+            Ok(Election::Elected(model))
+        }
+    }
+}
+
+/// One inventory row to publish.
+struct Done {
+    repository_id: Uuid,
+    branch_slug: String,
+    position: i32,
+    worktree_id: Option<String>,
+    worktree_path: Option<String>,
+    worktree_branch: Option<String>,
+}
+
+/// Publishes the complete inventory and `ready` in one transaction, if this request still owns the
+/// `creating` environment and no cleanup barrier appeared meanwhile.
+async fn publish(
+    ctx: &Ctx,
+    task: &task::Model,
+    owner: &task::Model,
+    e: &env::Model,
+    rows: Vec<Done>,
+    workspace_path: Option<String>,
+) -> Result<env::Model> {
+    let txn = ctx.db.begin_write().await?;
+    lock_task(&txn, owner.id).await?;
+    ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+    let still_ours = env::Entity::find_by_id(e.id)
+        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+        .filter(env::Column::MaterializerId.eq(e.materializer_id))
+        .one(&txn)
+        .await?;
+    if still_ours.is_none() {
+        return Err(Error::Conflict(
+            "the environment changed while it was being prepared; retry".into(),
+        ));
+    }
+    let now = super::now();
+    let models: Vec<env_repo::ActiveModel> = rows
+        .into_iter()
+        .map(|r| env_repo::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            task_environment_id: Set(e.id),
+            repository_id: Set(r.repository_id),
+            branch_slug: Set(r.branch_slug),
+            worktree_id: Set(r.worktree_id),
+            worktree_path: Set(r.worktree_path),
+            worktree_branch: Set(r.worktree_branch),
+            base_commit: Set(None),
+            position: Set(r.position),
+            status: Set(EnvironmentRepoStatus::Active),
+            error_message: Set(None),
+            created_at: Set(now),
+            updated_at: Set(now),
+            merged_at: Set(None),
+            deleted_at: Set(None),
+        })
+        .collect();
+    if !models.is_empty() {
+        env_repo::Entity::insert_many(models)
+            .exec_without_returning(&txn)
+            .await?;
+    }
+    env::Entity::update(env::ActiveModel {
+        id: Set(e.id),
+        status: Set(EnvironmentStatus::Ready),
+        workspace_path: Set(workspace_path.clone()),
+        materializer_id: Set(None),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(&txn)
+    .await?;
+    events::append(
+        &txn,
+        ctx.instance_id,
+        "environment.ready",
+        env_subject(owner, e.id),
+        json!({ "executor_type": e.executor_type }),
+    )
+    .await?;
+    txn.commit().await?;
+    Ok(env::Model {
+        status: EnvironmentStatus::Ready,
+        workspace_path,
+        materializer_id: None,
+        updated_at: now,
+        ..e.clone()
+    })
+}
+
+/// Records a failed materialization: the environment `failed`, the failing slot's row with its message.
+async fn fail(
+    ctx: &Ctx,
+    owner: &task::Model,
+    e: &env::Model,
+    failure: &worktree::SlotFailure,
+) -> Result<()> {
+    let txn = ctx.db.begin_write().await?;
+    lock_task(&txn, owner.id).await?;
+    let now = super::now();
+    let slot = task_repository::Entity::find()
+        .filter(task_repository::Column::TaskId.eq(owner.id))
+        .filter(task_repository::Column::Position.eq(failure.position))
+        .one(&txn)
+        .await?;
+    env_repo::Entity::insert(env_repo::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        task_environment_id: Set(e.id),
+        repository_id: Set(failure.repository_id),
+        branch_slug: Set(slot.map(|s| s.branch_slug).unwrap_or_default()),
+        worktree_id: Set(None),
+        worktree_path: Set(None),
+        worktree_branch: Set(None),
+        base_commit: Set(None),
+        position: Set(failure.position),
+        status: Set(EnvironmentRepoStatus::Failed),
+        error_message: Set(Some(failure.message.clone())),
+        created_at: Set(now),
+        updated_at: Set(now),
+        merged_at: Set(None),
+        deleted_at: Set(None),
+    })
+    .exec_without_returning(&txn)
+    .await?;
+    env::Entity::update(env::ActiveModel {
+        id: Set(e.id),
+        status: Set(EnvironmentStatus::Failed),
+        materializer_id: Set(None),
+        error_message: Set(Some(format!(
+            "preparing repository {} failed",
+            failure.repository_name
+        ))),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(&txn)
+    .await?;
+    events::append(
+        &txn,
+        ctx.instance_id,
+        "environment.failed",
+        env_subject(owner, e.id),
+        json!({ "repository_id": failure.repository_id }),
+    )
+    .await?;
+    txn.commit().await?;
+    Ok(())
+}
+
+/// The slots of the owner task, resolved against their repositories, in workspace order.
+async fn plans(ctx: &Ctx, owner: &task::Model) -> Result<Vec<worktree::SlotPlan>> {
+    let slots = task_repository::Entity::find()
+        .filter(task_repository::Column::TaskId.eq(owner.id))
+        .order_by_asc(task_repository::Column::Position)
+        .all(&ctx.db.conn)
+        .await?;
+    let repos: HashMap<Uuid, repository::Model> = repository::Entity::find()
+        .filter(repository::Column::Id.is_in(slots.iter().map(|s| s.repository_id)))
+        .all(&ctx.db.conn)
+        .await?
+        .into_iter()
+        .map(|r| (r.id, r))
+        .collect();
+    let task_dir = executor::task_dir_name(&owner.title, owner.id);
+    let mut plans = Vec::with_capacity(slots.len());
+    for slot in &slots {
+        let repo = repos
+            .get(&slot.repository_id)
+            .ok_or(Error::NotFound("repository"))?;
+        let repeated = slots
+            .iter()
+            .filter(|s| s.repository_id == slot.repository_id)
+            .count()
+            > 1;
+        plans.push(worktree::SlotPlan {
+            repository_id: repo.id,
+            repository_name: repo.name.clone(),
+            repository_path: repo.path.clone().into(),
+            common_git_dir: repo.common_git_dir.clone().into(),
+            branch_slug: slot.branch_slug.clone(),
+            branch: slot
+                .branch
+                .clone()
+                .unwrap_or_else(|| format!("berth/{task_dir}")),
+            base: slot
+                .base_branch
+                .clone()
+                .unwrap_or_else(|| repo.default_branch.clone()),
+            dir: if repeated {
+                format!("{}-{}", repo.name, slot.position)
+            } else {
+                repo.name.clone()
+            },
+            position: slot.position,
+        });
+    }
+    Ok(plans)
+}
+
+fn env_subject(owner: &task::Model, env_id: Uuid) -> Subject {
+    Subject {
+        task_environment_id: Some(env_id),
+        ..Subject::task(owner.workspace_id, owner.id)
+    }
+}
+
+/// At startup: a `creating` environment of this node left by an earlier process can never finish;
+/// mark it failed so a new session retries (the retry adopts any worktree it had already made).
+pub async fn fail_interrupted(ctx: &Ctx) -> Result<u64> {
+    let stuck = env::Entity::find()
+        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+        .filter(env::Column::NodeId.eq(ctx.config.node_id.clone()))
+        .all(&ctx.db.conn)
+        .await?;
+    let mut n = 0;
+    for e in stuck {
+        let txn = ctx.db.begin_write().await?;
+        let Some(owner) = task::Entity::find_by_id(e.task_id)
+            .lock_exclusive()
+            .one(&txn)
+            .await?
+        else {
+            continue;
+        };
+        let now = super::now();
+        let updated = env::Entity::update_many()
+            .col_expr(
+                env::Column::Status,
+                sea_orm::sea_query::Expr::value(EnvironmentStatus::Failed),
+            )
+            .col_expr(
+                env::Column::MaterializerId,
+                sea_orm::sea_query::Expr::value(Option::<Uuid>::None),
+            )
+            .col_expr(
+                env::Column::ErrorMessage,
+                sea_orm::sea_query::Expr::value("interrupted by a restart of berth"),
+            )
+            .col_expr(env::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
+            .filter(env::Column::Id.eq(e.id))
+            .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+            .exec(&txn)
+            .await?;
+        if updated.rows_affected == 1 {
+            events::append(
+                &txn,
+                ctx.instance_id,
+                "environment.failed",
+                env_subject(&owner, e.id),
+                json!({ "reason": "interrupted" }),
+            )
+            .await?;
+            n += 1;
+        }
+        txn.commit().await?;
+    }
+    Ok(n)
+}
+
+/// The current environment of a task (its owner's, for an `inherit_parent` subtask).
+pub async fn of_task(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Result<EnvironmentView> {
+    let task = super::tasks::readable(&ctx.db.conn, p, task_id).await?;
+    let owner = owner_of(&ctx.db.conn, &task).await?;
+    let e = current(&ctx.db.conn, owner.id)
+        .await?
+        .ok_or(Error::NotFound("environment"))?;
+    view(&ctx.db.conn, e).await
+}
+
+pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<EnvironmentView> {
+    let e = env::Entity::find_by_id(id)
+        .one(&ctx.db.conn)
+        .await?
+        .ok_or(Error::NotFound("environment"))?;
+    let owner = task::Entity::find_by_id(e.task_id)
+        .one(&ctx.db.conn)
+        .await?
+        .ok_or(Error::NotFound("environment"))?;
+    if !p.sees_workspace(owner.workspace_id) {
+        return Err(Error::NotFound("environment"));
+    }
+    if let Some(session_id) = p.session_id {
+        let bound = task_session::Entity::find_by_id(session_id)
+            .filter(task_session::Column::TaskEnvironmentId.eq(id))
+            .count(&ctx.db.conn)
+            .await?;
+        if bound == 0 {
+            return Err(Error::NotFound("environment"));
+        }
+    }
+    view(&ctx.db.conn, e).await
+}
+
+pub(crate) async fn view<C: ConnectionTrait>(conn: &C, e: env::Model) -> Result<EnvironmentView> {
+    let repos = env_repo::Entity::find()
+        .filter(env_repo::Column::TaskEnvironmentId.eq(e.id))
+        .order_by_asc(env_repo::Column::Position)
+        .order_by_asc(env_repo::Column::Id)
+        .all(conn)
+        .await?;
+    Ok(EnvironmentView { env: e, repos })
+}

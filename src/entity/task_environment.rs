@@ -1,0 +1,60 @@
+use sea_orm::entity::prelude::*;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema,
+)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutorType {
+    /// Runs in the registered repository itself; nothing is created or removed on disk.
+    #[sea_orm(string_value = "local")]
+    Local,
+    /// One git worktree per repository slot under `BERTH_WORKTREE_ROOT`.
+    #[sea_orm(string_value = "worktree")]
+    Worktree,
+}
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema,
+)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+pub enum EnvironmentStatus {
+    #[sea_orm(string_value = "creating")]
+    Creating,
+    #[sea_orm(string_value = "ready")]
+    Ready,
+    #[sea_orm(string_value = "stopped")]
+    Stopped,
+    #[sea_orm(string_value = "failed")]
+    Failed,
+    #[sea_orm(string_value = "superseded")]
+    Superseded,
+}
+
+/// The task-owned workspace root (I1): at most one non-superseded row per task.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "task_environments")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub task_id: Uuid,
+    pub executor_type: ExecutorType,
+    pub status: EnvironmentStatus,
+    pub workspace_path: Option<String>,
+    pub node_id: String,
+    pub ownership_generation: i64,
+    /// Who is materializing a `creating` environment (I14: exactly one).
+    pub materializer_id: Option<Uuid>,
+    pub error_message: Option<String>,
+    pub created_at: DateTimeUtc,
+    pub updated_at: DateTimeUtc,
+    pub superseded_at: Option<DateTimeUtc>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,46 @@
+use sea_orm::entity::prelude::*;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema,
+)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+pub enum EnvironmentRepoStatus {
+    #[sea_orm(string_value = "active")]
+    Active,
+    #[sea_orm(string_value = "merged")]
+    Merged,
+    #[sea_orm(string_value = "deleted")]
+    Deleted,
+    #[sea_orm(string_value = "failed")]
+    Failed,
+}
+
+/// The canonical physical-worktree inventory: one active row per (environment, repository, branch slot).
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "task_environment_repos")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub task_environment_id: Uuid,
+    pub repository_id: Uuid,
+    pub branch_slug: String,
+    pub worktree_id: Option<String>,
+    pub worktree_path: Option<String>,
+    pub worktree_branch: Option<String>,
+    pub base_commit: Option<String>,
+    pub position: i32,
+    pub status: EnvironmentRepoStatus,
+    pub error_message: Option<String>,
+    pub created_at: DateTimeUtc,
+    pub updated_at: DateTimeUtc,
+    pub merged_at: Option<DateTimeUtc>,
+    pub deleted_at: Option<DateTimeUtc>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,154 @@
+//! Materializing a worktree environment: one `git worktree add` per repository slot, then proof that each
+//! directory is a worktree of the slot's repository. A directory this task already owns (an earlier,
+//! interrupted attempt) is adopted when it is exactly the slot's worktree; anything else fails the slot.
+use std::path::{Path, PathBuf};
+
+use super::{ManagedPath, ManagedRoot};
+use crate::git::{self, cli::GitCli};
+
+/// What to create for one repository slot.
+#[derive(Debug, Clone)]
+pub struct SlotPlan {
+    pub repository_id: uuid::Uuid,
+    pub repository_name: String,
+    pub repository_path: PathBuf,
+    pub common_git_dir: PathBuf,
+    pub branch_slug: String,
+    pub branch: String,
+    /// The start point when the branch does not exist yet.
+    pub base: String,
+    /// The directory name inside the task directory.
+    pub dir: String,
+    pub position: i32,
+}
+
+/// A slot that exists on disk.
+#[derive(Debug, Clone)]
+pub struct Materialized {
+    pub repository_id: uuid::Uuid,
+    pub branch_slug: String,
+    pub position: i32,
+    pub worktree_id: Option<String>,
+    pub worktree_path: String,
+    pub worktree_branch: Option<String>,
+    /// Created by this attempt (and so the only kind of directory compensation may remove).
+    created: Option<(PathBuf, ManagedPath)>,
+}
+
+#[derive(Debug)]
+pub struct SlotFailure {
+    pub position: i32,
+    pub repository_id: uuid::Uuid,
+    pub repository_name: String,
+    /// For the inventory row's `error_message` (readers of the environment may see paths).
+    pub message: String,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .expect("a blocking git inspection panicked")
+}
+
+/// Creates (or adopts) every slot in order. On the first failure, removes what this attempt created and
+/// returns the failure; nothing it did not create is touched.
+pub async fn materialize(
+    git: &GitCli,
+    root: &ManagedRoot,
+    task_dir: &str,
+    plans: &[SlotPlan],
+) -> Result<Vec<Materialized>, SlotFailure> {
+    let mut done: Vec<Materialized> = Vec::with_capacity(plans.len());
+    for plan in plans {
+        match materialize_slot(git, root, task_dir, plan).await {
+            Ok(m) => done.push(m),
+            Err(message) => {
+                compensate(git, &done).await;
+                return Err(SlotFailure {
+                    position: plan.position,
+                    repository_id: plan.repository_id,
+                    repository_name: plan.repository_name.clone(),
+                    message,
+                });
+            }
+        }
+    }
+    Ok(done)
+}
+
+async fn materialize_slot(
+    git: &GitCli,
+    root: &ManagedRoot,
+    task_dir: &str,
+    plan: &SlotPlan,
+) -> Result<Materialized, String> {
+    let task_root = root.join(&[task_dir]).map_err(|e| e.to_string())?;
+    let target = root
+        .join(&[task_dir, &plan.dir])
+        .map_err(|e| e.to_string())?;
+    let target_path = target.as_path().to_path_buf();
+    let mut created = None;
+    if std::fs::symlink_metadata(&target_path).is_err() {
+        std::fs::create_dir_all(task_root.as_path())
+            .map_err(|e| format!("cannot create the task directory: {e}"))?;
+        let (repo, branch) = (plan.repository_path.clone(), plan.branch.clone());
+        let exists = blocking(move || git::branch_exists(&repo, &branch))
+            .await
+            .map_err(|_| {
+                "the source repository is missing or is not a git repository".to_string()
+            })?;
+        let base = (!exists).then_some(plan.base.as_str());
+        git.worktree_add(&plan.repository_path, &target, &plan.branch, base)
+            .await
+            .map_err(|e| e.to_string())?;
+        created = Some((plan.repository_path.clone(), target.clone()));
+    }
+    // Prove what is there, whether just created or left by an interrupted attempt of this task.
+    let path = target_path.clone();
+    let info = blocking(move || git::inspect_worktree(&path)).await;
+    let verdict = match info {
+        Ok(info) if info.common_git_dir != plan.common_git_dir => {
+            Err("the directory is a worktree of another repository".to_string())
+        }
+        Ok(info) if info.branch.as_deref() != Some(plan.branch.as_str()) => {
+            Err("the directory is on another branch".to_string())
+        }
+        Ok(info) if info.worktree_id.is_none() => {
+            Err("the directory is not a linked worktree".to_string())
+        }
+        Ok(info) => Ok(info),
+        Err(e) => Err(format!("the directory is not a usable worktree: {e}")),
+    };
+    match verdict {
+        Ok(info) => Ok(Materialized {
+            repository_id: plan.repository_id,
+            branch_slug: plan.branch_slug.clone(),
+            position: plan.position,
+            worktree_id: info.worktree_id,
+            worktree_path: target_path.to_string_lossy().into_owned(),
+            worktree_branch: Some(plan.branch.clone()),
+            created,
+        }),
+        Err(message) => {
+            if let Some((repo, target)) = created {
+                remove_created(git, &repo, &target).await;
+            }
+            Err(message)
+        }
+    }
+}
+
+/// Removes the worktrees this attempt created (never `--force`; branches are kept, a retry reuses them).
+pub async fn compensate(git: &GitCli, done: &[Materialized]) {
+    for m in done.iter().rev() {
+        if let Some((repo, target)) = &m.created {
+            remove_created(git, repo, target).await;
+        }
+    }
+}
+
+async fn remove_created(git: &GitCli, repo: &Path, target: &ManagedPath) {
+    if let Err(e) = git.worktree_remove(repo, target).await {
+        tracing::warn!(path = %target.as_path().display(), error = %e, "could not remove a worktree this attempt created; a retry adopts it");
+    }
+}
