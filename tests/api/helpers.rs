@@ -431,3 +431,74 @@ pub fn assert_no_path(reply: &Reply, dir: &Path) {
         reply.text
     );
 }
+
+/// The worktree paths git has registered for a repository (`git worktree list --porcelain`).
+pub fn worktrees_of(repo: &Path) -> Vec<String> {
+    git(repo, &["worktree", "list", "--porcelain"])
+        .lines()
+        .filter_map(|l| l.strip_prefix("worktree "))
+        .map(str::to_string)
+        .collect()
+}
+
+pub fn branch_exists(repo: &Path, branch: &str) -> bool {
+    Command::new("git")
+        .args([
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("refs/heads/{branch}"),
+        ])
+        .current_dir(repo)
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+impl TestApp {
+    /// Creates a task over the given repositories and returns its id.
+    pub async fn task(&self, workspace: Uuid, title: &str, repos: &[Uuid]) -> Uuid {
+        let repos: Vec<Value> = repos
+            .iter()
+            .map(|r| serde_json::json!({ "repository_id": r }))
+            .collect();
+        let r = self
+            .post(
+                &format!("/api/v1/workspaces/{workspace}/tasks"),
+                serde_json::json!({"title": title, "repositories": repos}),
+            )
+            .await;
+        id_of(&r.ok(201))
+    }
+
+    /// Starts a session on a task (201 expected) and returns it.
+    pub async fn session(&self, task: Uuid, executor: &str) -> Value {
+        self.post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            serde_json::json!({"executor_type": executor, "start": false}),
+        )
+        .await
+        .ok(201)
+    }
+
+    /// Puts a session in a state directly, as an agent runtime would (the runtime arrives later).
+    pub async fn set_session_state(
+        &self,
+        id: Uuid,
+        state: berth::entity::task_session::SessionState,
+        activity: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        use berth::entity::task_session as s;
+        use sea_orm::{ActiveValue::Set, EntityTrait};
+        let mut am = s::ActiveModel {
+            id: Set(id),
+            state: Set(state),
+            ..Default::default()
+        };
+        if let Some(at) = activity {
+            am.last_activity_at = Set(at);
+        }
+        s::Entity::update(am).exec(self.db()).await.unwrap();
+    }
+}

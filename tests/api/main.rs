@@ -9,5 +9,6 @@ mod openapi;
 mod ops;
 mod pagination;
 mod repositories;
+mod sessions;
 mod tasks;
 mod workspaces;

@@ -1,0 +1,917 @@
+//! Task-owned environments and sessions (seed 001, seed 000): a task materializes its worktrees once,
+//! every session attaches to that environment, and deleting a session never touches the workspace.
+use std::path::{Path, PathBuf};
+
+use berth::entity::task_session::SessionState;
+use reqwest::Method;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::both_backends;
+use crate::helpers::{TestApp, branch_exists, git, id_of, worktrees_of};
+
+both_backends!(
+    two_repositories_materialize_once_and_sessions_share_them,
+    deleting_the_only_session_keeps_the_workspace_for_the_next,
+    deleting_one_of_two_sessions_leaves_the_other_in_place,
+    busy_sessions_cannot_be_deleted,
+    deleted_primary_promotes_running_then_recent_then_any,
+    primary_can_be_moved,
+    local_executor_touches_nothing_on_disk,
+    inherit_parent_subtasks_use_the_parents_environment,
+    concurrent_first_sessions_materialize_exactly_once,
+    failed_materialization_removes_only_its_own_worktrees_and_can_be_retried,
+    a_branch_checked_out_elsewhere_fails_cleanly,
+    bad_session_requests_create_nothing,
+    cleanup_barrier_refuses_new_sessions,
+    session_bound_token_reads_its_session_task_and_environment,
+    interrupted_materialization_is_failed_at_startup_and_retried,
+);
+
+fn uuid(v: &Value) -> Uuid {
+    v.as_str()
+        .unwrap_or_else(|| panic!("not a string: {v}"))
+        .parse()
+        .unwrap()
+}
+
+fn path_of(v: &Value) -> PathBuf {
+    PathBuf::from(v.as_str().unwrap_or_else(|| panic!("not a path: {v}")))
+}
+
+async fn environment(app: &TestApp, task: Uuid) -> Value {
+    app.get(&format!("/api/v1/tasks/{task}/environment"))
+        .await
+        .ok(200)
+}
+
+/// Everything a session delete must leave alone, for one worktree.
+struct WorkspaceFacts {
+    dir_exists: bool,
+    registered: bool,
+    branch: bool,
+    marker: Option<String>,
+}
+
+fn facts(source: &Path, worktree: &Path, branch: &str) -> WorkspaceFacts {
+    WorkspaceFacts {
+        dir_exists: worktree.is_dir(),
+        registered: worktrees_of(source).contains(&worktree.display().to_string()),
+        branch: branch_exists(source, branch),
+        marker: std::fs::read_to_string(worktree.join("MARKER.txt")).ok(),
+    }
+}
+
+// I1, I14, I19: one environment, one worktree per slot, the task root as workspace for two repositories.
+async fn two_repositories_materialize_once_and_sessions_share_them(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (api, api_path) = app.repository(ws, "api").await;
+    let (web, web_path) = app.repository(ws, "web").await;
+    let task = app.task(ws, "Add login", &[api, web]).await;
+    let first = app.session(task, "worktree").await;
+    assert_eq!(first["state"], "created");
+    assert_eq!(first["is_primary"], true);
+    let env = environment(&app, task).await;
+    assert_eq!(env["status"], "ready");
+    assert_eq!(env["executor_type"], "worktree");
+    assert_eq!(env["task_id"], task.to_string());
+    assert_eq!(first["task_environment_id"], env["id"]);
+    let root = path_of(&env["workspace_path"]);
+    assert!(
+        root.starts_with(&app.config.worktree_root),
+        "inside BERTH_WORKTREE_ROOT"
+    );
+    assert_eq!(
+        first["workspace_path"], env["workspace_path"],
+        "several repositories: the task root"
+    );
+    let repos = env["repos"].as_array().unwrap();
+    assert_eq!(repos.len(), 2);
+    for (row, (id, source, name)) in repos
+        .iter()
+        .zip([(api, &api_path, "api"), (web, &web_path, "web")])
+    {
+        assert_eq!(row["repository_id"], id.to_string());
+        assert_eq!(row["status"], "active");
+        let wt = path_of(&row["worktree_path"]);
+        assert_eq!(wt, root.join(name));
+        assert_eq!(
+            wt.canonicalize().unwrap(),
+            wt,
+            "paths berth creates are canonical"
+        );
+        assert!(row["worktree_id"].is_string());
+        let branch = row["worktree_branch"].as_str().unwrap();
+        assert!(branch.starts_with("berth/add-login-"), "{branch}");
+        assert_eq!(
+            git(&wt, &["rev-parse", "--abbrev-ref", "HEAD"]).trim(),
+            branch
+        );
+        assert_eq!(
+            worktrees_of(source).len(),
+            2,
+            "the source and exactly one worktree"
+        );
+    }
+    assert_eq!(
+        app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)["primary_session_id"],
+        first["id"]
+    );
+
+    // A second session attaches: same environment, same workspace, no git preparation.
+    let second = app.session(task, "worktree").await;
+    assert_eq!(second["task_environment_id"], env["id"]);
+    assert_eq!(second["workspace_path"], first["workspace_path"]);
+    assert_eq!(second["is_primary"], false);
+    assert_eq!(
+        environment(&app, task).await["updated_at"],
+        env["updated_at"],
+        "the environment was not touched"
+    );
+    assert_eq!(worktrees_of(&api_path).len(), 2);
+    assert_eq!(worktrees_of(&web_path).len(), 2);
+    assert_eq!(app.count("task_environments").await, 1);
+    assert_eq!(app.count("task_environment_repos").await, 2);
+    let types: Vec<String> = app.events().await.into_iter().map(|e| e.1).collect();
+    assert_eq!(
+        types.iter().filter(|t| *t == "environment.created").count(),
+        1
+    );
+    assert_eq!(
+        types.iter().filter(|t| *t == "environment.ready").count(),
+        1
+    );
+    assert_eq!(types.iter().filter(|t| *t == "session.created").count(), 2);
+    let task_view = app.get(&format!("/api/v1/tasks/{task}")).await.ok(200);
+    assert_eq!(task_view["session_count"], 2);
+    let list = app
+        .get(&format!("/api/v1/tasks/{task}/sessions"))
+        .await
+        .ok(200);
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+}
+
+// Seed 001 scenarios 1 and 2; I2, I3: the only session goes, everything physical stays, and the next
+// session sees the uncommitted marker.
+async fn deleting_the_only_session_keeps_the_workspace_for_the_next(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Fix bug", &[repo]).await;
+    let session = app.session(task, "worktree").await;
+    let env_before = environment(&app, task).await;
+    let worktree = path_of(&session["workspace_path"]);
+    assert_eq!(
+        worktree,
+        path_of(&env_before["repos"][0]["worktree_path"]),
+        "one repository: its worktree"
+    );
+    let branch = env_before["repos"][0]["worktree_branch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    std::fs::write(worktree.join("MARKER.txt"), "uncommitted work\n").unwrap();
+    let status_before = git(&worktree, &["status", "--porcelain"]);
+    assert!(status_before.contains("MARKER.txt"));
+
+    app.delete(&format!("/api/v1/sessions/{}", uuid(&session["id"])))
+        .await
+        .ok(204);
+
+    app.get(&format!("/api/v1/sessions/{}", uuid(&session["id"])))
+        .await
+        .problem(404, "not_found");
+    let task_view = app.get(&format!("/api/v1/tasks/{task}")).await.ok(200);
+    assert_eq!(task_view["session_count"], 0);
+    assert!(task_view["primary_session_id"].is_null());
+    assert_eq!(
+        environment(&app, task).await,
+        env_before,
+        "the environment and its inventory are unchanged"
+    );
+    let after = facts(&source, &worktree, &branch);
+    assert!(
+        after.dir_exists && after.registered && after.branch,
+        "directory, registration and branch remain"
+    );
+    assert_eq!(after.marker.as_deref(), Some("uncommitted work\n"));
+    assert_eq!(git(&worktree, &["status", "--porcelain"]), status_before);
+    assert_eq!(
+        app.count("task_resource_cleanup_jobs").await,
+        0,
+        "no cleanup job"
+    );
+    assert_eq!(app.count("task_sessions").await, 0);
+
+    // A replacement session reuses the workspace and sees the marker.
+    let next = app.session(task, "worktree").await;
+    assert_eq!(next["task_environment_id"], env_before["id"]);
+    assert_eq!(next["workspace_path"], session["workspace_path"]);
+    assert_eq!(next["is_primary"], true);
+    assert_eq!(
+        std::fs::read_to_string(path_of(&next["workspace_path"]).join("MARKER.txt")).unwrap(),
+        "uncommitted work\n"
+    );
+    assert_eq!(worktrees_of(&source).len(), 2, "no second worktree");
+}
+
+// Seed 001 scenario 3: one of two sessions goes; the other keeps the same directory, and becomes primary.
+async fn deleting_one_of_two_sessions_leaves_the_other_in_place(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Pair", &[repo]).await;
+    let a = app.session(task, "worktree").await;
+    let b = app.session(task, "worktree").await;
+    let worktree = path_of(&a["workspace_path"]);
+    std::fs::write(worktree.join("MARKER.txt"), "shared\n").unwrap();
+    let env = environment(&app, task).await;
+    let branch = env["repos"][0]["worktree_branch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    app.delete(&format!("/api/v1/sessions/{}", uuid(&a["id"])))
+        .await
+        .ok(204);
+
+    let b_after = app
+        .get(&format!("/api/v1/sessions/{}", uuid(&b["id"])))
+        .await
+        .ok(200);
+    assert_eq!(b_after["workspace_path"], a["workspace_path"]);
+    assert_eq!(b_after["task_environment_id"], env["id"]);
+    assert_eq!(
+        b_after["is_primary"], true,
+        "the deleted primary's role moved to the survivor"
+    );
+    let f = facts(&source, &worktree, &branch);
+    assert!(f.dir_exists && f.registered && f.branch);
+    assert_eq!(f.marker.as_deref(), Some("shared\n"));
+    assert_eq!(app.count("task_resource_cleanup_jobs").await, 0);
+    let types: Vec<String> = app.events().await.into_iter().map(|e| e.1).collect();
+    assert!(types.contains(&"session.deleted".to_string()));
+    assert!(types.contains(&"session.primary_changed".to_string()));
+}
+
+// I4: refused while starting, running, recovering or stopping; nothing is deleted.
+async fn busy_sessions_cannot_be_deleted(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Busy", &[repo]).await;
+    let s = uuid(&app.session(task, "worktree").await["id"]);
+    for state in [
+        SessionState::Starting,
+        SessionState::Running,
+        SessionState::Recovering,
+        SessionState::Stopping,
+    ] {
+        app.set_session_state(s, state, None).await;
+        let r = app.delete(&format!("/api/v1/sessions/{s}")).await;
+        let body = r.problem(409, "session_busy");
+        assert_eq!(body["action"], "stop_session");
+        assert_eq!(
+            app.count("task_sessions").await,
+            1,
+            "{state:?}: the session remains"
+        );
+    }
+    // Deleting needs `sessions:delete` and nothing else; other scopes do not grant it.
+    let writer = app.token("sessions:write sessions:read tasks:delete tasks:archive");
+    app.set_session_state(s, SessionState::Stopped, None).await;
+    app.call(
+        Method::DELETE,
+        &format!("/api/v1/sessions/{s}"),
+        Some(&writer),
+        None,
+    )
+    .await
+    .problem(403, "insufficient_scope");
+    let deleter = app.token("sessions:delete");
+    app.call(
+        Method::DELETE,
+        &format!("/api/v1/sessions/{s}"),
+        Some(&deleter),
+        None,
+    )
+    .await
+    .ok(204);
+    // sessions:delete grants nothing for the task.
+    app.call(
+        Method::PATCH,
+        &format!("/api/v1/tasks/{task}"),
+        Some(&deleter),
+        Some(json!({"title": "x"})),
+    )
+    .await
+    .problem(403, "insufficient_scope");
+}
+
+// I4: promotion prefers a running session, then the most recently active non-terminal one, then any.
+async fn deleted_primary_promotes_running_then_recent_then_any(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Promote", &[repo]).await;
+    let ids: Vec<Uuid> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(uuid(&app.session(task, "worktree").await["id"]));
+        }
+        v
+    };
+    let t0 = chrono::Utc::now();
+    let ago = |mins: i64| Some(t0 - chrono::Duration::minutes(mins));
+    // ids[0] primary; ids[1] stopped but most recent; ids[2] idle; ids[3] running but oldest.
+    app.set_session_state(ids[1], SessionState::Stopped, ago(1))
+        .await;
+    app.set_session_state(ids[2], SessionState::Idle, ago(5))
+        .await;
+    app.set_session_state(ids[3], SessionState::Running, ago(60))
+        .await;
+    app.delete(&format!("/api/v1/sessions/{}", ids[0]))
+        .await
+        .ok(204);
+    let primary = |v: Value| v["primary_session_id"].clone();
+    assert_eq!(
+        primary(app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)),
+        json!(ids[3].to_string()),
+        "running first"
+    );
+
+    app.set_session_state(ids[3], SessionState::Stopped, ago(60))
+        .await;
+    app.delete(&format!("/api/v1/sessions/{}", ids[3]))
+        .await
+        .ok(204);
+    assert_eq!(
+        primary(app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)),
+        json!(ids[2].to_string()),
+        "then the recent non-terminal"
+    );
+
+    app.delete(&format!("/api/v1/sessions/{}", ids[2]))
+        .await
+        .ok(204);
+    assert_eq!(
+        primary(app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)),
+        json!(ids[1].to_string()),
+        "then any"
+    );
+}
+
+async fn primary_can_be_moved(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Primary", &[repo]).await;
+    let a = uuid(&app.session(task, "worktree").await["id"]);
+    let b = uuid(&app.session(task, "worktree").await["id"]);
+    let moved = app
+        .post(&format!("/api/v1/sessions/{b}/primary"), json!({}))
+        .await
+        .ok(200);
+    assert_eq!(moved["is_primary"], true);
+    assert_eq!(
+        app.get(&format!("/api/v1/sessions/{a}")).await.ok(200)["is_primary"],
+        false
+    );
+    assert_eq!(
+        app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)["primary_session_id"],
+        b.to_string()
+    );
+    // Idempotent.
+    app.post(&format!("/api/v1/sessions/{b}/primary"), json!({}))
+        .await
+        .ok(200);
+    let changes = app
+        .events()
+        .await
+        .into_iter()
+        .filter(|e| e.1 == "session.primary_changed")
+        .count();
+    assert_eq!(changes, 1);
+}
+
+// The local executor runs in the registered repository: no worktree, nothing created or removed.
+async fn local_executor_touches_nothing_on_disk(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Local", &[repo]).await;
+    let before = (
+        worktrees_of(&source),
+        git(&source, &["status", "--porcelain"]),
+        git(&source, &["branch", "--list"]),
+    );
+    let s = app.session(task, "local").await;
+    let env = environment(&app, task).await;
+    assert_eq!(env["executor_type"], "local");
+    assert_eq!(path_of(&env["workspace_path"]), source);
+    assert_eq!(s["workspace_path"], env["workspace_path"]);
+    assert!(env["repos"][0]["worktree_id"].is_null());
+    assert_eq!(path_of(&env["repos"][0]["worktree_path"]), source);
+    app.delete(&format!("/api/v1/sessions/{}", uuid(&s["id"])))
+        .await
+        .ok(204);
+    let after = (
+        worktrees_of(&source),
+        git(&source, &["status", "--porcelain"]),
+        git(&source, &["branch", "--list"]),
+    );
+    assert_eq!(before, after);
+    assert_eq!(
+        std::fs::read_dir(&app.config.worktree_root)
+            .unwrap()
+            .count(),
+        0,
+        "nothing under the worktree root"
+    );
+    // Several repositories have no one directory to run in: unsupported, with the action to take.
+    let (other, _) = app.repository(ws, "other").await;
+    let multi = app.task(ws, "Multi", &[repo, other]).await;
+    let body = app
+        .post(
+            &format!("/api/v1/tasks/{multi}/sessions"),
+            json!({"executor_type": "local"}),
+        )
+        .await
+        .problem(409, "workspace_reuse_unsupported");
+    assert_eq!(body["action"], "choose_executor");
+    assert_eq!(body["retryable"], false);
+    // A worktree session on the local environment's task is refused until executor transition lands.
+    let body = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree"}),
+        )
+        .await
+        .problem(409, "workspace_reuse_unsafe");
+    assert_eq!(body["category"], "executor_mismatch");
+    crate::helpers::assert_no_path(
+        &app.post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree"}),
+        )
+        .await,
+        &source,
+    );
+}
+
+// An inherit_parent subtask attaches to its parent's environment and never gets one of its own.
+async fn inherit_parent_subtasks_use_the_parents_environment(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let parent = app.task(ws, "Parent", &[repo]).await;
+    let child = id_of(
+        &app.post(
+            &format!("/api/v1/workspaces/{ws}/tasks"),
+            json!({"title": "Child", "parent_task_id": parent, "workspace_mode": "inherit_parent"}),
+        )
+        .await
+        .ok(201),
+    );
+    // The child's first session materializes the parent's environment, owned by the parent.
+    let cs = app.session(child, "worktree").await;
+    let env = environment(&app, parent).await;
+    assert_eq!(env["task_id"], parent.to_string());
+    assert_eq!(cs["task_environment_id"], env["id"]);
+    assert_eq!(cs["task_id"], child.to_string());
+    assert_eq!(
+        environment(&app, child).await,
+        env,
+        "the child's environment is its parent's"
+    );
+    let ps = app.session(parent, "worktree").await;
+    assert_eq!(ps["task_environment_id"], env["id"]);
+    assert_eq!(ps["workspace_path"], cs["workspace_path"]);
+    assert_eq!(ps["is_primary"], true, "primary is per task");
+    assert_eq!(cs["is_primary"], true);
+    assert_eq!(app.count("task_environments").await, 1);
+    assert_eq!(worktrees_of(&source).len(), 2);
+}
+
+// I14: several first sessions race; exactly one materializes, the rest wait or attach; never two worktrees.
+async fn concurrent_first_sessions_materialize_exactly_once(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (a, a_path) = app.repository(ws, "a").await;
+    let (b, b_path) = app.repository(ws, "b").await;
+    let task = app.task(ws, "Race", &[a, b]).await;
+    let url = format!("/api/v1/tasks/{task}/sessions");
+    let body = json!({"executor_type": "worktree"});
+    let replies =
+        futures_util::future::join_all((0..8).map(|_| app.post(&url, body.clone()))).await;
+    let mut created = Vec::new();
+    for r in &replies {
+        match r.status.as_u16() {
+            201 => created.push(r.json()),
+            409 => {
+                let p = r.problem(409, "workspace_preparing");
+                assert_eq!(p["retryable"], true);
+                assert_eq!(p["retry_after_ms"], 1000);
+            }
+            other => panic!("unexpected {other}: {}", r.text),
+        }
+    }
+    assert!(!created.is_empty(), "the materializer got its session");
+    let env = environment(&app, task).await;
+    for s in &created {
+        assert_eq!(s["task_environment_id"], env["id"]);
+    }
+    assert_eq!(app.count("task_environments").await, 1);
+    assert_eq!(
+        app.count("task_environment_repos").await,
+        2,
+        "a complete inventory, once"
+    );
+    assert_eq!(
+        worktrees_of(&a_path).len(),
+        2,
+        "never two worktrees for one slot"
+    );
+    assert_eq!(worktrees_of(&b_path).len(), 2);
+    assert_eq!(
+        app.events()
+            .await
+            .iter()
+            .filter(|e| e.1 == "environment.ready")
+            .count(),
+        1
+    );
+    // Once ready, everyone attaches.
+    app.post(&url, body).await.ok(201);
+    assert_eq!(app.count("task_sessions").await as usize, created.len() + 1);
+    let primaries = app
+        .get(&format!("/api/v1/tasks/{task}/sessions"))
+        .await
+        .ok(200)["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["is_primary"] == true)
+        .count();
+    assert_eq!(primaries, 1);
+}
+
+// A repository that vanished mid-way: the environment is failed with the reason on that repository, the
+// worktree this attempt made for the other repository is removed (and nothing else), and a later session
+// retries into a fresh environment.
+async fn failed_materialization_removes_only_its_own_worktrees_and_can_be_retried(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (a, a_path) = app.repository(ws, "a").await;
+    let (b, b_path) = app.repository(ws, "b").await;
+    // Someone's own worktree of `a`, outside berth: it must survive the compensation.
+    let theirs = app.scratch.path().canonicalize().unwrap().join("their-wt");
+    git(
+        &a_path,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            "theirs",
+            theirs.to_str().unwrap(),
+        ],
+    );
+    std::fs::write(theirs.join("keep.txt"), "mine").unwrap();
+    let task = app.task(ws, "Vanish", &[a, b]).await;
+    let hidden = b_path.with_file_name("b-moved-away");
+    std::fs::rename(&b_path, &hidden).unwrap();
+
+    let r = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree"}),
+        )
+        .await;
+    let problem = r.problem(409, "conflict");
+    crate::helpers::assert_no_path(&r, app.scratch.path());
+    let failed_env = uuid(&problem["task_environment_id"]);
+    let env = app
+        .get(&format!("/api/v1/environments/{failed_env}"))
+        .await
+        .ok(200);
+    assert_eq!(env["status"], "failed");
+    let rows = env["repos"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["repository_id"], b.to_string());
+    assert_eq!(rows[0]["status"], "failed");
+    assert!(
+        rows[0]["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("missing"),
+        "{}",
+        rows[0]
+    );
+    assert_eq!(
+        worktrees_of(&a_path),
+        vec![a_path.display().to_string(), theirs.display().to_string()],
+        "only this attempt's worktree went"
+    );
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("keep.txt")).unwrap(),
+        "mine"
+    );
+    assert_eq!(app.count("task_sessions").await, 0);
+
+    std::fs::rename(&hidden, &b_path).unwrap();
+    let s = app.session(task, "worktree").await;
+    let fresh = environment(&app, task).await;
+    assert_ne!(fresh["id"], env["id"]);
+    assert_eq!(fresh["status"], "ready");
+    assert_eq!(s["task_environment_id"], fresh["id"]);
+    assert_eq!(
+        app.get(&format!("/api/v1/environments/{failed_env}"))
+            .await
+            .ok(200)["status"],
+        "superseded",
+        "kept for diagnostics"
+    );
+    assert_eq!(worktrees_of(&a_path).len(), 3);
+    assert_eq!(worktrees_of(&b_path).len(), 2);
+}
+
+// A branch git refuses (checked out in the source): a clear failure, nothing left on disk, source intact.
+async fn a_branch_checked_out_elsewhere_fails_cleanly(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = id_of(
+        &app.post(
+            &format!("/api/v1/workspaces/{ws}/tasks"),
+            json!({"title": "Main", "repositories": [{"repository_id": repo, "branch": "main"}]}),
+        )
+        .await
+        .ok(201),
+    );
+    let head = git(&source, &["rev-parse", "HEAD"]);
+    let r = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree"}),
+        )
+        .await;
+    let p = r.problem(409, "conflict");
+    assert!(!r.text.contains("refs/heads") && !r.text.contains(&source.display().to_string()));
+    let env = app
+        .get(&format!(
+            "/api/v1/environments/{}",
+            uuid(&p["task_environment_id"])
+        ))
+        .await
+        .ok(200);
+    assert_eq!(env["status"], "failed");
+    assert!(
+        env["repos"][0]["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("worktree add")
+    );
+    assert_eq!(worktrees_of(&source), vec![source.display().to_string()]);
+    assert_eq!(git(&source, &["rev-parse", "HEAD"]), head);
+    assert_eq!(git(&source, &["status", "--porcelain"]), "");
+    let leftovers: Vec<_> = walk(&app.config.worktree_root);
+    assert!(
+        leftovers
+            .iter()
+            .all(|p| p.is_dir() && std::fs::read_dir(p).unwrap().count() == 0),
+        "only an empty task dir may remain: {leftovers:?}"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+async fn bad_session_requests_create_nothing(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Bad", &[repo]).await;
+    let bare = app.task(ws, "No repos", &[]).await;
+    let url = format!("/api/v1/tasks/{task}/sessions");
+    app.post(&url, json!({"executor_type": "docker"}))
+        .await
+        .problem(422, "validation_failed");
+    app.post(&url, json!({}))
+        .await
+        .problem(422, "validation_failed");
+    app.post(
+        &url,
+        json!({"executor_type": "worktree", "agent_profile": "nope"}),
+    )
+    .await
+    .problem(422, "validation_failed");
+    app.post(
+        &url,
+        json!({"executor_type": "worktree", "prompt": "do it"}),
+    )
+    .await
+    .problem(422, "validation_failed");
+    app.post(&url, json!({"executor_type": "worktree", "colour": "red"}))
+        .await
+        .problem(400, "validation_failed");
+    app.post(
+        &format!("/api/v1/tasks/{bare}/sessions"),
+        json!({"executor_type": "worktree"}),
+    )
+    .await
+    .problem(422, "validation_failed");
+    app.post(
+        &format!("/api/v1/tasks/{}/sessions", Uuid::now_v7()),
+        json!({"executor_type": "worktree"}),
+    )
+    .await
+    .problem(404, "not_found");
+    // An archived task accepts no session.
+    {
+        use berth::entity::task as t;
+        use sea_orm::{ActiveValue::Set, EntityTrait};
+        t::Entity::update(t::ActiveModel {
+            id: Set(task),
+            archived_at: Set(Some(chrono::Utc::now())),
+            ..Default::default()
+        })
+        .exec(app.db())
+        .await
+        .unwrap();
+    }
+    app.post(&url, json!({"executor_type": "worktree"}))
+        .await
+        .problem(409, "task_archived");
+    assert_eq!(app.count("task_sessions").await, 0);
+    assert_eq!(app.count("task_environments").await, 0);
+    assert_eq!(
+        std::fs::read_dir(&app.config.worktree_root)
+            .unwrap()
+            .count(),
+        0,
+        "nothing on disk"
+    );
+}
+
+// I7: while a cleanup job holds the barrier, no session or environment is created.
+async fn cleanup_barrier_refuses_new_sessions(app: TestApp) {
+    use berth::entity::cleanup_job as job;
+    use sea_orm::{ActiveValue::Set, EntityTrait};
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Barrier", &[repo]).await;
+    let now = chrono::Utc::now();
+    job::Entity::insert(job::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        operation_id: Set(Uuid::now_v7()),
+        task_id: Set(task),
+        workspace_id: Set(ws),
+        task_environment_id: Set(None),
+        trigger: Set("archive".into()),
+        state: Set("pending".into()),
+        attempts: Set(0),
+        max_attempts: Set(8),
+        next_attempt_at: Set(Some(now)),
+        last_error: Set(None),
+        resource_snapshot: Set(json!({})),
+        node_id: Set(app.config.node_id.clone()),
+        lease_owner: Set(None),
+        lease_expires_at: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+        completed_at: Set(None),
+    })
+    .exec_without_returning(app.db())
+    .await
+    .unwrap();
+    app.post(
+        &format!("/api/v1/tasks/{task}/sessions"),
+        json!({"executor_type": "worktree"}),
+    )
+    .await
+    .problem(409, "task_cleanup_in_progress");
+    assert_eq!(app.count("task_environments").await, 0);
+    assert_eq!(app.count("task_sessions").await, 0);
+    assert_eq!(
+        std::fs::read_dir(&app.config.worktree_root)
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+// I33: an agent's token acts on its session and reads its task and environment; nothing else.
+async fn session_bound_token_reads_its_session_task_and_environment(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Mine", &[repo]).await;
+    let other_task = app.task(ws, "Other", &[repo]).await;
+    let mine = app.session(task, "worktree").await;
+    let sibling = app.session(task, "worktree").await;
+    let theirs = app.session(other_task, "worktree").await;
+    let env = uuid(&mine["task_environment_id"]);
+    let other_env = uuid(&theirs["task_environment_id"]);
+    let token = app.token_for(
+        "sessions:read tasks:read sessions:write",
+        None,
+        Some(uuid(&mine["id"])),
+    );
+    let t = Some(token.as_str());
+    let app = &app;
+    let get = |path: String| async move { app.call(Method::GET, &path, t, None).await };
+    assert_eq!(
+        get(format!("/api/v1/sessions/{}", uuid(&mine["id"])))
+            .await
+            .ok(200)["id"],
+        mine["id"]
+    );
+    assert_eq!(
+        get(format!("/api/v1/tasks/{task}")).await.ok(200)["id"],
+        task.to_string()
+    );
+    assert_eq!(
+        get(format!("/api/v1/environments/{env}")).await.ok(200)["id"],
+        env.to_string()
+    );
+    get(format!("/api/v1/tasks/{task}/environment"))
+        .await
+        .ok(200);
+    get(format!("/api/v1/sessions/{}", uuid(&sibling["id"])))
+        .await
+        .problem(404, "not_found");
+    get(format!("/api/v1/sessions/{}", uuid(&theirs["id"])))
+        .await
+        .problem(404, "not_found");
+    get(format!("/api/v1/tasks/{other_task}"))
+        .await
+        .problem(404, "not_found");
+    get(format!("/api/v1/environments/{other_env}"))
+        .await
+        .problem(404, "not_found");
+    get(format!("/api/v1/tasks/{task}/sessions"))
+        .await
+        .problem(403, "insufficient_scope");
+    app.call(
+        Method::POST,
+        &format!("/api/v1/tasks/{task}/sessions"),
+        t,
+        Some(json!({"executor_type": "worktree"})),
+    )
+    .await
+    .problem(403, "insufficient_scope");
+    app.call(
+        Method::POST,
+        &format!("/api/v1/sessions/{}/primary", uuid(&sibling["id"])),
+        t,
+        Some(json!({})),
+    )
+    .await
+    .problem(404, "not_found");
+}
+
+// A materializer interrupted by a restart leaves `creating`; the next start fails it so a session can retry.
+async fn interrupted_materialization_is_failed_at_startup_and_retried(app: TestApp) {
+    use berth::entity::task_environment as env;
+    use sea_orm::{ActiveValue::Set, EntityTrait};
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Interrupted", &[repo]).await;
+    let now = chrono::Utc::now();
+    let stuck = Uuid::now_v7();
+    env::Entity::insert(env::ActiveModel {
+        id: Set(stuck),
+        task_id: Set(task),
+        executor_type: Set(env::ExecutorType::Worktree),
+        status: Set(env::EnvironmentStatus::Creating),
+        workspace_path: Set(None),
+        node_id: Set(app.config.node_id.clone()),
+        ownership_generation: Set(1),
+        materializer_id: Set(Some(Uuid::now_v7())),
+        error_message: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+        superseded_at: Set(None),
+    })
+    .exec_without_returning(app.db())
+    .await
+    .unwrap();
+    app.post(
+        &format!("/api/v1/tasks/{task}/sessions"),
+        json!({"executor_type": "worktree"}),
+    )
+    .await
+    .problem(409, "workspace_preparing");
+    // A restart (a new server process on the same database) settles it.
+    let restarted = berth::startup::Application::build(app.config.clone())
+        .await
+        .unwrap();
+    drop(restarted);
+    assert_eq!(
+        app.get(&format!("/api/v1/environments/{stuck}"))
+            .await
+            .ok(200)["status"],
+        "failed"
+    );
+    let s = app.session(task, "worktree").await;
+    assert_ne!(s["task_environment_id"], json!(stuck.to_string()));
+    assert_eq!(worktrees_of(&source).len(), 2);
+}
