@@ -76,6 +76,16 @@ pub struct Config {
     pub migration_lock_timeout: Duration,
     pub git_timeout: Duration,
     pub git_max_concurrent: usize,
+    /// How long a `creating` environment stays claimed without a heartbeat from its materializer.
+    pub materialize_lease: Duration,
+    /// How far a stream subscriber may fall behind before it is told to reset.
+    pub event_buffer: usize,
+    pub event_retention_count: i64,
+    pub event_retention_age: Duration,
+    pub event_poll: Duration,
+    pub sse_keep_alive: Duration,
+    /// Period of the background sweeps (event retention).
+    pub sweep_interval: Duration,
     pub agents: BTreeMap<String, AgentProfile>,
 }
 
@@ -100,6 +110,13 @@ struct FileConfig {
     migration_lock_timeout_ms: Option<u64>,
     git_timeout_secs: Option<u64>,
     git_max_concurrent: Option<usize>,
+    materialize_lease_secs: Option<u64>,
+    event_buffer: Option<usize>,
+    event_retention_count: Option<i64>,
+    event_retention_secs: Option<u64>,
+    event_poll_ms: Option<u64>,
+    sse_keep_alive_secs: Option<u64>,
+    sweep_interval_ms: Option<u64>,
     #[serde(default)]
     agents: BTreeMap<String, AgentProfile>,
 }
@@ -213,6 +230,52 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        let materialize_lease_secs = parse_num(
+            env,
+            "BERTH_MATERIALIZE_LEASE_SECS",
+            file.materialize_lease_secs,
+            120u64,
+        )?;
+        if materialize_lease_secs == 0 {
+            return Err(bad("BERTH_MATERIALIZE_LEASE_SECS", "must be at least 1"));
+        }
+        let event_buffer = parse_num(env, "BERTH_EVENT_BUFFER", file.event_buffer, 1024usize)?;
+        let event_retention_count = parse_num(
+            env,
+            "BERTH_EVENT_RETENTION_COUNT",
+            file.event_retention_count,
+            100_000i64,
+        )?;
+        let event_retention_secs = parse_num(
+            env,
+            "BERTH_EVENT_RETENTION_SECS",
+            file.event_retention_secs,
+            7 * 86400u64,
+        )?;
+        let event_poll_ms = parse_num(env, "BERTH_EVENT_POLL_MS", file.event_poll_ms, 1000u64)?;
+        let sse_keep_alive_secs = parse_num(
+            env,
+            "BERTH_SSE_KEEPALIVE_SECS",
+            file.sse_keep_alive_secs,
+            15u64,
+        )?;
+        let sweep_interval_ms = parse_num(
+            env,
+            "BERTH_SWEEP_INTERVAL_MS",
+            file.sweep_interval_ms,
+            60_000u64,
+        )?;
+        for (name, zero) in [
+            ("BERTH_EVENT_BUFFER", event_buffer == 0),
+            ("BERTH_EVENT_RETENTION_COUNT", event_retention_count < 1),
+            ("BERTH_EVENT_POLL_MS", event_poll_ms == 0),
+            ("BERTH_SSE_KEEPALIVE_SECS", sse_keep_alive_secs == 0),
+            ("BERTH_SWEEP_INTERVAL_MS", sweep_interval_ms == 0),
+        ] {
+            if zero {
+                return Err(bad(name, "must be at least 1"));
+            }
+        }
         let jwt_key = load_jwt_key(env, &file, &data_dir)?;
         let jwt_issuer =
             pick("BERTH_JWT_ISSUER", file.jwt_issuer.clone()).unwrap_or_else(|| "berth".into());
@@ -302,6 +365,13 @@ impl Config {
             migration_lock_timeout: Duration::from_millis(lock_ms),
             git_timeout: Duration::from_secs(git_timeout),
             git_max_concurrent,
+            materialize_lease: Duration::from_secs(materialize_lease_secs),
+            event_buffer,
+            event_retention_count,
+            event_retention_age: Duration::from_secs(event_retention_secs),
+            event_poll: Duration::from_millis(event_poll_ms),
+            sse_keep_alive: Duration::from_secs(sse_keep_alive_secs),
+            sweep_interval: Duration::from_millis(sweep_interval_ms),
             agents: file.agents,
         })
     }

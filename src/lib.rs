@@ -14,3 +14,4 @@ pub mod metrics;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod worker;

@@ -13,7 +13,7 @@ use crate::api::middleware::{BerthRootSpan, request_id_and_metrics};
 use crate::api::{self, ApiDoc, AppState, problem};
 use crate::auth::JwtVerifier;
 use crate::config::Config;
-use crate::domain::{Ctx, environments};
+use crate::domain::Ctx;
 use crate::git::cli::GitCli;
 use crate::metrics::Metrics;
 use crate::store::Db;
@@ -23,6 +23,8 @@ pub struct Application {
     port: u16,
     server: actix_web::dev::Server,
     pub state: web::Data<AppState>,
+    /// The tailer, listener and sweeps: they run until the process ends or `stop_background` is called.
+    background: Vec<tokio::task::AbortHandle>,
 }
 
 /// Connects and migrates; nothing else runs before the schema is committed (I35).
@@ -48,6 +50,7 @@ impl Application {
         let state = api::data(AppState {
             ctx: Ctx {
                 db,
+                events: crate::events::Hub::new(config.event_buffer),
                 git: GitCli::new(config.git_max_concurrent, config.git_timeout),
                 config: Arc::new(config),
                 instance_id: uuid::Uuid::now_v7(),
@@ -55,14 +58,24 @@ impl Application {
             verifier,
             metrics: Arc::new(Metrics::default()),
         });
-        // Before serving: settle what an earlier process left half-done on this node.
-        let interrupted = environments::fail_interrupted(&state.ctx)
-            .await
-            .map_err(|e| anyhow::anyhow!("startup recovery: {e}"))?;
-        if interrupted > 0 {
-            tracing::warn!(
-                interrupted,
-                "marked environments interrupted by a restart as failed"
+        let ctx = state.ctx.clone();
+        let mut background = vec![
+            tokio::spawn(
+                ctx.events
+                    .clone()
+                    .tail(ctx.db.conn.clone(), ctx.config.event_poll),
+            )
+            .abort_handle(),
+            tokio::spawn(crate::worker::sweep(ctx.clone(), ctx.config.sweep_interval))
+                .abort_handle(),
+        ];
+        if !ctx.db.is_sqlite() {
+            background.push(
+                tokio::spawn(crate::events::listen_postgres(
+                    ctx.events.clone(),
+                    ctx.db.conn.clone(),
+                ))
+                .abort_handle(),
             );
         }
         let app_state = state.clone();
@@ -95,6 +108,7 @@ impl Application {
             port,
             server,
             state,
+            background,
         })
     }
 
@@ -108,5 +122,10 @@ impl Application {
 
     pub fn handle(&self) -> actix_web::dev::ServerHandle {
         self.server.handle()
+    }
+
+    /// Handles to stop the background tasks (tests stop them with the server).
+    pub fn background(&self) -> Vec<tokio::task::AbortHandle> {
+        self.background.clone()
     }
 }

@@ -164,6 +164,9 @@ impl MigrationTrait for Migration {
                 .col(uuid("workspace_id"))
                 .col(uuid_null("parent_task_id"))
                 .col(text("title"))
+                // Fixed at creation: it names the task's worktree directory and default branch, which
+                // must not move when the title is edited.
+                .col(text("slug"))
                 .col(text("description").default("").take())
                 .col(one_of("kind", &["standard", "quick_chat"]))
                 .col(one_of(

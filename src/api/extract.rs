@@ -33,6 +33,7 @@ scope_markers! {
     SessionsRead => Scope::SessionsRead,
     SessionsWrite => Scope::SessionsWrite,
     SessionsDelete => Scope::SessionsDelete,
+    EventsRead => Scope::EventsRead,
 }
 
 pub struct Authorized<S>(pub Principal, PhantomData<S>);

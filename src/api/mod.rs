@@ -1,5 +1,6 @@
 //! HTTP: one file per resource, thin handlers, request/response types with `ToSchema`.
 pub mod environments;
+pub mod events;
 pub mod extract;
 pub mod middleware;
 pub mod ops;
@@ -47,6 +48,7 @@ pub const PUBLIC_PATHS: [&str; 5] = ["/healthz", "/readyz", "/metrics", "/openap
         (name = "tasks", description = "Tasks: the owners of environments and worktrees"),
         (name = "environments", description = "The task-owned workspace and its worktree inventory"),
         (name = "sessions", description = "Agent conversations that use their task's environment and own nothing physical"),
+        (name = "events", description = "One global event sequence: replay and a server-sent event stream"),
         (name = "operations", description = "Health, readiness and metrics")
     )
 )]
@@ -141,7 +143,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(repositories::routes)
                 .configure(tasks::routes)
                 .configure(environments::routes)
-                .configure(sessions::routes),
+                .configure(sessions::routes)
+                .configure(events::routes),
         );
 }
 

@@ -21,7 +21,7 @@ use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorTy
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
 use crate::entity::{cleanup_job, repository, task_repository, task_session};
 use crate::events::{self, Subject};
-use crate::executor::{self, ManagedRoot, worktree};
+use crate::executor::{ManagedRoot, worktree};
 
 /// An environment with its inventory, in workspace order.
 #[derive(Debug, Clone)]
@@ -109,9 +109,72 @@ pub async fn ensure_ready(
         Election::Ready(env) => return Ok(env),
         Election::Elected(env) => env,
     };
-    let plans = plans(ctx, &owner).await?;
-    match executor {
+    // In a task of its own: a client that disconnects mid-way does not strand a `creating` environment.
+    let (ctx, task) = (ctx.clone(), task.clone());
+    tokio::spawn(async move { prepare(&ctx, &task, &owner, &env).await })
+        .await
+        .map_err(|e| Error::Internal(anyhow::anyhow!("materialization task failed: {e}")))?
+}
+
+/// Materializes and publishes an elected environment, keeping its lease alive meanwhile. Every way out
+/// other than success records the attempt as failed, so nobody waits on it.
+async fn prepare(
+    ctx: &Ctx,
+    task: &task::Model,
+    owner: &task::Model,
+    e: &env::Model,
+) -> Result<env::Model> {
+    let heartbeat = tokio::spawn(heartbeat(ctx.clone(), e.clone())).abort_handle();
+    let outcome = materialize_and_publish(ctx, task, owner, e).await;
+    heartbeat.abort();
+    match outcome {
+        Ok(ready) => Ok(ready),
+        Err(Failed::Slot(failure)) => {
+            fail(
+                ctx,
+                owner,
+                e,
+                Some(&failure),
+                &format!("preparing repository {} failed", failure.repository_name),
+            )
+            .await?;
+            Err(Error::MaterializationFailed {
+                environment_id: e.id,
+                repository_name: failure.repository_name,
+            })
+        }
+        Err(Failed::Other(err)) => {
+            if let Err(record) =
+                fail(ctx, owner, e, None, "preparing the workspace was abandoned").await
+            {
+                tracing::warn!(error = %record, environment = %e.id, "could not record an abandoned materialization");
+            }
+            Err(err)
+        }
+    }
+}
+
+enum Failed {
+    Slot(worktree::SlotFailure),
+    Other(Error),
+}
+
+impl From<Error> for Failed {
+    fn from(e: Error) -> Self {
+        Failed::Other(e)
+    }
+}
+
+async fn materialize_and_publish(
+    ctx: &Ctx,
+    task: &task::Model,
+    owner: &task::Model,
+    e: &env::Model,
+) -> Result<env::Model, Failed> {
+    let plans = plans(ctx, owner).await?;
+    match e.executor_type {
         ExecutorType::Local => {
+            // The registered repository itself: no worktree, and no path berth could ever remove (I13).
             let rows = plans
                 .iter()
                 .map(|p| Done {
@@ -119,51 +182,65 @@ pub async fn ensure_ready(
                     branch_slug: p.branch_slug.clone(),
                     position: p.position,
                     worktree_id: None,
-                    worktree_path: Some(p.repository_path.to_string_lossy().into_owned()),
+                    worktree_path: None,
                     worktree_branch: None,
                 })
                 .collect();
             let path = plans
                 .first()
                 .map(|p| p.repository_path.to_string_lossy().into_owned());
-            publish(ctx, task, &owner, &env, rows, path).await
+            Ok(publish(ctx, task, owner, e, rows, path).await?)
         }
         ExecutorType::Worktree => {
             let root = ManagedRoot::new(ctx.config.worktree_root.clone());
-            let task_dir = executor::task_dir_name(&owner.title, owner.id);
-            match worktree::materialize(&ctx.git, &root, &task_dir, &plans).await {
-                Ok(made) => {
-                    let rows = made
-                        .iter()
-                        .map(|m| Done {
-                            repository_id: m.repository_id,
-                            branch_slug: m.branch_slug.clone(),
-                            position: m.position,
-                            worktree_id: m.worktree_id.clone(),
-                            worktree_path: Some(m.worktree_path.clone()),
-                            worktree_branch: m.worktree_branch.clone(),
-                        })
-                        .collect::<Vec<_>>();
-                    // I19: one repository works in its worktree; several in the task root.
-                    let path = match made.as_slice() {
-                        [one] => Some(one.worktree_path.clone()),
-                        _ => Some(root.path().join(&task_dir).to_string_lossy().into_owned()),
-                    };
-                    let published = publish(ctx, task, &owner, &env, rows, path).await;
-                    if published.is_err() {
-                        // The barrier or a failure won: the worktrees never became task state (I7).
-                        worktree::compensate(&ctx.git, &made).await;
-                    }
-                    published
-                }
-                Err(failure) => {
-                    fail(ctx, &owner, &env, &failure).await?;
-                    Err(Error::MaterializationFailed {
-                        environment_id: env.id,
-                        repository_name: failure.repository_name,
-                    })
-                }
+            let made = worktree::materialize(&ctx.git, &root, &owner.slug, &plans)
+                .await
+                .map_err(Failed::Slot)?;
+            let rows = made
+                .iter()
+                .map(|m| Done {
+                    repository_id: m.repository_id,
+                    branch_slug: m.branch_slug.clone(),
+                    position: m.position,
+                    worktree_id: m.worktree_id.clone(),
+                    worktree_path: Some(m.worktree_path.clone()),
+                    worktree_branch: m.worktree_branch.clone(),
+                })
+                .collect::<Vec<_>>();
+            // I19: one repository works in its worktree; several in the task root.
+            let path = match made.as_slice() {
+                [one] => Some(one.worktree_path.clone()),
+                _ => Some(root.path().join(&owner.slug).to_string_lossy().into_owned()),
+            };
+            let published = publish(ctx, task, owner, e, rows, path).await;
+            if let Err(Error::TaskCleanupInProgress) = published {
+                // The barrier won: what this attempt created never became task state; remove it (I7).
+                worktree::compensate(&ctx.git, &made).await;
             }
+            // Otherwise (taken over, or the database failed) the worktrees stay for the next attempt to
+            // adopt: removing them could remove what a new materializer already adopted.
+            Ok(published?)
+        }
+    }
+}
+
+/// Keeps a `creating` environment's lease fresh while its materializer works.
+async fn heartbeat(ctx: Ctx, e: env::Model) {
+    let every = (ctx.config.materialize_lease / 4).max(std::time::Duration::from_millis(200));
+    loop {
+        tokio::time::sleep(every).await;
+        let res = env::Entity::update_many()
+            .col_expr(
+                env::Column::UpdatedAt,
+                sea_orm::sea_query::Expr::value(super::now()),
+            )
+            .filter(env::Column::Id.eq(e.id))
+            .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+            .filter(env::Column::MaterializerId.eq(e.materializer_id))
+            .exec(&ctx.db.conn)
+            .await;
+        if !matches!(res, Ok(r) if r.rows_affected == 1) {
+            return;
         }
     }
 }
@@ -182,8 +259,13 @@ async fn elect(
     }
     ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
     let now = super::now();
+    let lease = chrono::Duration::from_std(ctx.config.materialize_lease)
+        .unwrap_or(chrono::Duration::minutes(5));
     match current(&txn, owner.id).await? {
-        Some(e) if e.status == EnvironmentStatus::Creating => Err(Error::WorkspacePreparing),
+        // Someone is materializing, and its lease is fresh.
+        Some(e) if e.status == EnvironmentStatus::Creating && e.updated_at > now - lease => {
+            Err(Error::WorkspacePreparing)
+        }
         Some(e)
             if matches!(
                 e.status,
@@ -198,7 +280,8 @@ async fn elect(
         }
         previous => {
             if let Some(failed) = previous {
-                // A failed attempt stays recorded for diagnostics; the retry is a new environment.
+                // A failed (or abandoned: its lease expired) attempt stays recorded for diagnostics; the
+                // retry is a new environment, which adopts any worktree the old attempt left in place.
                 env::Entity::update(env::ActiveModel {
                     id: Set(failed.id),
                     status: Set(EnvironmentStatus::Superseded),
@@ -262,7 +345,7 @@ async fn elect(
                 json!({ "executor_type": executor, "status": "creating" }),
             )
             .await?;
-            txn.commit().await?;
+            ctx.commit(txn).await?;
             Ok(Election::Elected(model))
         }
     }
@@ -345,7 +428,7 @@ async fn publish(
         json!({ "executor_type": e.executor_type }),
     )
     .await?;
-    txn.commit().await?;
+    ctx.commit(txn).await?;
     Ok(env::Model {
         status: EnvironmentStatus::Ready,
         workspace_path,
@@ -355,62 +438,76 @@ async fn publish(
     })
 }
 
-/// Records a failed materialization: the environment `failed`, the failing slot's row with its message.
+/// Records a failed materialization if this attempt still owns the environment: `failed`, with the
+/// failing slot's row and message when one slot failed.
 async fn fail(
     ctx: &Ctx,
     owner: &task::Model,
     e: &env::Model,
-    failure: &worktree::SlotFailure,
+    failure: Option<&worktree::SlotFailure>,
+    message: &str,
 ) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     lock_task(&txn, owner.id).await?;
     let now = super::now();
-    let slot = task_repository::Entity::find()
-        .filter(task_repository::Column::TaskId.eq(owner.id))
-        .filter(task_repository::Column::Position.eq(failure.position))
-        .one(&txn)
+    let updated = env::Entity::update_many()
+        .col_expr(
+            env::Column::Status,
+            sea_orm::sea_query::Expr::value(EnvironmentStatus::Failed),
+        )
+        .col_expr(
+            env::Column::MaterializerId,
+            sea_orm::sea_query::Expr::value(Option::<Uuid>::None),
+        )
+        .col_expr(
+            env::Column::ErrorMessage,
+            sea_orm::sea_query::Expr::value(message),
+        )
+        .col_expr(env::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
+        .filter(env::Column::Id.eq(e.id))
+        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+        .filter(env::Column::MaterializerId.eq(e.materializer_id))
+        .exec(&txn)
         .await?;
-    env_repo::Entity::insert(env_repo::ActiveModel {
-        id: Set(Uuid::now_v7()),
-        task_environment_id: Set(e.id),
-        repository_id: Set(failure.repository_id),
-        branch_slug: Set(slot.map(|s| s.branch_slug).unwrap_or_default()),
-        worktree_id: Set(None),
-        worktree_path: Set(None),
-        worktree_branch: Set(None),
-        base_commit: Set(None),
-        position: Set(failure.position),
-        status: Set(EnvironmentRepoStatus::Failed),
-        error_message: Set(Some(failure.message.clone())),
-        created_at: Set(now),
-        updated_at: Set(now),
-        merged_at: Set(None),
-        deleted_at: Set(None),
-    })
-    .exec_without_returning(&txn)
-    .await?;
-    env::Entity::update(env::ActiveModel {
-        id: Set(e.id),
-        status: Set(EnvironmentStatus::Failed),
-        materializer_id: Set(None),
-        error_message: Set(Some(format!(
-            "preparing repository {} failed",
-            failure.repository_name
-        ))),
-        updated_at: Set(now),
-        ..Default::default()
-    })
-    .exec(&txn)
-    .await?;
+    if updated.rows_affected == 0 {
+        // Taken over (lease expired) or settled meanwhile: not ours to record.
+        return Ok(());
+    }
+    if let Some(failure) = failure {
+        let slot = task_repository::Entity::find()
+            .filter(task_repository::Column::TaskId.eq(owner.id))
+            .filter(task_repository::Column::Position.eq(failure.position))
+            .one(&txn)
+            .await?;
+        env_repo::Entity::insert(env_repo::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            task_environment_id: Set(e.id),
+            repository_id: Set(failure.repository_id),
+            branch_slug: Set(slot.map(|s| s.branch_slug).unwrap_or_default()),
+            worktree_id: Set(None),
+            worktree_path: Set(None),
+            worktree_branch: Set(None),
+            base_commit: Set(None),
+            position: Set(failure.position),
+            status: Set(EnvironmentRepoStatus::Failed),
+            error_message: Set(Some(failure.message.clone())),
+            created_at: Set(now),
+            updated_at: Set(now),
+            merged_at: Set(None),
+            deleted_at: Set(None),
+        })
+        .exec_without_returning(&txn)
+        .await?;
+    }
     events::append(
         &txn,
         ctx.instance_id,
         "environment.failed",
         env_subject(owner, e.id),
-        json!({ "repository_id": failure.repository_id }),
+        json!({ "repository_id": failure.map(|f| f.repository_id) }),
     )
     .await?;
-    txn.commit().await?;
+    ctx.commit(txn).await?;
     Ok(())
 }
 
@@ -428,7 +525,7 @@ async fn plans(ctx: &Ctx, owner: &task::Model) -> Result<Vec<worktree::SlotPlan>
         .into_iter()
         .map(|r| (r.id, r))
         .collect();
-    let task_dir = executor::task_dir_name(&owner.title, owner.id);
+    let task_dir = owner.slug.clone();
     let mut plans = Vec::with_capacity(slots.len());
     for slot in &slots {
         let repo = repos
@@ -469,59 +566,6 @@ fn env_subject(owner: &task::Model, env_id: Uuid) -> Subject {
         task_environment_id: Some(env_id),
         ..Subject::task(owner.workspace_id, owner.id)
     }
-}
-
-/// At startup: a `creating` environment of this node left by an earlier process can never finish;
-/// mark it failed so a new session retries (the retry adopts any worktree it had already made).
-pub async fn fail_interrupted(ctx: &Ctx) -> Result<u64> {
-    let stuck = env::Entity::find()
-        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
-        .filter(env::Column::NodeId.eq(ctx.config.node_id.clone()))
-        .all(&ctx.db.conn)
-        .await?;
-    let mut n = 0;
-    for e in stuck {
-        let txn = ctx.db.begin_write().await?;
-        let Some(owner) = task::Entity::find_by_id(e.task_id)
-            .lock_exclusive()
-            .one(&txn)
-            .await?
-        else {
-            continue;
-        };
-        let now = super::now();
-        let updated = env::Entity::update_many()
-            .col_expr(
-                env::Column::Status,
-                sea_orm::sea_query::Expr::value(EnvironmentStatus::Failed),
-            )
-            .col_expr(
-                env::Column::MaterializerId,
-                sea_orm::sea_query::Expr::value(Option::<Uuid>::None),
-            )
-            .col_expr(
-                env::Column::ErrorMessage,
-                sea_orm::sea_query::Expr::value("interrupted by a restart of berth"),
-            )
-            .col_expr(env::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
-            .filter(env::Column::Id.eq(e.id))
-            .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
-            .exec(&txn)
-            .await?;
-        if updated.rows_affected == 1 {
-            events::append(
-                &txn,
-                ctx.instance_id,
-                "environment.failed",
-                env_subject(&owner, e.id),
-                json!({ "reason": "interrupted" }),
-            )
-            .await?;
-            n += 1;
-        }
-        txn.commit().await?;
-    }
-    Ok(n)
 }
 
 /// The current environment of a task (its owner's, for an `inherit_parent` subtask).

@@ -1,6 +1,7 @@
 //! The rules. Handlers call one function here; nothing here knows about HTTP.
 pub mod environments;
 pub mod error;
+pub mod events;
 pub mod pagination;
 pub mod repositories;
 pub mod sessions;
@@ -24,6 +25,17 @@ pub struct Ctx {
     pub instance_id: Uuid,
     /// The one way berth mutates git: timeouts and a process-wide concurrency cap.
     pub git: GitCli,
+    /// Live fan-out of committed events.
+    pub events: Arc<crate::events::Hub>,
+}
+
+impl Ctx {
+    /// Commits a transaction that appended events, then wakes the event tailer.
+    pub async fn commit(&self, txn: sea_orm::DatabaseTransaction) -> error::Result<()> {
+        txn.commit().await?;
+        self.events.wake();
+        Ok(())
+    }
 }
 
 /// The current time at the precision both databases store (microseconds), so what a create returns

@@ -123,7 +123,7 @@ pub async fn register(
         json!({ "repository_id": model.id, "name": model.name }),
     )
     .await?;
-    txn.commit().await?;
+    ctx.commit(txn).await?;
     Ok(model)
 }
 
@@ -197,7 +197,7 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
         json!({ "repository_id": id }),
     )
     .await?;
-    txn.commit().await?;
+    ctx.commit(txn).await?;
     Ok(())
 }
 

@@ -94,6 +94,10 @@ pub async fn create(
     let environment = environments::ensure_ready(ctx, &task, input.executor_type).await?;
 
     let txn = ctx.db.begin_write().await?;
+    // Owner first, then the task (the order every writer uses): a barrier on either is seen.
+    if environment.task_id != task_id {
+        lock_task(&txn, environment.task_id).await?;
+    }
     let task = lock_task(&txn, task_id).await?;
     if task.archived_at.is_some() {
         return Err(Error::TaskArchived);
@@ -145,7 +149,7 @@ pub async fn create(
         json!({ "is_primary": model.is_primary, "executor_type": model.executor_type }),
     )
     .await?;
-    txn.commit().await?;
+    ctx.commit(txn).await?;
     Ok(SessionView {
         session: model,
         workspace_path: environment.workspace_path,
@@ -221,7 +225,7 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
         )
         .await?;
     }
-    txn.commit().await?;
+    ctx.commit(txn).await?;
     Ok(())
 }
 
@@ -260,7 +264,7 @@ pub async fn make_primary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionV
         )
         .await?;
     }
-    txn.commit().await?;
+    ctx.commit(txn).await?;
     get(ctx, p, id).await
 }
 

@@ -149,10 +149,12 @@ pub async fn create(
     }
 
     let now = crate::domain::now();
+    let id = Uuid::now_v7();
     let model = task::Model {
-        id: Uuid::now_v7(),
+        id,
         workspace_id,
         parent_task_id: input.parent_task_id,
+        slug: crate::executor::task_dir_name(&title, id),
         title,
         description,
         kind: input.kind,
@@ -196,7 +198,7 @@ pub async fn create(
         json!({ "title": model.title, "kind": model.kind, "parent_task_id": model.parent_task_id }),
     )
     .await?;
-    txn.commit().await?;
+    ctx.commit(txn).await?;
     Ok(TaskView {
         task: model,
         repositories: rows,
@@ -293,7 +295,7 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: TaskPatch) -> Res
         json!({ "changed": changed }),
     )
     .await?;
-    txn.commit().await?;
+    ctx.commit(txn).await?;
     get(ctx, p, id).await
 }
 

@@ -54,7 +54,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::M
         json!({ "name": model.name }),
     )
     .await?;
-    txn.commit().await?;
+    ctx.commit(txn).await?;
     Ok(model)
 }
 

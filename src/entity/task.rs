@@ -34,6 +34,8 @@ pub struct Model {
     pub workspace_id: Uuid,
     pub parent_task_id: Option<Uuid>,
     pub title: String,
+    /// Fixed at creation; names the worktree directory and default branch.
+    pub slug: String,
     pub description: String,
     pub kind: TaskKind,
     pub workspace_mode: WorkspaceMode,

@@ -1,12 +1,28 @@
 //! Events (decision 6, I32): appended in the same transaction as the change they report, so an event
 //! exists if and only if its change committed. `seq` comes from the one-row `event_sequence` counter,
-//! whose row lock (PostgreSQL) or the writer lock (SQLite) makes seq order equal commit order.
+//! whose row lock (PostgreSQL) or the writer lock (SQLite) is held until commit: seq order is commit
+//! order, so once seq N is visible every smaller seq is too, and a reader never skips an event that
+//! commits late.
+//!
+//! Live delivery: one tailer per process reads committed rows after the last one it published and
+//! broadcasts them; writers wake it after commit, PostgreSQL `NOTIFY` wakes it across replicas, and a
+//! slow poll catches anything else. The rows are the truth; the broadcast is a bounded cache of them.
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
 use sea_orm::{
-    ActiveValue::Set, ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, Statement,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction,
+    DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
 };
+use tokio::sync::{Notify, broadcast};
 use uuid::Uuid;
 
 use crate::entity::event;
+
+pub mod stream;
+
+pub const PG_CHANNEL: &str = "berth_events";
 
 /// What an event is about; the ids let streams filter by workspace and session.
 #[derive(Debug, Default, Clone)]
@@ -65,5 +81,186 @@ pub async fn append(
     })
     .exec_without_returning(txn)
     .await?;
+    if backend == DbBackend::Postgres {
+        // Delivered at commit (and only then) to every replica's listener.
+        txn.execute_raw(Statement::from_string(
+            backend,
+            format!("SELECT pg_notify('{PG_CHANNEL}', '')"),
+        ))
+        .await?;
+    }
     Ok(seq)
+}
+
+/// The newest seq ever assigned (committed), and the oldest still retained.
+pub async fn bounds<C: ConnectionTrait>(conn: &C) -> Result<(i64, i64), DbErr> {
+    let backend = conn.get_database_backend();
+    let row = conn
+        .query_one_raw(Statement::from_string(
+            backend,
+            "SELECT s.last_seq AS latest, (SELECT MIN(seq) FROM events) AS first FROM event_sequence s WHERE s.id = 1",
+        ))
+        .await?
+        .ok_or_else(|| DbErr::Custom("event_sequence has no row".into()))?;
+    let latest: i64 = row.try_get("", "latest")?;
+    let first: Option<i64> = row.try_get("", "first")?;
+    Ok((first.unwrap_or(latest + 1), latest))
+}
+
+/// Committed events after `after`, oldest first.
+pub async fn after<C: ConnectionTrait>(
+    conn: &C,
+    after: i64,
+    limit: u64,
+    filter: &Filter,
+) -> Result<Vec<event::Model>, DbErr> {
+    let mut q = event::Entity::find().filter(event::Column::Seq.gt(after));
+    if let Some(ids) = &filter.workspaces {
+        q = q.filter(event::Column::WorkspaceId.is_in(ids.iter().copied()));
+    }
+    if let Some(session) = filter.session_id {
+        q = q.filter(event::Column::SessionId.eq(session));
+    }
+    q.order_by_asc(event::Column::Seq)
+        .limit(limit)
+        .all(conn)
+        .await
+}
+
+/// Which events a reader may see: its token's workspaces, and for an agent's token its session only.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub workspaces: Option<Vec<Uuid>>,
+    pub session_id: Option<Uuid>,
+}
+
+impl Filter {
+    pub fn admits(&self, e: &event::Model) -> bool {
+        let ws_ok = match (&self.workspaces, e.workspace_id) {
+            (None, _) => true,
+            (Some(ids), Some(ws)) => ids.contains(&ws),
+            (Some(_), None) => false,
+        };
+        ws_ok && self.session_id.is_none_or(|s| e.session_id == Some(s))
+    }
+}
+
+/// In-process fan-out of committed events.
+pub struct Hub {
+    tx: broadcast::Sender<Arc<event::Model>>,
+    wake: Notify,
+    published: AtomicI64,
+}
+
+impl Hub {
+    /// `capacity` bounds how far a subscriber may fall behind before it is told to reset.
+    pub fn new(capacity: usize) -> Arc<Hub> {
+        let (tx, _) = broadcast::channel(capacity.max(1));
+        Arc::new(Hub {
+            tx,
+            wake: Notify::new(),
+            published: AtomicI64::new(-1),
+        })
+    }
+
+    /// Tells the tailer that something committed.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<event::Model>> {
+        self.tx.subscribe()
+    }
+
+    /// The highest seq broadcast so far.
+    pub fn published(&self) -> i64 {
+        self.published.load(Ordering::Acquire)
+    }
+
+    /// Reads committed events after the last one published and broadcasts them, in seq order, forever.
+    pub async fn tail(self: Arc<Self>, db: DatabaseConnection, poll: Duration) {
+        if self.published() < 0 {
+            // Start at the current end: earlier events are served by replay.
+            let start = match bounds(&db).await {
+                Ok((_, latest)) => latest,
+                Err(e) => {
+                    tracing::error!(error = %e, "event tailer cannot read the sequence; starting from 0");
+                    0
+                }
+            };
+            self.published.store(start, Ordering::Release);
+        }
+        loop {
+            let _ = tokio::time::timeout(poll, self.wake.notified()).await;
+            loop {
+                let from = self.published();
+                match after(&db, from, 1000, &Filter::default()).await {
+                    Ok(batch) if batch.is_empty() => break,
+                    Ok(batch) => {
+                        let full = batch.len() == 1000;
+                        for e in batch {
+                            let seq = e.seq;
+                            let _ = self.tx.send(Arc::new(e));
+                            self.published.store(seq, Ordering::Release);
+                        }
+                        if !full {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "event tailer read failed; retrying");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// On PostgreSQL: wake the tailer whenever any replica commits an event.
+pub async fn listen_postgres(hub: Arc<Hub>, db: DatabaseConnection) {
+    use sea_orm::sqlx::postgres::PgListener;
+    loop {
+        let pool = db.get_postgres_connection_pool().clone();
+        match PgListener::connect_with(&pool).await {
+            Ok(mut listener) => {
+                if let Err(e) = listener.listen(PG_CHANNEL).await {
+                    tracing::warn!(error = %e, "LISTEN failed; relying on polling");
+                } else {
+                    loop {
+                        match listener.recv().await {
+                            Ok(_) => hub.wake(),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "LISTEN connection lost; reconnecting");
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot open a LISTEN connection; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Retention: keeps the newest `keep` events and none older than `max_age`. Returns how many went.
+pub async fn trim<C: ConnectionTrait>(
+    conn: &C,
+    keep: i64,
+    max_age: Duration,
+) -> Result<u64, DbErr> {
+    let (_, latest) = bounds(conn).await?;
+    let cutoff_seq = latest - keep;
+    let cutoff_time = crate::domain::now()
+        - chrono::Duration::from_std(max_age).unwrap_or(chrono::Duration::days(36500));
+    let res = event::Entity::delete_many()
+        .filter(
+            sea_orm::Condition::any()
+                .add(event::Column::Seq.lte(cutoff_seq))
+                .add(event::Column::CreatedAt.lt(cutoff_time)),
+        )
+        .exec(conn)
+        .await?;
+    Ok(res.rows_affected)
 }

@@ -105,7 +105,12 @@ async fn materialize_slot(
     }
     // Prove what is there, whether just created or left by an interrupted attempt of this task.
     let path = target_path.clone();
-    let info = blocking(move || git::inspect_worktree(&path)).await;
+    let common = plan.common_git_dir.clone();
+    let info = blocking(move || {
+        registration_is_complete(&path, &common)
+            .and_then(|()| git::inspect_worktree(&path).map_err(|e| e.to_string()))
+    })
+    .await;
     let verdict = match info {
         Ok(info) if info.common_git_dir != plan.common_git_dir => {
             Err("the directory is a worktree of another repository".to_string())
@@ -136,6 +141,46 @@ async fn materialize_slot(
             Err(message)
         }
     }
+}
+
+/// A worktree is adoptable only when git finished creating it and its registration points back at it:
+/// `<target>/.git` names `<common>/worktrees/<id>`, whose `gitdir` names `<target>/.git`, with no
+/// `locked` marker (git leaves "initializing" there when it is killed mid-checkout).
+fn registration_is_complete(target: &Path, common: &Path) -> Result<(), String> {
+    let incomplete = |why: &str| {
+        Err(format!(
+            "the directory is not a complete worktree registration: {why}"
+        ))
+    };
+    let dot_git = target.join(".git");
+    let Ok(pointer) = std::fs::read_to_string(&dot_git) else {
+        return incomplete("no .git file");
+    };
+    let Some(admin) = pointer
+        .trim()
+        .strip_prefix("gitdir:")
+        .map(|p| PathBuf::from(p.trim()))
+    else {
+        return incomplete("no gitdir in .git");
+    };
+    let admin = admin
+        .canonicalize()
+        .map_err(|_| "the directory's git registration is missing".to_string())?;
+    if admin.parent() != Some(common.join("worktrees").as_path()) {
+        return incomplete("registered with another repository");
+    }
+    if admin.join("locked").exists() {
+        return incomplete("the registration is locked (an interrupted checkout?)");
+    }
+    let back = std::fs::read_to_string(admin.join("gitdir"))
+        .map_err(|_| "the registration has no gitdir".to_string())?;
+    let back = PathBuf::from(back.trim())
+        .canonicalize()
+        .map_err(|_| "the registration points elsewhere".to_string())?;
+    if back != dot_git.canonicalize().map_err(|e| e.to_string())? {
+        return incomplete("the registration points at another directory");
+    }
+    Ok(())
 }
 
 /// Removes the worktrees this attempt created (never `--force`; branches are kept, a retry reuses them).

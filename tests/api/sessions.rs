@@ -25,7 +25,10 @@ both_backends!(
     bad_session_requests_create_nothing,
     cleanup_barrier_refuses_new_sessions,
     session_bound_token_reads_its_session_task_and_environment,
-    interrupted_materialization_is_failed_at_startup_and_retried,
+    a_live_materializer_makes_others_wait,
+    an_abandoned_materialization_is_taken_over_and_its_worktree_adopted,
+    incomplete_or_foreign_directories_are_not_adopted,
+    compensation_spares_adopted_worktrees,
 );
 
 fn uuid(v: &Value) -> Uuid {
@@ -310,30 +313,33 @@ async fn deleted_primary_promotes_running_then_recent_then_any(app: TestApp) {
     let ws = app.workspace("ws").await;
     let (repo, _) = app.repository(ws, "svc").await;
     let task = app.task(ws, "Promote", &[repo]).await;
-    let ids: Vec<Uuid> = {
-        let mut v = Vec::new();
-        for _ in 0..4 {
-            v.push(uuid(&app.session(task, "worktree").await["id"]));
-        }
-        v
-    };
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(uuid(&app.session(task, "worktree").await["id"]));
+    }
     let t0 = chrono::Utc::now();
     let ago = |mins: i64| Some(t0 - chrono::Duration::minutes(mins));
-    // ids[0] primary; ids[1] stopped but most recent; ids[2] idle; ids[3] running but oldest.
+    // ids[0] primary. ids[1] stopped, the most recent. ids[2] idle. ids[3] running, the oldest.
+    // ids[4] created, older than ids[2].
     app.set_session_state(ids[1], SessionState::Stopped, ago(1))
         .await;
     app.set_session_state(ids[2], SessionState::Idle, ago(5))
         .await;
     app.set_session_state(ids[3], SessionState::Running, ago(60))
         .await;
+    app.set_session_state(ids[4], SessionState::Created, ago(10))
+        .await;
+    let primary = || async {
+        app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)["primary_session_id"].clone()
+    };
+
     app.delete(&format!("/api/v1/sessions/{}", ids[0]))
         .await
         .ok(204);
-    let primary = |v: Value| v["primary_session_id"].clone();
     assert_eq!(
-        primary(app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)),
+        primary().await,
         json!(ids[3].to_string()),
-        "running first"
+        "a running one first, however old"
     );
 
     app.set_session_state(ids[3], SessionState::Stopped, ago(60))
@@ -342,18 +348,22 @@ async fn deleted_primary_promotes_running_then_recent_then_any(app: TestApp) {
         .await
         .ok(204);
     assert_eq!(
-        primary(app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)),
+        primary().await,
         json!(ids[2].to_string()),
-        "then the recent non-terminal"
+        "then the most recent non-terminal, not a more recent stopped one"
     );
 
+    app.set_session_state(ids[4], SessionState::Failed, ago(10))
+        .await;
+    app.set_session_state(ids[2], SessionState::Stopped, ago(5))
+        .await;
     app.delete(&format!("/api/v1/sessions/{}", ids[2]))
         .await
         .ok(204);
     assert_eq!(
-        primary(app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)),
+        primary().await,
         json!(ids[1].to_string()),
-        "then any"
+        "then any: the most recently active"
     );
 }
 
@@ -405,7 +415,10 @@ async fn local_executor_touches_nothing_on_disk(app: TestApp) {
     assert_eq!(path_of(&env["workspace_path"]), source);
     assert_eq!(s["workspace_path"], env["workspace_path"]);
     assert!(env["repos"][0]["worktree_id"].is_null());
-    assert_eq!(path_of(&env["repos"][0]["worktree_path"]), source);
+    assert!(
+        env["repos"][0]["worktree_path"].is_null(),
+        "no worktree: nothing berth could ever remove"
+    );
     app.delete(&format!("/api/v1/sessions/{}", uuid(&s["id"])))
         .await
         .ok(204);
@@ -648,6 +661,11 @@ async fn a_branch_checked_out_elsewhere_fails_cleanly(app: TestApp) {
         .await;
     let p = r.problem(409, "conflict");
     assert!(!r.text.contains("refs/heads") && !r.text.contains(&source.display().to_string()));
+    assert!(
+        !r.text.contains("main"),
+        "the branch name does not leak: {}",
+        r.text
+    );
     let env = app
         .get(&format!(
             "/api/v1/environments/{}",
@@ -868,17 +886,16 @@ async fn session_bound_token_reads_its_session_task_and_environment(app: TestApp
     .problem(404, "not_found");
 }
 
-// A materializer interrupted by a restart leaves `creating`; the next start fails it so a session can retry.
-async fn interrupted_materialization_is_failed_at_startup_and_retried(app: TestApp) {
+async fn insert_creating(
+    app: &TestApp,
+    task: Uuid,
+    updated_at: chrono::DateTime<chrono::Utc>,
+) -> Uuid {
     use berth::entity::task_environment as env;
     use sea_orm::{ActiveValue::Set, EntityTrait};
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Interrupted", &[repo]).await;
-    let now = chrono::Utc::now();
-    let stuck = Uuid::now_v7();
+    let id = Uuid::now_v7();
     env::Entity::insert(env::ActiveModel {
-        id: Set(stuck),
+        id: Set(id),
         task_id: Set(task),
         executor_type: Set(env::ExecutorType::Worktree),
         status: Set(env::EnvironmentStatus::Creating),
@@ -887,31 +904,201 @@ async fn interrupted_materialization_is_failed_at_startup_and_retried(app: TestA
         ownership_generation: Set(1),
         materializer_id: Set(Some(Uuid::now_v7())),
         error_message: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
+        created_at: Set(updated_at),
+        updated_at: Set(updated_at),
         superseded_at: Set(None),
     })
     .exec_without_returning(app.db())
     .await
     .unwrap();
+    id
+}
+
+/// Where berth puts a task's worktree for a repository (the same function berth uses).
+fn slot_dir(app: &TestApp, title: &str, task: Uuid, repo_name: &str) -> PathBuf {
+    app.config
+        .worktree_root
+        .join(berth::executor::task_dir_name(title, task))
+        .join(repo_name)
+}
+
+// I14: while a materializer holds a fresh lease, every other first session is told to retry.
+async fn a_live_materializer_makes_others_wait(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Waiting", &[repo]).await;
+    insert_creating(&app, task, chrono::Utc::now()).await;
+    let url = format!("/api/v1/tasks/{task}/sessions");
+    let replies = futures_util::future::join_all(
+        (0..4).map(|_| app.post(&url, json!({"executor_type": "worktree"}))),
+    )
+    .await;
+    for r in replies {
+        r.problem(409, "workspace_preparing");
+    }
+    assert_eq!(
+        worktrees_of(&source).len(),
+        1,
+        "nobody else created anything"
+    );
+    assert_eq!(app.count("task_sessions").await, 0);
+}
+
+// A materializer that died (its lease expired) is taken over; the worktree it had already made is
+// adopted, not duplicated or removed.
+async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Abandoned", &[repo]).await;
+    let stale = insert_creating(&app, task, chrono::Utc::now() - chrono::Duration::hours(1)).await;
+    // What the dead attempt had made: the slot's worktree on the task's branch, with a file in it.
+    let dir = slot_dir(&app, "Abandoned", task, "svc");
+    std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+    let branch = format!(
+        "berth/{}",
+        berth::executor::task_dir_name("Abandoned", task)
+    );
+    git(
+        &source,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            &branch,
+            dir.to_str().unwrap(),
+            "main",
+        ],
+    );
+    std::fs::write(dir.join("MARKER.txt"), "made before the crash").unwrap();
+
+    let s = app.session(task, "worktree").await;
+    assert_eq!(path_of(&s["workspace_path"]), dir);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("MARKER.txt")).unwrap(),
+        "made before the crash"
+    );
+    assert_eq!(worktrees_of(&source).len(), 2, "adopted, not duplicated");
+    assert_eq!(
+        app.get(&format!("/api/v1/environments/{stale}"))
+            .await
+            .ok(200)["status"],
+        "superseded"
+    );
+}
+
+// A directory in the slot's place that git did not finish (locked "initializing"), or that belongs to
+// another repository, is never adopted, and never removed.
+async fn incomplete_or_foreign_directories_are_not_adopted(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Locked", &[repo]).await;
+    let dir = slot_dir(&app, "Locked", task, "svc");
+    std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+    let branch = format!("berth/{}", berth::executor::task_dir_name("Locked", task));
+    git(
+        &source,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            &branch,
+            dir.to_str().unwrap(),
+            "main",
+        ],
+    );
+    let id = git(&dir, &["rev-parse", "--git-dir"]);
+    let admin = PathBuf::from(id.trim());
+    std::fs::write(admin.join("locked"), "initializing").unwrap();
+    std::fs::write(dir.join("MARKER.txt"), "keep").unwrap();
+    let r = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree"}),
+        )
+        .await;
+    let p = r.problem(409, "conflict");
+    let env = app
+        .get(&format!(
+            "/api/v1/environments/{}",
+            uuid(&p["task_environment_id"])
+        ))
+        .await
+        .ok(200);
+    assert!(
+        env["repos"][0]["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("locked"),
+        "{env}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("MARKER.txt")).unwrap(),
+        "keep",
+        "never removed"
+    );
+    assert!(worktrees_of(&source).contains(&dir.display().to_string()));
+
+    // A plain directory in the slot's place: refused, untouched.
+    let other = app.task(ws, "Plain", &[repo]).await;
+    let plain = slot_dir(&app, "Plain", other, "svc");
+    std::fs::create_dir_all(&plain).unwrap();
+    std::fs::write(plain.join("notes.txt"), "mine").unwrap();
+    app.post(
+        &format!("/api/v1/tasks/{other}/sessions"),
+        json!({"executor_type": "worktree"}),
+    )
+    .await
+    .problem(409, "conflict");
+    assert_eq!(
+        std::fs::read_to_string(plain.join("notes.txt")).unwrap(),
+        "mine"
+    );
+}
+
+// Compensation removes only what the failing attempt created: a slot worktree it adopted stays.
+async fn compensation_spares_adopted_worktrees(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (a, a_path) = app.repository(ws, "a").await;
+    let (b, b_path) = app.repository(ws, "b").await;
+    let task = app.task(ws, "Spare", &[a, b]).await;
+    let dir = slot_dir(&app, "Spare", task, "a");
+    std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+    let branch = format!("berth/{}", berth::executor::task_dir_name("Spare", task));
+    git(
+        &a_path,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            &branch,
+            dir.to_str().unwrap(),
+            "main",
+        ],
+    );
+    std::fs::write(dir.join("MARKER.txt"), "earlier work").unwrap();
+    let hidden = b_path.with_file_name("b-away");
+    std::fs::rename(&b_path, &hidden).unwrap();
     app.post(
         &format!("/api/v1/tasks/{task}/sessions"),
         json!({"executor_type": "worktree"}),
     )
     .await
-    .problem(409, "workspace_preparing");
-    // A restart (a new server process on the same database) settles it.
-    let restarted = berth::startup::Application::build(app.config.clone())
-        .await
-        .unwrap();
-    drop(restarted);
+    .problem(409, "conflict");
     assert_eq!(
-        app.get(&format!("/api/v1/environments/{stuck}"))
-            .await
-            .ok(200)["status"],
-        "failed"
+        std::fs::read_to_string(dir.join("MARKER.txt")).unwrap(),
+        "earlier work"
     );
+    assert!(
+        worktrees_of(&a_path).contains(&dir.display().to_string()),
+        "the adopted worktree was not removed"
+    );
+    std::fs::rename(&hidden, &b_path).unwrap();
     let s = app.session(task, "worktree").await;
-    assert_ne!(s["task_environment_id"], json!(stuck.to_string()));
-    assert_eq!(worktrees_of(&source).len(), 2);
+    assert_eq!(
+        std::fs::read_to_string(path_of(&s["workspace_path"]).join("a/MARKER.txt")).unwrap(),
+        "earlier work"
+    );
 }

@@ -1,0 +1,194 @@
+//! HTTP for the event log: replay, and the server-sent event stream.
+use actix_web::http::header;
+use actix_web::web::Bytes;
+use actix_web::{HttpRequest, HttpResponse, get, web};
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_actix_web::service_config::ServiceConfig;
+use uuid::Uuid;
+
+use super::AppState;
+use super::extract::{Authorized, EventsRead};
+use crate::domain::error::Error;
+use crate::domain::events::{self as domain_events, ReplayPage};
+use crate::entity::event as event_row;
+use crate::events::stream::{self, Frame, StreamRequest};
+
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(replay_events).service(stream_events);
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Event {
+    /// Always `v1`.
+    pub version: String,
+    /// The server generation that wrote the event.
+    pub instance_id: Uuid,
+    /// Strictly increasing across all events; the SSE `id`.
+    pub seq: i64,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub workspace_id: Option<Uuid>,
+    pub task_id: Option<Uuid>,
+    pub session_id: Option<Uuid>,
+    pub task_environment_id: Option<Uuid>,
+    pub execution_id: Option<Uuid>,
+    pub data: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<&event_row::Model> for Event {
+    fn from(e: &event_row::Model) -> Self {
+        Event {
+            version: "v1".into(),
+            instance_id: e.instance_id,
+            seq: e.seq,
+            event_type: e.event_type.clone(),
+            workspace_id: e.workspace_id,
+            task_id: e.task_id,
+            session_id: e.session_id,
+            task_environment_id: e.task_environment_id,
+            execution_id: e.execution_id,
+            data: e.data.clone(),
+            created_at: e.created_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventPage {
+    /// This server generation; a client holding another must reload snapshots.
+    pub instance_id: Uuid,
+    /// The oldest retained seq.
+    pub first_available_seq: i64,
+    pub latest_seq: i64,
+    /// True when `instance_id` was given and is not this one, or when events after `after` were trimmed:
+    /// reload snapshots.
+    pub truncated: bool,
+    pub events: Vec<Event>,
+}
+
+impl From<ReplayPage> for EventPage {
+    fn from(p: ReplayPage) -> Self {
+        EventPage {
+            instance_id: p.instance_id,
+            first_available_seq: p.first_available_seq,
+            latest_seq: p.latest_seq,
+            truncated: p.truncated,
+            events: p.events.iter().map(Event::from).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReplayQuery {
+    /// The last seq the client saw (default 0).
+    pub after: Option<String>,
+    /// The instance the client's state came from.
+    pub instance_id: Option<Uuid>,
+    /// 1 to 1000 (default 100).
+    pub limit: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StreamQuery {
+    /// The last seq the client saw (default 0); the `Last-Event-ID` header overrides it.
+    pub after: Option<String>,
+    /// The instance the client's state came from.
+    pub instance_id: Option<Uuid>,
+}
+
+#[utoipa::path(
+    tag = "events",
+    security(("bearer" = ["events:read"])),
+    params(ReplayQuery),
+    responses((status = 200, description = "Events after the cursor, oldest first, filtered by the token's workspaces and session", body = EventPage))
+)]
+#[get("/events")]
+async fn replay_events(
+    auth: Authorized<EventsRead>,
+    state: web::Data<AppState>,
+    query: web::Query<ReplayQuery>,
+) -> Result<web::Json<EventPage>, Error> {
+    let after = domain_events::parse_cursor(query.after.as_deref())?;
+    let page =
+        domain_events::replay(&state.ctx, &auth, after, query.instance_id, query.limit).await?;
+    Ok(web::Json(page.into()))
+}
+
+#[utoipa::path(
+    tag = "events",
+    security(("bearer" = ["events:read"])),
+    params(StreamQuery, ("Last-Event-ID" = Option<String>, Header, description = "Overrides `after`")),
+    responses((
+        status = 200,
+        description = "`text/event-stream`: the events after the cursor (SSE `id` is the seq), then `event: ready`, then live events. `event: reset` means reload snapshots; the stream ends after it. A `: keep-alive` comment every 15 s.",
+        body = String,
+        content_type = "text/event-stream"
+    ))
+)]
+#[get("/events/stream")]
+async fn stream_events(
+    auth: Authorized<EventsRead>,
+    state: web::Data<AppState>,
+    query: web::Query<StreamQuery>,
+    req: HttpRequest,
+) -> Result<HttpResponse, Error> {
+    let last_event_id = req
+        .headers()
+        .get("last-event-id")
+        .map(|v| v.to_str().map_err(|_| Error::InvalidCursor))
+        .transpose()?;
+    let after = domain_events::parse_cursor(last_event_id.or(query.after.as_deref()))?;
+    let ctx = &state.ctx;
+    let (first_available, _) = crate::events::bounds(&ctx.db.conn).await?;
+    let request = StreamRequest {
+        after,
+        filter: domain_events::filter_for(&auth),
+        truncated: domain_events::is_truncated(ctx, after, query.instance_id, first_available),
+        keep_alive: ctx.config.sse_keep_alive,
+        buffer: ctx.config.event_buffer,
+    };
+    let instance_id = ctx.instance_id;
+    let frames = stream::open(ctx.events.clone(), ctx.db.conn.clone(), request);
+    let body = futures_util::stream::once(async {
+        Ok::<_, actix_web::Error>(Bytes::from_static(b"retry: 3000\n\n"))
+    })
+    .chain(futures_util::stream::unfold(
+        frames,
+        move |mut frames| async move {
+            let frame = frames.recv().await?;
+            Some((
+                Ok::<_, actix_web::Error>(Bytes::from(encode(&frame, instance_id))),
+                frames,
+            ))
+        },
+    ));
+    Ok(HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .insert_header(("X-Accel-Buffering", "no"))
+        .streaming(body))
+}
+
+fn encode(frame: &Frame, instance_id: Uuid) -> String {
+    match frame {
+        Frame::Event(e) => {
+            let json = serde_json::to_string(&Event::from(e.as_ref())).unwrap_or_default();
+            format!("id: {}\ndata: {json}\n\n", e.seq)
+        }
+        Frame::Ready => format!(
+            "event: ready\ndata: {}\n\n",
+            serde_json::json!({ "instance_id": instance_id })
+        ),
+        Frame::Reset(reason) => format!(
+            "event: reset\ndata: {}\n\n",
+            serde_json::json!({ "reason": reason, "instance_id": instance_id })
+        ),
+        Frame::KeepAlive => ": keep-alive\n\n".to_string(),
+    }
+}

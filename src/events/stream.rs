@@ -1,0 +1,97 @@
+//! The replay-then-live protocol of one stream (I32): subscribe first, replay committed events after the
+//! cursor, announce `ready`, then forward live events, dropping any seq already sent. A subscriber that
+//! falls behind the bounded broadcast is told to `reset` and the stream ends; it never skips silently.
+use std::sync::Arc;
+use std::time::Duration;
+
+use sea_orm::DatabaseConnection;
+use tokio::sync::{broadcast, mpsc};
+
+use super::{Filter, Hub, after};
+use crate::entity::event;
+
+#[derive(Debug, Clone)]
+pub enum Frame {
+    Event(Arc<event::Model>),
+    /// Replay is done; what follows is live.
+    Ready,
+    /// The client must reload snapshots; the stream ends after this.
+    Reset(&'static str),
+    KeepAlive,
+}
+
+pub struct StreamRequest {
+    pub after: i64,
+    pub filter: Filter,
+    /// Send `Reset` at once (the cursor is evicted or from another instance).
+    pub truncated: bool,
+    pub keep_alive: Duration,
+    /// Frames buffered towards the HTTP response before the subscriber counts as slow.
+    pub buffer: usize,
+}
+
+/// Starts the stream's task and returns the frames it produces.
+pub fn open(hub: Arc<Hub>, db: DatabaseConnection, req: StreamRequest) -> mpsc::Receiver<Frame> {
+    let (tx, rx) = mpsc::channel(req.buffer.max(1));
+    // Subscribe before replay, so nothing committed from here on can fall between the two.
+    let live = hub.subscribe();
+    tokio::spawn(async move {
+        if req.truncated {
+            let _ = tx.send(Frame::Reset("truncated")).await;
+            return;
+        }
+        let _ = run(db, live, req, tx).await;
+    });
+    rx
+}
+
+async fn run(
+    db: DatabaseConnection,
+    mut live: broadcast::Receiver<Arc<event::Model>>,
+    req: StreamRequest,
+    tx: mpsc::Sender<Frame>,
+) -> Result<(), ()> {
+    let send = |f: Frame| {
+        let tx = tx.clone();
+        async move { tx.send(f).await.map_err(|_| ()) }
+    };
+    let mut last = req.after;
+    loop {
+        let page = after(&db, last, 500, &req.filter)
+            .await
+            .map_err(|e| tracing::warn!(error = %e, "replay failed"))?;
+        let n = page.len();
+        for e in page {
+            last = e.seq;
+            send(Frame::Event(Arc::new(e))).await?;
+        }
+        if n < 500 {
+            break;
+        }
+    }
+    send(Frame::Ready).await?;
+    let mut ticker = tokio::time::interval(req.keep_alive);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            got = live.recv() => match got {
+                Ok(e) => {
+                    if e.seq <= last {
+                        continue;
+                    }
+                    last = e.seq;
+                    if req.filter.admits(&e) {
+                        send(Frame::Event(e)).await?;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    let _ = send(Frame::Reset("slow_consumer")).await;
+                    return Ok(());
+                }
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+            _ = ticker.tick() => send(Frame::KeepAlive).await?,
+            _ = tx.closed() => return Ok(()),
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! Background work beside the API: periodic sweeps (event retention). Cleanup-job claiming arrives with
+//! the cleanup issue.
+use std::time::Duration;
+
+use crate::domain::Ctx;
+use crate::events;
+
+/// Trims events by count and age, every `interval`, forever.
+pub async fn sweep(ctx: Ctx, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    loop {
+        ticker.tick().await;
+        match events::trim(
+            &ctx.db.conn,
+            ctx.config.event_retention_count,
+            ctx.config.event_retention_age,
+        )
+        .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(trimmed = n, "event retention"),
+            Err(e) => tracing::warn!(error = %e, "event retention failed"),
+        }
+    }
+}
