@@ -59,6 +59,7 @@ impl Application {
             metrics: Arc::new(Metrics::default()),
         });
         let ctx = state.ctx.clone();
+        ctx.events.start_at_current(&ctx.db.conn).await?;
         let mut background = vec![
             tokio::spawn(
                 ctx.events

@@ -177,19 +177,20 @@ impl Hub {
         self.published.load(Ordering::Acquire)
     }
 
+    /// Sets where live delivery starts: the newest committed seq. Call before serving, so that every
+    /// event committed afterwards is broadcast (earlier ones are served by replay).
+    pub async fn start_at_current(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
+        let (_, latest) = bounds(db).await?;
+        self.published.store(latest, Ordering::Release);
+        Ok(())
+    }
+
     /// Reads committed events after the last one published and broadcasts them, in seq order, forever.
     pub async fn tail(self: Arc<Self>, db: DatabaseConnection, poll: Duration) {
-        if self.published() < 0 {
-            // Start at the current end: earlier events are served by replay.
-            let start = match bounds(&db).await {
-                Ok((_, latest)) => latest,
-                Err(e) => {
-                    tracing::error!(error = %e, "event tailer cannot read the sequence; starting from 0");
-                    0
-                }
-            };
-            self.published.store(start, Ordering::Release);
-        }
+        assert!(
+            self.published() >= 0,
+            "start_at_current must run before the tailer"
+        );
         loop {
             let _ = tokio::time::timeout(poll, self.wake.notified()).await;
             loop {

@@ -4,6 +4,7 @@ mod helpers;
 
 mod auth;
 mod errors;
+mod events;
 mod migrations;
 mod openapi;
 mod ops;
