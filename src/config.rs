@@ -84,6 +84,10 @@ pub struct Config {
     pub event_retention_age: Duration,
     pub event_poll: Duration,
     pub sse_keep_alive: Duration,
+    /// After `abort`, and after closing an agent's stdin: how long before escalating.
+    pub agent_stop_grace: Duration,
+    /// After SIGTERM: how long before SIGKILL.
+    pub agent_term_grace: Duration,
     /// Period of the background sweeps (event retention).
     pub sweep_interval: Duration,
     pub agents: BTreeMap<String, AgentProfile>,
@@ -117,6 +121,8 @@ struct FileConfig {
     event_poll_ms: Option<u64>,
     sse_keep_alive_secs: Option<u64>,
     sweep_interval_ms: Option<u64>,
+    agent_stop_grace_ms: Option<u64>,
+    agent_term_grace_ms: Option<u64>,
     #[serde(default)]
     agents: BTreeMap<String, AgentProfile>,
 }
@@ -265,6 +271,18 @@ impl Config {
             file.sweep_interval_ms,
             60_000u64,
         )?;
+        let agent_stop_grace_ms = parse_num(
+            env,
+            "BERTH_AGENT_STOP_GRACE_MS",
+            file.agent_stop_grace_ms,
+            5000u64,
+        )?;
+        let agent_term_grace_ms = parse_num(
+            env,
+            "BERTH_AGENT_TERM_GRACE_MS",
+            file.agent_term_grace_ms,
+            5000u64,
+        )?;
         for (name, zero) in [
             ("BERTH_EVENT_BUFFER", event_buffer == 0),
             ("BERTH_EVENT_RETENTION_COUNT", event_retention_count < 1),
@@ -372,6 +390,8 @@ impl Config {
             event_poll: Duration::from_millis(event_poll_ms),
             sse_keep_alive: Duration::from_secs(sse_keep_alive_secs),
             sweep_interval: Duration::from_millis(sweep_interval_ms),
+            agent_stop_grace: Duration::from_millis(agent_stop_grace_ms),
+            agent_term_grace: Duration::from_millis(agent_term_grace_ms),
             agents: file.agents,
         })
     }

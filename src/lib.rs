@@ -11,6 +11,7 @@ pub mod events;
 pub mod executor;
 pub mod git;
 pub mod metrics;
+pub mod runtime;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

@@ -115,7 +115,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     if let Some(token) = admin_token {
         println!("Admin token (valid 7 days; mint others with `berth token`):\n{token}");
     }
+    let runtime = app.state.ctx.runtime.clone();
     app.run_until_stopped().await?;
+    // Shutdown keeps each session's desired_open, so the next start restores it (I29).
+    runtime.stop_all().await;
     Ok(())
 }
 

@@ -47,9 +47,12 @@ impl Application {
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.bind))?;
         let port = listener.local_addr()?.port();
         let max_body = config.max_body_bytes;
+        let (runtime, runtime_reports) =
+            crate::runtime::Runtime::new(config.agent_stop_grace, config.agent_term_grace);
         let state = api::data(AppState {
             ctx: Ctx {
                 db,
+                runtime: runtime.clone(),
                 events: crate::events::Hub::new(config.event_buffer),
                 git: GitCli::new(config.git_max_concurrent, config.git_timeout),
                 config: Arc::new(config),
@@ -70,6 +73,23 @@ impl Application {
             tokio::spawn(crate::worker::sweep(ctx.clone(), ctx.config.sweep_interval))
                 .abort_handle(),
         ];
+        background.push(
+            tokio::spawn(crate::domain::agents::consume(ctx.clone(), runtime_reports))
+                .abort_handle(),
+        );
+        // I29: sessions that were open are relaunched through admission before the server serves.
+        let restored = crate::domain::agents::restore(&ctx)
+            .await
+            .map_err(|e| anyhow::anyhow!("restoring sessions: {e}"))?;
+        if restored > 0 {
+            tracing::info!(restored, "relaunched open sessions");
+        }
+        if ctx.runtime.live_count() >= 6 {
+            tracing::warn!(
+                open = ctx.runtime.live_count(),
+                "six or more agents are open; expect contention"
+            );
+        }
         if !ctx.db.is_sqlite() {
             background.push(
                 tokio::spawn(crate::events::listen_postgres(

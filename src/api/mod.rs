@@ -1,4 +1,5 @@
 //! HTTP: one file per resource, thin handlers, request/response types with `ToSchema`.
+pub mod agent_profiles;
 pub mod environments;
 pub mod events;
 pub mod extract;
@@ -144,7 +145,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(tasks::routes)
                 .configure(environments::routes)
                 .configure(sessions::routes)
-                .configure(events::routes),
+                .configure(events::routes)
+                .configure(agent_profiles::routes),
         );
 }
 

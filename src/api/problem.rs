@@ -277,6 +277,15 @@ impl From<&Error> for Problem {
                     *detail,
                 )
             },
+            Error::AgentStartFailed => Problem {
+                action: Some("check_agent_profile".into()),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::Conflict,
+                    "The agent could not be started",
+                    "the agent command could not be started; the session's last_error says why",
+                )
+            },
             Error::MaterializationFailed {
                 environment_id,
                 repository_name,

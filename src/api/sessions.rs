@@ -18,7 +18,143 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(list_sessions)
         .service(get_session)
         .service(delete_session)
-        .service(make_primary);
+        .service(make_primary)
+        .service(launch_session)
+        .service(resume_session)
+        .service(stop_session)
+        .service(send_message);
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSession {
+    /// A first prompt to deliver once the agent runs.
+    pub prompt: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendMessage {
+    pub text: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Accepted {
+    pub accepted: bool,
+}
+
+/// An optional JSON body: empty means the defaults; anything else must parse strictly.
+fn optional_body<T: serde::de::DeserializeOwned + Default>(bytes: &web::Bytes) -> Result<T, Error> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_data() && !e.to_string().starts_with("unknown field") {
+            Error::Invalid {
+                detail: e.to_string(),
+                errors: Vec::new(),
+            }
+        } else {
+            Error::BadRequest(e.to_string())
+        }
+    })
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:write"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    request_body(content = Option<LaunchSession>, description = "Optional"),
+    responses(
+        (status = 200, description = "The session with its agent running (or the running one, if it already was)", body = Session),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`workspace_reuse_unsafe` (admission refused; nothing started or changed), `session_busy`, `task_archived`, `task_cleanup_in_progress`, or `conflict` when the agent command could not start (the session is `failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The session has no agent profile (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/sessions/{id}/launch")]
+async fn launch_session(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    body: web::Bytes,
+) -> Result<web::Json<Session>, Error> {
+    let body: LaunchSession = optional_body(&body)?;
+    Ok(web::Json(
+        crate::domain::agents::launch(&state.ctx, &auth, *id, body.prompt)
+            .await?
+            .into(),
+    ))
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:write"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    request_body(content = Option<LaunchSession>, description = "Optional"),
+    responses(
+        (status = 200, description = "The session with its agent running again, in the same workspace, through admission", body = Session),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "As for launch", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/sessions/{id}/resume")]
+async fn resume_session(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    body: web::Bytes,
+) -> Result<web::Json<Session>, Error> {
+    let body: LaunchSession = optional_body(&body)?;
+    Ok(web::Json(
+        crate::domain::agents::launch(&state.ctx, &auth, *id, body.prompt)
+            .await?
+            .into(),
+    ))
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:write"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "Stopped: desired_open cleared, a working agent aborted, then terminated with escalation; the transcript is kept", body = Session),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/sessions/{id}/stop")]
+async fn stop_session(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<Session>, Error> {
+    Ok(web::Json(
+        crate::domain::agents::stop(&state.ctx, &auth, *id)
+            .await?
+            .into(),
+    ))
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:write"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    request_body = SendMessage,
+    responses(
+        (status = 202, description = "Queued for the agent (commands to one session are serialized)", body = Accepted),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session has no running agent (`conflict`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/sessions/{id}/messages")]
+async fn send_message(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    body: web::Json<SendMessage>,
+) -> Result<HttpResponse, Error> {
+    crate::domain::agents::send_message(&state.ctx, &auth, *id, &body.text).await?;
+    Ok(HttpResponse::Accepted().json(Accepted { accepted: true }))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -89,10 +225,10 @@ pub struct CreateSession {
     /// A profile from the config file (`GET /api/v1/agent-profiles`).
     pub agent_profile: Option<String>,
     pub name: Option<String>,
-    /// Refused for now: this version does not launch agents, so it could not deliver a prompt.
+    /// A first prompt for the agent (needs `start`).
     pub prompt: Option<String>,
-    /// Launch the agent after admission (default true). Agent launch is not available in this version:
-    /// the session is created in state `created` either way.
+    /// Launch the agent after admission. Default: true when an agent profile resolves (the one named,
+    /// or the only one configured), false otherwise.
     pub start: Option<bool>,
 }
 
@@ -121,6 +257,7 @@ async fn create_session(
         agent_profile: body.agent_profile,
         name: body.name,
         prompt: body.prompt,
+        start: body.start,
     };
     let view = sessions::create(&state.ctx, &auth, *id, input).await?;
     Ok(super::created(

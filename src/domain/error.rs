@@ -55,6 +55,9 @@ pub enum Error {
     WorkspaceReuseUnsafe(ReuseCategory),
     #[error("workspace reuse is unsupported: {0}")]
     WorkspaceReuseUnsupported(&'static str),
+    /// The agent command could not be started; the session is `failed` with the reason.
+    #[error("the agent could not be started")]
+    AgentStartFailed,
     /// Preparing the workspace failed; the environment is `failed` and its repos say why.
     #[error("preparing the workspace failed for repository {repository_name}")]
     MaterializationFailed {

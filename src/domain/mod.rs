@@ -1,4 +1,5 @@
 //! The rules. Handlers call one function here; nothing here knows about HTTP.
+pub mod agents;
 pub mod environments;
 pub mod error;
 pub mod events;
@@ -27,6 +28,8 @@ pub struct Ctx {
     pub git: GitCli,
     /// Live fan-out of committed events.
     pub events: Arc<crate::events::Hub>,
+    /// The agent processes of this server.
+    pub runtime: Arc<crate::runtime::Runtime>,
 }
 
 impl Ctx {

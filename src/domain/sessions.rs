@@ -45,6 +45,8 @@ pub struct NewSession {
     pub agent_profile: Option<String>,
     pub name: Option<String>,
     pub prompt: Option<String>,
+    /// Launch after attaching; default: when an agent profile resolves.
+    pub start: Option<bool>,
 }
 
 /// A session as readers see it: the workspace path is the environment's, never a copy (I20).
@@ -68,23 +70,33 @@ pub async fn create(
         Some(n) => n.trim().to_string(),
         None => String::new(),
     };
-    if let Some(profile) = &input.agent_profile
-        && !ctx.config.agents.contains_key(profile)
-    {
-        return Err(Error::invalid(
-            "agent_profile",
-            "no such agent profile is configured",
-        ));
-    }
-    if input
-        .prompt
-        .as_deref()
-        .is_some_and(|p| !p.trim().is_empty())
-    {
-        // Refused rather than dropped: this version cannot launch agents yet, so it could not deliver it.
+    // The profile named, else the only one configured.
+    let agent_profile = match input.agent_profile {
+        Some(name) if ctx.config.agents.contains_key(&name) => Some(name),
+        Some(_) => {
+            return Err(Error::invalid(
+                "agent_profile",
+                "no such agent profile is configured",
+            ));
+        }
+        None if ctx.config.agents.len() == 1 => ctx.config.agents.keys().next().cloned(),
+        None => None,
+    };
+    let start = match input.start {
+        Some(true) if agent_profile.is_none() => {
+            return Err(Error::invalid(
+                "agent_profile",
+                "starting an agent needs an agent profile (GET /api/v1/agent-profiles)",
+            ));
+        }
+        Some(start) => start,
+        None => agent_profile.is_some(),
+    };
+    let prompt = input.prompt.filter(|p| !p.trim().is_empty());
+    if prompt.is_some() && !start {
         return Err(Error::invalid(
             "prompt",
-            "this berth does not launch agents yet; create the session without a prompt",
+            "a prompt is delivered only to a started agent",
         ));
     }
     let task = super::tasks::readable(&ctx.db.conn, p, task_id).await?;
@@ -122,7 +134,7 @@ pub async fn create(
         task_environment_id: Some(environment.id),
         name,
         executor_type: input.executor_type,
-        agent_profile: input.agent_profile,
+        agent_profile,
         state: SessionState::Created,
         is_primary: !has_primary,
         desired_open: false,
@@ -150,6 +162,9 @@ pub async fn create(
     )
     .await?;
     ctx.commit(txn).await?;
+    if start {
+        return super::agents::launch_session(ctx, model, prompt).await;
+    }
     Ok(SessionView {
         session: model,
         workspace_path: environment.workspace_path,
@@ -202,8 +217,12 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
     if s.state.is_busy() {
         return Err(Error::SessionBusy);
     }
-    // An idle or attention session would have its process stopped here first; agent processes arrive
-    // with the launch issue, and until then no session can be in those states.
+    if ctx.runtime.is_live(id) {
+        // I4: an idle or attention session has its process stopped first (outside the transaction).
+        drop(txn);
+        super::agents::stop_session(ctx, &s).await?;
+        return Box::pin(delete(ctx, p, id)).await;
+    }
     session::Entity::delete_by_id(id).exec(&txn).await?;
     events::append(
         &txn,
@@ -316,7 +335,11 @@ async fn touch_task(
 }
 
 /// A session the principal may act on: in a visible workspace and, for a session-bound token, itself.
-async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<session::Model> {
+pub(crate) async fn visible<C: ConnectionTrait>(
+    conn: &C,
+    p: &Principal,
+    id: Uuid,
+) -> Result<session::Model> {
     if p.session_id.is_some_and(|bound| bound != id) {
         return Err(Error::NotFound("session"));
     }
@@ -335,7 +358,10 @@ async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Resul
 }
 
 /// I19/I20: the session shows its environment's effective workspace path.
-async fn project<C: ConnectionTrait>(conn: &C, s: session::Model) -> Result<SessionView> {
+pub(crate) async fn project<C: ConnectionTrait>(
+    conn: &C,
+    s: session::Model,
+) -> Result<SessionView> {
     let workspace_path = match s.task_environment_id {
         Some(env_id) => env::Entity::find_by_id(env_id)
             .one(conn)

@@ -1,7 +1,9 @@
 //! sea-orm entities: one file per table. Column enums that the API also shows derive `ToSchema`.
+pub mod agent_execution;
 pub mod cleanup_job;
 pub mod event;
 pub mod repository;
+pub mod session_message;
 pub mod task;
 pub mod task_environment;
 pub mod task_environment_repo;

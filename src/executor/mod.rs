@@ -2,6 +2,7 @@
 //! worktree per repository slot under `BERTH_WORKTREE_ROOT`; `local` uses the registered repository itself
 //! and never creates or removes anything. Every path berth may create or remove is a `ManagedPath`, which
 //! only `ManagedRoot` can build, inside the root and without following a symlink out of it (I13).
+pub mod admission;
 pub mod worktree;
 
 use std::path::{Component, Path, PathBuf};

@@ -219,7 +219,33 @@ impl TestApp {
                 v.replace("{scratch}", &scratch_path.display().to_string()),
             );
         }
-        let config = Config::load(&env).expect("test config");
+        env.entry("BERTH_AGENT_STOP_GRACE_MS".to_string())
+            .or_insert_with(|| "300".to_string());
+        env.entry("BERTH_AGENT_TERM_GRACE_MS".to_string())
+            .or_insert_with(|| "300".to_string());
+        let mut config = Config::load(&env).expect("test config");
+        // Agent profiles come from the config file only; tests add them to the loaded configuration.
+        let agent = env!("CARGO_BIN_EXE_berth-test-agent").to_string();
+        let profile = |args: &[&str]| berth::config::AgentProfile {
+            command: agent.clone(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: [("BERTH_TEST_SECRET".to_string(), "s3cret-value".to_string())]
+                .into_iter()
+                .collect(),
+        };
+        config.agents.insert("test".into(), profile(&[]));
+        config.agents.insert(
+            "stubborn".into(),
+            profile(&["--ignore-abort", "--ignore-term"]),
+        );
+        config.agents.insert(
+            "missing".into(),
+            berth::config::AgentProfile {
+                command: "/nonexistent/agent-binary".into(),
+                args: vec![],
+                env: Default::default(),
+            },
+        );
         let app = Application::build(config.clone())
             .await
             .expect("the app starts");

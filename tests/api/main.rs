@@ -2,6 +2,7 @@
 //! on SQLite and, when `BERTH_TEST_POSTGRES_URL` is set, on PostgreSQL.
 mod helpers;
 
+mod agents;
 mod auth;
 mod errors;
 mod events;

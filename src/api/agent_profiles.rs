@@ -1,0 +1,47 @@
+//! HTTP for agent profiles: read-only, defined in the config file only (decision 7).
+use actix_web::{get, web};
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_actix_web::service_config::ServiceConfig;
+
+use super::AppState;
+use super::extract::{Authorized, SessionsRead};
+use crate::domain::error::Error;
+
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(list_agent_profiles);
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentProfile {
+    pub name: String,
+    pub command: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentProfileList {
+    pub items: Vec<AgentProfile>,
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:read"])),
+    responses((status = 200, description = "The configured profiles (never their environment values)", body = AgentProfileList))
+)]
+#[get("/agent-profiles")]
+async fn list_agent_profiles(
+    _auth: Authorized<SessionsRead>,
+    state: web::Data<AppState>,
+) -> Result<web::Json<AgentProfileList>, Error> {
+    let items = state
+        .ctx
+        .config
+        .agents
+        .iter()
+        .map(|(name, p)| AgentProfile {
+            name: name.clone(),
+            command: p.command.clone(),
+        })
+        .collect();
+    Ok(web::Json(AgentProfileList { items }))
+}

@@ -1,0 +1,110 @@
+//! A test agent speaking berth's agent protocol (a subset of the Pi coding agent's RPC mode): JSON
+//! commands on stdin, one per line (`prompt`, `abort`, `get_state`, `extension_ui_response`); JSON events
+//! on stdout (`response`, `agent_start`, `message_*`, `extension_ui_request`, `agent_end`).
+//!
+//! A prompt's text is a directive:
+//! - `pwd`: reply with the working directory
+//! - `write NAME TEXT`: write a file in the working directory
+//! - `env NAME`: reply with an environment variable
+//! - `ask`: ask a confirm question and wait for the answer
+//! - `hang`: start working and never finish (until aborted)
+//! - `crash`: exit with status 3
+//! - anything else: echo it back
+//!
+//! Flags: `--ignore-abort` (a `hang` ignores `abort`), `--ignore-term` (SIGTERM is ignored).
+use std::io::{BufRead, Write};
+
+fn emit(v: serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{v}");
+    let _ = out.flush();
+}
+
+fn reply(text: &str) {
+    use serde_json::json;
+    emit(json!({"type": "message_start", "message": {"role": "assistant"}}));
+    emit(json!({"type": "message_update", "message": {"role": "assistant"}, "delta": text}));
+    emit(
+        json!({"type": "message_end", "message": {"role": "assistant", "content": [{"type": "text", "text": text}]}}),
+    );
+}
+
+fn main() {
+    use serde_json::json;
+    let args: Vec<String> = std::env::args().collect();
+    let ignore_abort = args.iter().any(|a| a == "--ignore-abort");
+    if args.iter().any(|a| a == "--ignore-term") {
+        // SAFETY: installing SIG_IGN for SIGTERM has no preconditions.
+        unsafe {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        }
+    }
+    let mut working = false;
+    let mut asked: Option<String> = None;
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        let Ok(cmd) = serde_json::from_str::<serde_json::Value>(&line) else {
+            emit(json!({"type": "response", "success": false, "error": "not JSON"}));
+            continue;
+        };
+        match cmd["type"].as_str().unwrap_or_default() {
+            "prompt" => {
+                let text = cmd["message"].as_str().unwrap_or_default().to_string();
+                emit(json!({"type": "response", "command": "prompt", "success": true}));
+                emit(json!({"type": "agent_start"}));
+                emit(
+                    json!({"type": "message_start", "message": {"role": "user", "content": text}}),
+                );
+                let mut words = text.splitn(3, ' ');
+                match words.next().unwrap_or_default() {
+                    "pwd" => reply(&std::env::current_dir().unwrap().display().to_string()),
+                    "write" => {
+                        let name = words.next().unwrap_or("out.txt");
+                        let body = words.next().unwrap_or_default();
+                        std::fs::write(name, body).unwrap();
+                        reply(&format!("wrote {name}"));
+                    }
+                    "env" => {
+                        reply(&std::env::var(words.next().unwrap_or_default()).unwrap_or_default())
+                    }
+                    "crash" => std::process::exit(3),
+                    "hang" => {
+                        working = true;
+                        continue;
+                    }
+                    "ask" => {
+                        let id = format!("q-{}", std::process::id());
+                        emit(
+                            json!({"type": "extension_ui_request", "id": id, "method": "confirm", "title": "Proceed?", "message": "Shall I go on?"}),
+                        );
+                        asked = Some(id);
+                        continue;
+                    }
+                    _ => reply(&text),
+                }
+                emit(json!({"type": "agent_end"}));
+            }
+            "abort" => {
+                emit(json!({"type": "response", "command": "abort", "success": true}));
+                if working && !ignore_abort {
+                    working = false;
+                    emit(json!({"type": "agent_end", "aborted": true}));
+                }
+            }
+            "get_state" => emit(
+                json!({"type": "response", "command": "get_state", "success": true, "data": {"isStreaming": working}}),
+            ),
+            "extension_ui_response" => {
+                if asked.as_deref() == cmd["id"].as_str() {
+                    asked = None;
+                    reply(&format!("answered {}", cmd["confirmed"]));
+                    emit(json!({"type": "agent_end"}));
+                }
+            }
+            other => emit(
+                json!({"type": "response", "command": other, "success": false, "error": "unknown command"}),
+            ),
+        }
+    }
+}

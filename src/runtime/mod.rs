@@ -1,0 +1,308 @@
+//! Agent processes (seed 002): one process per session (I27), spawned only in an admitted workspace
+//! (I17), talking JSON lines over stdio, stopped with escalation (I28). The runtime reports what happens
+//! as `RuntimeEvent`s; the domain decides what they mean for sessions.
+use std::collections::{HashMap, VecDeque};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+use tokio::sync::{mpsc, watch};
+use uuid::Uuid;
+
+use crate::config::AgentProfile;
+use crate::executor::admission::AdmittedWorkspace;
+
+/// The longest stdout line kept; longer lines are dropped (an agent must not grow berth's memory).
+const MAX_LINE: usize = 8 * 1024 * 1024;
+const STDERR_TAIL: usize = 16 * 1024;
+
+#[derive(Debug)]
+pub enum RuntimeEvent {
+    /// One JSON line the agent printed.
+    Output {
+        session_id: Uuid,
+        execution_id: Uuid,
+        event: serde_json::Value,
+    },
+    /// The process ended; `expected` when berth stopped it.
+    Exited {
+        session_id: Uuid,
+        execution_id: Uuid,
+        code: Option<i32>,
+        expected: bool,
+        stderr_tail: String,
+    },
+}
+
+struct Agent {
+    execution_id: Uuid,
+    pid: u32,
+    stdin: Mutex<Option<mpsc::UnboundedSender<String>>>,
+    working: watch::Sender<bool>,
+    exited: watch::Receiver<bool>,
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+pub struct Runtime {
+    agents: Mutex<HashMap<Uuid, Arc<Agent>>>,
+    events: mpsc::UnboundedSender<RuntimeEvent>,
+    /// After `abort`, and after closing stdin: how long to wait before escalating.
+    grace: Duration,
+    /// After SIGTERM: how long before SIGKILL.
+    term_grace: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("the session already has a live agent process")]
+    AlreadyRunning,
+    #[error("could not start the agent command: {0}")]
+    Spawn(std::io::Error),
+}
+
+impl Runtime {
+    pub fn new(
+        grace: Duration,
+        term_grace: Duration,
+    ) -> (Arc<Runtime>, mpsc::UnboundedReceiver<RuntimeEvent>) {
+        let (events, rx) = mpsc::unbounded_channel();
+        (
+            Arc::new(Runtime {
+                agents: Mutex::new(HashMap::new()),
+                events,
+                grace,
+                term_grace,
+            }),
+            rx,
+        )
+    }
+
+    pub fn is_live(&self, session_id: Uuid) -> bool {
+        self.agents.lock().unwrap().contains_key(&session_id)
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.agents.lock().unwrap().len()
+    }
+
+    /// Starts the agent in the admitted workspace — the only way a process gets a working directory.
+    pub fn spawn(
+        &self,
+        ws: &AdmittedWorkspace,
+        profile: &AgentProfile,
+        session_id: Uuid,
+        execution_id: Uuid,
+    ) -> Result<u32, SpawnError> {
+        let mut agents = self.agents.lock().unwrap();
+        if agents.contains_key(&session_id) {
+            return Err(SpawnError::AlreadyRunning);
+        }
+        let mut child = Command::new(&profile.command)
+            .args(&profile.args)
+            .envs(&profile.env)
+            .env("BERTH_SESSION_ID", session_id.to_string())
+            .env("BERTH_EXECUTION_ID", execution_id.to_string())
+            .current_dir(ws.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(SpawnError::Spawn)?;
+        let pid = child.id().unwrap_or_default();
+        let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<String>();
+        let (working, _) = watch::channel(false);
+        let (exited_tx, exited) = watch::channel(false);
+        let agent = Arc::new(Agent {
+            execution_id,
+            pid,
+            stdin: Mutex::new(Some(stdin_tx)),
+            working,
+            exited,
+            stopping: std::sync::atomic::AtomicBool::new(false),
+        });
+        agents.insert(session_id, agent.clone());
+        drop(agents);
+
+        // stdin: commands in the order they were queued (I27: serialized per session).
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        tokio::spawn(async move {
+            while let Some(line) = stdin_rx.recv().await {
+                if stdin.write_all(line.as_bytes()).await.is_err()
+                    || stdin.write_all(b"\n").await.is_err()
+                    || stdin.flush().await.is_err()
+                {
+                    break;
+                }
+            }
+        });
+        // stderr: a bounded tail, for the failure message.
+        let tail = Arc::new(Mutex::new(VecDeque::<u8>::new()));
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let tail_w = tail.clone();
+        let stderr_task = tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let mut t = tail_w.lock().unwrap();
+                t.extend(&buf[..n]);
+                while t.len() > STDERR_TAIL {
+                    t.pop_front();
+                }
+            }
+        });
+        // stdout: LF-delimited JSON lines (never split on U+2028/U+2029, which JSON strings may hold).
+        let stdout = child.stdout.take().expect("piped stdout");
+        let events = self.events.clone();
+        let agent_r = agent.clone();
+        let stdout_task = tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match (&mut reader)
+                    .take(MAX_LINE as u64 + 1)
+                    .read_until(b'\n', &mut line)
+                    .await
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if line.len() > MAX_LINE {
+                    // Skip the rest of an oversized line.
+                    let mut rest = Vec::new();
+                    let _ = reader.read_until(b'\n', &mut rest).await;
+                    tracing::warn!(%session_id, "dropped an oversized agent output line");
+                    continue;
+                }
+                let Ok(event) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                match event["type"].as_str() {
+                    Some("agent_start") => {
+                        agent_r.working.send_replace(true);
+                    }
+                    Some("agent_end" | "agent_settled") => {
+                        agent_r.working.send_replace(false);
+                    }
+                    _ => {}
+                }
+                let _ = events.send(RuntimeEvent::Output {
+                    session_id,
+                    execution_id,
+                    event,
+                });
+            }
+        });
+        // Exit: report once the output is drained, then forget the agent.
+        let events = self.events.clone();
+        let agent_e = agent.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let _ = stdout_task.await;
+            let _ = stderr_task.await;
+            let stderr_tail =
+                String::from_utf8_lossy(&tail.lock().unwrap().iter().copied().collect::<Vec<u8>>())
+                    .into_owned();
+            let expected = agent_e.stopping.load(std::sync::atomic::Ordering::Acquire);
+            let code = status.ok().and_then(|s| s.code());
+            let _ = exited_tx.send(true);
+            let _ = events.send(RuntimeEvent::Exited {
+                session_id,
+                execution_id,
+                code,
+                expected,
+                stderr_tail,
+            });
+        });
+        Ok(pid)
+    }
+
+    /// Forgets an agent whose exit was reported (called by the domain when it records the exit).
+    pub fn forget(&self, session_id: Uuid, execution_id: Uuid) {
+        let mut agents = self.agents.lock().unwrap();
+        if agents
+            .get(&session_id)
+            .is_some_and(|a| a.execution_id == execution_id)
+        {
+            agents.remove(&session_id);
+        }
+    }
+
+    /// Queues a command line for the agent's stdin. False when there is no live agent.
+    pub fn send(&self, session_id: Uuid, command: serde_json::Value) -> bool {
+        let agent = self.agents.lock().unwrap().get(&session_id).cloned();
+        let Some(agent) = agent else { return false };
+        let stdin = agent.stdin.lock().unwrap();
+        stdin
+            .as_ref()
+            .is_some_and(|tx| tx.send(command.to_string()).is_ok())
+    }
+
+    pub fn is_working(&self, session_id: Uuid) -> bool {
+        self.agents
+            .lock()
+            .unwrap()
+            .get(&session_id)
+            .is_some_and(|a| *a.working.borrow())
+    }
+
+    /// I28: abort a working agent, wait; close stdin, wait; SIGTERM the process group, wait; SIGKILL.
+    /// Returns once the process has exited (and is forgotten).
+    pub async fn stop(&self, session_id: Uuid) {
+        let agent = self.agents.lock().unwrap().get(&session_id).cloned();
+        let Some(agent) = agent else { return };
+        self.escalate(session_id, &agent).await;
+        self.forget(session_id, agent.execution_id);
+    }
+
+    async fn escalate(&self, session_id: Uuid, agent: &Agent) {
+        agent
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+        let mut exited = agent.exited.clone();
+        if *agent.working.borrow() {
+            self.send(session_id, serde_json::json!({"type": "abort"}));
+            let mut working = agent.working.subscribe();
+            let _ = tokio::time::timeout(self.grace, working.wait_for(|w| !*w)).await;
+        }
+        agent.stdin.lock().unwrap().take();
+        if tokio::time::timeout(self.grace, exited.wait_for(|e| *e))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        signal_group(agent.pid, libc::SIGTERM);
+        if tokio::time::timeout(self.term_grace, exited.wait_for(|e| *e))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tracing::warn!(%session_id, "agent ignored SIGTERM; sending SIGKILL");
+        signal_group(agent.pid, libc::SIGKILL);
+        let _ = exited.wait_for(|e| *e).await;
+    }
+
+    /// Stops every live agent (server shutdown).
+    pub async fn stop_all(&self) {
+        let ids: Vec<Uuid> = self.agents.lock().unwrap().keys().copied().collect();
+        futures_util::future::join_all(ids.into_iter().map(|id| self.stop(id))).await;
+    }
+}
+
+fn signal_group(pgid: u32, signal: i32) {
+    if pgid == 0 {
+        return;
+    }
+    // SAFETY: kill(2) on a process group we created with process_group(0); no memory is involved.
+    unsafe {
+        libc::kill(-(pgid as i32), signal);
+    }
+}

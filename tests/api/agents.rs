@@ -1,0 +1,639 @@
+//! Agents start only in a proven workspace (seed 000 "Launch admission", I15-I20, I26-I28), with the
+//! project's test agent as a real process.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::both_backends;
+use crate::helpers::{TestApp, git, git_repo, id_of, worktrees_of};
+
+both_backends!(
+    profiles_are_listed_without_their_environment,
+    an_agent_works_in_its_admitted_worktree,
+    a_local_agent_works_in_the_repository,
+    admission_refuses_a_broken_workspace_and_changes_nothing,
+    a_successful_resume_heals_a_wrong_workspace_path,
+    stop_escalates_to_sigkill_for_an_agent_that_ignores_abort,
+    a_second_launch_returns_the_running_session,
+    bad_agent_requests_fail_cleanly,
+    deleting_an_idle_session_stops_its_agent_and_keeps_the_workspace,
+    a_restart_relaunches_open_sessions_in_the_same_worktree,
+);
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn uuid(v: &Value) -> Uuid {
+    v.as_str()
+        .unwrap_or_else(|| panic!("not a string: {v}"))
+        .parse()
+        .unwrap()
+}
+
+/// Polls the session until `pred` holds (with a deadline).
+async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+        if pred(&s) {
+            return s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "session never {what}: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The texts the agent replied with, from the `runtime.output` events of a session.
+async fn replies(app: &TestApp, session: Uuid) -> Vec<String> {
+    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "runtime.output" && e["session_id"] == session.to_string())
+        .filter(|e| {
+            e["data"]["event"]["type"] == "message_end"
+                && e["data"]["event"]["message"]["role"] == "assistant"
+        })
+        .map(|e| {
+            e["data"]["event"]["message"]["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+async fn wait_reply(app: &TestApp, session: Uuid, n: usize) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let r = replies(app, session).await;
+        if r.len() >= n {
+            return r;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reply #{n} from the agent: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn pid_alive(pid: i64) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+async fn execution_pid(app: &TestApp, execution: Uuid) -> i64 {
+    use sea_orm::EntityTrait;
+    let e = berth::entity::agent_execution::Entity::find_by_id(execution)
+        .one(app.db())
+        .await
+        .unwrap()
+        .unwrap();
+    e.pid.expect("the durable handle records the pid") as i64
+}
+
+/// What admission must never change: git state, files and registrations of the source and the worktree.
+fn fingerprint(source: &Path, worktree: &Path) -> (Vec<String>, String, String, Vec<String>) {
+    let mut listing: Vec<String> = walk(worktree)
+        .into_iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    listing.sort();
+    (
+        worktrees_of(source),
+        git(source, &["status", "--porcelain"]),
+        git(source, &["rev-parse", "HEAD"]),
+        listing,
+    )
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let p = e.unwrap().path();
+        if p.file_name().is_some_and(|n| n == ".git") {
+            out.push(p);
+            continue;
+        }
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+async fn profiles_are_listed_without_their_environment(app: TestApp) {
+    let r = app.get("/api/v1/agent-profiles").await;
+    let list = r.ok(200);
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["missing", "stubborn", "test"]);
+    assert!(
+        !r.text.contains("s3cret-value"),
+        "environment values never leave the config"
+    );
+}
+
+// I15, I17, I19: the agent's working directory is the admitted worktree; prompts and messages arrive.
+async fn an_agent_works_in_its_admitted_worktree(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Agent", &[repo]).await;
+    let r = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "pwd"}),
+        )
+        .await;
+    let s = r.ok(201);
+    let id = uuid(&s["id"]);
+    assert!(s["execution_id"].is_string());
+    assert_eq!(s["desired_open"], true);
+    let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
+    assert_eq!(
+        wait_reply(&app, id, 1).await[0],
+        worktree.display().to_string(),
+        "the agent runs in the worktree"
+    );
+    let s = wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
+    assert!(pid_alive(pid));
+    // The profile's environment reaches the agent.
+    app.post(
+        &format!("/api/v1/sessions/{id}/messages"),
+        json!({"text": "env BERTH_TEST_SECRET"}),
+    )
+    .await
+    .ok(202);
+    assert_eq!(wait_reply(&app, id, 2).await[1], "s3cret-value");
+    app.post(
+        &format!("/api/v1/sessions/{id}/messages"),
+        json!({"text": "write hello.txt hi there"}),
+    )
+    .await
+    .ok(202);
+    wait_reply(&app, id, 3).await;
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("hello.txt")).unwrap(),
+        "hi there"
+    );
+    // Events: the state went starting -> idle/running, and output is visible as runtime.output.
+    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
+    let states: Vec<String> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "session.state_changed" && e["session_id"] == id.to_string())
+        .map(|e| e["data"]["state"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(states.first().map(String::as_str), Some("starting"));
+    assert!(
+        states.contains(&"running".to_string()) && states.contains(&"idle".to_string()),
+        "{states:?}"
+    );
+    // The transcript is kept in the conversation history.
+    assert!(app.count("session_messages").await >= 6);
+    app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
+        .await
+        .ok(200);
+    assert!(!pid_alive(pid));
+}
+
+async fn a_local_agent_works_in_the_repository(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Local agent", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "local", "agent_profile": "test", "prompt": "pwd"}),
+        )
+        .await
+        .ok(201);
+    assert_eq!(
+        wait_reply(&app, uuid(&s["id"]), 1).await[0],
+        source.display().to_string()
+    );
+    app.post(
+        &format!("/api/v1/sessions/{}/stop", uuid(&s["id"])),
+        json!({}),
+    )
+    .await
+    .ok(200);
+}
+
+// I15, I16: a missing directory, a plain directory, a worktree of another repository: refused with the
+// category, before any process exists; git state, files and inventory are unchanged.
+async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let other = git_repo(&app.scratch.path().join("other"), "main");
+    let task = app.task(ws, "Broken", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test", "start": false}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
+    let env_before = app
+        .get(&format!("/api/v1/tasks/{task}/environment"))
+        .await
+        .ok(200);
+    let moved = worktree.with_file_name("svc-moved-away");
+
+    type Step<'a> = Box<dyn Fn() + 'a>;
+    let cases: Vec<(&str, Step, Step)> = vec![
+        (
+            "workspace_missing",
+            Box::new(|| std::fs::rename(&worktree, &moved).unwrap()),
+            Box::new(|| std::fs::rename(&moved, &worktree).unwrap()),
+        ),
+        (
+            "not_a_git_worktree",
+            Box::new(|| {
+                std::fs::rename(&worktree, &moved).unwrap();
+                std::fs::create_dir_all(&worktree).unwrap();
+                std::fs::write(worktree.join("plain.txt"), "plain").unwrap();
+            }),
+            Box::new(|| {
+                std::fs::remove_dir_all(&worktree).unwrap();
+                std::fs::rename(&moved, &worktree).unwrap();
+            }),
+        ),
+        (
+            "repository_mismatch",
+            Box::new(|| {
+                std::fs::rename(&worktree, &moved).unwrap();
+                git(
+                    &other,
+                    &[
+                        "worktree",
+                        "add",
+                        "-q",
+                        "-b",
+                        "elsewhere",
+                        worktree.to_str().unwrap(),
+                    ],
+                );
+            }),
+            Box::new(|| {
+                git(&other, &["worktree", "remove", worktree.to_str().unwrap()]);
+                std::fs::rename(&moved, &worktree).unwrap();
+            }),
+        ),
+    ];
+    for (category, break_it, mend_it) in cases {
+        break_it();
+        let before = fingerprint(&source, &worktree);
+        let other_before = worktrees_of(&other);
+        let r = app
+            .post(&format!("/api/v1/sessions/{id}/resume"), json!({}))
+            .await;
+        let p = r.problem(409, "workspace_reuse_unsafe");
+        assert_eq!(p["category"], category);
+        assert_eq!(p["retryable"], true);
+        assert_eq!(p["action"], "reset_environment");
+        for secret in [
+            worktree.display().to_string(),
+            source.display().to_string(),
+            "berth/".to_string(),
+            "s3cret".to_string(),
+        ] {
+            assert!(
+                !r.text.contains(&secret),
+                "{category}: the body leaks {secret}: {}",
+                r.text
+            );
+        }
+        assert_eq!(
+            fingerprint(&source, &worktree),
+            before,
+            "{category}: nothing changed on disk or in git"
+        );
+        assert_eq!(worktrees_of(&other), other_before);
+        assert_eq!(
+            app.get(&format!("/api/v1/tasks/{task}/environment"))
+                .await
+                .ok(200),
+            env_before,
+            "{category}: inventory unchanged"
+        );
+        assert_eq!(
+            app.count("agent_executions").await,
+            0,
+            "{category}: no process was started"
+        );
+        let failed = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+        assert_eq!(failed["state"], "failed");
+        assert_eq!(failed["last_error"]["code"], "workspace_reuse_unsafe");
+        mend_it();
+    }
+    // Mended, the same session resumes in its worktree.
+    app.post(
+        &format!("/api/v1/sessions/{id}/resume"),
+        json!({"prompt": "pwd"}),
+    )
+    .await
+    .ok(200);
+    assert_eq!(
+        wait_reply(&app, id, 1).await[0],
+        worktree.display().to_string()
+    );
+    app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
+        .await
+        .ok(200);
+}
+
+// I19: a launch writes the effective workspace back, healing a wrong value written earlier.
+async fn a_successful_resume_heals_a_wrong_workspace_path(app: TestApp) {
+    use berth::entity::task_environment as env;
+    use sea_orm::{ActiveValue::Set, EntityTrait};
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Heal", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test", "start": false}),
+        )
+        .await
+        .ok(201);
+    let worktree = s["workspace_path"].as_str().unwrap().to_string();
+    let env_id = uuid(&s["task_environment_id"]);
+    // The old fallback order's mistake: the source repository recorded as the workspace.
+    env::Entity::update(env::ActiveModel {
+        id: Set(env_id),
+        workspace_path: Set(Some(source.display().to_string())),
+        ..Default::default()
+    })
+    .exec(app.db())
+    .await
+    .unwrap();
+    let id = uuid(&s["id"]);
+    let launched = app
+        .post(
+            &format!("/api/v1/sessions/{id}/launch"),
+            json!({"prompt": "pwd"}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(
+        launched["workspace_path"],
+        worktree.as_str(),
+        "the session projects the healed path"
+    );
+    assert_eq!(
+        wait_reply(&app, id, 1).await[0],
+        worktree,
+        "the agent ran in the worktree, not the source"
+    );
+    assert_eq!(
+        app.get(&format!("/api/v1/environments/{env_id}"))
+            .await
+            .ok(200)["workspace_path"],
+        worktree.as_str()
+    );
+    app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
+        .await
+        .ok(200);
+}
+
+// I28: stop clears desired_open, aborts, waits, SIGTERMs, and SIGKILLs an agent that ignores both.
+async fn stop_escalates_to_sigkill_for_an_agent_that_ignores_abort(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Stubborn", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "stubborn", "prompt": "hang"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    let s = wait_session(&app, id, "running", |s| s["state"] == "running").await;
+    let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
+    assert!(pid_alive(pid));
+    // Busy: a running session cannot be deleted.
+    app.delete(&format!("/api/v1/sessions/{id}"))
+        .await
+        .problem(409, "session_busy");
+    let stopped = app
+        .post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
+        .await
+        .ok(200);
+    assert_eq!(stopped["state"], "stopped");
+    assert_eq!(stopped["desired_open"], false);
+    assert!(!pid_alive(pid), "the process group was killed");
+    // The transcript is kept; messages to a stopped session are refused.
+    assert!(app.count("session_messages").await >= 1);
+    app.post(
+        &format!("/api/v1/sessions/{id}/messages"),
+        json!({"text": "hello?"}),
+    )
+    .await
+    .problem(409, "conflict");
+}
+
+// I27: one live process per session; launching a running session returns it.
+async fn a_second_launch_returns_the_running_session(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Once", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    let url = format!("/api/v1/sessions/{id}/launch");
+    let again = futures_util::future::join_all((0..3).map(|_| app.post(&url, json!({})))).await;
+    for r in again {
+        assert_eq!(r.ok(200)["execution_id"], s["execution_id"]);
+    }
+    assert_eq!(app.count("agent_executions").await, 1);
+    assert_eq!(app.app_state.ctx.runtime.live_count(), 1);
+    app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
+        .await
+        .ok(200);
+}
+
+async fn bad_agent_requests_fail_cleanly(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Bad agents", &[repo]).await;
+    let url = format!("/api/v1/tasks/{task}/sessions");
+    app.post(
+        &url,
+        json!({"executor_type": "worktree", "agent_profile": "nope"}),
+    )
+    .await
+    .problem(422, "validation_failed");
+    app.post(&url, json!({"executor_type": "worktree", "start": true}))
+        .await
+        .problem(422, "validation_failed");
+    app.post(&url, json!({"executor_type": "worktree", "agent_profile": "test", "start": false, "prompt": "x"})).await.problem(422, "validation_failed");
+    assert_eq!(app.count("task_sessions").await, 0);
+    // A profile whose command does not exist: a typed failure, the session failed, nothing else changed.
+    let r = app
+        .post(
+            &url,
+            json!({"executor_type": "worktree", "agent_profile": "missing"}),
+        )
+        .await;
+    let p = r.problem(409, "conflict");
+    assert_eq!(p["action"], "check_agent_profile");
+    assert!(!r.text.contains("/nonexistent"), "no path in the body");
+    let sessions = app
+        .get(&format!("/api/v1/tasks/{task}/sessions"))
+        .await
+        .ok(200);
+    let s = &sessions["items"][0];
+    assert_eq!(s["state"], "failed");
+    assert_eq!(s["last_error"]["code"], "agent_start_failed");
+    assert_eq!(
+        app.get(&format!("/api/v1/tasks/{task}/environment"))
+            .await
+            .ok(200)["status"],
+        "ready"
+    );
+    assert_eq!(worktrees_of(&source).len(), 2, "the workspace stays");
+    // A session without a profile cannot be launched; messages need a running agent.
+    let plain = id_of(
+        &app.post(&url, json!({"executor_type": "worktree"}))
+            .await
+            .ok(201),
+    );
+    app.post(&format!("/api/v1/sessions/{plain}/launch"), json!({}))
+        .await
+        .problem(422, "validation_failed");
+    app.post(
+        &format!("/api/v1/sessions/{plain}/messages"),
+        json!({"text": "hi"}),
+    )
+    .await
+    .problem(409, "conflict");
+    app.post(
+        &format!("/api/v1/sessions/{plain}/launch"),
+        json!({"bogus": 1}),
+    )
+    .await
+    .problem(400, "validation_failed");
+    let reader = app.token("sessions:read");
+    app.call(
+        Method::POST,
+        &format!("/api/v1/sessions/{plain}/launch"),
+        Some(&reader),
+        Some(json!({})),
+    )
+    .await
+    .problem(403, "insufficient_scope");
+}
+
+// I4 with a live agent: an idle session has its process stopped first; the workspace stays.
+async fn deleting_an_idle_session_stops_its_agent_and_keeps_the_workspace(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Idle delete", &[repo]).await;
+    let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "write note.txt kept"})).await.ok(201);
+    let id = uuid(&s["id"]);
+    wait_reply(&app, id, 1).await;
+    let s = wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
+    app.delete(&format!("/api/v1/sessions/{id}")).await.ok(204);
+    assert!(!pid_alive(pid));
+    let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("note.txt")).unwrap(),
+        "kept"
+    );
+    assert!(worktrees_of(&source).contains(&worktree.display().to_string()));
+    assert_eq!(app.count("task_resource_cleanup_jobs").await, 0);
+}
+
+// I26, I29, seed 000 "Recovery": after a restart, an open session is relaunched through admission with a
+// new execution id, the same session id, in the same worktree (never the source repository).
+async fn a_restart_relaunches_open_sessions_in_the_same_worktree(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Restart", &[repo]).await;
+    let open = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let closed = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let (open_id, closed_id) = (uuid(&open["id"]), uuid(&closed["id"]));
+    wait_session(&app, open_id, "idle", |s| s["state"] == "idle").await;
+    app.post(&format!("/api/v1/sessions/{closed_id}/stop"), json!({}))
+        .await
+        .ok(200);
+    let old_pid = execution_pid(&app, uuid(&open["execution_id"])).await;
+    // Shut the first server's agents down as a server stop does (desired_open stays), then start anew.
+    app.app_state.ctx.runtime.stop_all().await;
+    assert!(!pid_alive(old_pid));
+    let restarted = berth::startup::Application::build(app.config.clone())
+        .await
+        .unwrap();
+    let runtime = restarted.state.ctx.runtime.clone();
+    let new_instance = restarted.state.ctx.instance_id;
+    assert_ne!(
+        new_instance, app.app_state.ctx.instance_id,
+        "a new instance id"
+    );
+    assert_eq!(runtime.live_count(), 1, "only the open session came back");
+    let s = app
+        .get(&format!("/api/v1/sessions/{open_id}"))
+        .await
+        .ok(200);
+    assert_eq!(s["state"], "idle");
+    assert_ne!(
+        s["execution_id"], open["execution_id"],
+        "a new execution id"
+    );
+    assert_eq!(s["workspace_path"], open["workspace_path"]);
+    assert_ne!(s["workspace_path"], source.display().to_string().as_str());
+    let new_pid = execution_pid(&app, uuid(&s["execution_id"])).await;
+    assert!(pid_alive(new_pid));
+    assert_eq!(
+        app.get(&format!("/api/v1/sessions/{closed_id}"))
+            .await
+            .ok(200)["state"],
+        "stopped",
+        "an explicitly stopped session stays stopped"
+    );
+    runtime.stop_all().await;
+    for b in restarted.background() {
+        b.abort();
+    }
+}
