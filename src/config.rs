@@ -88,6 +88,18 @@ pub struct Config {
     pub agent_stop_grace: Duration,
     /// After SIGTERM: how long before SIGKILL.
     pub agent_term_grace: Duration,
+    /// Cleanup jobs: retry delays (the last repeats), attempts before `failed`, workers, poll, lease.
+    pub cleanup_retry_delays: Vec<Duration>,
+    pub cleanup_max_attempts: u32,
+    pub cleanup_workers: usize,
+    pub cleanup_poll: Duration,
+    pub cleanup_lease: Duration,
+    /// A prepared job older than this whose operation is not running is reconciled.
+    pub cleanup_prepared_grace: Duration,
+    /// A test failpoint in the cleanup worker (`hang_after_claim`).
+    pub cleanup_failpoint: Option<String>,
+    /// A quick-chat task idle this long with no live session is deleted.
+    pub quick_chat_retention: Duration,
     /// Period of the background sweeps (event retention).
     pub sweep_interval: Duration,
     pub agents: BTreeMap<String, AgentProfile>,
@@ -122,6 +134,13 @@ struct FileConfig {
     sse_keep_alive_secs: Option<u64>,
     sweep_interval_ms: Option<u64>,
     agent_stop_grace_ms: Option<u64>,
+    cleanup_retry_delays_secs: Option<String>,
+    cleanup_max_attempts: Option<u32>,
+    cleanup_workers: Option<usize>,
+    cleanup_poll_ms: Option<u64>,
+    cleanup_lease_secs: Option<u64>,
+    cleanup_prepared_grace_secs: Option<u64>,
+    quick_chat_retention_secs: Option<u64>,
     agent_term_grace_ms: Option<u64>,
     #[serde(default)]
     agents: BTreeMap<String, AgentProfile>,
@@ -283,6 +302,63 @@ impl Config {
             file.agent_term_grace_ms,
             5000u64,
         )?;
+        let delays = env
+            .get("BERTH_CLEANUP_RETRY_DELAYS_SECS")
+            .or(file.cleanup_retry_delays_secs.clone())
+            .unwrap_or_else(|| "60,300,900,3600,10800,21600,43200".into());
+        let cleanup_retry_delays = delays
+            .split(',')
+            .map(|d| d.trim().parse::<f64>().map(Duration::from_secs_f64))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| {
+                bad(
+                    "BERTH_CLEANUP_RETRY_DELAYS_SECS",
+                    format!("{delays:?}: {e}"),
+                )
+            })?;
+        if cleanup_retry_delays.is_empty() {
+            return Err(bad(
+                "BERTH_CLEANUP_RETRY_DELAYS_SECS",
+                "give at least one delay",
+            ));
+        }
+        let cleanup_max_attempts = parse_num(
+            env,
+            "BERTH_CLEANUP_MAX_ATTEMPTS",
+            file.cleanup_max_attempts,
+            8u32,
+        )?;
+        let cleanup_workers =
+            parse_num(env, "BERTH_CLEANUP_WORKERS", file.cleanup_workers, 2usize)?;
+        let cleanup_poll_ms =
+            parse_num(env, "BERTH_CLEANUP_POLL_MS", file.cleanup_poll_ms, 5000u64)?;
+        let cleanup_lease_secs = parse_num(
+            env,
+            "BERTH_CLEANUP_LEASE_SECS",
+            file.cleanup_lease_secs,
+            300u64,
+        )?;
+        let cleanup_prepared_grace_secs = parse_num(
+            env,
+            "BERTH_CLEANUP_PREPARED_GRACE_SECS",
+            file.cleanup_prepared_grace_secs,
+            60u64,
+        )?;
+        let quick_chat_retention_secs = parse_num(
+            env,
+            "BERTH_QUICK_CHAT_RETENTION_SECS",
+            file.quick_chat_retention_secs,
+            7 * 86400u64,
+        )?;
+        for (name, zero) in [
+            ("BERTH_CLEANUP_MAX_ATTEMPTS", cleanup_max_attempts == 0),
+            ("BERTH_CLEANUP_POLL_MS", cleanup_poll_ms == 0),
+            ("BERTH_CLEANUP_LEASE_SECS", cleanup_lease_secs == 0),
+        ] {
+            if zero {
+                return Err(bad(name, "must be at least 1"));
+            }
+        }
         for (name, zero) in [
             ("BERTH_EVENT_BUFFER", event_buffer == 0),
             ("BERTH_EVENT_RETENTION_COUNT", event_retention_count < 1),
@@ -391,6 +467,14 @@ impl Config {
             sse_keep_alive: Duration::from_secs(sse_keep_alive_secs),
             sweep_interval: Duration::from_millis(sweep_interval_ms),
             agent_stop_grace: Duration::from_millis(agent_stop_grace_ms),
+            cleanup_retry_delays,
+            cleanup_max_attempts,
+            cleanup_workers,
+            cleanup_poll: Duration::from_millis(cleanup_poll_ms),
+            cleanup_lease: Duration::from_secs(cleanup_lease_secs),
+            cleanup_prepared_grace: Duration::from_secs(cleanup_prepared_grace_secs),
+            quick_chat_retention: Duration::from_secs(quick_chat_retention_secs),
+            cleanup_failpoint: env.get("BERTH_CLEANUP_FAILPOINT"),
             agent_term_grace: Duration::from_millis(agent_term_grace_ms),
             agents: file.agents,
         })

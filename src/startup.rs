@@ -53,6 +53,8 @@ impl Application {
             ctx: Ctx {
                 db,
                 runtime: runtime.clone(),
+                cleanup_wake: Arc::new(tokio::sync::Notify::new()),
+                cleanup_stats: crate::worker::cleanup::stats(),
                 events: crate::events::Hub::new(config.event_buffer),
                 git: GitCli::new(config.git_max_concurrent, config.git_timeout),
                 config: Arc::new(config),

@@ -34,6 +34,10 @@ scope_markers! {
     SessionsWrite => Scope::SessionsWrite,
     SessionsDelete => Scope::SessionsDelete,
     EventsRead => Scope::EventsRead,
+    TasksArchive => Scope::TasksArchive,
+    TasksDelete => Scope::TasksDelete,
+    CleanupRead => Scope::CleanupRead,
+    CleanupAdmin => Scope::CleanupAdmin,
 }
 
 pub struct Authorized<S>(pub Principal, PhantomData<S>);

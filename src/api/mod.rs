@@ -1,5 +1,6 @@
 //! HTTP: one file per resource, thin handlers, request/response types with `ToSchema`.
 pub mod agent_profiles;
+pub mod cleanup_jobs;
 pub mod environments;
 pub mod events;
 pub mod extract;
@@ -49,6 +50,7 @@ pub const PUBLIC_PATHS: [&str; 5] = ["/healthz", "/readyz", "/metrics", "/openap
         (name = "tasks", description = "Tasks: the owners of environments and worktrees"),
         (name = "environments", description = "The task-owned workspace and its worktree inventory"),
         (name = "sessions", description = "Agent conversations that use their task's environment and own nothing physical"),
+        (name = "cleanup", description = "Durable cleanup jobs: the only way berth removes files"),
         (name = "events", description = "One global event sequence: replay and a server-sent event stream"),
         (name = "operations", description = "Health, readiness and metrics")
     )
@@ -146,7 +148,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(environments::routes)
                 .configure(sessions::routes)
                 .configure(events::routes)
-                .configure(agent_profiles::routes),
+                .configure(agent_profiles::routes)
+                .configure(cleanup_jobs::routes),
         );
 }
 

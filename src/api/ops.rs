@@ -61,10 +61,58 @@ fn not_ready(detail: &str) -> HttpResponse {
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let (open, idle) = state.ctx.db.pool_usage();
-    let body = state
+    let mut body = state
         .metrics
         .render(open, idle, state.ctx.config.db_max_connections);
+    body.push_str(&cleanup_metrics(&state).await);
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(body)
+}
+
+/// Cleanup jobs by state, and how long due jobs waited to be claimed.
+async fn cleanup_metrics(state: &AppState) -> String {
+    use sea_orm::{ConnectionTrait, Statement};
+    use std::fmt::Write;
+    use std::sync::atomic::Ordering;
+    let db = &state.ctx.db.conn;
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT state, COUNT(*) AS n FROM task_resource_cleanup_jobs GROUP BY state",
+        ))
+        .await
+        .unwrap_or_default();
+    let mut out = String::from(
+        "# HELP berth_cleanup_jobs Cleanup jobs by state.\n# TYPE berth_cleanup_jobs gauge\n",
+    );
+    for row in rows {
+        let (Ok(s), Ok(n)) = (
+            row.try_get::<String>("", "state"),
+            row.try_get::<i64>("", "n"),
+        ) else {
+            continue;
+        };
+        let _ = writeln!(out, "berth_cleanup_jobs{{state=\"{s}\"}} {n}");
+    }
+    let stats = &state.ctx.cleanup_stats;
+    let _ = writeln!(
+        out,
+        "# HELP berth_cleanup_claims_total Cleanup job claims by this process.\n# TYPE berth_cleanup_claims_total counter"
+    );
+    let _ = writeln!(
+        out,
+        "berth_cleanup_claims_total {}",
+        stats.claims.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP berth_cleanup_claim_latency_seconds_sum Time due jobs waited to be claimed.\n# TYPE berth_cleanup_claim_latency_seconds_sum counter"
+    );
+    let _ = writeln!(
+        out,
+        "berth_cleanup_claim_latency_seconds_sum {}",
+        stats.claim_latency_ms.load(Ordering::Relaxed) as f64 / 1000.0
+    );
+    out
 }

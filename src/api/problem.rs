@@ -82,6 +82,9 @@ pub struct Problem {
     /// Why, for `workspace_reuse_unsafe`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub category: Option<ReuseCategory>,
+    /// For `task_delete_dirty_worktree`: which repositories hold how many changed files (no paths).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repositories: Option<Vec<crate::domain::cleanup::DirtyRepository>>,
     /// The environment concerned, when there is one (for example a failed preparation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_environment_id: Option<uuid::Uuid>,
@@ -108,6 +111,7 @@ impl Problem {
             required_scope: None,
             task_count: None,
             category: None,
+            repositories: None,
             task_environment_id: None,
         }
     }
@@ -275,6 +279,16 @@ impl From<&Error> for Problem {
                     C::WorkspaceReuseUnsupported,
                     "Workspace reuse unsupported",
                     *detail,
+                )
+            },
+            Error::TaskDeleteDirtyWorktree(repos) => Problem {
+                repositories: Some(repos.clone()),
+                action: Some("discard_worktree_changes".into()),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::TaskDeleteDirtyWorktree,
+                    "Worktrees hold changes",
+                    "commit or discard the changes, or delete with discard_worktree_changes=true; nothing was changed",
                 )
             },
             Error::AgentStartFailed => Problem {

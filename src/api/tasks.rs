@@ -1,14 +1,16 @@
 //! HTTP for tasks.
-use actix_web::{HttpResponse, get, patch, post, web};
+use actix_web::{HttpResponse, delete, get, patch, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
-use super::extract::{Authorized, TasksRead, TasksWrite};
+use super::cleanup_jobs::CleanupJob;
+use super::extract::{Authorized, TasksArchive, TasksDelete, TasksRead, TasksWrite};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
+use crate::domain::cleanup::{self, BranchRecovery};
 use crate::domain::error::Error;
 use crate::domain::tasks::{self, NewSlot, NewTask, TaskFilter, TaskPatch, TaskView};
 use crate::entity::task::{TaskKind, WorkspaceMode};
@@ -17,7 +19,11 @@ pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(create_task)
         .service(list_tasks)
         .service(get_task)
-        .service(update_task);
+        .service(update_task)
+        .service(archive_task)
+        .service(unarchive_task)
+        .service(delete_task)
+        .service(reset_environment);
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -248,4 +254,145 @@ async fn update_task(
     Ok(web::Json(
         tasks::update(&state.ctx, &auth, *id, patch).await?.into(),
     ))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CascadeQuery {
+    /// Also archive the task's live subtasks.
+    pub cascade: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteQuery {
+    /// Also delete the task's subtasks.
+    pub cascade: Option<bool>,
+    /// Consent to remove worktrees that hold uncommitted or untracked changes.
+    pub discard_worktree_changes: Option<bool>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ArchiveResult {
+    pub task: Task,
+    pub cleanup_jobs: Vec<CleanupJob>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnarchiveResult {
+    pub task: Task,
+    pub cancelled_cleanup_jobs: Vec<Uuid>,
+    /// Per repository: whether the task's branch is still there to re-materialize from.
+    pub recovery: Vec<BranchRecovery>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CleanupJobs {
+    pub cleanup_jobs: Vec<CleanupJob>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ResetResult {
+    pub cleanup_job: CleanupJob,
+}
+
+#[utoipa::path(
+    tag = "tasks",
+    security(("bearer" = ["tasks:archive"])),
+    params(("id" = Uuid, Path, description = "Task id"), CascadeQuery),
+    responses(
+        (status = 202, description = "Archived: agents stopped, sessions cancelled; a durable job removes the clean worktrees (branches are kept)", body = ArchiveResult),
+        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already archived (`task_archived`), or a cleanup is in progress (`task_cleanup_in_progress`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/tasks/{id}/archive")]
+async fn archive_task(
+    auth: Authorized<TasksArchive>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    query: web::Query<CascadeQuery>,
+) -> Result<HttpResponse, Error> {
+    let (task, jobs) =
+        cleanup::archive(&state.ctx, &auth, *id, query.cascade.unwrap_or(false)).await?;
+    Ok(HttpResponse::Accepted().json(ArchiveResult {
+        task: task.into(),
+        cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
+    }))
+}
+
+#[utoipa::path(
+    tag = "tasks",
+    security(("bearer" = ["tasks:archive"])),
+    params(("id" = Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "Unarchived: a pending archive cleanup is cancelled, a running one waited for", body = UnarchiveResult),
+        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The task is not archived (`conflict`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/tasks/{id}/unarchive")]
+async fn unarchive_task(
+    auth: Authorized<TasksArchive>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<UnarchiveResult>, Error> {
+    let (task, cancelled, recovery) = cleanup::unarchive(&state.ctx, &auth, *id).await?;
+    Ok(web::Json(UnarchiveResult {
+        task: task.into(),
+        cancelled_cleanup_jobs: cancelled,
+        recovery,
+    }))
+}
+
+#[utoipa::path(
+    tag = "tasks",
+    security(("bearer" = ["tasks:delete"])),
+    params(("id" = Uuid, Path, description = "Task id"), DeleteQuery),
+    responses(
+        (status = 202, description = "The task is deleted; durable jobs remove its worktrees and registrations", body = CleanupJobs),
+        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`task_delete_dirty_worktree` (with `repositories: [{repository_id, dirty_file_count}]`; nothing changed) or `task_cleanup_in_progress`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[delete("/tasks/{id}")]
+async fn delete_task(
+    auth: Authorized<TasksDelete>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    query: web::Query<DeleteQuery>,
+) -> Result<HttpResponse, Error> {
+    let jobs = cleanup::delete(
+        &state.ctx,
+        &auth,
+        *id,
+        query.cascade.unwrap_or(false),
+        query.discard_worktree_changes.unwrap_or(false),
+    )
+    .await?;
+    Ok(HttpResponse::Accepted().json(CleanupJobs {
+        cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
+    }))
+}
+
+#[utoipa::path(
+    tag = "tasks",
+    security(("bearer" = ["tasks:delete"])),
+    params(("id" = Uuid, Path, description = "Task id")),
+    responses(
+        (status = 202, description = "The environment is superseded; a durable job removes its resources; the next session materializes afresh", body = ResetResult),
+        (status = 404, description = "No such task or environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A session runs (`session_busy`), or a cleanup is in progress", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/tasks/{id}/environment/reset")]
+async fn reset_environment(
+    auth: Authorized<TasksDelete>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<HttpResponse, Error> {
+    let job = cleanup::reset_environment(&state.ctx, &auth, *id).await?;
+    Ok(HttpResponse::Accepted().json(ResetResult {
+        cleanup_job: job.into(),
+    }))
 }

@@ -1,5 +1,5 @@
 //! HTTP for workspaces.
-use actix_web::{HttpResponse, get, post, web};
+use actix_web::{HttpResponse, delete, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -114,4 +114,41 @@ async fn get_workspace(
     Ok(web::Json(
         workspaces::get(&state.ctx, &auth, *id).await?.into(),
     ))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteWorkspaceQuery {
+    /// Must equal the workspace's name.
+    pub confirm_name: Option<String>,
+}
+
+#[utoipa::path(
+    tag = "workspaces",
+    security(("bearer" = ["workspaces:admin"])),
+    params(("id" = Uuid, Path, description = "Workspace id"), DeleteWorkspaceQuery),
+    responses(
+        (status = 202, description = "Deleted with its tasks and repositories; a durable job per task removes its worktrees", body = super::tasks::CleanupJobs),
+        (status = 400, description = "confirm_name does not match (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A task's cleanup is already in progress (`task_cleanup_in_progress`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[delete("/workspaces/{id}")]
+async fn delete_workspace(
+    auth: Authorized<WorkspacesAdmin>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    query: web::Query<DeleteWorkspaceQuery>,
+) -> Result<HttpResponse, Error> {
+    let jobs = crate::domain::cleanup::delete_workspace(
+        &state.ctx,
+        &auth,
+        *id,
+        query.confirm_name.as_deref(),
+    )
+    .await?;
+    Ok(HttpResponse::Accepted().json(super::tasks::CleanupJobs {
+        cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
+    }))
 }

@@ -213,8 +213,9 @@ async fn materialize_and_publish(
                 _ => Some(root.path().join(&owner.slug).to_string_lossy().into_owned()),
             };
             let published = publish(ctx, task, owner, e, rows, path).await;
-            if let Err(Error::TaskCleanupInProgress) = published {
-                // The barrier won: what this attempt created never became task state; remove it (I7).
+            if let Err(Error::TaskCleanupInProgress | Error::NotFound(_)) = published {
+                // A lifecycle operation won (its barrier stands, or the task is gone): what this attempt
+                // created never became task state, and nobody can adopt it; remove it (I7).
                 worktree::compensate(&ctx.git, &made).await;
             }
             // Otherwise (taken over, or the database failed) the worktrees stay for the next attempt to

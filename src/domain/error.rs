@@ -55,6 +55,9 @@ pub enum Error {
     WorkspaceReuseUnsafe(ReuseCategory),
     #[error("workspace reuse is unsupported: {0}")]
     WorkspaceReuseUnsupported(&'static str),
+    /// I11: worktrees hold changes and no consent was given; nothing changed.
+    #[error("the task's worktrees hold uncommitted or untracked changes")]
+    TaskDeleteDirtyWorktree(Vec<super::cleanup::DirtyRepository>),
     /// The agent command could not be started; the session is `failed` with the reason.
     #[error("the agent could not be started")]
     AgentStartFailed,

@@ -1,5 +1,6 @@
 //! The rules. Handlers call one function here; nothing here knows about HTTP.
 pub mod agents;
+pub mod cleanup;
 pub mod environments;
 pub mod error;
 pub mod events;
@@ -30,6 +31,9 @@ pub struct Ctx {
     pub events: Arc<crate::events::Hub>,
     /// The agent processes of this server.
     pub runtime: Arc<crate::runtime::Runtime>,
+    /// Wakes the cleanup workers when a job becomes due.
+    pub cleanup_wake: Arc<tokio::sync::Notify>,
+    pub cleanup_stats: Arc<crate::worker::cleanup::CleanupStats>,
 }
 
 impl Ctx {

@@ -111,4 +111,44 @@ impl GitCli {
         .await?;
         Ok(())
     }
+
+    /// `git worktree remove --force`: only with consent recorded in a cleanup job's snapshot (I11).
+    pub async fn worktree_remove_consented(
+        &self,
+        repo: &Path,
+        target: &ManagedPath,
+    ) -> Result<(), GitError> {
+        let target = target.as_path().to_string_lossy().into_owned();
+        self.run(
+            "worktree remove",
+            repo,
+            &["worktree", "remove", "--force", "--", &target],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// `git worktree prune`, scoped to one repository: forgets registrations whose directory is gone.
+    pub async fn worktree_prune(&self, repo: &Path) -> Result<(), GitError> {
+        self.run("worktree prune", repo, &["worktree", "prune"])
+            .await?;
+        Ok(())
+    }
+
+    /// How many files differ from HEAD or are untracked, without taking the index lock or writing it.
+    pub async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError> {
+        let out = self
+            .run(
+                "status",
+                worktree,
+                &[
+                    "--no-optional-locks",
+                    "status",
+                    "--porcelain",
+                    "--untracked-files=all",
+                ],
+            )
+            .await?;
+        Ok(out.lines().filter(|l| !l.trim().is_empty()).count())
+    }
 }

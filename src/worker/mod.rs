@@ -1,5 +1,6 @@
-//! Background work beside the API: periodic sweeps (event retention). Cleanup-job claiming arrives with
-//! the cleanup issue.
+//! Background work beside the API: cleanup-job workers (`cleanup`) and periodic sweeps (event retention,
+//! quick-chat expiry).
+pub mod cleanup;
 use std::time::Duration;
 
 use crate::domain::Ctx;

@@ -1,0 +1,172 @@
+//! HTTP for cleanup jobs: what operators watch, retry and cancel.
+use actix_web::{get, post, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_actix_web::service_config::ServiceConfig;
+use uuid::Uuid;
+
+use super::AppState;
+use super::extract::{Authorized, CleanupAdmin, CleanupRead};
+use super::problem::Problem;
+use crate::domain::cleanup::{self, JobFilter};
+use crate::domain::error::Error;
+use crate::entity::cleanup_job;
+
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(list_jobs)
+        .service(get_job)
+        .service(retry_job)
+        .service(cancel_job);
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CleanupJob {
+    pub id: Uuid,
+    pub operation_id: Uuid,
+    pub task_id: Uuid,
+    pub workspace_id: Uuid,
+    pub task_environment_id: Option<Uuid>,
+    /// `archive`, `delete`, `cascade_archive`, `cascade_delete`, `workspace_delete`, `quick_chat_expire`,
+    /// `environment_reset`.
+    pub trigger: String,
+    /// `prepared`, `pending`, `running`, `retry_wait`, `succeeded`, `failed`, `cancelled`.
+    pub state: String,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    /// What the job destroys, captured before the task changed.
+    pub resource_snapshot: serde_json::Value,
+    pub node_id: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+impl From<cleanup_job::Model> for CleanupJob {
+    fn from(j: cleanup_job::Model) -> Self {
+        CleanupJob {
+            id: j.id,
+            operation_id: j.operation_id,
+            task_id: j.task_id,
+            workspace_id: j.workspace_id,
+            task_environment_id: j.task_environment_id,
+            trigger: j.trigger,
+            state: j.state,
+            attempts: j.attempts,
+            max_attempts: j.max_attempts,
+            next_attempt_at: j.next_attempt_at,
+            last_error: j.last_error,
+            resource_snapshot: j.resource_snapshot,
+            node_id: j.node_id,
+            created_at: j.created_at,
+            updated_at: j.updated_at,
+            completed_at: j.completed_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CleanupJobList {
+    pub items: Vec<CleanupJob>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct JobQuery {
+    pub state: Option<String>,
+    pub task_id: Option<Uuid>,
+    pub trigger: Option<String>,
+    pub limit: Option<u64>,
+    pub cursor: Option<String>,
+}
+
+#[utoipa::path(
+    tag = "cleanup",
+    security(("bearer" = ["cleanup:read"])),
+    params(JobQuery),
+    responses((status = 200, description = "Cleanup jobs, newest first", body = CleanupJobList))
+)]
+#[get("/cleanup-jobs")]
+async fn list_jobs(
+    auth: Authorized<CleanupRead>,
+    state: web::Data<AppState>,
+    query: web::Query<JobQuery>,
+) -> Result<web::Json<CleanupJobList>, Error> {
+    let q = query.into_inner();
+    let page = crate::domain::pagination::PageRequest::parse(q.limit, q.cursor.as_deref())?;
+    let filter = JobFilter {
+        state: q.state,
+        task_id: q.task_id,
+        trigger: q.trigger,
+    };
+    let page = cleanup::list(&state.ctx, &auth, filter, page).await?;
+    Ok(web::Json(CleanupJobList {
+        items: page.items.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+#[utoipa::path(
+    tag = "cleanup",
+    security(("bearer" = ["cleanup:read"])),
+    params(("id" = Uuid, Path, description = "Cleanup job id")),
+    responses(
+        (status = 200, description = "The job", body = CleanupJob),
+        (status = 404, description = "No such job (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/cleanup-jobs/{id}")]
+async fn get_job(
+    auth: Authorized<CleanupRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<CleanupJob>, Error> {
+    Ok(web::Json(
+        cleanup::get(&state.ctx, &auth, *id).await?.into(),
+    ))
+}
+
+#[utoipa::path(
+    tag = "cleanup",
+    security(("bearer" = ["cleanup:admin"])),
+    params(("id" = Uuid, Path, description = "Cleanup job id")),
+    responses(
+        (status = 200, description = "A failed job, pending again with a fresh attempt budget", body = CleanupJob),
+        (status = 404, description = "No such job (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The job is not failed (`conflict`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/cleanup-jobs/{id}/retry")]
+async fn retry_job(
+    auth: Authorized<CleanupAdmin>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<CleanupJob>, Error> {
+    Ok(web::Json(
+        cleanup::retry(&state.ctx, &auth, *id).await?.into(),
+    ))
+}
+
+#[utoipa::path(
+    tag = "cleanup",
+    security(("bearer" = ["cleanup:admin"])),
+    params(("id" = Uuid, Path, description = "Cleanup job id")),
+    responses(
+        (status = 200, description = "Cancelled", body = CleanupJob),
+        (status = 404, description = "No such job (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Only a prepared, pending or retry_wait job can be cancelled (`conflict`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/cleanup-jobs/{id}/cancel")]
+async fn cancel_job(
+    auth: Authorized<CleanupAdmin>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<CleanupJob>, Error> {
+    Ok(web::Json(
+        cleanup::cancel(&state.ctx, &auth, *id).await?.into(),
+    ))
+}

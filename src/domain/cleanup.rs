@@ -1,0 +1,1037 @@
+//! Task lifecycle cleanup (seed 001, I5-I13): the only owners of physical cleanup are task archive,
+//! delete (and cascades), workspace delete, quick-chat expiry and environment reset. Each writes a durable
+//! job `prepared` with a complete snapshot found through the task (never through sessions) before its
+//! mutation, and activates it (`pending`) only once the mutation committed. The worker (`worker::cleanup`)
+//! destroys what the snapshot names, re-checking sharing at that moment.
+use std::collections::{BTreeMap, HashSet};
+
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Ctx;
+use super::environments::{self, ensure_no_cleanup, lock_task};
+use super::error::{Error, Result};
+use super::pagination::{Page, PageRequest};
+use crate::auth::Principal;
+use crate::entity::cleanup_job as job;
+use crate::entity::task::{self, WorkspaceMode};
+use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
+use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
+use crate::entity::task_session::{self as session, SessionState};
+use crate::entity::{repository, task_repository, workspace};
+use crate::events::{self, Subject};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    Archive,
+    Delete,
+    CascadeArchive,
+    CascadeDelete,
+    WorkspaceDelete,
+    QuickChatExpire,
+    EnvironmentReset,
+}
+
+impl Trigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Archive => "archive",
+            Trigger::Delete => "delete",
+            Trigger::CascadeArchive => "cascade_archive",
+            Trigger::CascadeDelete => "cascade_delete",
+            Trigger::WorkspaceDelete => "workspace_delete",
+            Trigger::QuickChatExpire => "quick_chat_expire",
+            Trigger::EnvironmentReset => "environment_reset",
+        }
+    }
+}
+
+/// What a job destroys, captured before the mutation (I6). Survives the task row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub task_id: Uuid,
+    pub workspace_id: Uuid,
+    /// The environment the task owns, if it owns one with anything on disk.
+    pub environment: Option<EnvironmentSnapshot>,
+    /// Sessions whose agents are stopped before anything is touched.
+    pub sessions: Vec<Uuid>,
+    /// I11: consent to remove worktrees with uncommitted or untracked changes.
+    pub discard_worktree_changes: bool,
+    /// Branches are kept (unarchive re-materializes from them).
+    pub keep_branches: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EnvironmentSnapshot {
+    pub id: Uuid,
+    pub task_root: String,
+    pub worktrees: Vec<WorktreeSnapshot>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorktreeSnapshot {
+    pub repository_id: Uuid,
+    pub repository_path: String,
+    pub common_git_dir: String,
+    pub worktree_path: String,
+    pub worktree_id: Option<String>,
+    pub branch: Option<String>,
+}
+
+/// A repository whose worktree holds changes (for `task_delete_dirty_worktree`; no paths).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct DirtyRepository {
+    pub repository_id: Uuid,
+    pub dirty_file_count: usize,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct BranchRecovery {
+    pub repository_id: Uuid,
+    /// `local` when the task's branch still exists in the repository, else `missing`.
+    pub branch_status: String,
+}
+
+/// The environment a task owns (not one it inherits), with its active worktrees.
+async fn owned_environment<C: ConnectionTrait>(
+    conn: &C,
+    ctx: &Ctx,
+    t: &task::Model,
+) -> Result<Option<(env::Model, EnvironmentSnapshot)>> {
+    if t.workspace_mode == WorkspaceMode::InheritParent {
+        return Ok(None);
+    }
+    let Some(e) = environments::current(conn, t.id).await? else {
+        return Ok(None);
+    };
+    if e.executor_type == ExecutorType::Local {
+        return Ok(Some((
+            e.clone(),
+            EnvironmentSnapshot {
+                id: e.id,
+                task_root: String::new(),
+                worktrees: Vec::new(),
+            },
+        )));
+    }
+    let rows = env_repo::Entity::find()
+        .filter(env_repo::Column::TaskEnvironmentId.eq(e.id))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .all(conn)
+        .await?;
+    let repos: BTreeMap<Uuid, repository::Model> = repository::Entity::find()
+        .filter(repository::Column::Id.is_in(rows.iter().map(|r| r.repository_id)))
+        .all(conn)
+        .await?
+        .into_iter()
+        .map(|r| (r.id, r))
+        .collect();
+    let worktrees = rows
+        .into_iter()
+        .filter_map(|r| {
+            let repo = repos.get(&r.repository_id)?;
+            Some(WorktreeSnapshot {
+                repository_id: r.repository_id,
+                repository_path: repo.path.clone(),
+                common_git_dir: repo.common_git_dir.clone(),
+                worktree_path: r.worktree_path?,
+                worktree_id: r.worktree_id,
+                branch: r.worktree_branch,
+            })
+        })
+        .collect();
+    let task_root = ctx
+        .config
+        .worktree_root
+        .join(&t.slug)
+        .to_string_lossy()
+        .into_owned();
+    Ok(Some((
+        e.clone(),
+        EnvironmentSnapshot {
+            id: e.id,
+            task_root,
+            worktrees,
+        },
+    )))
+}
+
+/// Writes the `prepared` barrier job for a task (I6); the caller holds the task's lock.
+async fn prepare(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    t: &task::Model,
+    trigger: Trigger,
+    consent: bool,
+    with_env: bool,
+) -> Result<job::Model> {
+    ensure_no_cleanup(txn, &[t.id]).await?;
+    let owned = if with_env {
+        owned_environment(txn, ctx, t).await?
+    } else {
+        None
+    };
+    let sessions: Vec<Uuid> = session::Entity::find()
+        .select_only()
+        .column(session::Column::Id)
+        .filter(session::Column::TaskId.eq(t.id))
+        .into_tuple()
+        .all(txn)
+        .await?;
+    let snapshot = Snapshot {
+        task_id: t.id,
+        workspace_id: t.workspace_id,
+        environment: owned.as_ref().map(|(_, s)| s.clone()),
+        sessions,
+        discard_worktree_changes: consent,
+        keep_branches: true,
+    };
+    let now = super::now();
+    let model = job::Model {
+        id: Uuid::now_v7(),
+        operation_id: Uuid::now_v7(),
+        task_id: t.id,
+        workspace_id: t.workspace_id,
+        task_environment_id: owned.as_ref().map(|(e, _)| e.id),
+        trigger: trigger.as_str().into(),
+        state: "prepared".into(),
+        attempts: 0,
+        max_attempts: ctx.config.cleanup_max_attempts as i32,
+        next_attempt_at: None,
+        last_error: None,
+        resource_snapshot: serde_json::to_value(&snapshot)
+            .map_err(|e| Error::Internal(e.into()))?,
+        node_id: owned
+            .as_ref()
+            .map(|(e, _)| e.node_id.clone())
+            .unwrap_or_else(|| ctx.config.node_id.clone()),
+        lease_owner: None,
+        lease_expires_at: None,
+        created_at: now,
+        updated_at: now,
+        completed_at: None,
+    };
+    let am: job::ActiveModel = model.clone().into();
+    job::Entity::insert(am).exec_without_returning(txn).await?;
+    job_event(txn, ctx, &model).await?;
+    Ok(model)
+}
+
+pub(crate) async fn job_event(txn: &DatabaseTransaction, ctx: &Ctx, j: &job::Model) -> Result<()> {
+    let subject = Subject {
+        task_environment_id: j.task_environment_id,
+        ..Subject::task(j.workspace_id, j.task_id)
+    };
+    events::append(
+        txn,
+        ctx.instance_id,
+        "cleanup_job.updated",
+        subject,
+        json!({ "cleanup_job_id": j.id, "state": j.state, "trigger": j.trigger }),
+    )
+    .await?;
+    Ok(())
+}
+
+/// `prepared` → `pending` (the mutation committed) in the mutation's own transaction.
+async fn activate(txn: &DatabaseTransaction, ctx: &Ctx, jobs: &mut [job::Model]) -> Result<()> {
+    let now = super::now();
+    for j in jobs.iter_mut() {
+        job::Entity::update(job::ActiveModel {
+            id: Set(j.id),
+            state: Set("pending".into()),
+            next_attempt_at: Set(Some(now)),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(txn)
+        .await?;
+        j.state = "pending".into();
+        j.next_attempt_at = Some(now);
+        job_event(txn, ctx, j).await?;
+    }
+    Ok(())
+}
+
+/// The mutation did not commit: its prepared jobs are cancelled (I6).
+async fn cancel_prepared(ctx: &Ctx, jobs: &[job::Model]) {
+    for j in jobs {
+        let r = job::Entity::update_many()
+            .col_expr(
+                job::Column::State,
+                sea_orm::sea_query::Expr::value("cancelled"),
+            )
+            .col_expr(
+                job::Column::UpdatedAt,
+                sea_orm::sea_query::Expr::value(super::now()),
+            )
+            .filter(job::Column::Id.eq(j.id))
+            .filter(job::Column::State.eq("prepared"))
+            .exec(&ctx.db.conn)
+            .await;
+        if let Err(e) = r {
+            tracing::warn!(job = %j.id, error = %e, "could not cancel a prepared job; reconciliation will settle it");
+        }
+    }
+}
+
+/// The task and, with `cascade`, its live descendants (children before parents).
+async fn subtree<C: ConnectionTrait>(
+    conn: &C,
+    root: &task::Model,
+    cascade: bool,
+    include_archived: bool,
+) -> Result<Vec<task::Model>> {
+    let mut out = vec![root.clone()];
+    if cascade {
+        let mut frontier = vec![root.id];
+        while let Some(id) = frontier.pop() {
+            let mut q = task::Entity::find().filter(task::Column::ParentTaskId.eq(id));
+            if !include_archived {
+                q = q.filter(task::Column::ArchivedAt.is_null());
+            }
+            for child in q.all(conn).await? {
+                frontier.push(child.id);
+                out.push(child);
+            }
+        }
+    }
+    out.reverse();
+    Ok(out)
+}
+
+/// Stops the live agents of these sessions (before anything is touched, I8).
+async fn stop_agents(ctx: &Ctx, sessions: impl IntoIterator<Item = Uuid>) {
+    for id in sessions {
+        ctx.runtime.stop(id).await;
+    }
+}
+
+pub async fn archive(
+    ctx: &Ctx,
+    p: &Principal,
+    task_id: Uuid,
+    cascade: bool,
+) -> Result<(super::tasks::TaskView, Vec<job::Model>)> {
+    p.require_unbound()?;
+    let root = super::tasks::readable(&ctx.db.conn, p, task_id).await?;
+    if root.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    let tasks = subtree(&ctx.db.conn, &root, cascade, false).await?;
+    // 1. The barrier: prepared jobs with complete snapshots, serialized with creation on each task.
+    let txn = ctx.db.begin_write().await?;
+    let mut jobs = Vec::new();
+    for t in &tasks {
+        let t = lock_task(&txn, t.id).await?;
+        let trigger = if t.id == root.id {
+            Trigger::Archive
+        } else {
+            Trigger::CascadeArchive
+        };
+        jobs.push(prepare(&txn, ctx, &t, trigger, false, true).await?);
+    }
+    ctx.commit(txn).await?;
+    // 2. Stop the agents, then the mutation, which activates the jobs.
+    let sessions: Vec<Uuid> = jobs
+        .iter()
+        .flat_map(|j| snapshot_of(j).map(|s| s.sessions).unwrap_or_default())
+        .collect();
+    stop_agents(ctx, sessions).await;
+    let result: Result<()> = async {
+        let txn = ctx.db.begin_write().await?;
+        let now = super::now();
+        for t in &tasks {
+            task::Entity::update(task::ActiveModel {
+                id: Set(t.id),
+                archived_at: Set(Some(now)),
+                updated_at: Set(now),
+                ..Default::default()
+            })
+            .exec(&txn)
+            .await?;
+            cancel_sessions(&txn, ctx, t).await?;
+            events::append(
+                &txn,
+                ctx.instance_id,
+                "task.archived",
+                Subject::task(t.workspace_id, t.id),
+                json!({ "cascade": cascade }),
+            )
+            .await?;
+        }
+        activate(&txn, ctx, &mut jobs).await?;
+        ctx.commit(txn).await
+    }
+    .await;
+    if let Err(e) = result {
+        cancel_prepared(ctx, &jobs).await;
+        return Err(e);
+    }
+    ctx.cleanup_wake.notify_waiters();
+    Ok((super::tasks::get(ctx, p, task_id).await?, jobs))
+}
+
+async fn cancel_sessions(txn: &DatabaseTransaction, ctx: &Ctx, t: &task::Model) -> Result<()> {
+    let live = session::Entity::find()
+        .filter(session::Column::TaskId.eq(t.id))
+        .filter(session::Column::State.is_not_in([
+            SessionState::Stopped,
+            SessionState::Failed,
+            SessionState::Cancelled,
+        ]))
+        .all(txn)
+        .await?;
+    let now = super::now();
+    for s in live {
+        session::Entity::update(session::ActiveModel {
+            id: Set(s.id),
+            state: Set(SessionState::Cancelled),
+            desired_open: Set(false),
+            ended_at: Set(Some(now)),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(txn)
+        .await?;
+        let subject = Subject {
+            session_id: Some(s.id),
+            task_environment_id: s.task_environment_id,
+            ..Subject::task(t.workspace_id, t.id)
+        };
+        events::append(
+            txn,
+            ctx.instance_id,
+            "session.state_changed",
+            subject,
+            json!({ "state": SessionState::Cancelled }),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// I11: the worktrees of these tasks that hold changes, found before anything changes.
+async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model]) -> Result<Vec<DirtyRepository>> {
+    let mut dirty = Vec::new();
+    for t in tasks {
+        let Some((_, snap)) = owned_environment(&ctx.db.conn, ctx, t).await? else {
+            continue;
+        };
+        for w in snap.worktrees {
+            let path = std::path::Path::new(&w.worktree_path);
+            if !path.is_dir() {
+                continue;
+            }
+            match ctx.git.dirty_file_count(path).await {
+                Ok(0) => {}
+                Ok(n) => dirty.push(DirtyRepository {
+                    repository_id: w.repository_id,
+                    dirty_file_count: n,
+                }),
+                // Unknown is not clean: without consent, refuse rather than risk it.
+                Err(_) => dirty.push(DirtyRepository {
+                    repository_id: w.repository_id,
+                    dirty_file_count: 0,
+                }),
+            }
+        }
+    }
+    Ok(dirty)
+}
+
+pub async fn delete(
+    ctx: &Ctx,
+    p: &Principal,
+    task_id: Uuid,
+    cascade: bool,
+    discard: bool,
+) -> Result<Vec<job::Model>> {
+    p.require_unbound()?;
+    let root = super::tasks::readable(&ctx.db.conn, p, task_id).await?;
+    let tasks = subtree(&ctx.db.conn, &root, cascade, true).await?;
+    if !discard {
+        let dirty = dirty_worktrees(ctx, &tasks).await?;
+        if !dirty.is_empty() {
+            return Err(Error::TaskDeleteDirtyWorktree(dirty));
+        }
+    }
+    let trigger = |t: &task::Model| {
+        if t.id == root.id {
+            Trigger::Delete
+        } else {
+            Trigger::CascadeDelete
+        }
+    };
+    delete_tasks(ctx, &tasks, trigger, discard).await
+}
+
+/// The shared delete path (task delete, cascade, quick-chat expiry): barrier, stop, transfer, delete.
+pub(crate) async fn delete_tasks(
+    ctx: &Ctx,
+    tasks: &[task::Model],
+    trigger: impl Fn(&task::Model) -> Trigger,
+    discard: bool,
+) -> Result<Vec<job::Model>> {
+    let doomed: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
+    let txn = ctx.db.begin_write().await?;
+    let mut jobs = Vec::new();
+    for t in tasks {
+        let t = lock_task(&txn, t.id).await?;
+        jobs.push(prepare(&txn, ctx, &t, trigger(&t), discard, true).await?);
+    }
+    ctx.commit(txn).await?;
+    let sessions: Vec<Uuid> = jobs
+        .iter()
+        .flat_map(|j| snapshot_of(j).map(|s| s.sessions).unwrap_or_default())
+        .collect();
+    stop_agents(ctx, sessions).await;
+    let result: Result<()> = async {
+        let txn = ctx.db.begin_write().await?;
+        for (t, j) in tasks.iter().zip(jobs.iter_mut()) {
+            // I8: an environment that a surviving inherit_parent subtask uses is transferred, not destroyed.
+            if let Some(env_id) = j.task_environment_id
+                && let Some(heir) = heir_of(&txn, t, &doomed).await?
+            {
+                transfer(&txn, ctx, t, env_id, &heir).await?;
+                let mut snap = snapshot_of(j)?;
+                snap.environment = None;
+                j.resource_snapshot =
+                    serde_json::to_value(&snap).map_err(|e| Error::Internal(e.into()))?;
+                job::Entity::update(job::ActiveModel {
+                    id: Set(j.id),
+                    resource_snapshot: Set(j.resource_snapshot.clone()),
+                    ..Default::default()
+                })
+                .exec(&txn)
+                .await?;
+            }
+            task::Entity::delete_by_id(t.id).exec(&txn).await?;
+            events::append(
+                &txn,
+                ctx.instance_id,
+                "task.deleted",
+                Subject::task(t.workspace_id, t.id),
+                json!({ "trigger": j.trigger }),
+            )
+            .await?;
+        }
+        activate(&txn, ctx, &mut jobs).await?;
+        ctx.commit(txn).await
+    }
+    .await;
+    if let Err(e) = result {
+        cancel_prepared(ctx, &jobs).await;
+        return Err(e);
+    }
+    ctx.cleanup_wake.notify_waiters();
+    Ok(jobs)
+}
+
+/// A live subtask (not being deleted) that inherits this task's workspace.
+async fn heir_of(
+    txn: &DatabaseTransaction,
+    t: &task::Model,
+    doomed: &HashSet<Uuid>,
+) -> Result<Option<task::Model>> {
+    let children = task::Entity::find()
+        .filter(task::Column::ParentTaskId.eq(t.id))
+        .filter(task::Column::WorkspaceMode.eq(WorkspaceMode::InheritParent))
+        .filter(task::Column::ArchivedAt.is_null())
+        .order_by_asc(task::Column::Id)
+        .all(txn)
+        .await?;
+    Ok(children.into_iter().find(|c| !doomed.contains(&c.id)))
+}
+
+/// Hands a deleted task's environment to its heir: the heir owns it from now on, and its siblings that
+/// inherited through the deleted task inherit through the heir.
+async fn transfer(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    from: &task::Model,
+    env_id: Uuid,
+    heir: &task::Model,
+) -> Result<()> {
+    let now = super::now();
+    let e = env::Entity::find_by_id(env_id)
+        .one(txn)
+        .await?
+        .ok_or(Error::NotFound("environment"))?;
+    env::Entity::update(env::ActiveModel {
+        id: Set(env_id),
+        task_id: Set(heir.id),
+        ownership_generation: Set(e.ownership_generation + 1),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    task::Entity::update(task::ActiveModel {
+        id: Set(heir.id),
+        workspace_mode: Set(WorkspaceMode::NewWorkspace),
+        parent_task_id: Set(None),
+        slug: Set(from.slug.clone()),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    task::Entity::update_many()
+        .col_expr(
+            task::Column::ParentTaskId,
+            sea_orm::sea_query::Expr::value(Some(heir.id)),
+        )
+        .filter(task::Column::ParentTaskId.eq(from.id))
+        .filter(task::Column::Id.ne(heir.id))
+        .exec(txn)
+        .await?;
+    let subject = Subject {
+        task_environment_id: Some(env_id),
+        ..Subject::task(heir.workspace_id, heir.id)
+    };
+    events::append(txn, ctx.instance_id, "task.updated", subject, json!({ "changed": { "workspace_mode": "new_workspace" }, "environment_transferred_from": from.id }))
+        .await?;
+    Ok(())
+}
+
+pub async fn unarchive(
+    ctx: &Ctx,
+    p: &Principal,
+    task_id: Uuid,
+) -> Result<(super::tasks::TaskView, Vec<Uuid>, Vec<BranchRecovery>)> {
+    p.require_unbound()?;
+    let t = super::tasks::readable(&ctx.db.conn, p, task_id).await?;
+    if t.archived_at.is_none() {
+        return Err(Error::Conflict("the task is not archived".into()));
+    }
+    let mut cancelled = Vec::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let txn = ctx.db.begin_write().await?;
+        lock_task(&txn, task_id).await?;
+        let jobs = job::Entity::find()
+            .filter(job::Column::TaskId.eq(task_id))
+            .filter(job::Column::Trigger.is_in(["archive", "cascade_archive"]))
+            .filter(job::Column::State.is_in(["prepared", "pending", "retry_wait", "running"]))
+            .all(&txn)
+            .await?;
+        let mut running = false;
+        for j in jobs {
+            if j.state == "running" {
+                running = true;
+                continue;
+            }
+            let now = super::now();
+            job::Entity::update(job::ActiveModel {
+                id: Set(j.id),
+                state: Set("cancelled".into()),
+                updated_at: Set(now),
+                completed_at: Set(Some(now)),
+                ..Default::default()
+            })
+            .exec(&txn)
+            .await?;
+            job_event(
+                &txn,
+                ctx,
+                &job::Model {
+                    state: "cancelled".into(),
+                    ..j.clone()
+                },
+            )
+            .await?;
+            cancelled.push(j.id);
+        }
+        if running {
+            // I10: wait for the in-flight one to finish before answering.
+            ctx.commit(txn).await?;
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::Conflict(
+                    "an archive cleanup is still running; retry shortly".into(),
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        }
+        let now = super::now();
+        task::Entity::update(task::ActiveModel {
+            id: Set(task_id),
+            archived_at: Set(None),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(&txn)
+        .await?;
+        events::append(
+            &txn,
+            ctx.instance_id,
+            "task.unarchived",
+            Subject::task(t.workspace_id, t.id),
+            json!({ "cancelled_cleanup_jobs": cancelled }),
+        )
+        .await?;
+        ctx.commit(txn).await?;
+        break;
+    }
+    let recovery = branch_recovery(ctx, &t).await?;
+    Ok((
+        super::tasks::get(ctx, p, task_id).await?,
+        cancelled,
+        recovery,
+    ))
+}
+
+/// I10: per repository, whether the task's branch still exists.
+async fn branch_recovery(ctx: &Ctx, t: &task::Model) -> Result<Vec<BranchRecovery>> {
+    let owner = environments::owner_of(&ctx.db.conn, t).await?;
+    let slots = task_repository::Entity::find()
+        .filter(task_repository::Column::TaskId.eq(owner.id))
+        .all(&ctx.db.conn)
+        .await?;
+    let mut out = Vec::new();
+    for slot in slots {
+        let Some(repo) = repository::Entity::find_by_id(slot.repository_id)
+            .one(&ctx.db.conn)
+            .await?
+        else {
+            continue;
+        };
+        let branch = slot
+            .branch
+            .clone()
+            .unwrap_or_else(|| format!("berth/{}", owner.slug));
+        let path = std::path::PathBuf::from(&repo.path);
+        let exists = tokio::task::spawn_blocking(move || {
+            crate::git::branch_exists(&path, &branch).unwrap_or(false)
+        })
+        .await
+        .unwrap_or(false);
+        out.push(BranchRecovery {
+            repository_id: slot.repository_id,
+            branch_status: if exists {
+                "local".into()
+            } else {
+                "missing".into()
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// Destroys the current environment's resources through a job, so the next session materializes afresh.
+pub async fn reset_environment(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Result<job::Model> {
+    p.require_unbound()?;
+    let t = super::tasks::readable(&ctx.db.conn, p, task_id).await?;
+    if t.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    let owner = environments::owner_of(&ctx.db.conn, &t).await?;
+    let txn = ctx.db.begin_write().await?;
+    let owner = lock_task(&txn, owner.id).await?;
+    let current = environments::current(&txn, owner.id)
+        .await?
+        .ok_or(Error::NotFound("environment"))?;
+    let users = session::Entity::find()
+        .filter(session::Column::TaskEnvironmentId.eq(current.id))
+        .all(&txn)
+        .await?;
+    if users
+        .iter()
+        .any(|s| s.state.is_busy() || ctx.runtime.is_live(s.id))
+    {
+        return Err(Error::SessionBusy);
+    }
+    let mut jobs = vec![prepare(&txn, ctx, &owner, Trigger::EnvironmentReset, false, true).await?];
+    ctx.commit(txn).await?;
+    let result: Result<()> = async {
+        let txn = ctx.db.begin_write().await?;
+        let now = super::now();
+        env::Entity::update(env::ActiveModel {
+            id: Set(current.id),
+            status: Set(EnvironmentStatus::Superseded),
+            superseded_at: Set(Some(now)),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(&txn)
+        .await?;
+        let subject = Subject {
+            task_environment_id: Some(current.id),
+            ..Subject::task(owner.workspace_id, owner.id)
+        };
+        events::append(
+            &txn,
+            ctx.instance_id,
+            "environment.reset",
+            subject,
+            json!({ "cleanup_job_id": jobs[0].id }),
+        )
+        .await?;
+        activate(&txn, ctx, &mut jobs).await?;
+        ctx.commit(txn).await
+    }
+    .await;
+    if let Err(e) = result {
+        cancel_prepared(ctx, &jobs).await;
+        return Err(e);
+    }
+    ctx.cleanup_wake.notify_waiters();
+    Ok(jobs.remove(0))
+}
+
+pub async fn delete_workspace(
+    ctx: &Ctx,
+    p: &Principal,
+    workspace_id: Uuid,
+    confirm_name: Option<&str>,
+) -> Result<Vec<job::Model>> {
+    p.require_unbound()?;
+    let ws = super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
+    if confirm_name != Some(ws.name.as_str()) {
+        return Err(Error::BadRequest(
+            "confirm_name must equal the workspace's name".into(),
+        ));
+    }
+    let tasks = task::Entity::find()
+        .filter(task::Column::WorkspaceId.eq(workspace_id))
+        .order_by_desc(task::Column::Id)
+        .all(&ctx.db.conn)
+        .await?;
+    let txn = ctx.db.begin_write().await?;
+    let mut jobs = Vec::new();
+    for t in &tasks {
+        let t = lock_task(&txn, t.id).await?;
+        jobs.push(prepare(&txn, ctx, &t, Trigger::WorkspaceDelete, false, true).await?);
+    }
+    workspace::Entity::update(workspace::ActiveModel {
+        id: Set(workspace_id),
+        status: Set("deleting".into()),
+        updated_at: Set(super::now()),
+        ..Default::default()
+    })
+    .exec(&txn)
+    .await?;
+    ctx.commit(txn).await?;
+    let sessions: Vec<Uuid> = jobs
+        .iter()
+        .flat_map(|j| snapshot_of(j).map(|s| s.sessions).unwrap_or_default())
+        .collect();
+    stop_agents(ctx, sessions).await;
+    let result: Result<()> = async {
+        let txn = ctx.db.begin_write().await?;
+        // Children of the cascade first: tasks (with their environments), then repositories, then the row.
+        task::Entity::delete_many()
+            .filter(task::Column::WorkspaceId.eq(workspace_id))
+            .exec(&txn)
+            .await?;
+        repository::Entity::delete_many()
+            .filter(repository::Column::WorkspaceId.eq(workspace_id))
+            .exec(&txn)
+            .await?;
+        workspace::Entity::delete_by_id(workspace_id)
+            .exec(&txn)
+            .await?;
+        events::append(
+            &txn,
+            ctx.instance_id,
+            "workspace.deleted",
+            Subject::workspace(workspace_id),
+            json!({ "tasks": tasks.len() }),
+        )
+        .await?;
+        activate(&txn, ctx, &mut jobs).await?;
+        ctx.commit(txn).await
+    }
+    .await;
+    if let Err(e) = result {
+        cancel_prepared(ctx, &jobs).await;
+        return Err(e);
+    }
+    ctx.cleanup_wake.notify_waiters();
+    Ok(jobs)
+}
+
+pub fn snapshot_of(j: &job::Model) -> Result<Snapshot> {
+    serde_json::from_value(j.resource_snapshot.clone()).map_err(|e| {
+        Error::Internal(anyhow::anyhow!(
+            "job {} has an unreadable snapshot: {e}",
+            j.id
+        ))
+    })
+}
+
+// ---- Operator views ----
+
+pub struct JobFilter {
+    pub state: Option<String>,
+    pub task_id: Option<Uuid>,
+    pub trigger: Option<String>,
+}
+
+pub async fn list(
+    ctx: &Ctx,
+    p: &Principal,
+    filter: JobFilter,
+    page: PageRequest,
+) -> Result<Page<job::Model>> {
+    p.require_unbound()?;
+    let mut q = job::Entity::find();
+    if let Some(ids) = p.workspace_filter() {
+        q = q.filter(job::Column::WorkspaceId.is_in(ids.iter().copied()));
+    }
+    if let Some(s) = filter.state {
+        q = q.filter(job::Column::State.eq(s));
+    }
+    if let Some(t) = filter.task_id {
+        q = q.filter(job::Column::TaskId.eq(t));
+    }
+    if let Some(t) = filter.trigger {
+        q = q.filter(job::Column::Trigger.eq(t));
+    }
+    if let Some(before) = page.before {
+        q = q.filter(job::Column::Id.lt(before));
+    }
+    let rows = q
+        .order_by_desc(job::Column::Id)
+        .limit(page.fetch())
+        .all(&ctx.db.conn)
+        .await?;
+    Ok(Page::from_rows(rows, &page, |j| j.id))
+}
+
+pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
+    p.require_unbound()?;
+    job::Entity::find_by_id(id)
+        .one(&ctx.db.conn)
+        .await?
+        .filter(|j| p.sees_workspace(j.workspace_id))
+        .ok_or(Error::NotFound("cleanup job"))
+}
+
+/// A `failed` job gets a fresh attempt budget.
+pub async fn retry(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
+    transition(ctx, p, id, &["failed"], "pending", true).await
+}
+
+/// Only a waiting job can be cancelled; a running one finishes its attempt.
+pub async fn cancel(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
+    transition(
+        ctx,
+        p,
+        id,
+        &["prepared", "pending", "retry_wait"],
+        "cancelled",
+        false,
+    )
+    .await
+}
+
+async fn transition(
+    ctx: &Ctx,
+    p: &Principal,
+    id: Uuid,
+    from: &[&str],
+    to: &str,
+    reset_attempts: bool,
+) -> Result<job::Model> {
+    let j = get(ctx, p, id).await?;
+    let txn = ctx.db.begin_write().await?;
+    let now = super::now();
+    let mut q = job::Entity::update_many()
+        .col_expr(job::Column::State, sea_orm::sea_query::Expr::value(to))
+        .col_expr(job::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
+        .filter(job::Column::Id.eq(id))
+        .filter(job::Column::State.is_in(from.iter().copied()));
+    if reset_attempts {
+        q = q
+            .col_expr(job::Column::Attempts, sea_orm::sea_query::Expr::value(0))
+            .col_expr(
+                job::Column::NextAttemptAt,
+                sea_orm::sea_query::Expr::value(Some(now)),
+            )
+            .col_expr(
+                job::Column::LeaseOwner,
+                sea_orm::sea_query::Expr::value(Option::<String>::None),
+            )
+            .col_expr(
+                job::Column::CompletedAt,
+                sea_orm::sea_query::Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
+            );
+    } else {
+        q = q.col_expr(
+            job::Column::CompletedAt,
+            sea_orm::sea_query::Expr::value(Some(now)),
+        );
+    }
+    if q.exec(&txn).await?.rows_affected == 0 {
+        return Err(Error::Conflict(format!(
+            "the job is {}; this needs {}",
+            j.state,
+            from.join(" or ")
+        )));
+    }
+    let updated = job::Entity::find_by_id(id)
+        .one(&txn)
+        .await?
+        .ok_or(Error::NotFound("cleanup job"))?;
+    job_event(&txn, ctx, &updated).await?;
+    ctx.commit(txn).await?;
+    ctx.cleanup_wake.notify_waiters();
+    Ok(updated)
+}
+
+/// I12: quick-chat tasks idle past their retention, with no live session, go through the ordinary delete
+/// path with trigger `quick_chat_expire`. Dirty worktrees are never discarded without consent: such a
+/// task is kept and logged.
+pub async fn expire_quick_chats(ctx: &Ctx) -> Result<usize> {
+    let cutoff = super::now()
+        - chrono::Duration::from_std(ctx.config.quick_chat_retention)
+            .unwrap_or(chrono::Duration::days(7));
+    let candidates = task::Entity::find()
+        .filter(task::Column::Kind.eq(crate::entity::task::TaskKind::QuickChat))
+        .filter(task::Column::ArchivedAt.is_null())
+        .filter(task::Column::LastActivityAt.lt(cutoff))
+        .all(&ctx.db.conn)
+        .await?;
+    let mut expired = 0;
+    for t in candidates {
+        let sessions = session::Entity::find()
+            .filter(session::Column::TaskId.eq(t.id))
+            .all(&ctx.db.conn)
+            .await?;
+        let newest = sessions.iter().map(|s| s.last_activity_at).max();
+        if newest.is_some_and(|n| n >= cutoff)
+            || sessions
+                .iter()
+                .any(|s| ctx.runtime.is_live(s.id) || s.state.is_busy())
+        {
+            continue;
+        }
+        if !dirty_worktrees(ctx, std::slice::from_ref(&t))
+            .await?
+            .is_empty()
+        {
+            tracing::warn!(task = %t.id, "an expired quick chat holds uncommitted work; keeping it");
+            continue;
+        }
+        match delete_tasks(
+            ctx,
+            std::slice::from_ref(&t),
+            |_| Trigger::QuickChatExpire,
+            false,
+        )
+        .await
+        {
+            Ok(_) => expired += 1,
+            Err(Error::TaskCleanupInProgress) => {}
+            Err(e) => tracing::warn!(task = %t.id, error = %e, "could not expire a quick chat"),
+        }
+    }
+    Ok(expired)
+}

@@ -1,0 +1,485 @@
+//! The cleanup worker (decision 3, I9): claims due jobs of this node in a short transaction (`FOR UPDATE
+//! SKIP LOCKED` on PostgreSQL, `BEGIN IMMEDIATE` on SQLite), runs them outside any transaction under a
+//! lease kept alive by a heartbeat, and records the result only while it still holds the lease. An
+//! expired lease is rescued by any worker of the node.
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sea_orm::sea_query::{Expr, LockBehavior, LockType};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+};
+use uuid::Uuid;
+
+use crate::domain::Ctx;
+use crate::domain::cleanup::{self, Snapshot, WorktreeSnapshot};
+use crate::entity::cleanup_job as job;
+use crate::entity::task::{self, WorkspaceMode};
+use crate::entity::task_environment::{self as env, EnvironmentStatus};
+use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
+use crate::entity::task_session::{self as session, SessionState};
+use crate::executor::ManagedRoot;
+
+/// Claim counters for /metrics.
+#[derive(Default)]
+pub struct CleanupStats {
+    pub claims: AtomicU64,
+    /// Sum of (claimed at − due at), in milliseconds.
+    pub claim_latency_ms: AtomicU64,
+}
+
+enum Outcome {
+    Done,
+    /// Worth another attempt later.
+    Retry(String),
+    /// Retrying cannot help (for example a dirty worktree without consent): fail now, touch nothing.
+    Terminal(String),
+}
+
+/// One worker, forever.
+pub async fn run(ctx: Ctx, index: usize) {
+    let owner = format!("{}/{}/{index}", ctx.config.node_id, ctx.instance_id);
+    loop {
+        if let Err(e) = reconcile_prepared(&ctx).await {
+            tracing::warn!(error = %e, "reconciling prepared cleanup jobs failed");
+        }
+        match claim(&ctx, &owner).await {
+            Ok(Some(j)) => process(&ctx, &owner, j).await,
+            Ok(None) => {
+                let _ = tokio::time::timeout(ctx.config.cleanup_poll, ctx.cleanup_wake.notified())
+                    .await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "claiming a cleanup job failed");
+                tokio::time::sleep(ctx.config.cleanup_poll).await;
+            }
+        }
+    }
+}
+
+/// Claims one due (or abandoned) job of this node: `running`, attempts + 1, our lease.
+pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>, sea_orm::DbErr> {
+    let now = crate::domain::now();
+    let txn = ctx.db.begin_write().await?;
+    let due = Condition::any()
+        .add(
+            Condition::all()
+                .add(job::Column::State.is_in(["pending", "retry_wait"]))
+                .add(job::Column::NextAttemptAt.lte(now)),
+        )
+        .add(
+            Condition::all()
+                .add(job::Column::State.eq("running"))
+                .add(job::Column::LeaseExpiresAt.lt(now)),
+        );
+    let found = job::Entity::find()
+        .filter(job::Column::NodeId.eq(ctx.config.node_id.clone()))
+        .filter(due)
+        .order_by_asc(job::Column::NextAttemptAt)
+        .limit(1)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+        .one(&txn)
+        .await?;
+    let Some(found) = found else {
+        txn.rollback().await?;
+        return Ok(None);
+    };
+    let lease = chrono::Duration::from_std(ctx.config.cleanup_lease)
+        .unwrap_or(chrono::Duration::minutes(5));
+    let claimed = job::Model {
+        state: "running".into(),
+        attempts: found.attempts + 1,
+        lease_owner: Some(owner.to_string()),
+        lease_expires_at: Some(now + lease),
+        updated_at: now,
+        ..found.clone()
+    };
+    job::Entity::update(job::ActiveModel {
+        id: Set(claimed.id),
+        state: Set(claimed.state.clone()),
+        attempts: Set(claimed.attempts),
+        lease_owner: Set(claimed.lease_owner.clone()),
+        lease_expires_at: Set(claimed.lease_expires_at),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(&txn)
+    .await?;
+    cleanup::job_event(&txn, ctx, &claimed)
+        .await
+        .map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
+    txn.commit().await?;
+    ctx.events.wake();
+    let due_at = found
+        .next_attempt_at
+        .or(found.lease_expires_at)
+        .unwrap_or(now);
+    ctx.cleanup_stats.claims.fetch_add(1, Ordering::Relaxed);
+    ctx.cleanup_stats.claim_latency_ms.fetch_add(
+        (now - due_at).num_milliseconds().max(0) as u64,
+        Ordering::Relaxed,
+    );
+    Ok(Some(claimed))
+}
+
+async fn process(ctx: &Ctx, owner: &str, j: job::Model) {
+    if ctx.config.cleanup_failpoint.as_deref() == Some("hang_after_claim") {
+        // A test failpoint: behave like a process that died holding the lease.
+        std::future::pending::<()>().await;
+    }
+    let heartbeat =
+        tokio::spawn(heartbeat(ctx.clone(), owner.to_string(), j.id, j.attempts)).abort_handle();
+    let outcome = execute(ctx, &j).await;
+    heartbeat.abort();
+    if let Err(e) = record(ctx, owner, &j, outcome).await {
+        tracing::warn!(job = %j.id, error = %e, "could not record a cleanup result; the lease will expire and the job run again");
+    }
+}
+
+async fn heartbeat(ctx: Ctx, owner: String, id: Uuid, attempts: i32) {
+    let every = (ctx.config.cleanup_lease / 3).max(Duration::from_millis(100));
+    let lease = chrono::Duration::from_std(ctx.config.cleanup_lease)
+        .unwrap_or(chrono::Duration::minutes(5));
+    loop {
+        tokio::time::sleep(every).await;
+        let res = job::Entity::update_many()
+            .col_expr(
+                job::Column::LeaseExpiresAt,
+                Expr::value(Some(crate::domain::now() + lease)),
+            )
+            .filter(job::Column::Id.eq(id))
+            .filter(job::Column::LeaseOwner.eq(owner.clone()))
+            .filter(job::Column::Attempts.eq(attempts))
+            .filter(job::Column::State.eq("running"))
+            .exec(&ctx.db.conn)
+            .await;
+        if !matches!(res, Ok(r) if r.rows_affected == 1) {
+            return;
+        }
+    }
+}
+
+/// Compare-and-set on owner and attempt: a worker whose lease was taken (or whose job was cancelled)
+/// records nothing.
+async fn record(
+    ctx: &Ctx,
+    owner: &str,
+    j: &job::Model,
+    outcome: Outcome,
+) -> Result<(), sea_orm::DbErr> {
+    let now = crate::domain::now();
+    let (state, error, next) = match outcome {
+        Outcome::Done => ("succeeded", None, None),
+        Outcome::Terminal(e) => ("failed", Some(e), None),
+        Outcome::Retry(e) if j.attempts >= j.max_attempts => ("failed", Some(e), None),
+        Outcome::Retry(e) => {
+            let delays = &ctx.config.cleanup_retry_delays;
+            let delay = delays[((j.attempts - 1).max(0) as usize).min(delays.len() - 1)];
+            (
+                "retry_wait",
+                Some(e),
+                Some(now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::hours(1))),
+            )
+        }
+    };
+    let txn = ctx.db.begin_write().await?;
+    let res = job::Entity::update_many()
+        .col_expr(job::Column::State, Expr::value(state))
+        .col_expr(job::Column::LastError, Expr::value(error.clone()))
+        .col_expr(job::Column::NextAttemptAt, Expr::value(next))
+        .col_expr(job::Column::LeaseOwner, Expr::value(Option::<String>::None))
+        .col_expr(
+            job::Column::LeaseExpiresAt,
+            Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
+        )
+        .col_expr(job::Column::UpdatedAt, Expr::value(now))
+        .col_expr(
+            job::Column::CompletedAt,
+            Expr::value(matches!(state, "succeeded" | "failed").then_some(now)),
+        )
+        .filter(job::Column::Id.eq(j.id))
+        .filter(job::Column::LeaseOwner.eq(owner))
+        .filter(job::Column::Attempts.eq(j.attempts))
+        .filter(job::Column::State.eq("running"))
+        .exec(&txn)
+        .await?;
+    if res.rows_affected == 1 {
+        let updated = job::Model {
+            state: state.into(),
+            last_error: error,
+            next_attempt_at: next,
+            ..j.clone()
+        };
+        cleanup::job_event(&txn, ctx, &updated)
+            .await
+            .map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
+    }
+    txn.commit().await?;
+    ctx.events.wake();
+    Ok(())
+}
+
+/// Runs a job from its snapshot (the task row may be gone).
+async fn execute(ctx: &Ctx, j: &job::Model) -> Outcome {
+    let snap: Snapshot = match cleanup::snapshot_of(j) {
+        Ok(s) => s,
+        Err(e) => return Outcome::Terminal(e.to_string()),
+    };
+    // I8: processes first.
+    for s in &snap.sessions {
+        ctx.runtime.stop(*s).await;
+    }
+    let Some(env_snap) = &snap.environment else {
+        return Outcome::Done;
+    };
+    match shared_elsewhere(ctx, &snap, env_snap.id).await {
+        Ok(true) => return Outcome::Done,
+        Ok(false) => {}
+        Err(e) => return Outcome::Retry(e.to_string()),
+    }
+    let root = ManagedRoot::new(ctx.config.worktree_root.clone());
+    for w in &env_snap.worktrees {
+        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes).await {
+            Outcome::Done => {}
+            other => return other,
+        }
+    }
+    if !env_snap.task_root.is_empty()
+        && let Ok(dir) = root.adopt(Path::new(&env_snap.task_root))
+    {
+        // Only if empty: berth never removes what the inventory does not name (I13).
+        let _ = std::fs::remove_dir(dir.as_path());
+    }
+    match retire_environment(ctx, &snap, env_snap.id).await {
+        Ok(()) => Outcome::Done,
+        Err(e) => Outcome::Retry(e.to_string()),
+    }
+}
+
+/// Re-checked at destruction time (I8): the environment was transferred to another task, or a live task
+/// still works in it.
+async fn shared_elsewhere(
+    ctx: &Ctx,
+    snap: &Snapshot,
+    env_id: Uuid,
+) -> Result<bool, sea_orm::DbErr> {
+    let Some(e) = env::Entity::find_by_id(env_id).one(&ctx.db.conn).await? else {
+        return Ok(false);
+    };
+    if e.task_id != snap.task_id {
+        return Ok(true);
+    }
+    let heirs = task::Entity::find()
+        .filter(task::Column::ParentTaskId.eq(snap.task_id))
+        .filter(task::Column::WorkspaceMode.eq(WorkspaceMode::InheritParent))
+        .filter(task::Column::ArchivedAt.is_null())
+        .all(&ctx.db.conn)
+        .await?;
+    if !heirs.is_empty() {
+        return Ok(true);
+    }
+    let borrowers = session::Entity::find()
+        .filter(session::Column::TaskEnvironmentId.eq(env_id))
+        .filter(session::Column::TaskId.ne(snap.task_id))
+        .filter(session::Column::State.is_not_in([
+            SessionState::Stopped,
+            SessionState::Failed,
+            SessionState::Cancelled,
+        ]))
+        .all(&ctx.db.conn)
+        .await?;
+    for b in borrowers {
+        if task::Entity::find_by_id(b.task_id)
+            .one(&ctx.db.conn)
+            .await?
+            .is_some_and(|t| t.archived_at.is_none())
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+async fn destroy_worktree(
+    ctx: &Ctx,
+    root: &ManagedRoot,
+    w: &WorktreeSnapshot,
+    consent: bool,
+) -> Outcome {
+    // I13: only inside the managed root, never through a symlink.
+    let target = match root.adopt(Path::new(&w.worktree_path)) {
+        Ok(t) => t,
+        Err(e) => {
+            return Outcome::Terminal(format!(
+                "refusing a worktree path outside the managed root: {e}"
+            ));
+        }
+    };
+    let repo = Path::new(&w.repository_path);
+    let meta = std::fs::symlink_metadata(target.as_path());
+    if meta.is_err() {
+        // Already gone counts as done; forget its registration if the repository is still there.
+        if repo.is_dir() {
+            let _ = ctx.git.worktree_prune(repo).await;
+        }
+        return Outcome::Done;
+    }
+    if meta.is_ok_and(|m| m.file_type().is_symlink()) {
+        return Outcome::Terminal("the worktree path is a symlink; not following it".into());
+    }
+    let dirty = match ctx.git.dirty_file_count(target.as_path()).await {
+        Ok(n) => n,
+        Err(e) => return Outcome::Retry(e.to_string()),
+    };
+    if dirty > 0 && !consent {
+        return Outcome::Terminal(format!(
+            "the worktree of repository {} has {dirty} changed files and removing them was not consented to",
+            w.repository_id
+        ));
+    }
+    let removed = if dirty > 0 {
+        ctx.git.worktree_remove_consented(repo, &target).await
+    } else {
+        ctx.git.worktree_remove(repo, &target).await
+    };
+    if let Err(e) = removed {
+        // Exit code 128 is not proof of anything: look.
+        if std::fs::symlink_metadata(target.as_path()).is_err() {
+            let _ = ctx.git.worktree_prune(repo).await;
+            return Outcome::Done;
+        }
+        return Outcome::Retry(e.to_string());
+    }
+    let _ = ctx.git.worktree_prune(repo).await;
+    Outcome::Done
+}
+
+/// After destruction: the inventory rows are `deleted` and the environment superseded, if it still
+/// belongs to the job's task.
+async fn retire_environment(
+    ctx: &Ctx,
+    snap: &Snapshot,
+    env_id: Uuid,
+) -> Result<(), sea_orm::DbErr> {
+    let now = crate::domain::now();
+    let txn = ctx.db.begin_write().await?;
+    let Some(e) = env::Entity::find_by_id(env_id).one(&txn).await? else {
+        txn.rollback().await?;
+        return Ok(());
+    };
+    if e.task_id != snap.task_id {
+        txn.rollback().await?;
+        return Ok(());
+    }
+    env_repo::Entity::update_many()
+        .col_expr(
+            env_repo::Column::Status,
+            Expr::value(EnvironmentRepoStatus::Deleted),
+        )
+        .col_expr(env_repo::Column::DeletedAt, Expr::value(Some(now)))
+        .col_expr(env_repo::Column::UpdatedAt, Expr::value(now))
+        .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .exec(&txn)
+        .await?;
+    if e.status != EnvironmentStatus::Superseded {
+        env::Entity::update(env::ActiveModel {
+            id: Set(env_id),
+            status: Set(EnvironmentStatus::Superseded),
+            superseded_at: Set(Some(now)),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(&txn)
+        .await?;
+        if let Some(t) = task::Entity::find_by_id(snap.task_id).one(&txn).await? {
+            let subject = crate::events::Subject {
+                task_environment_id: Some(env_id),
+                ..crate::events::Subject::task(t.workspace_id, t.id)
+            };
+            crate::events::append(
+                &txn,
+                ctx.instance_id,
+                "environment.superseded",
+                subject,
+                serde_json::json!({ "reason": "cleanup" }),
+            )
+            .await?;
+        }
+    }
+    txn.commit().await?;
+    ctx.events.wake();
+    Ok(())
+}
+
+/// I6: a `prepared` job whose operation crashed is activated if its mutation committed, else cancelled.
+pub async fn reconcile_prepared(ctx: &Ctx) -> Result<(), sea_orm::DbErr> {
+    let grace = chrono::Duration::from_std(ctx.config.cleanup_prepared_grace)
+        .unwrap_or(chrono::Duration::minutes(1));
+    let stale = job::Entity::find()
+        .filter(job::Column::State.eq("prepared"))
+        .filter(job::Column::CreatedAt.lt(crate::domain::now() - grace))
+        .all(&ctx.db.conn)
+        .await?;
+    for j in stale {
+        let task_row = task::Entity::find_by_id(j.task_id)
+            .one(&ctx.db.conn)
+            .await?;
+        let committed = match j.trigger.as_str() {
+            "archive" | "cascade_archive" => {
+                task_row.as_ref().is_some_and(|t| t.archived_at.is_some())
+            }
+            "environment_reset" => match j.task_environment_id {
+                Some(id) => env::Entity::find_by_id(id)
+                    .one(&ctx.db.conn)
+                    .await?
+                    .is_none_or(|e| e.status == EnvironmentStatus::Superseded),
+                None => true,
+            },
+            _ => task_row.is_none(),
+        };
+        let now = crate::domain::now();
+        let (state, next) = if committed {
+            ("pending", Some(now))
+        } else {
+            ("cancelled", None)
+        };
+        let txn = ctx.db.begin_write().await?;
+        let res = job::Entity::update_many()
+            .col_expr(job::Column::State, Expr::value(state))
+            .col_expr(job::Column::NextAttemptAt, Expr::value(next))
+            .col_expr(job::Column::UpdatedAt, Expr::value(now))
+            .filter(job::Column::Id.eq(j.id))
+            .filter(job::Column::State.eq("prepared"))
+            .exec(&txn)
+            .await?;
+        if res.rows_affected == 1 {
+            cleanup::job_event(
+                &txn,
+                ctx,
+                &job::Model {
+                    state: state.into(),
+                    ..j.clone()
+                },
+            )
+            .await
+            .map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
+            tracing::info!(job = %j.id, state, "reconciled a prepared cleanup job");
+        }
+        txn.commit().await?;
+    }
+    Ok(())
+}
+
+/// Starts the configured number of workers.
+pub fn start(ctx: &Ctx) -> Vec<tokio::task::AbortHandle> {
+    (0..ctx.config.cleanup_workers)
+        .map(|i| tokio::spawn(run(ctx.clone(), i)).abort_handle())
+        .collect()
+}
+
+pub fn stats() -> Arc<CleanupStats> {
+    Arc::new(CleanupStats::default())
+}
