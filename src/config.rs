@@ -169,8 +169,7 @@ impl Config {
     pub fn load(env: &dyn Env) -> Result<Config, ConfigError> {
         let file = match env.get("BERTH_CONFIG") {
             Some(path) => {
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| bad("BERTH_CONFIG", format!("{path}: {e}")))?;
+                let text = std::fs::read_to_string(&path).map_err(|e| bad("BERTH_CONFIG", format!("{path}: {e}")))?;
                 toml::from_str::<FileConfig>(&text)
                     .map_err(|e| bad("BERTH_CONFIG", format!("{path}: {}", e.message())))?
             }
@@ -180,9 +179,7 @@ impl Config {
         let pick = |var: &str, from_file: Option<String>| env.get(var).or(from_file);
 
         let bind = pick("BERTH_BIND", file.bind.clone()).unwrap_or_else(|| "127.0.0.1:8080".into());
-        let bind: SocketAddr = bind
-            .parse()
-            .map_err(|e| bad("BERTH_BIND", format!("{bind:?}: {e}")))?;
+        let bind: SocketAddr = bind.parse().map_err(|e| bad("BERTH_BIND", format!("{bind:?}: {e}")))?;
 
         let data_dir = env
             .get("BERTH_DATA_DIR")
@@ -203,9 +200,8 @@ impl Config {
             Some(url) => Some(url),
             None => pick("BERTH_DATABASE_URL", file.database_url.clone()),
         };
-        let database_url = database_url.unwrap_or_else(|| {
-            format!("sqlite://{}?mode=rwc", data_dir.join("berth.db").display())
-        });
+        let database_url =
+            database_url.unwrap_or_else(|| format!("sqlite://{}?mode=rwc", data_dir.join("berth.db").display()));
         if !(database_url.starts_with("sqlite:")
             || database_url.starts_with("postgres://")
             || database_url.starts_with("postgresql://"))
@@ -216,21 +212,11 @@ impl Config {
             ));
         }
 
-        let db_max_connections = parse_num(
-            env,
-            "BERTH_DB_MAX_CONNECTIONS",
-            file.db_max_connections,
-            10u32,
-        )?;
+        let db_max_connections = parse_num(env, "BERTH_DB_MAX_CONNECTIONS", file.db_max_connections, 10u32)?;
         if db_max_connections == 0 {
             return Err(bad("BERTH_DB_MAX_CONNECTIONS", "must be at least 1"));
         }
-        let max_body_bytes = parse_num(
-            env,
-            "BERTH_MAX_BODY_BYTES",
-            file.max_body_bytes,
-            256 * 1024usize,
-        )?;
+        let max_body_bytes = parse_num(env, "BERTH_MAX_BODY_BYTES", file.max_body_bytes, 256 * 1024usize)?;
         let lock_ms = parse_num(
             env,
             "BERTH_MIGRATION_LOCK_TIMEOUT_MS",
@@ -239,12 +225,7 @@ impl Config {
         )?;
 
         let git_timeout = parse_num(env, "BERTH_GIT_TIMEOUT_SECS", file.git_timeout_secs, 120u64)?;
-        let git_max_concurrent = parse_num(
-            env,
-            "BERTH_GIT_MAX_CONCURRENT",
-            file.git_max_concurrent,
-            4usize,
-        )?;
+        let git_max_concurrent = parse_num(env, "BERTH_GIT_MAX_CONCURRENT", file.git_max_concurrent, 4usize)?;
         if git_timeout == 0 || git_max_concurrent == 0 {
             return Err(bad(
                 if git_timeout == 0 {
@@ -255,12 +236,8 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        let materialize_lease_secs = parse_num(
-            env,
-            "BERTH_MATERIALIZE_LEASE_SECS",
-            file.materialize_lease_secs,
-            120u64,
-        )?;
+        let materialize_lease_secs =
+            parse_num(env, "BERTH_MATERIALIZE_LEASE_SECS", file.materialize_lease_secs, 120u64)?;
         if materialize_lease_secs == 0 {
             return Err(bad("BERTH_MATERIALIZE_LEASE_SECS", "must be at least 1"));
         }
@@ -278,30 +255,10 @@ impl Config {
             7 * 86400u64,
         )?;
         let event_poll_ms = parse_num(env, "BERTH_EVENT_POLL_MS", file.event_poll_ms, 1000u64)?;
-        let sse_keep_alive_secs = parse_num(
-            env,
-            "BERTH_SSE_KEEPALIVE_SECS",
-            file.sse_keep_alive_secs,
-            15u64,
-        )?;
-        let sweep_interval_ms = parse_num(
-            env,
-            "BERTH_SWEEP_INTERVAL_MS",
-            file.sweep_interval_ms,
-            60_000u64,
-        )?;
-        let agent_stop_grace_ms = parse_num(
-            env,
-            "BERTH_AGENT_STOP_GRACE_MS",
-            file.agent_stop_grace_ms,
-            5000u64,
-        )?;
-        let agent_term_grace_ms = parse_num(
-            env,
-            "BERTH_AGENT_TERM_GRACE_MS",
-            file.agent_term_grace_ms,
-            5000u64,
-        )?;
+        let sse_keep_alive_secs = parse_num(env, "BERTH_SSE_KEEPALIVE_SECS", file.sse_keep_alive_secs, 15u64)?;
+        let sweep_interval_ms = parse_num(env, "BERTH_SWEEP_INTERVAL_MS", file.sweep_interval_ms, 60_000u64)?;
+        let agent_stop_grace_ms = parse_num(env, "BERTH_AGENT_STOP_GRACE_MS", file.agent_stop_grace_ms, 5000u64)?;
+        let agent_term_grace_ms = parse_num(env, "BERTH_AGENT_TERM_GRACE_MS", file.agent_term_grace_ms, 5000u64)?;
         let delays = env
             .get("BERTH_CLEANUP_RETRY_DELAYS_SECS")
             .or(file.cleanup_retry_delays_secs.clone())
@@ -310,34 +267,14 @@ impl Config {
             .split(',')
             .map(|d| d.trim().parse::<f64>().map(Duration::from_secs_f64))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| {
-                bad(
-                    "BERTH_CLEANUP_RETRY_DELAYS_SECS",
-                    format!("{delays:?}: {e}"),
-                )
-            })?;
+            .map_err(|e| bad("BERTH_CLEANUP_RETRY_DELAYS_SECS", format!("{delays:?}: {e}")))?;
         if cleanup_retry_delays.is_empty() {
-            return Err(bad(
-                "BERTH_CLEANUP_RETRY_DELAYS_SECS",
-                "give at least one delay",
-            ));
+            return Err(bad("BERTH_CLEANUP_RETRY_DELAYS_SECS", "give at least one delay"));
         }
-        let cleanup_max_attempts = parse_num(
-            env,
-            "BERTH_CLEANUP_MAX_ATTEMPTS",
-            file.cleanup_max_attempts,
-            8u32,
-        )?;
-        let cleanup_workers =
-            parse_num(env, "BERTH_CLEANUP_WORKERS", file.cleanup_workers, 2usize)?;
-        let cleanup_poll_ms =
-            parse_num(env, "BERTH_CLEANUP_POLL_MS", file.cleanup_poll_ms, 5000u64)?;
-        let cleanup_lease_secs = parse_num(
-            env,
-            "BERTH_CLEANUP_LEASE_SECS",
-            file.cleanup_lease_secs,
-            300u64,
-        )?;
+        let cleanup_max_attempts = parse_num(env, "BERTH_CLEANUP_MAX_ATTEMPTS", file.cleanup_max_attempts, 8u32)?;
+        let cleanup_workers = parse_num(env, "BERTH_CLEANUP_WORKERS", file.cleanup_workers, 2usize)?;
+        let cleanup_poll_ms = parse_num(env, "BERTH_CLEANUP_POLL_MS", file.cleanup_poll_ms, 5000u64)?;
+        let cleanup_lease_secs = parse_num(env, "BERTH_CLEANUP_LEASE_SECS", file.cleanup_lease_secs, 300u64)?;
         let cleanup_prepared_grace_secs = parse_num(
             env,
             "BERTH_CLEANUP_PREPARED_GRACE_SECS",
@@ -371,10 +308,8 @@ impl Config {
             }
         }
         let jwt_key = load_jwt_key(env, &file, &data_dir)?;
-        let jwt_issuer =
-            pick("BERTH_JWT_ISSUER", file.jwt_issuer.clone()).unwrap_or_else(|| "berth".into());
-        let jwt_audience = pick("BERTH_JWT_AUDIENCE", file.jwt_audience.clone())
-            .unwrap_or_else(|| "berth-api".into());
+        let jwt_issuer = pick("BERTH_JWT_ISSUER", file.jwt_issuer.clone()).unwrap_or_else(|| "berth".into());
+        let jwt_audience = pick("BERTH_JWT_AUDIENCE", file.jwt_audience.clone()).unwrap_or_else(|| "berth-api".into());
 
         let worktree_root = env
             .get("BERTH_WORKTREE_ROOT")
@@ -384,18 +319,11 @@ impl Config {
         if !worktree_root.is_absolute() && worktree_root.components().count() == 0 {
             return Err(bad("BERTH_WORKTREE_ROOT", "must not be empty"));
         }
-        std::fs::create_dir_all(&worktree_root).map_err(|e| {
-            bad(
-                "BERTH_WORKTREE_ROOT",
-                format!("{}: {e}", worktree_root.display()),
-            )
-        })?;
-        let worktree_root = worktree_root.canonicalize().map_err(|e| {
-            bad(
-                "BERTH_WORKTREE_ROOT",
-                format!("{}: {e}", worktree_root.display()),
-            )
-        })?;
+        std::fs::create_dir_all(&worktree_root)
+            .map_err(|e| bad("BERTH_WORKTREE_ROOT", format!("{}: {e}", worktree_root.display())))?;
+        let worktree_root = worktree_root
+            .canonicalize()
+            .map_err(|e| bad("BERTH_WORKTREE_ROOT", format!("{}: {e}", worktree_root.display())))?;
 
         let repo_roots = match env.get("BERTH_REPO_ROOTS") {
             Some(list) => Some(
@@ -436,10 +364,7 @@ impl Config {
             None | Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
             Some(other) => {
-                return Err(bad(
-                    "BERTH_LOG_FORMAT",
-                    format!("{other:?} is not text or json"),
-                ));
+                return Err(bad("BERTH_LOG_FORMAT", format!("{other:?} is not text or json")));
             }
         };
 
@@ -495,10 +420,7 @@ where
     T::Err: std::fmt::Display,
 {
     match env.get(var) {
-        Some(v) => v
-            .trim()
-            .parse::<T>()
-            .map_err(|e| bad(var, format!("{v:?}: {e}"))),
+        Some(v) => v.trim().parse::<T>().map_err(|e| bad(var, format!("{v:?}: {e}"))),
         None => Ok(from_file.unwrap_or(default)),
     }
 }
@@ -509,12 +431,8 @@ fn load_jwt_key(env: &dyn Env, file: &FileConfig, data_dir: &Path) -> Result<Jwt
         .map(PathBuf::from)
         .or(file.jwt_public_key_file.clone())
     {
-        let pem = std::fs::read(&path).map_err(|e| {
-            bad(
-                "BERTH_JWT_PUBLIC_KEY_FILE",
-                format!("{}: {e}", path.display()),
-            )
-        })?;
+        let pem =
+            std::fs::read(&path).map_err(|e| bad("BERTH_JWT_PUBLIC_KEY_FILE", format!("{}: {e}", path.display())))?;
         return Ok(JwtKey::PublicKeyPem(pem));
     }
     if let Some(secret) = env.get("BERTH_JWT_SECRET").or(file.jwt_secret.clone()) {
@@ -525,8 +443,8 @@ fn load_jwt_key(env: &dyn Env, file: &FileConfig, data_dir: &Path) -> Result<Jwt
         .map(PathBuf::from)
         .or(file.jwt_secret_file.clone())
     {
-        let bytes = std::fs::read(&path)
-            .map_err(|e| bad("BERTH_JWT_SECRET_FILE", format!("{}: {e}", path.display())))?;
+        let bytes =
+            std::fs::read(&path).map_err(|e| bad("BERTH_JWT_SECRET_FILE", format!("{}: {e}", path.display())))?;
         return secret_key("BERTH_JWT_SECRET_FILE", trim_newline(bytes));
     }
     let (bytes, created) = read_or_create(&data_dir.join("jwt-secret"), || {
@@ -556,8 +474,7 @@ fn secret_from_file(env: &dyn Env, var: &str) -> Result<Option<String>, ConfigEr
         return Ok(None);
     };
     let bytes = std::fs::read(&path).map_err(|e| bad(var, format!("{path}: {e}")))?;
-    let text = String::from_utf8(trim_newline(bytes))
-        .map_err(|_| bad(var, format!("{path}: not UTF-8")))?;
+    let text = String::from_utf8(trim_newline(bytes)).map_err(|_| bad(var, format!("{path}: not UTF-8")))?;
     Ok(Some(text))
 }
 
@@ -621,10 +538,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn env(pairs: &[(&str, &str)], dir: &Path) -> BTreeMap<String, String> {
-        let mut m: BTreeMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let mut m: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         m.entry("BERTH_DATA_DIR".into())
             .or_insert_with(|| dir.display().to_string());
         m
@@ -642,27 +556,18 @@ mod tests {
         );
         assert_eq!(c.worktree_root, data.join("worktrees"));
         assert!(c.worktree_root.is_dir());
-        assert_eq!(
-            (c.jwt_issuer.as_str(), c.jwt_audience.as_str()),
-            ("berth", "berth-api")
-        );
+        assert_eq!((c.jwt_issuer.as_str(), c.jwt_audience.as_str()), ("berth", "berth-api"));
         assert_eq!(c.log_format, LogFormat::Text);
         assert!(c.repo_roots.is_none());
         let JwtKey::Secret { secret, generated } = &c.jwt_key else {
             panic!("expected a secret")
         };
         assert!(generated);
-        let mode = std::fs::metadata(data.join("jwt-secret"))
-            .unwrap()
-            .permissions()
-            .mode();
+        let mode = std::fs::metadata(data.join("jwt-secret")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "the secret is private");
         // A second start reads the same secret and node id.
         let again = Config::load(&env(&[], dir.path())).unwrap();
-        let JwtKey::Secret {
-            secret: secret2, ..
-        } = &again.jwt_key
-        else {
+        let JwtKey::Secret { secret: secret2, .. } = &again.jwt_key else {
             panic!()
         };
         assert_eq!(secret, secret2);
@@ -686,10 +591,7 @@ mod tests {
         for (var, value) in cases {
             let err = Config::load(&env(&[(var, value)], dir.path())).unwrap_err();
             assert_eq!(err.setting, var, "{err}");
-            assert!(
-                err.to_string().starts_with(&format!("invalid {var}: ")),
-                "{err}"
-            );
+            assert!(err.to_string().starts_with(&format!("invalid {var}: ")), "{err}");
             assert!(!err.to_string().contains('\n'), "one line: {err}");
         }
     }
@@ -729,11 +631,7 @@ mod tests {
         assert!(!generated);
         // Unknown keys in the file are refused, naming the file setting.
         std::fs::write(&file, "bnid = \"x\"\n").unwrap();
-        let err = Config::load(&env(
-            &[("BERTH_CONFIG", file.to_str().unwrap())],
-            dir.path(),
-        ))
-        .unwrap_err();
+        let err = Config::load(&env(&[("BERTH_CONFIG", file.to_str().unwrap())], dir.path())).unwrap_err();
         assert_eq!(err.setting, "BERTH_CONFIG");
         assert!(err.reason.contains("bnid"), "{err}");
     }

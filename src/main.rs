@@ -92,9 +92,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let bind = config.bind;
     let admin_token = match &config.jwt_key {
         // Only for the secret berth keeps itself (a laptop); an operator-supplied key prints nothing.
-        JwtKey::Secret {
-            generated: true, ..
-        } => Some(JwtVerifier::from_config(&config)?.mint(
+        JwtKey::Secret { generated: true, .. } => Some(JwtVerifier::from_config(&config)?.mint(
             "admin",
             &[Scope::Admin],
             None,
@@ -127,11 +125,7 @@ async fn migrate(config: Config) -> anyhow::Result<()> {
     match outcome {
         MigrateOutcome::UpToDate => println!("schema is up to date"),
         MigrateOutcome::Applied { versions, backup } => {
-            println!(
-                "applied {} migration(s): {}",
-                versions.len(),
-                versions.join(", ")
-            );
+            println!("applied {} migration(s): {}", versions.len(), versions.join(", "));
             if let Some(path) = backup {
                 println!("backup taken before migrating: {}", path.display());
             }
@@ -157,11 +151,7 @@ fn token(
         anyhow::bail!("--scope: give at least one scope");
     }
     let ttl = parse_ttl(ttl).map_err(|e| anyhow::anyhow!("--ttl: {e}"))?;
-    let workspaces = if workspaces.is_empty() {
-        None
-    } else {
-        Some(workspaces)
-    };
+    let workspaces = if workspaces.is_empty() { None } else { Some(workspaces) };
     let token = JwtVerifier::from_config(config)?.mint(sub, &scopes, workspaces, session, ttl)?;
     println!("{token}");
     Ok(())

@@ -24,9 +24,7 @@ impl Metrics {
     pub fn observe(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
         let secs = elapsed.as_secs_f64();
         let mut map = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        let series = map
-            .entry((method.to_string(), route.to_string(), status))
-            .or_default();
+        let series = map.entry((method.to_string(), route.to_string(), status)).or_default();
         series.count += 1;
         series.sum += secs;
         for (i, bound) in BUCKETS.iter().enumerate() {
@@ -39,9 +37,7 @@ impl Metrics {
     pub fn render(&self, pool_open: u32, pool_idle: u32, pool_max: u32) -> String {
         let mut out = String::new();
         let map = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        out.push_str(
-            "# HELP berth_http_requests_total HTTP requests by method, route and status.\n",
-        );
+        out.push_str("# HELP berth_http_requests_total HTTP requests by method, route and status.\n");
         out.push_str("# TYPE berth_http_requests_total counter\n");
         for ((method, route, status), s) in map.iter() {
             let _ = writeln!(
@@ -54,10 +50,7 @@ impl Metrics {
         out.push_str("# HELP berth_http_request_duration_seconds HTTP request latency.\n");
         out.push_str("# TYPE berth_http_request_duration_seconds histogram\n");
         for ((method, route, status), s) in map.iter() {
-            let labels = format!(
-                "method=\"{method}\",route=\"{}\",status=\"{status}\"",
-                escape(route)
-            );
+            let labels = format!("method=\"{method}\",route=\"{}\",status=\"{status}\"", escape(route));
             for (i, bound) in BUCKETS.iter().enumerate() {
                 let _ = writeln!(
                     out,
@@ -70,27 +63,13 @@ impl Metrics {
                 "berth_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
                 s.count
             );
-            let _ = writeln!(
-                out,
-                "berth_http_request_duration_seconds_sum{{{labels}}} {}",
-                s.sum
-            );
-            let _ = writeln!(
-                out,
-                "berth_http_request_duration_seconds_count{{{labels}}} {}",
-                s.count
-            );
+            let _ = writeln!(out, "berth_http_request_duration_seconds_sum{{{labels}}} {}", s.sum);
+            let _ = writeln!(out, "berth_http_request_duration_seconds_count{{{labels}}} {}", s.count);
         }
         out.push_str("# HELP berth_db_pool_connections Database pool connections by state.\n");
         out.push_str("# TYPE berth_db_pool_connections gauge\n");
-        let _ = writeln!(
-            out,
-            "berth_db_pool_connections{{state=\"open\"}} {pool_open}"
-        );
-        let _ = writeln!(
-            out,
-            "berth_db_pool_connections{{state=\"idle\"}} {pool_idle}"
-        );
+        let _ = writeln!(out, "berth_db_pool_connections{{state=\"open\"}} {pool_open}");
+        let _ = writeln!(out, "berth_db_pool_connections{{state=\"idle\"}} {pool_idle}");
         let _ = writeln!(
             out,
             "berth_db_pool_connections{{state=\"in_use\"}} {}",

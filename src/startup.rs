@@ -43,12 +43,11 @@ impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Application> {
         let (db, _) = open_database(&config).await?;
         let verifier = Arc::new(JwtVerifier::from_config(&config)?);
-        let listener = TcpListener::bind(config.bind)
-            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.bind))?;
+        let listener =
+            TcpListener::bind(config.bind).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.bind))?;
         let port = listener.local_addr()?.port();
         let max_body = config.max_body_bytes;
-        let (runtime, runtime_reports) =
-            crate::runtime::Runtime::new(config.agent_stop_grace, config.agent_term_grace);
+        let (runtime, runtime_reports) = crate::runtime::Runtime::new(config.agent_stop_grace, config.agent_term_grace);
         let state = api::data(AppState {
             ctx: Ctx {
                 db,
@@ -66,19 +65,12 @@ impl Application {
         let ctx = state.ctx.clone();
         ctx.events.start_at_current(&ctx.db.conn).await?;
         let mut background = vec![
-            tokio::spawn(
-                ctx.events
-                    .clone()
-                    .tail(ctx.db.conn.clone(), ctx.config.event_poll),
-            )
-            .abort_handle(),
-            tokio::spawn(crate::worker::sweep(ctx.clone(), ctx.config.sweep_interval))
-                .abort_handle(),
+            tokio::spawn(ctx.events.clone().tail(ctx.db.conn.clone(), ctx.config.event_poll)).abort_handle(),
+            tokio::spawn(crate::worker::sweep(ctx.clone(), ctx.config.sweep_interval)).abort_handle(),
         ];
-        background.push(
-            tokio::spawn(crate::domain::agents::consume(ctx.clone(), runtime_reports))
-                .abort_handle(),
-        );
+        background.push(tokio::spawn(crate::domain::agents::consume(ctx.clone(), runtime_reports)).abort_handle());
+        // I35: workers start only now, after the schema committed.
+        background.extend(crate::worker::cleanup::start(&ctx));
         // I29: sessions that were open are relaunched through admission before the server serves.
         let restored = crate::domain::agents::restore(&ctx)
             .await
@@ -94,11 +86,7 @@ impl Application {
         }
         if !ctx.db.is_sqlite() {
             background.push(
-                tokio::spawn(crate::events::listen_postgres(
-                    ctx.events.clone(),
-                    ctx.db.conn.clone(),
-                ))
-                .abort_handle(),
+                tokio::spawn(crate::events::listen_postgres(ctx.events.clone(), ctx.db.conn.clone())).abort_handle(),
             );
         }
         let app_state = state.clone();

@@ -7,11 +7,7 @@ use sea_orm_migration::sea_orm::{ConnectionTrait, Statement};
 pub struct Migration;
 
 fn id(name: &str) -> ColumnDef {
-    ColumnDef::new(Alias::new(name))
-        .uuid()
-        .not_null()
-        .primary_key()
-        .take()
+    ColumnDef::new(Alias::new(name)).uuid().not_null().primary_key().take()
 }
 fn uuid(name: &str) -> ColumnDef {
     ColumnDef::new(Alias::new(name)).uuid().not_null().take()
@@ -52,10 +48,7 @@ fn boolean(name: &str) -> ColumnDef {
         .take()
 }
 fn json(name: &str) -> ColumnDef {
-    ColumnDef::new(Alias::new(name))
-        .json_binary()
-        .not_null()
-        .take()
+    ColumnDef::new(Alias::new(name)).json_binary().not_null().take()
 }
 /// A text column restricted to the given values (a CHECK constraint on both backends).
 fn one_of(name: &str, values: &[&str]) -> ColumnDef {
@@ -65,12 +58,7 @@ fn one_of(name: &str, values: &[&str]) -> ColumnDef {
         .check(Expr::col(Alias::new(name)).is_in(values.iter().copied()))
         .take()
 }
-fn fk(
-    from_table: &str,
-    col: &str,
-    to_table: &str,
-    on_delete: ForeignKeyAction,
-) -> ForeignKeyCreateStatement {
+fn fk(from_table: &str, col: &str, to_table: &str, on_delete: ForeignKeyAction) -> ForeignKeyCreateStatement {
     ForeignKey::create()
         .name(format!("fk_{from_table}_{col}"))
         .from(Alias::new(from_table), Alias::new(col))
@@ -132,11 +120,7 @@ impl MigrationTrait for Migration {
                 .table(Alias::new("workspaces"))
                 .col(id("id"))
                 .col(text("name"))
-                .col(
-                    one_of("status", &["active", "deleting"])
-                        .default("active")
-                        .take(),
-                )
+                .col(one_of("status", &["active", "deleting"]).default("active").take())
                 .col(ts("created_at"))
                 .col(ts("updated_at"))
                 .take(),
@@ -151,12 +135,7 @@ impl MigrationTrait for Migration {
                 .col(ts("created_at"))
                 .col(ts("updated_at"))
                 .col(ts_null("deleted_at"))
-                .foreign_key(&mut fk(
-                    "repositories",
-                    "workspace_id",
-                    "workspaces",
-                    CASCADE,
-                ))
+                .foreign_key(&mut fk("repositories", "workspace_id", "workspaces", CASCADE))
                 .take(),
             Table::create()
                 .table(Alias::new("tasks"))
@@ -169,10 +148,7 @@ impl MigrationTrait for Migration {
                 .col(text("slug"))
                 .col(text("description").default("").take())
                 .col(one_of("kind", &["standard", "quick_chat"]))
-                .col(one_of(
-                    "workspace_mode",
-                    &["new_workspace", "inherit_parent"],
-                ))
+                .col(one_of("workspace_mode", &["new_workspace", "inherit_parent"]))
                 .col(ts_null("archived_at"))
                 .col(ts("last_activity_at"))
                 .col(ts("created_at"))
@@ -192,12 +168,7 @@ impl MigrationTrait for Migration {
                 .col(int("position", 0))
                 .col(ts("created_at"))
                 .foreign_key(&mut fk("task_repositories", "task_id", "tasks", CASCADE))
-                .foreign_key(&mut fk(
-                    "task_repositories",
-                    "repository_id",
-                    "repositories",
-                    RESTRICT,
-                ))
+                .foreign_key(&mut fk("task_repositories", "repository_id", "repositories", RESTRICT))
                 .take(),
             Table::create()
                 .table(Alias::new("task_environments"))
@@ -309,12 +280,7 @@ impl MigrationTrait for Migration {
                 .col(text("role"))
                 .col(json("content"))
                 .col(ts("created_at"))
-                .foreign_key(&mut fk(
-                    "session_messages",
-                    "session_id",
-                    "task_sessions",
-                    CASCADE,
-                ))
+                .foreign_key(&mut fk("session_messages", "session_id", "task_sessions", CASCADE))
                 .take(),
             // The durable handle of one live agent process (the execution id changes per process, I26).
             Table::create()
@@ -325,21 +291,13 @@ impl MigrationTrait for Migration {
                 .col(uuid("instance_id"))
                 .col(text("node_id"))
                 .col(ColumnDef::new(Alias::new("pid")).integer().null())
-                .col(one_of(
-                    "state",
-                    &["starting", "running", "exited", "failed"],
-                ))
+                .col(one_of("state", &["starting", "running", "exited", "failed"]))
                 .col(text("workspace_path"))
                 .col(ColumnDef::new(Alias::new("exit_code")).integer().null())
                 .col(ts("started_at"))
                 .col(ts_null("ended_at"))
                 .col(ts("updated_at"))
-                .foreign_key(&mut fk(
-                    "agent_executions",
-                    "session_id",
-                    "task_sessions",
-                    CASCADE,
-                ))
+                .foreign_key(&mut fk("agent_executions", "session_id", "task_sessions", CASCADE))
                 .foreign_key(&mut fk(
                     "agent_executions",
                     "task_environment_id",
@@ -435,12 +393,7 @@ impl MigrationTrait for Migration {
             // commit order on both backends and replay never sees a gap that later fills.
             Table::create()
                 .table(Alias::new("events"))
-                .col(
-                    ColumnDef::new(Alias::new("seq"))
-                        .big_integer()
-                        .not_null()
-                        .primary_key(),
-                )
+                .col(ColumnDef::new(Alias::new("seq")).big_integer().not_null().primary_key())
                 .col(uuid("instance_id"))
                 .col(text("type"))
                 .col(uuid_null("workspace_id"))
@@ -453,17 +406,8 @@ impl MigrationTrait for Migration {
                 .take(),
             Table::create()
                 .table(Alias::new("event_sequence"))
-                .col(
-                    ColumnDef::new(Alias::new("id"))
-                        .integer()
-                        .not_null()
-                        .primary_key(),
-                )
-                .col(
-                    ColumnDef::new(Alias::new("last_seq"))
-                        .big_integer()
-                        .not_null(),
-                )
+                .col(ColumnDef::new(Alias::new("id")).integer().not_null().primary_key())
+                .col(ColumnDef::new(Alias::new("last_seq")).big_integer().not_null())
                 .take(),
         ];
         for table in tables {
@@ -472,8 +416,7 @@ impl MigrationTrait for Migration {
         let db = manager.get_connection();
         let backend = db.get_database_backend();
         for sql in INDEXES {
-            db.execute_raw(Statement::from_string(backend, *sql))
-                .await?;
+            db.execute_raw(Statement::from_string(backend, *sql)).await?;
         }
         db.execute_raw(Statement::from_string(
             backend,

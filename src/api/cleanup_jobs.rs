@@ -124,9 +124,7 @@ async fn get_job(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<CleanupJob>, Error> {
-    Ok(web::Json(
-        cleanup::get(&state.ctx, &auth, *id).await?.into(),
-    ))
+    Ok(web::Json(cleanup::get(&state.ctx, &auth, *id).await?.into()))
 }
 
 #[utoipa::path(
@@ -145,9 +143,7 @@ async fn retry_job(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<CleanupJob>, Error> {
-    Ok(web::Json(
-        cleanup::retry(&state.ctx, &auth, *id).await?.into(),
-    ))
+    Ok(web::Json(cleanup::retry(&state.ctx, &auth, *id).await?.into()))
 }
 
 #[utoipa::path(
@@ -166,7 +162,5 @@ async fn cancel_job(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<CleanupJob>, Error> {
-    Ok(web::Json(
-        cleanup::cancel(&state.ctx, &auth, *id).await?.into(),
-    ))
+    Ok(web::Json(cleanup::cancel(&state.ctx, &auth, *id).await?.into()))
 }

@@ -100,9 +100,7 @@ async fn get_task_environment(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Environment>, Error> {
-    Ok(web::Json(
-        environments::of_task(&state.ctx, &auth, *id).await?.into(),
-    ))
+    Ok(web::Json(environments::of_task(&state.ctx, &auth, *id).await?.into()))
 }
 
 #[utoipa::path(
@@ -120,7 +118,5 @@ async fn get_environment(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Environment>, Error> {
-    Ok(web::Json(
-        environments::get(&state.ctx, &auth, *id).await?.into(),
-    ))
+    Ok(web::Json(environments::get(&state.ctx, &auth, *id).await?.into()))
 }

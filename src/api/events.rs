@@ -115,8 +115,7 @@ async fn replay_events(
     query: web::Query<ReplayQuery>,
 ) -> Result<web::Json<EventPage>, Error> {
     let after = domain_events::parse_cursor(query.after.as_deref())?;
-    let page =
-        domain_events::replay(&state.ctx, &auth, after, query.instance_id, query.limit).await?;
+    let page = domain_events::replay(&state.ctx, &auth, after, query.instance_id, query.limit).await?;
     Ok(web::Json(page.into()))
 }
 
@@ -155,19 +154,14 @@ async fn stream_events(
     };
     let instance_id = ctx.instance_id;
     let frames = stream::open(ctx.events.clone(), ctx.db.conn.clone(), request);
-    let body = futures_util::stream::once(async {
-        Ok::<_, actix_web::Error>(Bytes::from_static(b"retry: 3000\n\n"))
-    })
-    .chain(futures_util::stream::unfold(
-        frames,
-        move |mut frames| async move {
+    let body = futures_util::stream::once(async { Ok::<_, actix_web::Error>(Bytes::from_static(b"retry: 3000\n\n")) })
+        .chain(futures_util::stream::unfold(frames, move |mut frames| async move {
             let frame = frames.recv().await?;
             Some((
                 Ok::<_, actix_web::Error>(Bytes::from(encode(&frame, instance_id))),
                 frames,
             ))
-        },
-    ));
+        }));
     Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "text/event-stream"))
         .insert_header((header::CACHE_CONTROL, "no-cache"))

@@ -68,9 +68,7 @@ fn authenticate(req: &HttpRequest) -> Result<Principal, Error> {
     let header = req
         .headers()
         .get(AUTHORIZATION)
-        .ok_or(Error::Unauthenticated(
-            "an Authorization: Bearer token is required",
-        ))?;
+        .ok_or(Error::Unauthenticated("an Authorization: Bearer token is required"))?;
     let value = header
         .to_str()
         .map_err(|_| Error::Unauthenticated("malformed Authorization header"))?;
@@ -78,9 +76,7 @@ fn authenticate(req: &HttpRequest) -> Result<Principal, Error> {
         .split_once(' ')
         .ok_or(Error::Unauthenticated("malformed Authorization header"))?;
     if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
-        return Err(Error::Unauthenticated(
-            "the Authorization scheme must be Bearer",
-        ));
+        return Err(Error::Unauthenticated("the Authorization scheme must be Bearer"));
     }
     state.verifier.verify(token.trim())
 }

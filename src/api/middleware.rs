@@ -50,16 +50,10 @@ pub async fn request_id_and_metrics(
             .insert(HeaderName::from_static(REQUEST_ID_HEADER), value);
     }
     if let Some(state) = state {
-        let route = res
-            .request()
-            .match_pattern()
-            .unwrap_or_else(|| "unmatched".to_string());
-        state.metrics.observe(
-            method.as_str(),
-            &route,
-            res.status().as_u16(),
-            started.elapsed(),
-        );
+        let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_string());
+        state
+            .metrics
+            .observe(method.as_str(), &route, res.status().as_u16(), started.elapsed());
     }
     Ok(res)
 }
@@ -77,10 +71,7 @@ impl RootSpanBuilder for BerthRootSpan {
         tracing_actix_web::root_span!(request, request_id = %id)
     }
 
-    fn on_request_end<B: MessageBody>(
-        span: tracing::Span,
-        outcome: &Result<ServiceResponse<B>, Error>,
-    ) {
+    fn on_request_end<B: MessageBody>(span: tracing::Span, outcome: &Result<ServiceResponse<B>, Error>) {
         DefaultRootSpanBuilder::on_request_end(span, outcome);
     }
 }

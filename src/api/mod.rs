@@ -110,9 +110,7 @@ fn add_common_responses(openapi: &mut utoipa::openapi::OpenApi) {
                 ("403", "The token lacks the scope (`insufficient_scope`)"),
                 ("500", "Unexpected error (`internal`)"),
             ] {
-                responses
-                    .entry(code.to_string())
-                    .or_insert_with(|| problem(text));
+                responses.entry(code.to_string()).or_insert_with(|| problem(text));
             }
         }
     }

@@ -15,9 +15,7 @@ pub struct Health {
 #[utoipa::path(tag = "operations", responses((status = 200, description = "The process is up", body = Health)))]
 #[get("/healthz")]
 pub async fn healthz() -> web::Json<Health> {
-    web::Json(Health {
-        status: "ok".into(),
-    })
+    web::Json(Health { status: "ok".into() })
 }
 
 #[utoipa::path(
@@ -36,9 +34,7 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     if !migrate::is_current(db).await {
         return not_ready("migrations are not applied");
     }
-    HttpResponse::Ok().json(Health {
-        status: "ready".into(),
-    })
+    HttpResponse::Ok().json(Health { status: "ready".into() })
 }
 
 fn not_ready(detail: &str) -> HttpResponse {
@@ -61,13 +57,9 @@ fn not_ready(detail: &str) -> HttpResponse {
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let (open, idle) = state.ctx.db.pool_usage();
-    let mut body = state
-        .metrics
-        .render(open, idle, state.ctx.config.db_max_connections);
+    let mut body = state.metrics.render(open, idle, state.ctx.config.db_max_connections);
     body.push_str(&cleanup_metrics(&state).await);
-    HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(body)
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(body)
 }
 
 /// Cleanup jobs by state, and how long due jobs waited to be claimed.
@@ -83,14 +75,9 @@ async fn cleanup_metrics(state: &AppState) -> String {
         ))
         .await
         .unwrap_or_default();
-    let mut out = String::from(
-        "# HELP berth_cleanup_jobs Cleanup jobs by state.\n# TYPE berth_cleanup_jobs gauge\n",
-    );
+    let mut out = String::from("# HELP berth_cleanup_jobs Cleanup jobs by state.\n# TYPE berth_cleanup_jobs gauge\n");
     for row in rows {
-        let (Ok(s), Ok(n)) = (
-            row.try_get::<String>("", "state"),
-            row.try_get::<i64>("", "n"),
-        ) else {
+        let (Ok(s), Ok(n)) = (row.try_get::<String>("", "state"), row.try_get::<i64>("", "n")) else {
             continue;
         };
         let _ = writeln!(out, "berth_cleanup_jobs{{state=\"{s}\"}} {n}");

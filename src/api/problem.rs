@@ -91,12 +91,7 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub fn new(
-        status: StatusCode,
-        code: ErrorCode,
-        title: &str,
-        detail: impl Into<String>,
-    ) -> Problem {
+    pub fn new(status: StatusCode, code: ErrorCode, title: &str, detail: impl Into<String>) -> Problem {
         Problem {
             type_url: format!("https://berth.dev/problems/{}", code.as_str()),
             title: title.to_string(),
@@ -141,12 +136,9 @@ impl From<&Error> for Problem {
         use ErrorCode as C;
         use StatusCode as S;
         match err {
-            Error::Unauthenticated(why) => Problem::new(
-                S::UNAUTHORIZED,
-                C::Unauthenticated,
-                "Authentication required",
-                *why,
-            ),
+            Error::Unauthenticated(why) => {
+                Problem::new(S::UNAUTHORIZED, C::Unauthenticated, "Authentication required", *why)
+            }
             Error::InsufficientScope(scope) => Problem {
                 required_scope: Some(scope.to_string()),
                 ..Problem::new(
@@ -162,24 +154,11 @@ impl From<&Error> for Problem {
                 "Insufficient scope",
                 "a session-bound token acts only on its session",
             ),
-            Error::Forbidden(why) => Problem::new(
-                S::FORBIDDEN,
-                C::InsufficientScope,
-                "Insufficient scope",
-                *why,
-            ),
-            Error::NotFound(what) => Problem::new(
-                S::NOT_FOUND,
-                C::NotFound,
-                "Not found",
-                format!("{what} not found"),
-            ),
-            Error::BadRequest(detail) => Problem::new(
-                S::BAD_REQUEST,
-                C::ValidationFailed,
-                "Bad request",
-                detail.clone(),
-            ),
+            Error::Forbidden(why) => Problem::new(S::FORBIDDEN, C::InsufficientScope, "Insufficient scope", *why),
+            Error::NotFound(what) => Problem::new(S::NOT_FOUND, C::NotFound, "Not found", format!("{what} not found")),
+            Error::BadRequest(detail) => {
+                Problem::new(S::BAD_REQUEST, C::ValidationFailed, "Bad request", detail.clone())
+            }
             Error::Invalid { detail, errors } => Problem {
                 errors: errors.clone(),
                 ..Problem::new(
@@ -195,9 +174,7 @@ impl From<&Error> for Problem {
                 "Request body too large",
                 format!("the body must be at most {limit} bytes"),
             ),
-            Error::Conflict(detail) => {
-                Problem::new(S::CONFLICT, C::Conflict, "Conflict", detail.clone())
-            }
+            Error::Conflict(detail) => Problem::new(S::CONFLICT, C::Conflict, "Conflict", detail.clone()),
             Error::TaskArchived => Problem {
                 action: Some("unarchive_task".into()),
                 ..Problem::new(
@@ -222,12 +199,9 @@ impl From<&Error> for Problem {
                 "Not a git repository",
                 *detail,
             ),
-            Error::PathNotAllowed(detail) => Problem::new(
-                S::UNPROCESSABLE_ENTITY,
-                C::PathNotAllowed,
-                "Path not allowed",
-                *detail,
-            ),
+            Error::PathNotAllowed(detail) => {
+                Problem::new(S::UNPROCESSABLE_ENTITY, C::PathNotAllowed, "Path not allowed", *detail)
+            }
             Error::InvalidCursor => Problem::new(
                 S::BAD_REQUEST,
                 C::InvalidCursor,
@@ -330,8 +304,7 @@ impl From<&Error> for Problem {
 
 impl ResponseError for Error {
     fn status_code(&self) -> StatusCode {
-        StatusCode::from_u16(Problem::from(self).status)
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        StatusCode::from_u16(Problem::from(self).status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     fn error_response(&self) -> HttpResponse {
@@ -344,11 +317,7 @@ impl ResponseError for Error {
 }
 
 /// Body errors: malformed JSON and unknown fields are 400, wrong types 422, oversized 413.
-pub fn json_error(
-    err: actix_web::error::JsonPayloadError,
-    _req: &HttpRequest,
-    limit: usize,
-) -> actix_web::Error {
+pub fn json_error(err: actix_web::error::JsonPayloadError, _req: &HttpRequest, limit: usize) -> actix_web::Error {
     use actix_web::error::JsonPayloadError as J;
     let domain = match &err {
         J::Overflow { .. } | J::OverflowKnownLength { .. } => Error::PayloadTooLarge { limit },
@@ -375,10 +344,7 @@ pub fn path_error(err: actix_web::error::PathError, _req: &HttpRequest) -> actix
     actix_web::error::InternalError::from_response(err, domain.error_response()).into()
 }
 
-pub fn query_error(
-    err: actix_web::error::QueryPayloadError,
-    _req: &HttpRequest,
-) -> actix_web::Error {
+pub fn query_error(err: actix_web::error::QueryPayloadError, _req: &HttpRequest) -> actix_web::Error {
     let domain = Error::BadRequest(format!("invalid query string: {err}"));
     actix_web::error::InternalError::from_response(err, domain.error_response()).into()
 }

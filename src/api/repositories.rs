@@ -137,9 +137,7 @@ async fn get_repository(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Repository>, Error> {
-    Ok(web::Json(
-        repositories::get(&state.ctx, &auth, *id).await?.into(),
-    ))
+    Ok(web::Json(repositories::get(&state.ctx, &auth, *id).await?.into()))
 }
 
 #[utoipa::path(

@@ -129,9 +129,7 @@ async fn stop_session(
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Session>, Error> {
     Ok(web::Json(
-        crate::domain::agents::stop(&state.ctx, &auth, *id)
-            .await?
-            .into(),
+        crate::domain::agents::stop(&state.ctx, &auth, *id).await?.into(),
     ))
 }
 
@@ -304,9 +302,7 @@ async fn get_session(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Session>, Error> {
-    Ok(web::Json(
-        sessions::get(&state.ctx, &auth, *id).await?.into(),
-    ))
+    Ok(web::Json(sessions::get(&state.ctx, &auth, *id).await?.into()))
 }
 
 #[utoipa::path(
@@ -344,7 +340,5 @@ async fn make_primary(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Session>, Error> {
-    Ok(web::Json(
-        sessions::make_primary(&state.ctx, &auth, *id).await?.into(),
-    ))
+    Ok(web::Json(sessions::make_primary(&state.ctx, &auth, *id).await?.into()))
 }

@@ -251,9 +251,7 @@ async fn update_task(
         title: body.title,
         description: body.description,
     };
-    Ok(web::Json(
-        tasks::update(&state.ctx, &auth, *id, patch).await?.into(),
-    ))
+    Ok(web::Json(tasks::update(&state.ctx, &auth, *id, patch).await?.into()))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -313,8 +311,7 @@ async fn archive_task(
     id: web::Path<Uuid>,
     query: web::Query<CascadeQuery>,
 ) -> Result<HttpResponse, Error> {
-    let (task, jobs) =
-        cleanup::archive(&state.ctx, &auth, *id, query.cascade.unwrap_or(false)).await?;
+    let (task, jobs) = cleanup::archive(&state.ctx, &auth, *id, query.cascade.unwrap_or(false)).await?;
     Ok(HttpResponse::Accepted().json(ArchiveResult {
         task: task.into(),
         cleanup_jobs: jobs.into_iter().map(Into::into).collect(),

@@ -16,7 +16,8 @@ use crate::entity::workspace;
 pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(create_workspace)
         .service(list_workspaces)
-        .service(get_workspace);
+        .service(get_workspace)
+        .service(delete_workspace);
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -111,9 +112,7 @@ async fn get_workspace(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Workspace>, Error> {
-    Ok(web::Json(
-        workspaces::get(&state.ctx, &auth, *id).await?.into(),
-    ))
+    Ok(web::Json(workspaces::get(&state.ctx, &auth, *id).await?.into()))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -141,13 +140,7 @@ async fn delete_workspace(
     id: web::Path<Uuid>,
     query: web::Query<DeleteWorkspaceQuery>,
 ) -> Result<HttpResponse, Error> {
-    let jobs = crate::domain::cleanup::delete_workspace(
-        &state.ctx,
-        &auth,
-        *id,
-        query.confirm_name.as_deref(),
-    )
-    .await?;
+    let jobs = crate::domain::cleanup::delete_workspace(&state.ctx, &auth, *id, query.confirm_name.as_deref()).await?;
     Ok(HttpResponse::Accepted().json(super::tasks::CleanupJobs {
         cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
     }))

@@ -102,9 +102,7 @@ impl Principal {
 
     /// I33: a resource in a workspace outside the token's list is reported missing, never forbidden.
     pub fn sees_workspace(&self, workspace_id: Uuid) -> bool {
-        self.workspaces
-            .as_ref()
-            .is_none_or(|ids| ids.contains(&workspace_id))
+        self.workspaces.as_ref().is_none_or(|ids| ids.contains(&workspace_id))
     }
 
     /// The workspaces this token is limited to, if any (for list filters).
@@ -163,8 +161,9 @@ impl JwtVerifier {
                 if let Ok(key) = DecodingKey::from_ed_pem(pem) {
                     (key, None, Algorithm::EdDSA)
                 } else {
-                    let key = DecodingKey::from_rsa_pem(pem)
-                        .map_err(|e| anyhow::anyhow!("invalid BERTH_JWT_PUBLIC_KEY_FILE: not an Ed25519 or RSA public key: {e}"))?;
+                    let key = DecodingKey::from_rsa_pem(pem).map_err(|e| {
+                        anyhow::anyhow!("invalid BERTH_JWT_PUBLIC_KEY_FILE: not an Ed25519 or RSA public key: {e}")
+                    })?;
                     (key, None, Algorithm::RS256)
                 }
             }
@@ -189,18 +188,13 @@ impl JwtVerifier {
 
     /// Verifies a bearer token. Every failure is the same opaque 401: the reason goes to the log only.
     pub fn verify(&self, token: &str) -> Result<Principal> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
-            .map_err(|e| {
-                tracing::debug!(error = %e, "token rejected");
-                Error::Unauthenticated("invalid or expired token")
-            })?;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation).map_err(|e| {
+            tracing::debug!(error = %e, "token rejected");
+            Error::Unauthenticated("invalid or expired token")
+        })?;
         let claims = data.claims;
         // Unknown scope names are ignored: a token minted for a newer berth still works for what we know.
-        let scopes = claims
-            .scope
-            .split_whitespace()
-            .filter_map(|s| s.parse().ok())
-            .collect();
+        let scopes = claims.scope.split_whitespace().filter_map(|s| s.parse().ok()).collect();
         Ok(Principal {
             sub: claims.sub,
             scopes,
@@ -217,18 +211,13 @@ impl JwtVerifier {
         session_id: Option<Uuid>,
         ttl: std::time::Duration,
     ) -> anyhow::Result<String> {
-        let key = self
-            .encoding
-            .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("berth verifies with a public key and cannot mint tokens; use the matching private key"))?;
+        let key = self.encoding.as_ref().ok_or_else(|| {
+            anyhow::anyhow!("berth verifies with a public key and cannot mint tokens; use the matching private key")
+        })?;
         let now = chrono::Utc::now().timestamp();
         let claims = Claims {
             sub: sub.to_string(),
-            scope: scopes
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join(" "),
+            scope: scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" "),
             workspaces,
             session_id,
             exp: now + ttl.as_secs() as i64,
@@ -236,11 +225,7 @@ impl JwtVerifier {
             iss: Some(self.issuer.clone()),
             aud: Some(serde_json::Value::String(self.audience.clone())),
         };
-        Ok(jsonwebtoken::encode(
-            &Header::new(self.algorithm),
-            &claims,
-            key,
-        )?)
+        Ok(jsonwebtoken::encode(&Header::new(self.algorithm), &claims, key)?)
     }
 }
 

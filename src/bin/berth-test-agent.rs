@@ -24,9 +24,7 @@ fn reply(text: &str) {
     use serde_json::json;
     emit(json!({"type": "message_start", "message": {"role": "assistant"}}));
     emit(json!({"type": "message_update", "message": {"role": "assistant"}, "delta": text}));
-    emit(
-        json!({"type": "message_end", "message": {"role": "assistant", "content": [{"type": "text", "text": text}]}}),
-    );
+    emit(json!({"type": "message_end", "message": {"role": "assistant", "content": [{"type": "text", "text": text}]}}));
 }
 
 fn main() {
@@ -53,9 +51,7 @@ fn main() {
                 let text = cmd["message"].as_str().unwrap_or_default().to_string();
                 emit(json!({"type": "response", "command": "prompt", "success": true}));
                 emit(json!({"type": "agent_start"}));
-                emit(
-                    json!({"type": "message_start", "message": {"role": "user", "content": text}}),
-                );
+                emit(json!({"type": "message_start", "message": {"role": "user", "content": text}}));
                 let mut words = text.splitn(3, ' ');
                 match words.next().unwrap_or_default() {
                     "pwd" => reply(&std::env::current_dir().unwrap().display().to_string()),
@@ -65,9 +61,7 @@ fn main() {
                         std::fs::write(name, body).unwrap();
                         reply(&format!("wrote {name}"));
                     }
-                    "env" => {
-                        reply(&std::env::var(words.next().unwrap_or_default()).unwrap_or_default())
-                    }
+                    "env" => reply(&std::env::var(words.next().unwrap_or_default()).unwrap_or_default()),
                     "crash" => std::process::exit(3),
                     "hang" => {
                         working = true;
@@ -102,9 +96,7 @@ fn main() {
                     emit(json!({"type": "agent_end"}));
                 }
             }
-            other => emit(
-                json!({"type": "response", "command": other, "success": false, "error": "unknown command"}),
-            ),
+            other => emit(json!({"type": "response", "command": other, "success": false, "error": "unknown command"})),
         }
     }
 }

@@ -36,21 +36,12 @@ impl From<Refusal> for ReuseCategory {
 }
 
 /// Launches (or resumes) a session's agent. A session with a live agent is returned as it is (I27).
-pub async fn launch(
-    ctx: &Ctx,
-    p: &Principal,
-    session_id: Uuid,
-    prompt: Option<String>,
-) -> Result<SessionView> {
+pub async fn launch(ctx: &Ctx, p: &Principal, session_id: Uuid, prompt: Option<String>) -> Result<SessionView> {
     let s = sessions::visible(&ctx.db.conn, p, session_id).await?;
     launch_session(ctx, s, prompt).await
 }
 
-pub(crate) async fn launch_session(
-    ctx: &Ctx,
-    s: session::Model,
-    prompt: Option<String>,
-) -> Result<SessionView> {
+pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<String>) -> Result<SessionView> {
     let prompt = prompt.filter(|t| !t.trim().is_empty());
     if ctx.runtime.is_live(s.id) {
         if let Some(text) = prompt {
@@ -58,23 +49,16 @@ pub(crate) async fn launch_session(
         }
         return sessions::project(&ctx.db.conn, reload(ctx, s.id).await?).await;
     }
-    let profile_name = s.agent_profile.clone().ok_or_else(|| {
-        Error::invalid(
-            "agent_profile",
-            "the session has no agent profile to launch",
-        )
-    })?;
+    let profile_name = s
+        .agent_profile
+        .clone()
+        .ok_or_else(|| Error::invalid("agent_profile", "the session has no agent profile to launch"))?;
     let profile = ctx
         .config
         .agents
         .get(&profile_name)
         .cloned()
-        .ok_or_else(|| {
-            Error::invalid(
-                "agent_profile",
-                "the session's agent profile is no longer configured",
-            )
-        })?;
+        .ok_or_else(|| Error::invalid("agent_profile", "the session's agent profile is no longer configured"))?;
     let task = task::Entity::find_by_id(s.task_id)
         .one(&ctx.db.conn)
         .await?
@@ -93,10 +77,7 @@ pub(crate) async fn launch_session(
                 &task,
                 &s,
                 "workspace_reuse_unsafe",
-                &format!(
-                    "workspace admission refused: {:?}",
-                    ReuseCategory::from(refusal)
-                ),
+                &format!("workspace admission refused: {:?}", ReuseCategory::from(refusal)),
             )
             .await?;
             return Err(Error::WorkspaceReuseUnsafe(refusal.into()));
@@ -205,10 +186,7 @@ pub(crate) async fn launch_session(
     .await?;
     // Only if nothing (an exit already reported) moved the session on meanwhile.
     let moved = session::Entity::update_many()
-        .col_expr(
-            session::Column::State,
-            sea_orm::sea_query::Expr::value(state),
-        )
+        .col_expr(session::Column::State, sea_orm::sea_query::Expr::value(state))
         .col_expr(
             session::Column::StartedAt,
             sea_orm::sea_query::Expr::value(Some(super::now())),
@@ -304,10 +282,7 @@ async fn admit(
     let requested = s.executor_type;
     let environment_id = current.id;
     let executor = current.executor_type;
-    let ready = matches!(
-        current.status,
-        EnvironmentStatus::Ready | EnvironmentStatus::Stopped
-    );
+    let ready = matches!(current.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped);
     tokio::task::spawn_blocking(move || {
         admission::admit(
             &Candidate {
@@ -423,14 +398,8 @@ async fn settle_stopped(ctx: &Ctx, task: &task::Model, session_id: Uuid) -> Resu
             session::Column::State,
             sea_orm::sea_query::Expr::value(SessionState::Stopped),
         )
-        .col_expr(
-            session::Column::EndedAt,
-            sea_orm::sea_query::Expr::value(Some(now)),
-        )
-        .col_expr(
-            session::Column::UpdatedAt,
-            sea_orm::sea_query::Expr::value(now),
-        )
+        .col_expr(session::Column::EndedAt, sea_orm::sea_query::Expr::value(Some(now)))
+        .col_expr(session::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
         .filter(session::Column::Id.eq(session_id))
         .filter(session::Column::State.eq(SessionState::Stopping))
         .exec(&txn)
@@ -481,12 +450,7 @@ pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::UnboundedReceiver<Runt
     }
 }
 
-async fn on_output(
-    ctx: &Ctx,
-    session_id: Uuid,
-    execution_id: Uuid,
-    event: serde_json::Value,
-) -> Result<()> {
+async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde_json::Value) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     let Some(s) = session::Entity::find_by_id(session_id).one(&txn).await? else {
         return Ok(());
@@ -569,29 +533,17 @@ async fn on_exit(
     expected: bool,
     stderr_tail: &str,
 ) -> Result<()> {
-    finish_execution(
-        ctx,
-        execution_id,
-        if expected { "exited" } else { "failed" },
-        code,
-    )
-    .await?;
+    finish_execution(ctx, execution_id, if expected { "exited" } else { "failed" }, code).await?;
     if expected {
         return Ok(());
     }
-    let Some(s) = session::Entity::find_by_id(session_id)
-        .one(&ctx.db.conn)
-        .await?
-    else {
+    let Some(s) = session::Entity::find_by_id(session_id).one(&ctx.db.conn).await? else {
         return Ok(());
     };
     if s.execution_id != Some(execution_id) || s.state.is_terminal() {
         return Ok(());
     }
-    let Some(task) = task::Entity::find_by_id(s.task_id)
-        .one(&ctx.db.conn)
-        .await?
-    else {
+    let Some(task) = task::Entity::find_by_id(s.task_id).one(&ctx.db.conn).await? else {
         return Ok(());
     };
     let last_line = stderr_tail
@@ -602,9 +554,7 @@ async fn on_exit(
         .chars()
         .take(300)
         .collect::<String>();
-    let status = code
-        .map(|c| format!("status {c}"))
-        .unwrap_or_else(|| "a signal".into());
+    let status = code.map(|c| format!("status {c}")).unwrap_or_else(|| "a signal".into());
     let message = if last_line.is_empty() {
         format!("the agent exited unexpectedly with {status}")
     } else {
@@ -613,12 +563,7 @@ async fn on_exit(
     record_failure(ctx, &task, &s, "agent_exited", &message).await
 }
 
-async fn finish_execution(
-    ctx: &Ctx,
-    execution_id: Uuid,
-    state: &str,
-    code: Option<i32>,
-) -> Result<()> {
+async fn finish_execution(ctx: &Ctx, execution_id: Uuid, state: &str, code: Option<i32>) -> Result<()> {
     let now = super::now();
     execution::Entity::update(execution::ActiveModel {
         id: Set(execution_id),
@@ -634,13 +579,7 @@ async fn finish_execution(
 }
 
 /// A launch or an agent failed: the session is `failed` with `last_error`; nothing else changes.
-async fn record_failure(
-    ctx: &Ctx,
-    task: &task::Model,
-    s: &session::Model,
-    code: &str,
-    message: &str,
-) -> Result<()> {
+async fn record_failure(ctx: &Ctx, task: &task::Model, s: &session::Model, code: &str, message: &str) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     let now = super::now();
     session::Entity::update(session::ActiveModel {
@@ -731,10 +670,7 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
         }
         if s.desired_open {
             to_open.push(s);
-        } else if let Some(task) = task::Entity::find_by_id(s.task_id)
-            .one(&ctx.db.conn)
-            .await?
-        {
+        } else if let Some(task) = task::Entity::find_by_id(s.task_id).one(&ctx.db.conn).await? {
             let txn = ctx.db.begin_write().await?;
             session::Entity::update(session::ActiveModel {
                 id: Set(s.id),

@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, HashSet};
 
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -145,12 +145,7 @@ async fn owned_environment<C: ConnectionTrait>(
             })
         })
         .collect();
-    let task_root = ctx
-        .config
-        .worktree_root
-        .join(&t.slug)
-        .to_string_lossy()
-        .into_owned();
+    let task_root = ctx.config.worktree_root.join(&t.slug).to_string_lossy().into_owned();
     Ok(Some((
         e.clone(),
         EnvironmentSnapshot {
@@ -204,8 +199,7 @@ async fn prepare(
         max_attempts: ctx.config.cleanup_max_attempts as i32,
         next_attempt_at: None,
         last_error: None,
-        resource_snapshot: serde_json::to_value(&snapshot)
-            .map_err(|e| Error::Internal(e.into()))?,
+        resource_snapshot: serde_json::to_value(&snapshot).map_err(|e| Error::Internal(e.into()))?,
         node_id: owned
             .as_ref()
             .map(|(e, _)| e.node_id.clone())
@@ -262,14 +256,8 @@ async fn activate(txn: &DatabaseTransaction, ctx: &Ctx, jobs: &mut [job::Model])
 async fn cancel_prepared(ctx: &Ctx, jobs: &[job::Model]) {
     for j in jobs {
         let r = job::Entity::update_many()
-            .col_expr(
-                job::Column::State,
-                sea_orm::sea_query::Expr::value("cancelled"),
-            )
-            .col_expr(
-                job::Column::UpdatedAt,
-                sea_orm::sea_query::Expr::value(super::now()),
-            )
+            .col_expr(job::Column::State, sea_orm::sea_query::Expr::value("cancelled"))
+            .col_expr(job::Column::UpdatedAt, sea_orm::sea_query::Expr::value(super::now()))
             .filter(job::Column::Id.eq(j.id))
             .filter(job::Column::State.eq("prepared"))
             .exec(&ctx.db.conn)
@@ -445,13 +433,7 @@ async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model]) -> Result<Vec<DirtyRe
     Ok(dirty)
 }
 
-pub async fn delete(
-    ctx: &Ctx,
-    p: &Principal,
-    task_id: Uuid,
-    cascade: bool,
-    discard: bool,
-) -> Result<Vec<job::Model>> {
+pub async fn delete(ctx: &Ctx, p: &Principal, task_id: Uuid, cascade: bool, discard: bool) -> Result<Vec<job::Model>> {
     p.require_unbound()?;
     let root = super::tasks::readable(&ctx.db.conn, p, task_id).await?;
     let tasks = subtree(&ctx.db.conn, &root, cascade, true).await?;
@@ -501,8 +483,7 @@ pub(crate) async fn delete_tasks(
                 transfer(&txn, ctx, t, env_id, &heir).await?;
                 let mut snap = snapshot_of(j)?;
                 snap.environment = None;
-                j.resource_snapshot =
-                    serde_json::to_value(&snap).map_err(|e| Error::Internal(e.into()))?;
+                j.resource_snapshot = serde_json::to_value(&snap).map_err(|e| Error::Internal(e.into()))?;
                 job::Entity::update(job::ActiveModel {
                     id: Set(j.id),
                     resource_snapshot: Set(j.resource_snapshot.clone()),
@@ -534,11 +515,7 @@ pub(crate) async fn delete_tasks(
 }
 
 /// A live subtask (not being deleted) that inherits this task's workspace.
-async fn heir_of(
-    txn: &DatabaseTransaction,
-    t: &task::Model,
-    doomed: &HashSet<Uuid>,
-) -> Result<Option<task::Model>> {
+async fn heir_of(txn: &DatabaseTransaction, t: &task::Model, doomed: &HashSet<Uuid>) -> Result<Option<task::Model>> {
     let children = task::Entity::find()
         .filter(task::Column::ParentTaskId.eq(t.id))
         .filter(task::Column::WorkspaceMode.eq(WorkspaceMode::InheritParent))
@@ -595,8 +572,14 @@ async fn transfer(
         task_environment_id: Some(env_id),
         ..Subject::task(heir.workspace_id, heir.id)
     };
-    events::append(txn, ctx.instance_id, "task.updated", subject, json!({ "changed": { "workspace_mode": "new_workspace" }, "environment_transferred_from": from.id }))
-        .await?;
+    events::append(
+        txn,
+        ctx.instance_id,
+        "task.updated",
+        subject,
+        json!({ "changed": { "workspace_mode": "new_workspace" }, "environment_transferred_from": from.id }),
+    )
+    .await?;
     Ok(())
 }
 
@@ -680,11 +663,7 @@ pub async fn unarchive(
         break;
     }
     let recovery = branch_recovery(ctx, &t).await?;
-    Ok((
-        super::tasks::get(ctx, p, task_id).await?,
-        cancelled,
-        recovery,
-    ))
+    Ok((super::tasks::get(ctx, p, task_id).await?, cancelled, recovery))
 }
 
 /// I10: per repository, whether the task's branch still exists.
@@ -702,23 +681,14 @@ async fn branch_recovery(ctx: &Ctx, t: &task::Model) -> Result<Vec<BranchRecover
         else {
             continue;
         };
-        let branch = slot
-            .branch
-            .clone()
-            .unwrap_or_else(|| format!("berth/{}", owner.slug));
+        let branch = slot.branch.clone().unwrap_or_else(|| format!("berth/{}", owner.slug));
         let path = std::path::PathBuf::from(&repo.path);
-        let exists = tokio::task::spawn_blocking(move || {
-            crate::git::branch_exists(&path, &branch).unwrap_or(false)
-        })
-        .await
-        .unwrap_or(false);
+        let exists = tokio::task::spawn_blocking(move || crate::git::branch_exists(&path, &branch).unwrap_or(false))
+            .await
+            .unwrap_or(false);
         out.push(BranchRecovery {
             repository_id: slot.repository_id,
-            branch_status: if exists {
-                "local".into()
-            } else {
-                "missing".into()
-            },
+            branch_status: if exists { "local".into() } else { "missing".into() },
         });
     }
     Ok(out)
@@ -741,10 +711,7 @@ pub async fn reset_environment(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Resul
         .filter(session::Column::TaskEnvironmentId.eq(current.id))
         .all(&txn)
         .await?;
-    if users
-        .iter()
-        .any(|s| s.state.is_busy() || ctx.runtime.is_live(s.id))
-    {
+    if users.iter().any(|s| s.state.is_busy() || ctx.runtime.is_live(s.id)) {
         return Err(Error::SessionBusy);
     }
     let mut jobs = vec![prepare(&txn, ctx, &owner, Trigger::EnvironmentReset, false, true).await?];
@@ -794,9 +761,7 @@ pub async fn delete_workspace(
     p.require_unbound()?;
     let ws = super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     if confirm_name != Some(ws.name.as_str()) {
-        return Err(Error::BadRequest(
-            "confirm_name must equal the workspace's name".into(),
-        ));
+        return Err(Error::BadRequest("confirm_name must equal the workspace's name".into()));
     }
     let tasks = task::Entity::find()
         .filter(task::Column::WorkspaceId.eq(workspace_id))
@@ -834,9 +799,7 @@ pub async fn delete_workspace(
             .filter(repository::Column::WorkspaceId.eq(workspace_id))
             .exec(&txn)
             .await?;
-        workspace::Entity::delete_by_id(workspace_id)
-            .exec(&txn)
-            .await?;
+        workspace::Entity::delete_by_id(workspace_id).exec(&txn).await?;
         events::append(
             &txn,
             ctx.instance_id,
@@ -858,12 +821,8 @@ pub async fn delete_workspace(
 }
 
 pub fn snapshot_of(j: &job::Model) -> Result<Snapshot> {
-    serde_json::from_value(j.resource_snapshot.clone()).map_err(|e| {
-        Error::Internal(anyhow::anyhow!(
-            "job {} has an unreadable snapshot: {e}",
-            j.id
-        ))
-    })
+    serde_json::from_value(j.resource_snapshot.clone())
+        .map_err(|e| Error::Internal(anyhow::anyhow!("job {} has an unreadable snapshot: {e}", j.id)))
 }
 
 // ---- Operator views ----
@@ -874,12 +833,7 @@ pub struct JobFilter {
     pub trigger: Option<String>,
 }
 
-pub async fn list(
-    ctx: &Ctx,
-    p: &Principal,
-    filter: JobFilter,
-    page: PageRequest,
-) -> Result<Page<job::Model>> {
+pub async fn list(ctx: &Ctx, p: &Principal, filter: JobFilter, page: PageRequest) -> Result<Page<job::Model>> {
     p.require_unbound()?;
     let mut q = job::Entity::find();
     if let Some(ids) = p.workspace_filter() {
@@ -921,15 +875,7 @@ pub async fn retry(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
 
 /// Only a waiting job can be cancelled; a running one finishes its attempt.
 pub async fn cancel(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
-    transition(
-        ctx,
-        p,
-        id,
-        &["prepared", "pending", "retry_wait"],
-        "cancelled",
-        false,
-    )
-    .await
+    transition(ctx, p, id, &["prepared", "pending", "retry_wait"], "cancelled", false).await
 }
 
 async fn transition(
@@ -951,10 +897,7 @@ async fn transition(
     if reset_attempts {
         q = q
             .col_expr(job::Column::Attempts, sea_orm::sea_query::Expr::value(0))
-            .col_expr(
-                job::Column::NextAttemptAt,
-                sea_orm::sea_query::Expr::value(Some(now)),
-            )
+            .col_expr(job::Column::NextAttemptAt, sea_orm::sea_query::Expr::value(Some(now)))
             .col_expr(
                 job::Column::LeaseOwner,
                 sea_orm::sea_query::Expr::value(Option::<String>::None),
@@ -964,10 +907,7 @@ async fn transition(
                 sea_orm::sea_query::Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
             );
     } else {
-        q = q.col_expr(
-            job::Column::CompletedAt,
-            sea_orm::sea_query::Expr::value(Some(now)),
-        );
+        q = q.col_expr(job::Column::CompletedAt, sea_orm::sea_query::Expr::value(Some(now)));
     }
     if q.exec(&txn).await?.rows_affected == 0 {
         return Err(Error::Conflict(format!(
@@ -990,9 +930,8 @@ async fn transition(
 /// path with trigger `quick_chat_expire`. Dirty worktrees are never discarded without consent: such a
 /// task is kept and logged.
 pub async fn expire_quick_chats(ctx: &Ctx) -> Result<usize> {
-    let cutoff = super::now()
-        - chrono::Duration::from_std(ctx.config.quick_chat_retention)
-            .unwrap_or(chrono::Duration::days(7));
+    let cutoff =
+        super::now() - chrono::Duration::from_std(ctx.config.quick_chat_retention).unwrap_or(chrono::Duration::days(7));
     let candidates = task::Entity::find()
         .filter(task::Column::Kind.eq(crate::entity::task::TaskKind::QuickChat))
         .filter(task::Column::ArchivedAt.is_null())
@@ -1007,27 +946,15 @@ pub async fn expire_quick_chats(ctx: &Ctx) -> Result<usize> {
             .await?;
         let newest = sessions.iter().map(|s| s.last_activity_at).max();
         if newest.is_some_and(|n| n >= cutoff)
-            || sessions
-                .iter()
-                .any(|s| ctx.runtime.is_live(s.id) || s.state.is_busy())
+            || sessions.iter().any(|s| ctx.runtime.is_live(s.id) || s.state.is_busy())
         {
             continue;
         }
-        if !dirty_worktrees(ctx, std::slice::from_ref(&t))
-            .await?
-            .is_empty()
-        {
+        if !dirty_worktrees(ctx, std::slice::from_ref(&t)).await?.is_empty() {
             tracing::warn!(task = %t.id, "an expired quick chat holds uncommitted work; keeping it");
             continue;
         }
-        match delete_tasks(
-            ctx,
-            std::slice::from_ref(&t),
-            |_| Trigger::QuickChatExpire,
-            false,
-        )
-        .await
-        {
+        match delete_tasks(ctx, std::slice::from_ref(&t), |_| Trigger::QuickChatExpire, false).await {
             Ok(_) => expired += 1,
             Err(Error::TaskCleanupInProgress) => {}
             Err(e) => tracing::warn!(task = %t.id, error = %e, "could not expire a quick chat"),

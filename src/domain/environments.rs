@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait,
-    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -32,18 +32,13 @@ pub struct EnvironmentView {
 
 /// The task whose environment `task` uses: itself, or for an `inherit_parent` subtask its nearest
 /// ancestor with a workspace of its own.
-pub(crate) async fn owner_of<C: ConnectionTrait>(
-    conn: &C,
-    task: &task::Model,
-) -> Result<task::Model> {
+pub(crate) async fn owner_of<C: ConnectionTrait>(conn: &C, task: &task::Model) -> Result<task::Model> {
     let mut current = task.clone();
     for _ in 0..64 {
         if current.workspace_mode != WorkspaceMode::InheritParent {
             return Ok(current);
         }
-        let parent_id = current
-            .parent_task_id
-            .ok_or(Error::NotFound("parent task"))?;
+        let parent_id = current.parent_task_id.ok_or(Error::NotFound("parent task"))?;
         current = task::Entity::find_by_id(parent_id)
             .one(conn)
             .await?
@@ -56,10 +51,7 @@ pub(crate) async fn owner_of<C: ConnectionTrait>(
 }
 
 /// I7: a task with an active cleanup job accepts no new session, environment or inventory row.
-pub(crate) async fn ensure_no_cleanup<C: ConnectionTrait>(
-    conn: &C,
-    task_ids: &[Uuid],
-) -> Result<()> {
+pub(crate) async fn ensure_no_cleanup<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<()> {
     let active = cleanup_job::Entity::find()
         .filter(cleanup_job::Column::TaskId.is_in(task_ids.iter().copied()))
         .filter(cleanup_job::Column::State.is_in(cleanup_job::ACTIVE_STATES))
@@ -82,10 +74,7 @@ pub(crate) async fn lock_task(txn: &DatabaseTransaction, id: Uuid) -> Result<tas
 }
 
 /// The current (non-superseded) environment of an owner task.
-pub(crate) async fn current<C: ConnectionTrait>(
-    conn: &C,
-    owner_task_id: Uuid,
-) -> Result<Option<env::Model>> {
+pub(crate) async fn current<C: ConnectionTrait>(conn: &C, owner_task_id: Uuid) -> Result<Option<env::Model>> {
     Ok(env::Entity::find()
         .filter(env::Column::TaskId.eq(owner_task_id))
         .filter(env::Column::Status.ne(EnvironmentStatus::Superseded))
@@ -99,11 +88,7 @@ enum Election {
 }
 
 /// Returns the task's ready environment for `executor`, materializing it first when there is none.
-pub async fn ensure_ready(
-    ctx: &Ctx,
-    task: &task::Model,
-    executor: ExecutorType,
-) -> Result<env::Model> {
+pub async fn ensure_ready(ctx: &Ctx, task: &task::Model, executor: ExecutorType) -> Result<env::Model> {
     let owner = owner_of(&ctx.db.conn, task).await?;
     let env = match elect(ctx, task, &owner, executor).await? {
         Election::Ready(env) => return Ok(env),
@@ -118,12 +103,7 @@ pub async fn ensure_ready(
 
 /// Materializes and publishes an elected environment, keeping its lease alive meanwhile. Every way out
 /// other than success records the attempt as failed, so nobody waits on it.
-async fn prepare(
-    ctx: &Ctx,
-    task: &task::Model,
-    owner: &task::Model,
-    e: &env::Model,
-) -> Result<env::Model> {
+async fn prepare(ctx: &Ctx, task: &task::Model, owner: &task::Model, e: &env::Model) -> Result<env::Model> {
     let heartbeat = tokio::spawn(heartbeat(ctx.clone(), e.clone())).abort_handle();
     let outcome = materialize_and_publish(ctx, task, owner, e).await;
     heartbeat.abort();
@@ -144,9 +124,7 @@ async fn prepare(
             })
         }
         Err(Failed::Other(err)) => {
-            if let Err(record) =
-                fail(ctx, owner, e, None, "preparing the workspace was abandoned").await
-            {
+            if let Err(record) = fail(ctx, owner, e, None, "preparing the workspace was abandoned").await {
                 tracing::warn!(error = %record, environment = %e.id, "could not record an abandoned materialization");
             }
             Err(err)
@@ -186,9 +164,7 @@ async fn materialize_and_publish(
                     worktree_branch: None,
                 })
                 .collect();
-            let path = plans
-                .first()
-                .map(|p| p.repository_path.to_string_lossy().into_owned());
+            let path = plans.first().map(|p| p.repository_path.to_string_lossy().into_owned());
             Ok(publish(ctx, task, owner, e, rows, path).await?)
         }
         ExecutorType::Worktree => {
@@ -231,10 +207,7 @@ async fn heartbeat(ctx: Ctx, e: env::Model) {
     loop {
         tokio::time::sleep(every).await;
         let res = env::Entity::update_many()
-            .col_expr(
-                env::Column::UpdatedAt,
-                sea_orm::sea_query::Expr::value(super::now()),
-            )
+            .col_expr(env::Column::UpdatedAt, sea_orm::sea_query::Expr::value(super::now()))
             .filter(env::Column::Id.eq(e.id))
             .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
             .filter(env::Column::MaterializerId.eq(e.materializer_id))
@@ -247,12 +220,7 @@ async fn heartbeat(ctx: Ctx, e: env::Model) {
 }
 
 /// Under the owner's lock: select a ready environment, or elect this request to materialize one.
-async fn elect(
-    ctx: &Ctx,
-    task: &task::Model,
-    owner: &task::Model,
-    executor: ExecutorType,
-) -> Result<Election> {
+async fn elect(ctx: &Ctx, task: &task::Model, owner: &task::Model, executor: ExecutorType) -> Result<Election> {
     let txn = ctx.db.begin_write().await?;
     let owner_row = lock_task(&txn, owner.id).await?;
     if owner_row.archived_at.is_some() {
@@ -260,19 +228,13 @@ async fn elect(
     }
     ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
     let now = super::now();
-    let lease = chrono::Duration::from_std(ctx.config.materialize_lease)
-        .unwrap_or(chrono::Duration::minutes(5));
+    let lease = chrono::Duration::from_std(ctx.config.materialize_lease).unwrap_or(chrono::Duration::minutes(5));
     match current(&txn, owner.id).await? {
         // Someone is materializing, and its lease is fresh.
         Some(e) if e.status == EnvironmentStatus::Creating && e.updated_at > now - lease => {
             Err(Error::WorkspacePreparing)
         }
-        Some(e)
-            if matches!(
-                e.status,
-                EnvironmentStatus::Ready | EnvironmentStatus::Stopped
-            ) =>
-        {
+        Some(e) if matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) => {
             if e.executor_type != executor {
                 // Executor transition (I18) is the launch issue's; until then a mismatch is refused.
                 return Err(Error::WorkspaceReuseUnsafe(ReuseCategory::ExecutorMismatch));
@@ -460,10 +422,7 @@ async fn fail(
             env::Column::MaterializerId,
             sea_orm::sea_query::Expr::value(Option::<Uuid>::None),
         )
-        .col_expr(
-            env::Column::ErrorMessage,
-            sea_orm::sea_query::Expr::value(message),
-        )
+        .col_expr(env::Column::ErrorMessage, sea_orm::sea_query::Expr::value(message))
         .col_expr(env::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
         .filter(env::Column::Id.eq(e.id))
         .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
@@ -529,28 +488,16 @@ async fn plans(ctx: &Ctx, owner: &task::Model) -> Result<Vec<worktree::SlotPlan>
     let task_dir = owner.slug.clone();
     let mut plans = Vec::with_capacity(slots.len());
     for slot in &slots {
-        let repo = repos
-            .get(&slot.repository_id)
-            .ok_or(Error::NotFound("repository"))?;
-        let repeated = slots
-            .iter()
-            .filter(|s| s.repository_id == slot.repository_id)
-            .count()
-            > 1;
+        let repo = repos.get(&slot.repository_id).ok_or(Error::NotFound("repository"))?;
+        let repeated = slots.iter().filter(|s| s.repository_id == slot.repository_id).count() > 1;
         plans.push(worktree::SlotPlan {
             repository_id: repo.id,
             repository_name: repo.name.clone(),
             repository_path: repo.path.clone().into(),
             common_git_dir: repo.common_git_dir.clone().into(),
             branch_slug: slot.branch_slug.clone(),
-            branch: slot
-                .branch
-                .clone()
-                .unwrap_or_else(|| format!("berth/{task_dir}")),
-            base: slot
-                .base_branch
-                .clone()
-                .unwrap_or_else(|| repo.default_branch.clone()),
+            branch: slot.branch.clone().unwrap_or_else(|| format!("berth/{task_dir}")),
+            base: slot.base_branch.clone().unwrap_or_else(|| repo.default_branch.clone()),
             dir: if repeated {
                 format!("{}-{}", repo.name, slot.position)
             } else {

@@ -26,10 +26,7 @@ pub enum Error {
     BadRequest(String),
     /// 422: well-formed but semantically invalid.
     #[error("validation failed: {detail}")]
-    Invalid {
-        detail: String,
-        errors: Vec<FieldError>,
-    },
+    Invalid { detail: String, errors: Vec<FieldError> },
     #[error("request body too large")]
     PayloadTooLarge { limit: usize },
     #[error("conflict: {0}")]
@@ -108,8 +105,5 @@ impl From<sea_orm::DbErr> for Error {
 
 /// True when a database error is a unique-constraint violation (both backends).
 pub fn is_unique_violation(e: &sea_orm::DbErr) -> bool {
-    matches!(
-        e.sql_err(),
-        Some(sea_orm::SqlErr::UniqueConstraintViolation(_))
-    )
+    matches!(e.sql_err(), Some(sea_orm::SqlErr::UniqueConstraintViolation(_)))
 }

@@ -30,22 +30,13 @@ pub fn filter_for(p: &Principal) -> Filter {
 pub fn parse_cursor(raw: Option<&str>) -> Result<i64> {
     match raw.map(str::trim) {
         None | Some("") => Ok(0),
-        Some(s) => s
-            .parse::<i64>()
-            .ok()
-            .filter(|n| *n >= 0)
-            .ok_or(Error::InvalidCursor),
+        Some(s) => s.parse::<i64>().ok().filter(|n| *n >= 0).ok_or(Error::InvalidCursor),
     }
 }
 
 /// True when the client must reload snapshots: its instance is not this one, or events after its
 /// cursor were already trimmed.
-pub fn is_truncated(
-    ctx: &Ctx,
-    after: i64,
-    instance_id: Option<Uuid>,
-    first_available: i64,
-) -> bool {
+pub fn is_truncated(ctx: &Ctx, after: i64, instance_id: Option<Uuid>, first_available: i64) -> bool {
     instance_id.is_some_and(|i| i != ctx.instance_id) || after + 1 < first_available
 }
 
@@ -58,9 +49,7 @@ pub async fn replay(
 ) -> Result<ReplayPage> {
     let limit = limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(Error::BadRequest(format!(
-            "limit must be between 1 and {MAX_LIMIT}"
-        )));
+        return Err(Error::BadRequest(format!("limit must be between 1 and {MAX_LIMIT}")));
     }
     let (first_available_seq, latest_seq) = events::bounds(&ctx.db.conn).await?;
     let truncated = is_truncated(ctx, after, instance_id, first_available_seq);

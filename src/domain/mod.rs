@@ -65,10 +65,7 @@ pub(crate) fn required_text(field: &str, value: &str, max_chars: usize) -> error
         ));
     }
     if trimmed.chars().any(|c| c.is_control()) {
-        return Err(error::Error::invalid(
-            field,
-            "must not contain control characters",
-        ));
+        return Err(error::Error::invalid(field, "must not contain control characters"));
     }
     Ok(trimmed.to_string())
 }

@@ -20,9 +20,7 @@ impl PageRequest {
     pub fn parse(limit: Option<u64>, cursor: Option<&str>) -> Result<PageRequest> {
         let limit = limit.unwrap_or(DEFAULT_LIMIT);
         if !(1..=MAX_LIMIT).contains(&limit) {
-            return Err(Error::BadRequest(format!(
-                "limit must be between 1 and {MAX_LIMIT}"
-            )));
+            return Err(Error::BadRequest(format!("limit must be between 1 and {MAX_LIMIT}")));
         }
         let before = cursor.map(decode_cursor).transpose()?;
         Ok(PageRequest { limit, before })
@@ -69,9 +67,7 @@ fn encode_cursor(id: Uuid) -> String {
 }
 
 fn decode_cursor(cursor: &str) -> Result<Uuid> {
-    let bytes = URL_SAFE_NO_PAD
-        .decode(cursor)
-        .map_err(|_| Error::InvalidCursor)?;
+    let bytes = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| Error::InvalidCursor)?;
     let text = String::from_utf8(bytes).map_err(|_| Error::InvalidCursor)?;
     let id = text.strip_prefix("v1:").ok_or(Error::InvalidCursor)?;
     Uuid::parse_str(id).map_err(|_| Error::InvalidCursor)
@@ -85,10 +81,7 @@ mod tests {
     fn cursor_round_trips_and_rejects_garbage() {
         let id = Uuid::now_v7();
         assert_eq!(decode_cursor(&encode_cursor(id)).unwrap(), id);
-        assert!(matches!(
-            decode_cursor("not-a-cursor"),
-            Err(Error::InvalidCursor)
-        ));
+        assert!(matches!(decode_cursor("not-a-cursor"), Err(Error::InvalidCursor)));
         assert!(matches!(
             decode_cursor(&URL_SAFE_NO_PAD.encode("v2:x")),
             Err(Error::InvalidCursor)

@@ -4,8 +4,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, Statement,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -24,19 +23,10 @@ pub struct NewRepository {
     pub default_branch: Option<String>,
 }
 
-pub async fn register(
-    ctx: &Ctx,
-    p: &Principal,
-    workspace_id: Uuid,
-    input: NewRepository,
-) -> Result<repository::Model> {
+pub async fn register(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewRepository) -> Result<repository::Model> {
     p.require_unbound()?;
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
-    let path = allowed_path(
-        &input.path,
-        ctx.config.repo_roots.as_deref(),
-        &ctx.config.worktree_root,
-    )?;
+    let path = allowed_path(&input.path, ctx.config.repo_roots.as_deref(), &ctx.config.worktree_root)?;
     let default_branch = input
         .default_branch
         .as_deref()
@@ -52,13 +42,9 @@ pub async fn register(
         .await
         .map_err(|e| Error::Internal(e.into()))?
         .map_err(|e| match e {
-            InspectError::NotARepository => {
-                Error::NotAGitRepository("the path is not a git repository")
-            }
+            InspectError::NotARepository => Error::NotAGitRepository("the path is not a git repository"),
             InspectError::Bare => Error::NotAGitRepository("a bare repository has no work tree"),
-            InspectError::NotTheRoot => {
-                Error::NotAGitRepository("the path is not the root of a git work tree")
-            }
+            InspectError::NotTheRoot => Error::NotAGitRepository("the path is not the root of a git work tree"),
         })?;
     // The repository itself (its common git directory) must be allowed too, not only the work tree: a
     // linked worktree inside the roots may belong to a repository outside them.
@@ -67,10 +53,7 @@ pub async fn register(
             "the repository's git directory is outside the allowed repository roots",
         ));
     }
-    if identity
-        .common_git_dir
-        .starts_with(&ctx.config.worktree_root)
-    {
+    if identity.common_git_dir.starts_with(&ctx.config.worktree_root) {
         return Err(Error::PathNotAllowed(
             "the repository lives inside berth's worktree root",
         ));
@@ -94,23 +77,14 @@ pub async fn register(
     };
     let txn = ctx.db.begin_write().await?;
     let am: repository::ActiveModel = model.clone().into();
-    match repository::Entity::insert(am)
-        .exec_without_returning(&txn)
-        .await
-    {
+    match repository::Entity::insert(am).exec_without_returning(&txn).await {
         Err(e) if is_unique_violation(&e) => {
             return Err(Error::Conflict(
-                "a repository with this path or name is already registered in this workspace"
-                    .into(),
+                "a repository with this path or name is already registered in this workspace".into(),
             ));
         }
         // The workspace vanished between the check and the insert.
-        Err(e)
-            if matches!(
-                e.sql_err(),
-                Some(sea_orm::SqlErr::ForeignKeyConstraintViolation(_))
-            ) =>
-        {
+        Err(e) if matches!(e.sql_err(), Some(sea_orm::SqlErr::ForeignKeyConstraintViolation(_))) => {
             return Err(Error::NotFound("workspace"));
         }
         other => other?,
@@ -127,12 +101,7 @@ pub async fn register(
     Ok(model)
 }
 
-pub async fn list(
-    ctx: &Ctx,
-    p: &Principal,
-    workspace_id: Uuid,
-    page: PageRequest,
-) -> Result<Page<repository::Model>> {
+pub async fn list(ctx: &Ctx, p: &Principal, workspace_id: Uuid, page: PageRequest) -> Result<Page<repository::Model>> {
     p.require_unbound()?;
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let mut q = repository::Entity::find()
@@ -202,11 +171,7 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
 }
 
 /// A registered repository the token may see; otherwise `not_found`.
-pub(crate) async fn visible<C: ConnectionTrait>(
-    conn: &C,
-    p: &Principal,
-    id: Uuid,
-) -> Result<repository::Model> {
+pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<repository::Model> {
     repository::Entity::find_by_id(id)
         .filter(repository::Column::DeletedAt.is_null())
         .one(conn)
@@ -245,9 +210,7 @@ fn allowed_path(raw: &str, roots: Option<&[PathBuf]>, worktree_root: &Path) -> R
             }
             Ok(_) => {}
             Err(_) => {
-                return Err(Error::NotAGitRepository(
-                    "the path does not exist or cannot be read",
-                ));
+                return Err(Error::NotAGitRepository("the path does not exist or cannot be read"));
             }
         }
     }
@@ -258,9 +221,7 @@ fn allowed_path(raw: &str, roots: Option<&[PathBuf]>, worktree_root: &Path) -> R
         return Err(Error::PathNotAllowed(NOT_CANONICAL));
     }
     if canonical.starts_with(worktree_root) {
-        return Err(Error::PathNotAllowed(
-            "the path is inside berth's worktree root",
-        ));
+        return Err(Error::PathNotAllowed("the path is inside berth's worktree root"));
     }
     Ok(canonical)
 }
@@ -322,18 +283,9 @@ mod tests {
     fn names_are_directory_safe() {
         assert!(RepositoryName::parse("api-server_2.x").is_ok());
         for bad in ["", "..", ".git", "a/b", "a b", "ü"] {
-            assert!(
-                RepositoryName::parse(bad).is_err(),
-                "{bad:?} should be refused"
-            );
+            assert!(RepositoryName::parse(bad).is_err(), "{bad:?} should be refused");
         }
-        assert_eq!(
-            RepositoryName::from_dir(Path::new("/src/my repo")).0,
-            "my-repo"
-        );
-        assert_eq!(
-            RepositoryName::from_dir(Path::new("/src/.hidden")).0,
-            "hidden"
-        );
+        assert_eq!(RepositoryName::from_dir(Path::new("/src/my repo")).0, "my-repo");
+        assert_eq!(RepositoryName::from_dir(Path::new("/src/.hidden")).0, "hidden");
     }
 }

@@ -4,8 +4,8 @@
 //! and nothing else — no directory, worktree registration, branch or cleanup job (I2, I3) — and it is
 //! refused while the session is busy (I4).
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -25,10 +25,7 @@ impl SessionState {
     pub fn is_busy(self) -> bool {
         matches!(
             self,
-            SessionState::Starting
-                | SessionState::Running
-                | SessionState::Recovering
-                | SessionState::Stopping
+            SessionState::Starting | SessionState::Running | SessionState::Recovering | SessionState::Stopping
         )
     }
 
@@ -56,12 +53,7 @@ pub struct SessionView {
     pub workspace_path: Option<String>,
 }
 
-pub async fn create(
-    ctx: &Ctx,
-    p: &Principal,
-    task_id: Uuid,
-    input: NewSession,
-) -> Result<SessionView> {
+pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) -> Result<SessionView> {
     p.require_unbound()?;
     let name = match input.name.as_deref() {
         Some(n) if n.chars().count() > 200 => {
@@ -74,10 +66,7 @@ pub async fn create(
     let agent_profile = match input.agent_profile {
         Some(name) if ctx.config.agents.contains_key(&name) => Some(name),
         Some(_) => {
-            return Err(Error::invalid(
-                "agent_profile",
-                "no such agent profile is configured",
-            ));
+            return Err(Error::invalid("agent_profile", "no such agent profile is configured"));
         }
         None if ctx.config.agents.len() == 1 => ctx.config.agents.keys().next().cloned(),
         None => None,
@@ -149,9 +138,7 @@ pub async fn create(
         ended_at: None,
     };
     let am: session::ActiveModel = model.clone().into();
-    session::Entity::insert(am)
-        .exec_without_returning(&txn)
-        .await?;
+    session::Entity::insert(am).exec_without_returning(&txn).await?;
     touch_task(&txn, task.id, now).await?;
     events::append(
         &txn,
@@ -171,12 +158,7 @@ pub async fn create(
     })
 }
 
-pub async fn list(
-    ctx: &Ctx,
-    p: &Principal,
-    task_id: Uuid,
-    page: PageRequest,
-) -> Result<Page<SessionView>> {
+pub async fn list(ctx: &Ctx, p: &Principal, task_id: Uuid, page: PageRequest) -> Result<Page<SessionView>> {
     p.require_unbound()?;
     super::tasks::readable(&ctx.db.conn, p, task_id).await?;
     let mut q = session::Entity::find().filter(session::Column::TaskId.eq(task_id));
@@ -265,10 +247,7 @@ pub async fn make_primary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionV
             .await?;
         // Clear first: the database allows at most one primary per task.
         session::Entity::update_many()
-            .col_expr(
-                session::Column::IsPrimary,
-                sea_orm::sea_query::Expr::value(false),
-            )
+            .col_expr(session::Column::IsPrimary, sea_orm::sea_query::Expr::value(false))
             .filter(session::Column::TaskId.eq(task.id))
             .filter(session::Column::IsPrimary.eq(true))
             .exec(&txn)
@@ -319,11 +298,7 @@ async fn set_primary(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
     Ok(())
 }
 
-async fn touch_task(
-    txn: &DatabaseTransaction,
-    task_id: Uuid,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<()> {
+async fn touch_task(txn: &DatabaseTransaction, task_id: Uuid, now: chrono::DateTime<chrono::Utc>) -> Result<()> {
     task::Entity::update(task::ActiveModel {
         id: Set(task_id),
         last_activity_at: Set(now),
@@ -335,11 +310,7 @@ async fn touch_task(
 }
 
 /// A session the principal may act on: in a visible workspace and, for a session-bound token, itself.
-pub(crate) async fn visible<C: ConnectionTrait>(
-    conn: &C,
-    p: &Principal,
-    id: Uuid,
-) -> Result<session::Model> {
+pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<session::Model> {
     if p.session_id.is_some_and(|bound| bound != id) {
         return Err(Error::NotFound("session"));
     }
@@ -358,10 +329,7 @@ pub(crate) async fn visible<C: ConnectionTrait>(
 }
 
 /// I19/I20: the session shows its environment's effective workspace path.
-pub(crate) async fn project<C: ConnectionTrait>(
-    conn: &C,
-    s: session::Model,
-) -> Result<SessionView> {
+pub(crate) async fn project<C: ConnectionTrait>(conn: &C, s: session::Model) -> Result<SessionView> {
     let workspace_path = match s.task_environment_id {
         Some(env_id) => env::Entity::find_by_id(env_id)
             .one(conn)

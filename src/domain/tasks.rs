@@ -3,8 +3,8 @@
 use std::collections::{HashMap, HashSet};
 
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, PaginatorTrait,
-    QueryFilter, QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -55,21 +55,13 @@ pub struct TaskFilter {
     pub parent_task_id: Option<Uuid>,
 }
 
-pub async fn create(
-    ctx: &Ctx,
-    p: &Principal,
-    workspace_id: Uuid,
-    input: NewTask,
-) -> Result<TaskView> {
+pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask) -> Result<TaskView> {
     p.require_unbound()?;
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let title = super::required_text("title", &input.title, 500)?;
     let description = description(input.description.as_deref())?;
     if input.repositories.len() > MAX_REPOSITORIES {
-        return Err(Error::invalid(
-            "repositories",
-            format!("at most {MAX_REPOSITORIES}"),
-        ));
+        return Err(Error::invalid("repositories", format!("at most {MAX_REPOSITORIES}")));
     }
     let mut slots = Vec::with_capacity(input.repositories.len());
     let mut seen = HashSet::new();
@@ -165,13 +157,9 @@ pub async fn create(
         updated_at: now,
     };
     let am: task::ActiveModel = model.clone().into();
-    task::Entity::insert(am)
-        .exec_without_returning(&txn)
-        .await?;
+    task::Entity::insert(am).exec_without_returning(&txn).await?;
     let mut rows = Vec::with_capacity(slots.len());
-    for (position, (repository_id, branch_slug, base_branch, branch)) in
-        slots.into_iter().enumerate()
-    {
+    for (position, (repository_id, branch_slug, base_branch, branch)) in slots.into_iter().enumerate() {
         rows.push(task_repository::Model {
             id: Uuid::now_v7(),
             task_id: model.id,
@@ -184,11 +172,9 @@ pub async fn create(
         });
     }
     if !rows.is_empty() {
-        task_repository::Entity::insert_many(
-            rows.iter().cloned().map(task_repository::ActiveModel::from),
-        )
-        .exec_without_returning(&txn)
-        .await?;
+        task_repository::Entity::insert_many(rows.iter().cloned().map(task_repository::ActiveModel::from))
+            .exec_without_returning(&txn)
+            .await?;
     }
     events::append(
         &txn,
@@ -253,11 +239,7 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: TaskPatch) -> Res
         .as_deref()
         .map(|t| super::required_text("title", t, 500))
         .transpose()?;
-    let description = patch
-        .description
-        .as_deref()
-        .map(|d| description(Some(d)))
-        .transpose()?;
+    let description = patch.description.as_deref().map(|d| description(Some(d))).transpose()?;
     let txn = ctx.db.begin_write().await?;
     let task = task::Entity::find_by_id(id)
         .lock_exclusive()
@@ -301,11 +283,7 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: TaskPatch) -> Res
 
 /// A task the principal may read: in a visible workspace and, for a session-bound token, the task of
 /// its session. Anything else is `not_found` (I33).
-pub(crate) async fn readable<C: ConnectionTrait>(
-    conn: &C,
-    p: &Principal,
-    id: Uuid,
-) -> Result<task::Model> {
+pub(crate) async fn readable<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<task::Model> {
     let task = task::Entity::find_by_id(id)
         .one(conn)
         .await?
@@ -369,10 +347,7 @@ async fn views<C: ConnectionTrait>(conn: &C, tasks: Vec<task::Model>) -> Result<
 fn description(value: Option<&str>) -> Result<String> {
     let value = value.unwrap_or("");
     if value.chars().count() > 20_000 {
-        return Err(Error::invalid(
-            "description",
-            "must be at most 20000 characters",
-        ));
+        return Err(Error::invalid("description", "must be at most 20000 characters"));
     }
     Ok(value.to_string())
 }

@@ -1,8 +1,5 @@
 //! Workspaces: the tenancy boundary. Deletion arrives with the cleanup issue (it is a cleanup job).
-use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect,
-};
+use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -81,11 +78,7 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<workspace::Model>
 }
 
 /// The workspace, if it exists and the token may see it; otherwise `not_found` (I33).
-pub(crate) async fn visible<C: ConnectionTrait>(
-    conn: &C,
-    p: &Principal,
-    id: Uuid,
-) -> Result<workspace::Model> {
+pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<workspace::Model> {
     if !p.sees_workspace(id) {
         return Err(Error::NotFound("workspace"));
     }

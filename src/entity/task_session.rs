@@ -4,19 +4,7 @@ use utoipa::ToSchema;
 
 pub use super::task_environment::ExecutorType;
 
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Hash,
-    EnumIter,
-    DeriveActiveEnum,
-    Serialize,
-    Deserialize,
-    ToSchema,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
 #[serde(rename_all = "snake_case")]
 pub enum SessionState {

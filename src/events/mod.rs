@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction,
-    DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
 };
 use tokio::sync::{Notify, broadcast};
 use uuid::Uuid;
@@ -121,10 +121,7 @@ pub async fn after<C: ConnectionTrait>(
     if let Some(session) = filter.session_id {
         q = q.filter(event::Column::SessionId.eq(session));
     }
-    q.order_by_asc(event::Column::Seq)
-        .limit(limit)
-        .all(conn)
-        .await
+    q.order_by_asc(event::Column::Seq).limit(limit).all(conn).await
 }
 
 /// Which events a reader may see: its token's workspaces, and for an agent's token its session only.
@@ -187,10 +184,7 @@ impl Hub {
 
     /// Reads committed events after the last one published and broadcasts them, in seq order, forever.
     pub async fn tail(self: Arc<Self>, db: DatabaseConnection, poll: Duration) {
-        assert!(
-            self.published() >= 0,
-            "start_at_current must run before the tailer"
-        );
+        assert!(self.published() >= 0, "start_at_current must run before the tailer");
         loop {
             let _ = tokio::time::timeout(poll, self.wake.notified()).await;
             loop {
@@ -246,15 +240,11 @@ pub async fn listen_postgres(hub: Arc<Hub>, db: DatabaseConnection) {
 }
 
 /// Retention: keeps the newest `keep` events and none older than `max_age`. Returns how many went.
-pub async fn trim<C: ConnectionTrait>(
-    conn: &C,
-    keep: i64,
-    max_age: Duration,
-) -> Result<u64, DbErr> {
+pub async fn trim<C: ConnectionTrait>(conn: &C, keep: i64, max_age: Duration) -> Result<u64, DbErr> {
     let (_, latest) = bounds(conn).await?;
     let cutoff_seq = latest - keep;
-    let cutoff_time = crate::domain::now()
-        - chrono::Duration::from_std(max_age).unwrap_or(chrono::Duration::days(36500));
+    let cutoff_time =
+        crate::domain::now() - chrono::Duration::from_std(max_age).unwrap_or(chrono::Duration::days(36500));
     let res = event::Entity::delete_many()
         .filter(
             sea_orm::Condition::any()

@@ -92,10 +92,7 @@ pub fn admit(c: &Candidate<'_>, requested: ExecutorType) -> Result<AdmittedWorks
         let path = match c.executor {
             ExecutorType::Local => slot.source_path.clone(),
             ExecutorType::Worktree => {
-                let p = row
-                    .worktree_path
-                    .clone()
-                    .ok_or(Refusal::InventoryIncomplete)?;
+                let p = row.worktree_path.clone().ok_or(Refusal::InventoryIncomplete)?;
                 // The path must be this environment's, not a stale copy from elsewhere.
                 if !p.starts_with(c.task_root) {
                     return Err(Refusal::InventoryAmbiguous);
@@ -123,11 +120,7 @@ pub fn admit(c: &Candidate<'_>, requested: ExecutorType) -> Result<AdmittedWorks
     })
 }
 
-fn check_worktree(
-    path: &Path,
-    common_git_dir: &Path,
-    executor: ExecutorType,
-) -> Result<(), Refusal> {
+fn check_worktree(path: &Path, common_git_dir: &Path, executor: ExecutorType) -> Result<(), Refusal> {
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.is_dir() => {}
         Ok(_) => return Err(Refusal::NotAGitWorktree),

@@ -65,9 +65,7 @@ impl ManagedRoot {
         if !recorded.starts_with(&self.0) || recorded == self.0 {
             return Err(PathError::Outside);
         }
-        let rel = recorded
-            .strip_prefix(&self.0)
-            .map_err(|_| PathError::Outside)?;
+        let rel = recorded.strip_prefix(&self.0).map_err(|_| PathError::Outside)?;
         let parts: Vec<String> = rel
             .components()
             .map(|c| match c {
@@ -119,10 +117,7 @@ mod tests {
         let outside = tempfile::TempDir::new().unwrap();
         std::os::unix::fs::symlink(outside.path(), root.path().join("link")).unwrap();
         assert!(matches!(root.join(&["link", "x"]), Err(PathError::Symlink)));
-        assert!(matches!(
-            root.adopt(&outside.path().join("x")),
-            Err(PathError::Outside)
-        ));
+        assert!(matches!(root.adopt(&outside.path().join("x")), Err(PathError::Outside)));
         assert!(matches!(
             root.adopt(&root.path().join("a/../b")),
             Err(PathError::NotPlain)
@@ -137,10 +132,7 @@ mod tests {
     #[test]
     fn task_dirs_are_readable_and_unique() {
         let id = uuid::Uuid::parse_str("0190f0f0-0000-7000-8000-00000000abcd").unwrap();
-        assert_eq!(
-            task_dir_name("Add login: OAuth!", id),
-            "add-login-oauth-00000000abcd"
-        );
+        assert_eq!(task_dir_name("Add login: OAuth!", id), "add-login-oauth-00000000abcd");
         assert_eq!(task_dir_name("***", id), "task-00000000abcd");
     }
 }

@@ -83,20 +83,15 @@ async fn materialize_slot(
     plan: &SlotPlan,
 ) -> Result<Materialized, String> {
     let task_root = root.join(&[task_dir]).map_err(|e| e.to_string())?;
-    let target = root
-        .join(&[task_dir, &plan.dir])
-        .map_err(|e| e.to_string())?;
+    let target = root.join(&[task_dir, &plan.dir]).map_err(|e| e.to_string())?;
     let target_path = target.as_path().to_path_buf();
     let mut created = None;
     if std::fs::symlink_metadata(&target_path).is_err() {
-        std::fs::create_dir_all(task_root.as_path())
-            .map_err(|e| format!("cannot create the task directory: {e}"))?;
+        std::fs::create_dir_all(task_root.as_path()).map_err(|e| format!("cannot create the task directory: {e}"))?;
         let (repo, branch) = (plan.repository_path.clone(), plan.branch.clone());
         let exists = blocking(move || git::branch_exists(&repo, &branch))
             .await
-            .map_err(|_| {
-                "the source repository is missing or is not a git repository".to_string()
-            })?;
+            .map_err(|_| "the source repository is missing or is not a git repository".to_string())?;
         let base = (!exists).then_some(plan.base.as_str());
         git.worktree_add(&plan.repository_path, &target, &plan.branch, base)
             .await
@@ -107,8 +102,7 @@ async fn materialize_slot(
     let path = target_path.clone();
     let common = plan.common_git_dir.clone();
     let info = blocking(move || {
-        registration_is_complete(&path, &common)
-            .and_then(|()| git::inspect_worktree(&path).map_err(|e| e.to_string()))
+        registration_is_complete(&path, &common).and_then(|()| git::inspect_worktree(&path).map_err(|e| e.to_string()))
     })
     .await;
     let verdict = match info {
@@ -118,9 +112,7 @@ async fn materialize_slot(
         Ok(info) if info.branch.as_deref() != Some(plan.branch.as_str()) => {
             Err("the directory is on another branch".to_string())
         }
-        Ok(info) if info.worktree_id.is_none() => {
-            Err("the directory is not a linked worktree".to_string())
-        }
+        Ok(info) if info.worktree_id.is_none() => Err("the directory is not a linked worktree".to_string()),
         Ok(info) => Ok(info),
         Err(e) => Err(format!("the directory is not a usable worktree: {e}")),
     };
@@ -147,20 +139,12 @@ async fn materialize_slot(
 /// `<target>/.git` names `<common>/worktrees/<id>`, whose `gitdir` names `<target>/.git`, with no
 /// `locked` marker (git leaves "initializing" there when it is killed mid-checkout).
 fn registration_is_complete(target: &Path, common: &Path) -> Result<(), String> {
-    let incomplete = |why: &str| {
-        Err(format!(
-            "the directory is not a complete worktree registration: {why}"
-        ))
-    };
+    let incomplete = |why: &str| Err(format!("the directory is not a complete worktree registration: {why}"));
     let dot_git = target.join(".git");
     let Ok(pointer) = std::fs::read_to_string(&dot_git) else {
         return incomplete("no .git file");
     };
-    let Some(admin) = pointer
-        .trim()
-        .strip_prefix("gitdir:")
-        .map(|p| PathBuf::from(p.trim()))
-    else {
+    let Some(admin) = pointer.trim().strip_prefix("gitdir:").map(|p| PathBuf::from(p.trim())) else {
         return incomplete("no gitdir in .git");
     };
     let admin = admin
@@ -172,8 +156,8 @@ fn registration_is_complete(target: &Path, common: &Path) -> Result<(), String> 
     if admin.join("locked").exists() {
         return incomplete("the registration is locked (an interrupted checkout?)");
     }
-    let back = std::fs::read_to_string(admin.join("gitdir"))
-        .map_err(|_| "the registration has no gitdir".to_string())?;
+    let back =
+        std::fs::read_to_string(admin.join("gitdir")).map_err(|_| "the registration has no gitdir".to_string())?;
     let back = PathBuf::from(back.trim())
         .canonicalize()
         .map_err(|_| "the registration points elsewhere".to_string())?;

@@ -36,11 +36,7 @@ impl GitCli {
     }
 
     async fn run(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<String, GitError> {
-        let _slot = self
-            .slots
-            .acquire()
-            .await
-            .expect("the semaphore is never closed");
+        let _slot = self.slots.acquire().await.expect("the semaphore is never closed");
         let mut cmd = Command::new("git");
         cmd.arg("-C")
             .arg(repo)
@@ -61,11 +57,7 @@ impl GitCli {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
             // Exit code 128 is not proof of absence; callers inspect before concluding anything.
-            let stderr = String::from_utf8_lossy(&out.stderr)
-                .trim()
-                .chars()
-                .take(2000)
-                .collect();
+            let stderr = String::from_utf8_lossy(&out.stderr).trim().chars().take(2000).collect();
             Err(GitError::Failed { op, stderr })
         }
     }
@@ -89,12 +81,8 @@ impl GitCli {
                 .await?
             }
             None => {
-                self.run(
-                    "worktree add",
-                    repo,
-                    &["worktree", "add", "--", &target, branch],
-                )
-                .await?
+                self.run("worktree add", repo, &["worktree", "add", "--", &target, branch])
+                    .await?
             }
         };
         Ok(())
@@ -103,21 +91,13 @@ impl GitCli {
     /// `git worktree remove` without `--force`: git refuses a worktree with changes, which is the point.
     pub async fn worktree_remove(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError> {
         let target = target.as_path().to_string_lossy().into_owned();
-        self.run(
-            "worktree remove",
-            repo,
-            &["worktree", "remove", "--", &target],
-        )
-        .await?;
+        self.run("worktree remove", repo, &["worktree", "remove", "--", &target])
+            .await?;
         Ok(())
     }
 
     /// `git worktree remove --force`: only with consent recorded in a cleanup job's snapshot (I11).
-    pub async fn worktree_remove_consented(
-        &self,
-        repo: &Path,
-        target: &ManagedPath,
-    ) -> Result<(), GitError> {
+    pub async fn worktree_remove_consented(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError> {
         let target = target.as_path().to_string_lossy().into_owned();
         self.run(
             "worktree remove",
@@ -130,8 +110,7 @@ impl GitCli {
 
     /// `git worktree prune`, scoped to one repository: forgets registrations whose directory is gone.
     pub async fn worktree_prune(&self, repo: &Path) -> Result<(), GitError> {
-        self.run("worktree prune", repo, &["worktree", "prune"])
-            .await?;
+        self.run("worktree prune", repo, &["worktree", "prune"]).await?;
         Ok(())
     }
 
@@ -141,12 +120,7 @@ impl GitCli {
             .run(
                 "status",
                 worktree,
-                &[
-                    "--no-optional-locks",
-                    "status",
-                    "--porcelain",
-                    "--untracked-files=all",
-                ],
+                &["--no-optional-locks", "status", "--porcelain", "--untracked-files=all"],
             )
             .await?;
         Ok(out.lines().filter(|l| !l.trim().is_empty()).count())

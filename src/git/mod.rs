@@ -21,8 +21,7 @@ impl BranchName {
             return Err("HEAD is not a branch name");
         }
         let full = format!("refs/heads/{name}");
-        gix::validate::reference::branch_name(full.as_bytes().into())
-            .map_err(|_| "is not a valid git branch name")?;
+        gix::validate::reference::branch_name(full.as_bytes().into()).map_err(|_| "is not a valid git branch name")?;
         Ok(BranchName(name.to_string()))
     }
 
@@ -41,9 +40,7 @@ mod tests {
         for ok in ["main", "trunk", "feature/login", "berth/task-1", "v1.2"] {
             assert!(BranchName::parse(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "", "-x", "a..b", "a b", "x~1", "a:b", "HEAD", "a/", "a.lock", "a@{1}",
-        ] {
+        for bad in ["", "-x", "a..b", "a b", "x~1", "a:b", "HEAD", "a/", "a.lock", "a@{1}"] {
             assert!(BranchName::parse(bad).is_err(), "{bad:?}");
         }
     }
@@ -71,15 +68,12 @@ pub enum InspectError {
 
 /// Opens `path` read-only (isolated from user and system config) and reports its identity.
 pub fn inspect_repository(path: &Path) -> Result<RepositoryIdentity, InspectError> {
-    let repo = gix::open_opts(path, gix::open::Options::isolated())
-        .map_err(|_| InspectError::NotARepository)?;
+    let repo = gix::open_opts(path, gix::open::Options::isolated()).map_err(|_| InspectError::NotARepository)?;
     if repo.is_bare() {
         return Err(InspectError::Bare);
     }
     let workdir = repo.workdir().ok_or(InspectError::Bare)?;
-    let workdir = workdir
-        .canonicalize()
-        .map_err(|_| InspectError::NotARepository)?;
+    let workdir = workdir.canonicalize().map_err(|_| InspectError::NotARepository)?;
     if workdir != path {
         return Err(InspectError::NotTheRoot);
     }
@@ -88,11 +82,7 @@ pub fn inspect_repository(path: &Path) -> Result<RepositoryIdentity, InspectErro
         .common_dir()
         .canonicalize()
         .map_err(|_| InspectError::NotARepository)?;
-    let head_branch = repo
-        .head_name()
-        .ok()
-        .flatten()
-        .map(|name| name.shorten().to_string());
+    let head_branch = repo.head_name().ok().flatten().map(|name| name.shorten().to_string());
     Ok(RepositoryIdentity {
         workdir,
         common_git_dir,
@@ -113,18 +103,13 @@ pub struct WorktreeInfo {
 /// Inspects an existing work tree root without changing anything.
 pub fn inspect_worktree(path: &Path) -> Result<WorktreeInfo, InspectError> {
     let identity = inspect_repository(path)?;
-    let repo = gix::open_opts(path, gix::open::Options::isolated())
-        .map_err(|_| InspectError::NotARepository)?;
+    let repo = gix::open_opts(path, gix::open::Options::isolated()).map_err(|_| InspectError::NotARepository)?;
     let git_dir = repo
         .git_dir()
         .canonicalize()
         .map_err(|_| InspectError::NotARepository)?;
     let worktree_id = (git_dir != identity.common_git_dir)
-        .then(|| {
-            git_dir
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-        })
+        .then(|| git_dir.file_name().map(|n| n.to_string_lossy().into_owned()))
         .flatten();
     Ok(WorktreeInfo {
         common_git_dir: identity.common_git_dir,
@@ -135,12 +120,7 @@ pub fn inspect_worktree(path: &Path) -> Result<WorktreeInfo, InspectError> {
 
 /// True when `refs/heads/<branch>` exists in the repository at `repo_path`.
 pub fn branch_exists(repo_path: &Path, branch: &str) -> Result<bool, InspectError> {
-    let repo = gix::open_opts(repo_path, gix::open::Options::isolated())
-        .map_err(|_| InspectError::NotARepository)?;
+    let repo = gix::open_opts(repo_path, gix::open::Options::isolated()).map_err(|_| InspectError::NotARepository)?;
     let name = format!("refs/heads/{branch}");
-    Ok(repo
-        .try_find_reference(name.as_str())
-        .ok()
-        .flatten()
-        .is_some())
+    Ok(repo.try_find_reference(name.as_str()).ok().flatten().is_some())
 }

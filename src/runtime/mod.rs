@@ -63,10 +63,7 @@ pub enum SpawnError {
 }
 
 impl Runtime {
-    pub fn new(
-        grace: Duration,
-        term_grace: Duration,
-    ) -> (Arc<Runtime>, mpsc::UnboundedReceiver<RuntimeEvent>) {
+    pub fn new(grace: Duration, term_grace: Duration) -> (Arc<Runtime>, mpsc::UnboundedReceiver<RuntimeEvent>) {
         let (events, rx) = mpsc::unbounded_channel();
         (
             Arc::new(Runtime {
@@ -207,8 +204,7 @@ impl Runtime {
             let _ = stdout_task.await;
             let _ = stderr_task.await;
             let stderr_tail =
-                String::from_utf8_lossy(&tail.lock().unwrap().iter().copied().collect::<Vec<u8>>())
-                    .into_owned();
+                String::from_utf8_lossy(&tail.lock().unwrap().iter().copied().collect::<Vec<u8>>()).into_owned();
             let expected = agent_e.stopping.load(std::sync::atomic::Ordering::Acquire);
             let code = status.ok().and_then(|s| s.code());
             let _ = exited_tx.send(true);
@@ -226,10 +222,7 @@ impl Runtime {
     /// Forgets an agent whose exit was reported (called by the domain when it records the exit).
     pub fn forget(&self, session_id: Uuid, execution_id: Uuid) {
         let mut agents = self.agents.lock().unwrap();
-        if agents
-            .get(&session_id)
-            .is_some_and(|a| a.execution_id == execution_id)
-        {
+        if agents.get(&session_id).is_some_and(|a| a.execution_id == execution_id) {
             agents.remove(&session_id);
         }
     }
@@ -239,9 +232,7 @@ impl Runtime {
         let agent = self.agents.lock().unwrap().get(&session_id).cloned();
         let Some(agent) = agent else { return false };
         let stdin = agent.stdin.lock().unwrap();
-        stdin
-            .as_ref()
-            .is_some_and(|tx| tx.send(command.to_string()).is_ok())
+        stdin.as_ref().is_some_and(|tx| tx.send(command.to_string()).is_ok())
     }
 
     pub fn is_working(&self, session_id: Uuid) -> bool {
@@ -262,9 +253,7 @@ impl Runtime {
     }
 
     async fn escalate(&self, session_id: Uuid, agent: &Agent) {
-        agent
-            .stopping
-            .store(true, std::sync::atomic::Ordering::Release);
+        agent.stopping.store(true, std::sync::atomic::Ordering::Release);
         let mut exited = agent.exited.clone();
         if *agent.working.borrow() {
             self.send(session_id, serde_json::json!({"type": "abort"}));
@@ -272,10 +261,7 @@ impl Runtime {
             let _ = tokio::time::timeout(self.grace, working.wait_for(|w| !*w)).await;
         }
         agent.stdin.lock().unwrap().take();
-        if tokio::time::timeout(self.grace, exited.wait_for(|e| *e))
-            .await
-            .is_ok()
-        {
+        if tokio::time::timeout(self.grace, exited.wait_for(|e| *e)).await.is_ok() {
             return;
         }
         signal_group(agent.pid, libc::SIGTERM);

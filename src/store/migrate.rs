@@ -19,9 +19,7 @@ const BACKUPS_KEPT: usize = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
-    #[error(
-        "the database was migrated by a newer berth (unknown migrations: {0}); refusing to start"
-    )]
+    #[error("the database was migrated by a newer berth (unknown migrations: {0}); refusing to start")]
     NewerDatabase(String),
     #[error("could not take the pre-migration backup at {path}: {reason}")]
     Backup { path: PathBuf, reason: String },
@@ -41,10 +39,7 @@ pub enum MigrateOutcome {
 }
 
 pub fn known_versions() -> Vec<String> {
-    Migrator::migrations()
-        .iter()
-        .map(|m| m.name().to_string())
-        .collect()
+    Migrator::migrations().iter().map(|m| m.name().to_string()).collect()
 }
 
 /// Versions recorded in the database (empty when it was never migrated).
@@ -58,9 +53,7 @@ pub async fn applied_versions<C: ConnectionTrait>(conn: &C) -> Result<Vec<String
             "SELECT COUNT(*) AS n FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = 'seaql_migrations'"
         }
     };
-    let row = conn
-        .query_one_raw(Statement::from_string(backend, exists_sql))
-        .await?;
+    let row = conn.query_one_raw(Statement::from_string(backend, exists_sql)).await?;
     let n: i64 = row.map(|r| r.try_get("", "n")).transpose()?.unwrap_or(0);
     if n == 0 {
         return Ok(Vec::new());
@@ -93,11 +86,7 @@ pub async fn is_current(conn: &DatabaseConnection) -> bool {
     matches!(applied_versions(conn).await.map(|a| pending(&a)), Ok(Ok(p)) if p.is_empty())
 }
 
-pub async fn migrate(
-    db: &Db,
-    data_dir: &Path,
-    lock_timeout: Duration,
-) -> Result<MigrateOutcome, MigrateError> {
+pub async fn migrate(db: &Db, data_dir: &Path, lock_timeout: Duration) -> Result<MigrateOutcome, MigrateError> {
     match db.backend() {
         DbBackend::Sqlite => migrate_sqlite(db, data_dir).await,
         _ => migrate_postgres(db, lock_timeout).await,
@@ -169,11 +158,7 @@ async fn lock_file(path: &Path) -> Result<std::fs::File, MigrateError> {
 }
 
 /// `VACUUM INTO` a fresh file, prove it with `PRAGMA integrity_check`, keep the newest two.
-async fn backup_sqlite(
-    db: &Db,
-    data_dir: &Path,
-    next_version: &str,
-) -> Result<PathBuf, MigrateError> {
+async fn backup_sqlite(db: &Db, data_dir: &Path, next_version: &str) -> Result<PathBuf, MigrateError> {
     let dir = data_dir.join("backups");
     let fail = |path: &Path, reason: String| MigrateError::Backup {
         path: path.to_path_buf(),
@@ -191,9 +176,7 @@ async fn backup_sqlite(
         .await
         .map_err(|e| fail(&path, e.to_string()))?;
 
-    let verdict = integrity_check(&path)
-        .await
-        .map_err(|e| fail(&path, e.to_string()))?;
+    let verdict = integrity_check(&path).await.map_err(|e| fail(&path, e.to_string()))?;
     if verdict != "ok" {
         return Err(fail(&path, format!("integrity_check said {verdict:?}")));
     }

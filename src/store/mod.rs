@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
-    ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
-    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    ConnectOptions, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, SqliteTransactionMode,
+    TransactionOptions, TransactionTrait,
 };
 
 #[derive(Clone)]

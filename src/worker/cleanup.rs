@@ -8,9 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sea_orm::sea_query::{Expr, LockBehavior, LockType};
-use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
-};
+use sea_orm::{ActiveValue::Set, ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use uuid::Uuid;
 
 use crate::domain::Ctx;
@@ -48,8 +46,7 @@ pub async fn run(ctx: Ctx, index: usize) {
         match claim(&ctx, &owner).await {
             Ok(Some(j)) => process(&ctx, &owner, j).await,
             Ok(None) => {
-                let _ = tokio::time::timeout(ctx.config.cleanup_poll, ctx.cleanup_wake.notified())
-                    .await;
+                let _ = tokio::time::timeout(ctx.config.cleanup_poll, ctx.cleanup_wake.notified()).await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "claiming a cleanup job failed");
@@ -86,8 +83,7 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>, sea_orm
         txn.rollback().await?;
         return Ok(None);
     };
-    let lease = chrono::Duration::from_std(ctx.config.cleanup_lease)
-        .unwrap_or(chrono::Duration::minutes(5));
+    let lease = chrono::Duration::from_std(ctx.config.cleanup_lease).unwrap_or(chrono::Duration::minutes(5));
     let claimed = job::Model {
         state: "running".into(),
         attempts: found.attempts + 1,
@@ -112,15 +108,11 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>, sea_orm
         .map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
     txn.commit().await?;
     ctx.events.wake();
-    let due_at = found
-        .next_attempt_at
-        .or(found.lease_expires_at)
-        .unwrap_or(now);
+    let due_at = found.next_attempt_at.or(found.lease_expires_at).unwrap_or(now);
     ctx.cleanup_stats.claims.fetch_add(1, Ordering::Relaxed);
-    ctx.cleanup_stats.claim_latency_ms.fetch_add(
-        (now - due_at).num_milliseconds().max(0) as u64,
-        Ordering::Relaxed,
-    );
+    ctx.cleanup_stats
+        .claim_latency_ms
+        .fetch_add((now - due_at).num_milliseconds().max(0) as u64, Ordering::Relaxed);
     Ok(Some(claimed))
 }
 
@@ -129,8 +121,7 @@ async fn process(ctx: &Ctx, owner: &str, j: job::Model) {
         // A test failpoint: behave like a process that died holding the lease.
         std::future::pending::<()>().await;
     }
-    let heartbeat =
-        tokio::spawn(heartbeat(ctx.clone(), owner.to_string(), j.id, j.attempts)).abort_handle();
+    let heartbeat = tokio::spawn(heartbeat(ctx.clone(), owner.to_string(), j.id, j.attempts)).abort_handle();
     let outcome = execute(ctx, &j).await;
     heartbeat.abort();
     if let Err(e) = record(ctx, owner, &j, outcome).await {
@@ -140,8 +131,7 @@ async fn process(ctx: &Ctx, owner: &str, j: job::Model) {
 
 async fn heartbeat(ctx: Ctx, owner: String, id: Uuid, attempts: i32) {
     let every = (ctx.config.cleanup_lease / 3).max(Duration::from_millis(100));
-    let lease = chrono::Duration::from_std(ctx.config.cleanup_lease)
-        .unwrap_or(chrono::Duration::minutes(5));
+    let lease = chrono::Duration::from_std(ctx.config.cleanup_lease).unwrap_or(chrono::Duration::minutes(5));
     loop {
         tokio::time::sleep(every).await;
         let res = job::Entity::update_many()
@@ -163,12 +153,7 @@ async fn heartbeat(ctx: Ctx, owner: String, id: Uuid, attempts: i32) {
 
 /// Compare-and-set on owner and attempt: a worker whose lease was taken (or whose job was cancelled)
 /// records nothing.
-async fn record(
-    ctx: &Ctx,
-    owner: &str,
-    j: &job::Model,
-    outcome: Outcome,
-) -> Result<(), sea_orm::DbErr> {
+async fn record(ctx: &Ctx, owner: &str, j: &job::Model, outcome: Outcome) -> Result<(), sea_orm::DbErr> {
     let now = crate::domain::now();
     let (state, error, next) = match outcome {
         Outcome::Done => ("succeeded", None, None),
@@ -260,11 +245,7 @@ async fn execute(ctx: &Ctx, j: &job::Model) -> Outcome {
 
 /// Re-checked at destruction time (I8): the environment was transferred to another task, or a live task
 /// still works in it.
-async fn shared_elsewhere(
-    ctx: &Ctx,
-    snap: &Snapshot,
-    env_id: Uuid,
-) -> Result<bool, sea_orm::DbErr> {
+async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: Uuid) -> Result<bool, sea_orm::DbErr> {
     let Some(e) = env::Entity::find_by_id(env_id).one(&ctx.db.conn).await? else {
         return Ok(false);
     };
@@ -302,19 +283,12 @@ async fn shared_elsewhere(
     Ok(false)
 }
 
-async fn destroy_worktree(
-    ctx: &Ctx,
-    root: &ManagedRoot,
-    w: &WorktreeSnapshot,
-    consent: bool,
-) -> Outcome {
+async fn destroy_worktree(ctx: &Ctx, root: &ManagedRoot, w: &WorktreeSnapshot, consent: bool) -> Outcome {
     // I13: only inside the managed root, never through a symlink.
     let target = match root.adopt(Path::new(&w.worktree_path)) {
         Ok(t) => t,
         Err(e) => {
-            return Outcome::Terminal(format!(
-                "refusing a worktree path outside the managed root: {e}"
-            ));
+            return Outcome::Terminal(format!("refusing a worktree path outside the managed root: {e}"));
         }
     };
     let repo = Path::new(&w.repository_path);
@@ -358,11 +332,7 @@ async fn destroy_worktree(
 
 /// After destruction: the inventory rows are `deleted` and the environment superseded, if it still
 /// belongs to the job's task.
-async fn retire_environment(
-    ctx: &Ctx,
-    snap: &Snapshot,
-    env_id: Uuid,
-) -> Result<(), sea_orm::DbErr> {
+async fn retire_environment(ctx: &Ctx, snap: &Snapshot, env_id: Uuid) -> Result<(), sea_orm::DbErr> {
     let now = crate::domain::now();
     let txn = ctx.db.begin_write().await?;
     let Some(e) = env::Entity::find_by_id(env_id).one(&txn).await? else {
@@ -374,10 +344,7 @@ async fn retire_environment(
         return Ok(());
     }
     env_repo::Entity::update_many()
-        .col_expr(
-            env_repo::Column::Status,
-            Expr::value(EnvironmentRepoStatus::Deleted),
-        )
+        .col_expr(env_repo::Column::Status, Expr::value(EnvironmentRepoStatus::Deleted))
         .col_expr(env_repo::Column::DeletedAt, Expr::value(Some(now)))
         .col_expr(env_repo::Column::UpdatedAt, Expr::value(now))
         .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
@@ -416,21 +383,16 @@ async fn retire_environment(
 
 /// I6: a `prepared` job whose operation crashed is activated if its mutation committed, else cancelled.
 pub async fn reconcile_prepared(ctx: &Ctx) -> Result<(), sea_orm::DbErr> {
-    let grace = chrono::Duration::from_std(ctx.config.cleanup_prepared_grace)
-        .unwrap_or(chrono::Duration::minutes(1));
+    let grace = chrono::Duration::from_std(ctx.config.cleanup_prepared_grace).unwrap_or(chrono::Duration::minutes(1));
     let stale = job::Entity::find()
         .filter(job::Column::State.eq("prepared"))
         .filter(job::Column::CreatedAt.lt(crate::domain::now() - grace))
         .all(&ctx.db.conn)
         .await?;
     for j in stale {
-        let task_row = task::Entity::find_by_id(j.task_id)
-            .one(&ctx.db.conn)
-            .await?;
+        let task_row = task::Entity::find_by_id(j.task_id).one(&ctx.db.conn).await?;
         let committed = match j.trigger.as_str() {
-            "archive" | "cascade_archive" => {
-                task_row.as_ref().is_some_and(|t| t.archived_at.is_some())
-            }
+            "archive" | "cascade_archive" => task_row.as_ref().is_some_and(|t| t.archived_at.is_some()),
             "environment_reset" => match j.task_environment_id {
                 Some(id) => env::Entity::find_by_id(id)
                     .one(&ctx.db.conn)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::domain::Ctx;
 use crate::events;
 
-/// Trims events by count and age, every `interval`, forever.
+/// Trims events by count and age and expires idle quick chats, every `interval`, forever.
 pub async fn sweep(ctx: Ctx, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     loop {
@@ -21,6 +21,9 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
             Ok(0) => {}
             Ok(n) => tracing::info!(trimmed = n, "event retention"),
             Err(e) => tracing::warn!(error = %e, "event retention failed"),
+        }
+        if let Err(e) = crate::domain::cleanup::expire_quick_chats(&ctx).await {
+            tracing::warn!(error = %e, "quick-chat expiry failed");
         }
     }
 }

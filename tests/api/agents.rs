@@ -40,10 +40,7 @@ async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value)
         if pred(&s) {
             return s;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "session never {what}: {s}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "session never {what}: {s}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -56,10 +53,7 @@ async fn replies(app: &TestApp, session: Uuid) -> Vec<String> {
         .unwrap()
         .iter()
         .filter(|e| e["type"] == "runtime.output" && e["session_id"] == session.to_string())
-        .filter(|e| {
-            e["data"]["event"]["type"] == "message_end"
-                && e["data"]["event"]["message"]["role"] == "assistant"
-        })
+        .filter(|e| e["data"]["event"]["type"] == "message_end" && e["data"]["event"]["message"]["role"] == "assistant")
         .map(|e| {
             e["data"]["event"]["message"]["content"][0]["text"]
                 .as_str()
@@ -103,10 +97,7 @@ async fn execution_pid(app: &TestApp, execution: Uuid) -> i64 {
 
 /// What admission must never change: git state, files and registrations of the source and the worktree.
 fn fingerprint(source: &Path, worktree: &Path) -> (Vec<String>, String, String, Vec<String>) {
-    let mut listing: Vec<String> = walk(worktree)
-        .into_iter()
-        .map(|p| p.display().to_string())
-        .collect();
+    let mut listing: Vec<String> = walk(worktree).into_iter().map(|p| p.display().to_string()).collect();
     listing.sort();
     (
         worktrees_of(source),
@@ -190,10 +181,7 @@ async fn an_agent_works_in_its_admitted_worktree(app: TestApp) {
     .await
     .ok(202);
     wait_reply(&app, id, 3).await;
-    assert_eq!(
-        std::fs::read_to_string(worktree.join("hello.txt")).unwrap(),
-        "hi there"
-    );
+    assert_eq!(std::fs::read_to_string(worktree.join("hello.txt")).unwrap(), "hi there");
     // Events: the state went starting -> idle/running, and output is visible as runtime.output.
     let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
     let states: Vec<String> = page["events"]
@@ -231,12 +219,9 @@ async fn a_local_agent_works_in_the_repository(app: TestApp) {
         wait_reply(&app, uuid(&s["id"]), 1).await[0],
         source.display().to_string()
     );
-    app.post(
-        &format!("/api/v1/sessions/{}/stop", uuid(&s["id"])),
-        json!({}),
-    )
-    .await
-    .ok(200);
+    app.post(&format!("/api/v1/sessions/{}/stop", uuid(&s["id"])), json!({}))
+        .await
+        .ok(200);
 }
 
 // I15, I16: a missing directory, a plain directory, a worktree of another repository: refused with the
@@ -255,10 +240,7 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
         .ok(201);
     let id = uuid(&s["id"]);
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
-    let env_before = app
-        .get(&format!("/api/v1/tasks/{task}/environment"))
-        .await
-        .ok(200);
+    let env_before = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     let moved = worktree.with_file_name("svc-moved-away");
 
     type Step<'a> = Box<dyn Fn() + 'a>;
@@ -286,14 +268,7 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
                 std::fs::rename(&worktree, &moved).unwrap();
                 git(
                     &other,
-                    &[
-                        "worktree",
-                        "add",
-                        "-q",
-                        "-b",
-                        "elsewhere",
-                        worktree.to_str().unwrap(),
-                    ],
+                    &["worktree", "add", "-q", "-b", "elsewhere", worktree.to_str().unwrap()],
                 );
             }),
             Box::new(|| {
@@ -306,9 +281,7 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
         break_it();
         let before = fingerprint(&source, &worktree);
         let other_before = worktrees_of(&other);
-        let r = app
-            .post(&format!("/api/v1/sessions/{id}/resume"), json!({}))
-            .await;
+        let r = app.post(&format!("/api/v1/sessions/{id}/resume"), json!({})).await;
         let p = r.problem(409, "workspace_reuse_unsafe");
         assert_eq!(p["category"], category);
         assert_eq!(p["retryable"], true);
@@ -332,9 +305,7 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
         );
         assert_eq!(worktrees_of(&other), other_before);
         assert_eq!(
-            app.get(&format!("/api/v1/tasks/{task}/environment"))
-                .await
-                .ok(200),
+            app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200),
             env_before,
             "{category}: inventory unchanged"
         );
@@ -349,16 +320,10 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
         mend_it();
     }
     // Mended, the same session resumes in its worktree.
-    app.post(
-        &format!("/api/v1/sessions/{id}/resume"),
-        json!({"prompt": "pwd"}),
-    )
-    .await
-    .ok(200);
-    assert_eq!(
-        wait_reply(&app, id, 1).await[0],
-        worktree.display().to_string()
-    );
+    app.post(&format!("/api/v1/sessions/{id}/resume"), json!({"prompt": "pwd"}))
+        .await
+        .ok(200);
+    assert_eq!(wait_reply(&app, id, 1).await[0], worktree.display().to_string());
     app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
         .await
         .ok(200);
@@ -391,10 +356,7 @@ async fn a_successful_resume_heals_a_wrong_workspace_path(app: TestApp) {
     .unwrap();
     let id = uuid(&s["id"]);
     let launched = app
-        .post(
-            &format!("/api/v1/sessions/{id}/launch"),
-            json!({"prompt": "pwd"}),
-        )
+        .post(&format!("/api/v1/sessions/{id}/launch"), json!({"prompt": "pwd"}))
         .await
         .ok(200);
     assert_eq!(
@@ -408,9 +370,7 @@ async fn a_successful_resume_heals_a_wrong_workspace_path(app: TestApp) {
         "the agent ran in the worktree, not the source"
     );
     assert_eq!(
-        app.get(&format!("/api/v1/environments/{env_id}"))
-            .await
-            .ok(200)["workspace_path"],
+        app.get(&format!("/api/v1/environments/{env_id}")).await.ok(200)["workspace_path"],
         worktree.as_str()
     );
     app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
@@ -447,12 +407,9 @@ async fn stop_escalates_to_sigkill_for_an_agent_that_ignores_abort(app: TestApp)
     assert!(!pid_alive(pid), "the process group was killed");
     // The transcript is kept; messages to a stopped session are refused.
     assert!(app.count("session_messages").await >= 1);
-    app.post(
-        &format!("/api/v1/sessions/{id}/messages"),
-        json!({"text": "hello?"}),
-    )
-    .await
-    .problem(409, "conflict");
+    app.post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "hello?"}))
+        .await
+        .problem(409, "conflict");
 }
 
 // I27: one live process per session; launching a running session returns it.
@@ -485,62 +442,46 @@ async fn bad_agent_requests_fail_cleanly(app: TestApp) {
     let (repo, source) = app.repository(ws, "svc").await;
     let task = app.task(ws, "Bad agents", &[repo]).await;
     let url = format!("/api/v1/tasks/{task}/sessions");
-    app.post(
-        &url,
-        json!({"executor_type": "worktree", "agent_profile": "nope"}),
-    )
-    .await
-    .problem(422, "validation_failed");
+    app.post(&url, json!({"executor_type": "worktree", "agent_profile": "nope"}))
+        .await
+        .problem(422, "validation_failed");
     app.post(&url, json!({"executor_type": "worktree", "start": true}))
         .await
         .problem(422, "validation_failed");
-    app.post(&url, json!({"executor_type": "worktree", "agent_profile": "test", "start": false, "prompt": "x"})).await.problem(422, "validation_failed");
+    app.post(
+        &url,
+        json!({"executor_type": "worktree", "agent_profile": "test", "start": false, "prompt": "x"}),
+    )
+    .await
+    .problem(422, "validation_failed");
     assert_eq!(app.count("task_sessions").await, 0);
     // A profile whose command does not exist: a typed failure, the session failed, nothing else changed.
     let r = app
-        .post(
-            &url,
-            json!({"executor_type": "worktree", "agent_profile": "missing"}),
-        )
+        .post(&url, json!({"executor_type": "worktree", "agent_profile": "missing"}))
         .await;
     let p = r.problem(409, "conflict");
     assert_eq!(p["action"], "check_agent_profile");
     assert!(!r.text.contains("/nonexistent"), "no path in the body");
-    let sessions = app
-        .get(&format!("/api/v1/tasks/{task}/sessions"))
-        .await
-        .ok(200);
+    let sessions = app.get(&format!("/api/v1/tasks/{task}/sessions")).await.ok(200);
     let s = &sessions["items"][0];
     assert_eq!(s["state"], "failed");
     assert_eq!(s["last_error"]["code"], "agent_start_failed");
     assert_eq!(
-        app.get(&format!("/api/v1/tasks/{task}/environment"))
-            .await
-            .ok(200)["status"],
+        app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200)["status"],
         "ready"
     );
     assert_eq!(worktrees_of(&source).len(), 2, "the workspace stays");
     // A session without a profile cannot be launched; messages need a running agent.
-    let plain = id_of(
-        &app.post(&url, json!({"executor_type": "worktree"}))
-            .await
-            .ok(201),
-    );
+    let plain = id_of(&app.post(&url, json!({"executor_type": "worktree"})).await.ok(201));
     app.post(&format!("/api/v1/sessions/{plain}/launch"), json!({}))
         .await
         .problem(422, "validation_failed");
-    app.post(
-        &format!("/api/v1/sessions/{plain}/messages"),
-        json!({"text": "hi"}),
-    )
-    .await
-    .problem(409, "conflict");
-    app.post(
-        &format!("/api/v1/sessions/{plain}/launch"),
-        json!({"bogus": 1}),
-    )
-    .await
-    .problem(400, "validation_failed");
+    app.post(&format!("/api/v1/sessions/{plain}/messages"), json!({"text": "hi"}))
+        .await
+        .problem(409, "conflict");
+    app.post(&format!("/api/v1/sessions/{plain}/launch"), json!({"bogus": 1}))
+        .await
+        .problem(400, "validation_failed");
     let reader = app.token("sessions:read");
     app.call(
         Method::POST,
@@ -557,7 +498,13 @@ async fn deleting_an_idle_session_stops_its_agent_and_keeps_the_workspace(app: T
     let ws = app.workspace("ws").await;
     let (repo, source) = app.repository(ws, "svc").await;
     let task = app.task(ws, "Idle delete", &[repo]).await;
-    let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "write note.txt kept"})).await.ok(201);
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "write note.txt kept"}),
+        )
+        .await
+        .ok(201);
     let id = uuid(&s["id"]);
     wait_reply(&app, id, 1).await;
     let s = wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
@@ -565,10 +512,7 @@ async fn deleting_an_idle_session_stops_its_agent_and_keeps_the_workspace(app: T
     app.delete(&format!("/api/v1/sessions/{id}")).await.ok(204);
     assert!(!pid_alive(pid));
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
-    assert_eq!(
-        std::fs::read_to_string(worktree.join("note.txt")).unwrap(),
-        "kept"
-    );
+    assert_eq!(std::fs::read_to_string(worktree.join("note.txt")).unwrap(), "kept");
     assert!(worktrees_of(&source).contains(&worktree.display().to_string()));
     assert_eq!(app.count("task_resource_cleanup_jobs").await, 0);
 }
@@ -602,33 +546,20 @@ async fn a_restart_relaunches_open_sessions_in_the_same_worktree(app: TestApp) {
     // Shut the first server's agents down as a server stop does (desired_open stays), then start anew.
     app.app_state.ctx.runtime.stop_all().await;
     assert!(!pid_alive(old_pid));
-    let restarted = berth::startup::Application::build(app.config.clone())
-        .await
-        .unwrap();
+    let restarted = berth::startup::Application::build(app.config.clone()).await.unwrap();
     let runtime = restarted.state.ctx.runtime.clone();
     let new_instance = restarted.state.ctx.instance_id;
-    assert_ne!(
-        new_instance, app.app_state.ctx.instance_id,
-        "a new instance id"
-    );
+    assert_ne!(new_instance, app.app_state.ctx.instance_id, "a new instance id");
     assert_eq!(runtime.live_count(), 1, "only the open session came back");
-    let s = app
-        .get(&format!("/api/v1/sessions/{open_id}"))
-        .await
-        .ok(200);
+    let s = app.get(&format!("/api/v1/sessions/{open_id}")).await.ok(200);
     assert_eq!(s["state"], "idle");
-    assert_ne!(
-        s["execution_id"], open["execution_id"],
-        "a new execution id"
-    );
+    assert_ne!(s["execution_id"], open["execution_id"], "a new execution id");
     assert_eq!(s["workspace_path"], open["workspace_path"]);
     assert_ne!(s["workspace_path"], source.display().to_string().as_str());
     let new_pid = execution_pid(&app, uuid(&s["execution_id"])).await;
     assert!(pid_alive(new_pid));
     assert_eq!(
-        app.get(&format!("/api/v1/sessions/{closed_id}"))
-            .await
-            .ok(200)["state"],
+        app.get(&format!("/api/v1/sessions/{closed_id}")).await.ok(200)["state"],
         "stopped",
         "an explicitly stopped session stays stopped"
     );

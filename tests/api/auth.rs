@@ -21,7 +21,8 @@ both_backends!(
 
 fn claims(overrides: Value) -> Value {
     let now = chrono::Utc::now().timestamp();
-    let mut c = json!({"sub": "mallory", "scope": "admin", "exp": now + 600, "iat": now, "iss": "berth", "aud": "berth-api"});
+    let mut c =
+        json!({"sub": "mallory", "scope": "admin", "exp": now + 600, "iat": now, "iss": "berth", "aud": "berth-api"});
     for (k, v) in overrides.as_object().unwrap() {
         if v.is_null() {
             c.as_object_mut().unwrap().remove(k);
@@ -54,11 +55,7 @@ async fn every_bad_token_is_401(app: TestApp) {
         ("malformed", Some("not-a-jwt".into())),
         (
             "expired",
-            Some(hs(
-                Algorithm::HS256,
-                SECRET,
-                &claims(json!({"exp": now - 3600})),
-            )),
+            Some(hs(Algorithm::HS256, SECRET, &claims(json!({"exp": now - 3600})))),
         ),
         (
             "wrong signature",
@@ -75,19 +72,11 @@ async fn every_bad_token_is_401(app: TestApp) {
         ("alg none", Some(unsigned)),
         (
             "wrong issuer",
-            Some(hs(
-                Algorithm::HS256,
-                SECRET,
-                &claims(json!({"iss": "evil"})),
-            )),
+            Some(hs(Algorithm::HS256, SECRET, &claims(json!({"iss": "evil"})))),
         ),
         (
             "wrong audience",
-            Some(hs(
-                Algorithm::HS256,
-                SECRET,
-                &claims(json!({"aud": "other-api"})),
-            )),
+            Some(hs(Algorithm::HS256, SECRET, &claims(json!({"aud": "other-api"})))),
         ),
         (
             "no audience",
@@ -102,15 +91,11 @@ async fn every_bad_token_is_401(app: TestApp) {
         let r = app.call(Method::GET, path, token.as_deref(), None).await;
         let body = r.problem(401, "unauthenticated");
         assert!(
-            r.header("www-authenticate")
-                .is_some_and(|v| v.starts_with("Bearer")),
+            r.header("www-authenticate").is_some_and(|v| v.starts_with("Bearer")),
             "{case}: no WWW-Authenticate"
         );
         if let Some(t) = &token {
-            assert!(
-                !r.text.contains(t.as_str()),
-                "{case}: the body echoes the token"
-            );
+            assert!(!r.text.contains(t.as_str()), "{case}: the body echoes the token");
         }
         assert!(body["detail"].is_string(), "{case}");
     }
@@ -118,10 +103,7 @@ async fn every_bad_token_is_401(app: TestApp) {
     let r = app
         .client
         .get(format!("{}{path}", app.base))
-        .header(
-            "Authorization",
-            format!("Basic {}", URL_SAFE_NO_PAD.encode("a:b")),
-        )
+        .header("Authorization", format!("Basic {}", URL_SAFE_NO_PAD.encode("a:b")))
         .send()
         .await
         .unwrap();
@@ -143,11 +125,7 @@ async fn missing_scope_is_403_and_names_the_scope(app: TestApp) {
         .await;
     let body = r.problem(403, "insufficient_scope");
     assert_eq!(body["required_scope"], "workspaces:admin");
-    assert_eq!(
-        app.count("workspaces").await,
-        0,
-        "a refused request created nothing"
-    );
+    assert_eq!(app.count("workspaces").await, 0, "a refused request created nothing");
 
     // sessions:delete grants nothing else.
     let deleter = app.token("sessions:delete");
@@ -183,11 +161,7 @@ async fn other_workspace_answers_404(app: TestApp) {
         .ok(201),
     );
 
-    let token = app.token_for(
-        "tasks:read tasks:write workspaces:admin",
-        Some(vec![mine]),
-        None,
-    );
+    let token = app.token_for("tasks:read tasks:write workspaces:admin", Some(vec![mine]), None);
     let t = Some(token.as_str());
     app.call(Method::GET, &format!("/api/v1/workspaces/{mine}"), t, None)
         .await
@@ -199,9 +173,7 @@ async fn other_workspace_answers_404(app: TestApp) {
         format!("/api/v1/repositories/{their_repo}"),
         format!("/api/v1/tasks/{their_task}"),
     ] {
-        app.call(Method::GET, &path, t, None)
-            .await
-            .problem(404, "not_found");
+        app.call(Method::GET, &path, t, None).await.problem(404, "not_found");
     }
     // Writes into it are 404 too, and change nothing.
     app.call(
@@ -212,14 +184,9 @@ async fn other_workspace_answers_404(app: TestApp) {
     )
     .await
     .problem(404, "not_found");
-    app.call(
-        Method::DELETE,
-        &format!("/api/v1/repositories/{their_repo}"),
-        t,
-        None,
-    )
-    .await
-    .problem(404, "not_found");
+    app.call(Method::DELETE, &format!("/api/v1/repositories/{their_repo}"), t, None)
+        .await
+        .problem(404, "not_found");
     app.call(
         Method::POST,
         &format!("/api/v1/workspaces/{theirs}/tasks"),
@@ -229,29 +196,17 @@ async fn other_workspace_answers_404(app: TestApp) {
     .await
     .problem(404, "not_found");
     assert_eq!(
-        app.get(&format!("/api/v1/tasks/{their_task}"))
-            .await
-            .ok(200)["title"],
+        app.get(&format!("/api/v1/tasks/{their_task}")).await.ok(200)["title"],
         "secret"
     );
-    app.get(&format!("/api/v1/repositories/{their_repo}"))
-        .await
-        .ok(200);
+    app.get(&format!("/api/v1/repositories/{their_repo}")).await.ok(200);
 
     // A limited token cannot create workspaces (names are global: it would learn other tenants' names).
-    app.call(
-        Method::POST,
-        "/api/v1/workspaces",
-        t,
-        Some(json!({"name": "theirs"})),
-    )
-    .await
-    .problem(403, "insufficient_scope");
-    // The list shows only the token's workspaces.
-    let list = app
-        .call(Method::GET, "/api/v1/workspaces", t, None)
+    app.call(Method::POST, "/api/v1/workspaces", t, Some(json!({"name": "theirs"})))
         .await
-        .ok(200);
+        .problem(403, "insufficient_scope");
+    // The list shows only the token's workspaces.
+    let list = app.call(Method::GET, "/api/v1/workspaces", t, None).await.ok(200);
     let ids: Vec<&str> = list["items"]
         .as_array()
         .unwrap()
@@ -264,19 +219,12 @@ async fn other_workspace_answers_404(app: TestApp) {
 async fn session_bound_token_stays_on_its_session(app: TestApp) {
     let ws = app.workspace("ws").await;
     let task = id_of(
-        &app.post(
-            &format!("/api/v1/workspaces/{ws}/tasks"),
-            json!({"title": "t"}),
-        )
-        .await
-        .ok(201),
+        &app.post(&format!("/api/v1/workspaces/{ws}/tasks"), json!({"title": "t"}))
+            .await
+            .ok(201),
     );
     // A token bound to a session that is not this task's: the task is not visible.
-    let agent = app.token_for(
-        "tasks:read tasks:write sessions:read",
-        None,
-        Some(Uuid::now_v7()),
-    );
+    let agent = app.token_for("tasks:read tasks:write sessions:read", None, Some(Uuid::now_v7()));
     let t = Some(agent.as_str());
     app.call(Method::GET, &format!("/api/v1/tasks/{task}"), t, None)
         .await
@@ -287,14 +235,9 @@ async fn session_bound_token_stays_on_its_session(app: TestApp) {
     app.call(Method::GET, "/api/v1/workspaces", t, None)
         .await
         .problem(403, "insufficient_scope");
-    app.call(
-        Method::GET,
-        &format!("/api/v1/workspaces/{ws}/tasks"),
-        t,
-        None,
-    )
-    .await
-    .problem(403, "insufficient_scope");
+    app.call(Method::GET, &format!("/api/v1/workspaces/{ws}/tasks"), t, None)
+        .await
+        .problem(403, "insufficient_scope");
     app.call(
         Method::POST,
         &format!("/api/v1/workspaces/{ws}/tasks"),
@@ -316,10 +259,7 @@ async fn session_bound_token_stays_on_its_session(app: TestApp) {
 
 /// I33, from the spec itself: every operation outside the public list answers 401 without a token.
 async fn every_non_public_operation_requires_a_token(app: TestApp) {
-    let spec = app
-        .call(Method::GET, "/openapi.json", None, None)
-        .await
-        .ok(200);
+    let spec = app.call(Method::GET, "/openapi.json", None, None).await.ok(200);
     let mut checked = 0;
     for (path, item) in spec["paths"].as_object().unwrap() {
         if berth::api::PUBLIC_PATHS.contains(&path.as_str()) {
@@ -379,11 +319,7 @@ async fn berth_token_cli_mints_a_working_token(app: TestApp) {
         "--ttl",
         "1h",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
     app.call(
         Method::GET,
@@ -403,14 +339,9 @@ async fn berth_token_cli_mints_a_working_token(app: TestApp) {
     .ok(201);
     // The token is limited to its workspace and its scopes.
     let other = app.workspace("other").await;
-    app.call(
-        Method::GET,
-        &format!("/api/v1/workspaces/{other}"),
-        Some(&token),
-        None,
-    )
-    .await
-    .problem(404, "not_found");
+    app.call(Method::GET, &format!("/api/v1/workspaces/{other}"), Some(&token), None)
+        .await
+        .problem(404, "not_found");
     app.call(
         Method::POST,
         "/api/v1/workspaces",
@@ -423,8 +354,6 @@ async fn berth_token_cli_mints_a_working_token(app: TestApp) {
     let bad = run(&["token", "--sub", "alice", "--scope", "tasks:fly"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown scope"));
-    let bad_ttl = run(&[
-        "token", "--sub", "alice", "--scope", "admin", "--ttl", "soon",
-    ]);
+    let bad_ttl = run(&["token", "--sub", "alice", "--scope", "admin", "--ttl", "soon"]);
     assert!(!bad_ttl.status.success());
 }

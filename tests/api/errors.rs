@@ -42,26 +42,16 @@ async fn bad_bodies_answer_problem_json_and_write_nothing(app: TestApp) {
     send_raw(&app, Method::POST, &tasks, "not json")
         .await
         .problem(400, "validation_failed");
-    let unknown = send_raw(
-        &app,
-        Method::POST,
-        &tasks,
-        r#"{"title": "t", "titel": "typo"}"#,
-    )
-    .await
-    .problem(400, "validation_failed");
+    let unknown = send_raw(&app, Method::POST, &tasks, r#"{"title": "t", "titel": "typo"}"#)
+        .await
+        .problem(400, "validation_failed");
     assert!(unknown["detail"].as_str().unwrap().contains("titel"));
     send_raw(&app, Method::POST, &tasks, r#"{"title": 42}"#)
         .await
         .problem(422, "validation_failed");
-    send_raw(
-        &app,
-        Method::POST,
-        &tasks,
-        r#"{"title": "t", "kind": "epic"}"#,
-    )
-    .await
-    .problem(422, "validation_failed");
+    send_raw(&app, Method::POST, &tasks, r#"{"title": "t", "kind": "epic"}"#)
+        .await
+        .problem(422, "validation_failed");
     send_raw(
         &app,
         Method::POST,
@@ -81,10 +71,7 @@ async fn bad_bodies_answer_problem_json_and_write_nothing(app: TestApp) {
         .problem(422, "validation_failed");
 
     // Oversized: larger than the configured limit (256 KiB by default).
-    let huge = format!(
-        r#"{{"title": "t", "description": "{}"}}"#,
-        "x".repeat(300 * 1024)
-    );
+    let huge = format!(r#"{{"title": "t", "description": "{}"}}"#, "x".repeat(300 * 1024));
     send_raw(&app, Method::POST, &tasks, &huge)
         .await
         .problem(413, "validation_failed");
@@ -150,21 +137,11 @@ async fn request_ids_are_echoed_or_made(app: TestApp) {
         .await
         .unwrap();
     assert_eq!(r.headers()["x-request-id"], "trace-me-123");
-    let r = app
-        .client
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let r = app.client.get(format!("{}/healthz", app.base)).send().await.unwrap();
     let made = r.headers()["x-request-id"].to_str().unwrap().to_string();
     assert!(uuid::Uuid::parse_str(&made).is_ok());
     // Problems carry it too, so a user can quote it.
-    let r = app
-        .call(Method::GET, "/api/v1/workspaces", None, None)
-        .await;
+    let r = app.call(Method::GET, "/api/v1/workspaces", None, None).await;
     let body = r.problem(401, "unauthenticated");
-    assert_eq!(
-        body["request_id"].as_str(),
-        r.header("x-request-id").as_deref()
-    );
+    assert_eq!(body["request_id"].as_str(), r.header("x-request-id").as_deref());
 }

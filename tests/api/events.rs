@@ -24,14 +24,9 @@ both_backends!(
 const WAIT: Duration = Duration::from_secs(20);
 
 async fn replay(app: &TestApp, token: &str, query: &str) -> Value {
-    app.call(
-        Method::GET,
-        &format!("/api/v1/events{query}"),
-        Some(token),
-        None,
-    )
-    .await
-    .ok(200)
+    app.call(Method::GET, &format!("/api/v1/events{query}"), Some(token), None)
+        .await
+        .ok(200)
 }
 
 fn seqs(page: &Value) -> Vec<i64> {
@@ -71,11 +66,7 @@ async fn replay_pages_in_seq_order_and_validates_cursors(app: TestApp) {
         after = *s.last().unwrap();
         all.extend(s);
     }
-    assert_eq!(
-        all,
-        (1..=13).collect::<Vec<_>>(),
-        "every event once, in order"
-    );
+    assert_eq!(all, (1..=13).collect::<Vec<_>>(), "every event once, in order");
     let first = replay(&app, &app.admin, "?after=0&limit=1").await;
     let e = &first["events"][0];
     assert_eq!(e["version"], "v1");
@@ -107,17 +98,10 @@ async fn stream_replays_then_goes_live_with_no_gap_across_reconnects(app: TestAp
     let ws = app.workspace("ws").await;
     let url = format!("/api/v1/workspaces/{ws}/tasks");
     for i in 0..5 {
-        app.post(&url, json!({"title": format!("before{i}")}))
-            .await
-            .ok(201);
+        app.post(&url, json!({"title": format!("before{i}")})).await.ok(201);
     }
     let writer = {
-        let (client, base, admin, url) = (
-            app.client.clone(),
-            app.base.clone(),
-            app.admin.clone(),
-            url.clone(),
-        );
+        let (client, base, admin, url) = (app.client.clone(), app.base.clone(), app.admin.clone(), url.clone());
         tokio::spawn(async move {
             for i in 0..60 {
                 let r = client
@@ -135,13 +119,7 @@ async fn stream_replays_then_goes_live_with_no_gap_across_reconnects(app: TestAp
     let mut last = 0;
     // Two rounds that leave mid-stream while the writer runs, then one that stays to the end.
     for round in 0..2 {
-        let mut sse = Sse::open(
-            &app,
-            &app.admin,
-            "",
-            if round == 0 { None } else { Some(last) },
-        )
-        .await;
+        let mut sse = Sse::open(&app, &app.admin, "", if round == 0 { None } else { Some(last) }).await;
         let mut taken = 0;
         while taken < 10 {
             let frame = sse.next(WAIT).await.expect("the stream stays open");
@@ -222,10 +200,7 @@ async fn truncation_after_retention_and_instance_mismatch(app: TestApp) {
     drop(app);
     let Some(app) = TestApp::spawn_with(
         backend,
-        &[
-            ("BERTH_EVENT_RETENTION_COUNT", "5"),
-            ("BERTH_SWEEP_INTERVAL_MS", "50"),
-        ],
+        &[("BERTH_EVENT_RETENTION_COUNT", "5"), ("BERTH_SWEEP_INTERVAL_MS", "50")],
     )
     .await
     else {
@@ -254,28 +229,14 @@ async fn truncation_after_retention_and_instance_mismatch(app: TestApp) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(page["latest_seq"], 11);
-    assert_eq!(
-        page["truncated"], true,
-        "events after the cursor were trimmed"
-    );
+    assert_eq!(page["truncated"], true, "events after the cursor were trimmed");
     assert_eq!(seqs(&page), vec![7, 8, 9, 10, 11]);
-    assert_eq!(
-        replay(&app, &app.admin, "?after=6").await["truncated"],
-        false
-    );
-    assert_eq!(
-        replay(&app, &app.admin, "?after=5").await["truncated"],
-        true
-    );
+    assert_eq!(replay(&app, &app.admin, "?after=6").await["truncated"], false);
+    assert_eq!(replay(&app, &app.admin, "?after=5").await["truncated"], true);
     // Another instance id: reload.
     let here = app.app_state.ctx.instance_id;
     assert_eq!(
-        replay(
-            &app,
-            &app.admin,
-            &format!("?after=10&instance_id={}", Uuid::now_v7())
-        )
-        .await["truncated"],
+        replay(&app, &app.admin, &format!("?after=10&instance_id={}", Uuid::now_v7())).await["truncated"],
         true
     );
     assert_eq!(
@@ -290,18 +251,9 @@ async fn truncation_after_retention_and_instance_mismatch(app: TestApp) {
         let mut sse = Sse::open(&app, &app.admin, &query, None).await;
         let first = sse.next(WAIT).await.unwrap();
         assert_eq!(first.event, "reset", "{query}");
-        assert!(
-            sse.next(WAIT).await.is_none(),
-            "the stream ends after reset"
-        );
+        assert!(sse.next(WAIT).await.is_none(), "the stream ends after reset");
     }
-    let mut ok = Sse::open(
-        &app,
-        &app.admin,
-        &format!("?after=10&instance_id={here}"),
-        None,
-    )
-    .await;
+    let mut ok = Sse::open(&app, &app.admin, &format!("?after=10&instance_id={here}"), None).await;
     assert_eq!(ok.next(WAIT).await.unwrap().id, Some(11));
 }
 
@@ -323,10 +275,7 @@ async fn tokens_see_only_their_workspaces_and_sessions(app: TestApp) {
     let page = replay(&app, &limited, "?after=0&limit=1000").await;
     let events = page["events"].as_array().unwrap();
     assert!(!events.is_empty());
-    assert!(
-        events.iter().all(|e| e["workspace_id"] == mine.to_string()),
-        "{page}"
-    );
+    assert!(events.iter().all(|e| e["workspace_id"] == mine.to_string()), "{page}");
 
     let agent = app.token_for("events:read", None, Some(s1));
     let page = replay(&app, &agent, "?after=0&limit=1000").await;
@@ -352,11 +301,7 @@ async fn tokens_see_only_their_workspaces_and_sessions(app: TestApp) {
     let got = sse.next(WAIT).await.unwrap();
     let e: Value = serde_json::from_str(&got.data).unwrap();
     assert_eq!(e["type"], "session.primary_changed");
-    assert_eq!(
-        e["session_id"],
-        s1.to_string(),
-        "the sibling's event was filtered out"
-    );
+    assert_eq!(e["session_id"], s1.to_string(), "the sibling's event was filtered out");
 }
 
 /// Two berth instances on one database: a change through one reaches streams open on the other. On
@@ -462,10 +407,7 @@ async fn a_slow_subscriber_is_reset_never_skipped(app: TestApp) {
         }
     }
     let text = String::from_utf8_lossy(&raw);
-    assert!(
-        text.contains("event: reset"),
-        "the slow subscriber was told to reset"
-    );
+    assert!(text.contains("event: reset"), "the slow subscriber was told to reset");
     let ids: Vec<i64> = text
         .lines()
         .filter_map(|l| l.strip_prefix("id: "))

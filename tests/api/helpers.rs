@@ -78,9 +78,7 @@ impl PgDatabase {
         let name = format!("berth_test_{}", Uuid::new_v4().simple());
         let mut conn = PgConnection::connect(&server_url)
             .await
-            .unwrap_or_else(|e| {
-                panic!("BERTH_TEST_POSTGRES_URL is set but PostgreSQL is unreachable: {e}")
-            });
+            .unwrap_or_else(|e| panic!("BERTH_TEST_POSTGRES_URL is set but PostgreSQL is unreachable: {e}"));
         conn.execute(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
             .await
             .expect("create test database");
@@ -147,20 +145,12 @@ impl Reply {
         serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
     }
     pub fn header(&self, name: &str) -> Option<String> {
-        self.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
+        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
     }
     /// Asserts a problem+json answer with this status and code, and returns it.
     #[track_caller]
     pub fn problem(&self, status: u16, code: &str) -> Value {
-        assert_eq!(
-            self.status.as_u16(),
-            status,
-            "unexpected status; body: {}",
-            self.text
-        );
+        assert_eq!(self.status.as_u16(), status, "unexpected status; body: {}", self.text);
         assert_eq!(
             self.header("content-type").as_deref(),
             Some("application/problem+json"),
@@ -174,17 +164,8 @@ impl Reply {
     }
     #[track_caller]
     pub fn ok(&self, status: u16) -> Value {
-        assert_eq!(
-            self.status.as_u16(),
-            status,
-            "unexpected status; body: {}",
-            self.text
-        );
-        if self.text.is_empty() {
-            Value::Null
-        } else {
-            self.json()
-        }
+        assert_eq!(self.status.as_u16(), status, "unexpected status; body: {}", self.text);
+        if self.text.is_empty() { Value::Null } else { self.json() }
     }
 }
 
@@ -203,10 +184,7 @@ impl TestApp {
         let scratch = TempDir::new().unwrap();
         let scratch_path = scratch.path().canonicalize().unwrap();
         let mut env = BTreeMap::new();
-        env.insert(
-            "BERTH_DATA_DIR".to_string(),
-            data_dir.path().display().to_string(),
-        );
+        env.insert("BERTH_DATA_DIR".to_string(), data_dir.path().display().to_string());
         env.insert("BERTH_BIND".to_string(), "127.0.0.1:0".to_string());
         env.insert("BERTH_JWT_SECRET".to_string(), SECRET.to_string());
         env.insert("BERTH_DB_MAX_CONNECTIONS".to_string(), "5".to_string());
@@ -221,6 +199,13 @@ impl TestApp {
         }
         env.entry("BERTH_AGENT_STOP_GRACE_MS".to_string())
             .or_insert_with(|| "300".to_string());
+        // Cleanup runs in milliseconds in tests.
+        env.entry("BERTH_CLEANUP_POLL_MS".to_string())
+            .or_insert_with(|| "50".to_string());
+        env.entry("BERTH_CLEANUP_RETRY_DELAYS_SECS".to_string())
+            .or_insert_with(|| "0.05".to_string());
+        env.entry("BERTH_CLEANUP_PREPARED_GRACE_SECS".to_string())
+            .or_insert_with(|| "1".to_string());
         env.entry("BERTH_AGENT_TERM_GRACE_MS".to_string())
             .or_insert_with(|| "300".to_string());
         let mut config = Config::load(&env).expect("test config");
@@ -234,10 +219,9 @@ impl TestApp {
                 .collect(),
         };
         config.agents.insert("test".into(), profile(&[]));
-        config.agents.insert(
-            "stubborn".into(),
-            profile(&["--ignore-abort", "--ignore-term"]),
-        );
+        config
+            .agents
+            .insert("stubborn".into(), profile(&["--ignore-abort", "--ignore-term"]));
         config.agents.insert(
             "missing".into(),
             berth::config::AgentProfile {
@@ -246,9 +230,8 @@ impl TestApp {
                 env: Default::default(),
             },
         );
-        let app = Application::build(config.clone())
-            .await
-            .expect("the app starts");
+        berth::telemetry::init(berth::config::LogFormat::Text);
+        let app = Application::build(config.clone()).await.expect("the app starts");
         let base = format!("http://127.0.0.1:{}", app.port());
         let handle = app.handle();
         let app_state = app.state.clone();
@@ -277,25 +260,12 @@ impl TestApp {
         mint(&self.config, "tester", scope, None, None)
     }
 
-    pub fn token_for(
-        &self,
-        scope: &str,
-        workspaces: Option<Vec<Uuid>>,
-        session: Option<Uuid>,
-    ) -> String {
+    pub fn token_for(&self, scope: &str, workspaces: Option<Vec<Uuid>>, session: Option<Uuid>) -> String {
         mint(&self.config, "tester", scope, workspaces, session)
     }
 
-    pub async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        body: Option<Value>,
-    ) -> Reply {
-        let mut req = self
-            .client
-            .request(method, format!("{}{}", self.base, path));
+    pub async fn call(&self, method: Method, path: &str, token: Option<&str>, body: Option<Value>) -> Reply {
+        let mut req = self.client.request(method, format!("{}{}", self.base, path));
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
@@ -306,27 +276,20 @@ impl TestApp {
         let status = res.status();
         let headers = res.headers().clone();
         let text = res.text().await.unwrap();
-        Reply {
-            status,
-            headers,
-            text,
-        }
+        Reply { status, headers, text }
     }
 
     pub async fn get(&self, path: &str) -> Reply {
         self.call(Method::GET, path, Some(&self.admin), None).await
     }
     pub async fn post(&self, path: &str, body: Value) -> Reply {
-        self.call(Method::POST, path, Some(&self.admin), Some(body))
-            .await
+        self.call(Method::POST, path, Some(&self.admin), Some(body)).await
     }
     pub async fn patch(&self, path: &str, body: Value) -> Reply {
-        self.call(Method::PATCH, path, Some(&self.admin), Some(body))
-            .await
+        self.call(Method::PATCH, path, Some(&self.admin), Some(body)).await
     }
     pub async fn delete(&self, path: &str) -> Reply {
-        self.call(Method::DELETE, path, Some(&self.admin), None)
-            .await
+        self.call(Method::DELETE, path, Some(&self.admin), None).await
     }
 
     /// Creates a workspace and returns its id.
@@ -387,26 +350,11 @@ impl Drop for TestApp {
     }
 }
 
-pub fn mint(
-    config: &Config,
-    sub: &str,
-    scope: &str,
-    workspaces: Option<Vec<Uuid>>,
-    session: Option<Uuid>,
-) -> String {
-    let scopes: Vec<Scope> = scope
-        .split_whitespace()
-        .map(|s| s.parse().unwrap())
-        .collect();
+pub fn mint(config: &Config, sub: &str, scope: &str, workspaces: Option<Vec<Uuid>>, session: Option<Uuid>) -> String {
+    let scopes: Vec<Scope> = scope.split_whitespace().map(|s| s.parse().unwrap()).collect();
     JwtVerifier::from_config(config)
         .unwrap()
-        .mint(
-            sub,
-            &scopes,
-            workspaces,
-            session,
-            std::time::Duration::from_secs(3600),
-        )
+        .mint(sub, &scopes, workspaces, session, std::time::Duration::from_secs(3600))
         .unwrap()
 }
 
@@ -451,11 +399,7 @@ pub fn git_repo(dir: &Path, branch: &str) -> PathBuf {
 #[track_caller]
 pub fn assert_no_path(reply: &Reply, dir: &Path) {
     let dir = dir.display().to_string();
-    assert!(
-        !reply.text.contains(&dir),
-        "the body discloses a path: {}",
-        reply.text
-    );
+    assert!(!reply.text.contains(&dir), "the body discloses a path: {}", reply.text);
 }
 
 /// The worktree paths git has registered for a repository (`git worktree list --porcelain`).
@@ -469,12 +413,7 @@ pub fn worktrees_of(repo: &Path) -> Vec<String> {
 
 pub fn branch_exists(repo: &Path, branch: &str) -> bool {
     Command::new("git")
-        .args([
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            &format!("refs/heads/{branch}"),
-        ])
+        .args(["rev-parse", "--verify", "--quiet", &format!("refs/heads/{branch}")])
         .current_dir(repo)
         .output()
         .unwrap()

@@ -4,6 +4,7 @@ mod helpers;
 
 mod agents;
 mod auth;
+mod cleanup;
 mod errors;
 mod events;
 mod migrations;

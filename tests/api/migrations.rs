@@ -18,10 +18,7 @@ struct Target {
 
 async fn sqlite_target() -> Target {
     let data_dir = TempDir::new().unwrap();
-    let url = format!(
-        "sqlite://{}?mode=rwc",
-        data_dir.path().join("berth.db").display()
-    );
+    let url = format!("sqlite://{}?mode=rwc", data_dir.path().join("berth.db").display());
     target(data_dir, url, None)
 }
 
@@ -33,10 +30,7 @@ async fn postgres_target() -> Option<Target> {
 
 fn target(data_dir: TempDir, url: String, pg: Option<PgDatabase>) -> Target {
     let mut env = BTreeMap::new();
-    env.insert(
-        "BERTH_DATA_DIR".into(),
-        data_dir.path().display().to_string(),
-    );
+    env.insert("BERTH_DATA_DIR".into(), data_dir.path().display().to_string());
     env.insert("BERTH_DATABASE_URL".into(), url.clone());
     env.insert("BERTH_JWT_SECRET".into(), SECRET.into());
     env.insert("BERTH_BIND".into(), "127.0.0.1:0".into());
@@ -109,19 +103,12 @@ async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
 async fn idempotent(t: Target) {
     let first = t.berth(&["migrate"]);
     assert!(first.status.success(), "{}", stderr(&first));
-    assert!(
-        stdout(&first).starts_with("applied 1 migration"),
-        "{}",
-        stdout(&first)
-    );
+    assert!(stdout(&first).starts_with("applied 1 migration"), "{}", stdout(&first));
     let second = t.berth(&["migrate"]);
     assert!(second.status.success(), "{}", stderr(&second));
     assert_eq!(stdout(&second).trim(), "schema is up to date");
     let db = t.db().await;
-    assert_eq!(
-        scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await,
-        1
-    );
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await, 1);
     assert_eq!(scalar(&db, "SELECT COUNT(*) FROM workspaces").await, 0);
 }
 
@@ -159,11 +146,7 @@ async fn sqlite_backup_is_taken_before_pending_migrations() {
         .unwrap();
     assert_eq!(row.try_get_by_index::<String>(0).unwrap(), "ok");
     assert_eq!(
-        scalar(
-            &backup,
-            "SELECT COUNT(*) FROM sqlite_master WHERE name = 'workspaces'"
-        )
-        .await,
+        scalar(&backup, "SELECT COUNT(*) FROM sqlite_master WHERE name = 'workspaces'").await,
         0,
         "taken before the schema"
     );
@@ -200,22 +183,10 @@ async fn failed_migration_rolls_back(t: Target, sqlite: bool) {
         "tables created before the failure were rolled back"
     );
     assert_eq!(table_count("tasks").await, 0);
-    assert_eq!(
-        table_count("seaql_migrations").await,
-        0,
-        "nothing recorded as applied"
-    );
-    assert_eq!(
-        scalar(&db, "SELECT COUNT(*) FROM keep_me").await,
-        1,
-        "data survives"
-    );
+    assert_eq!(table_count("seaql_migrations").await, 0, "nothing recorded as applied");
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM keep_me").await, 1, "data survives");
     if sqlite {
-        assert_eq!(
-            t.backups().len(),
-            1,
-            "a backup was taken before the failed attempt"
-        );
+        assert_eq!(t.backups().len(), 1, "a backup was taken before the failed attempt");
     }
     // Without the obstacle, it applies.
     exec(&db, "DROP TABLE event_sequence").await;
@@ -239,20 +210,17 @@ async fn postgres_failed_migration_rolls_back() {
 async fn newer_database_is_refused(t: Target) {
     assert!(t.berth(&["migrate"]).status.success());
     let db = t.db().await;
-    exec(&db, "INSERT INTO seaql_migrations (version, applied_at) VALUES ('m29990101_000001_from_the_future', 0)").await;
+    exec(
+        &db,
+        "INSERT INTO seaql_migrations (version, applied_at) VALUES ('m29990101_000001_from_the_future', 0)",
+    )
+    .await;
     for cmd in ["migrate", "serve"] {
         let out = t.berth(&[cmd]);
         assert!(!out.status.success(), "{cmd} should refuse");
-        assert!(
-            stderr(&out).contains("newer berth"),
-            "{cmd}: {}",
-            stderr(&out)
-        );
+        assert!(stderr(&out).contains("newer berth"), "{cmd}: {}", stderr(&out));
     }
-    assert_eq!(
-        scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await,
-        2
-    );
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await, 2);
 }
 
 #[tokio::test]
@@ -272,27 +240,12 @@ async fn concurrent_migrations(t: Target) {
     let runs: Vec<_> = (0..6).map(|_| t.berth_async(&["migrate"])).collect();
     let outs = futures_util::future::join_all(runs).await;
     for o in &outs {
-        assert!(
-            o.status.success(),
-            "a concurrent migrate failed: {}",
-            stderr(o)
-        );
+        assert!(o.status.success(), "a concurrent migrate failed: {}", stderr(o));
     }
-    let applied = outs
-        .iter()
-        .filter(|o| stdout(o).starts_with("applied"))
-        .count();
-    assert_eq!(
-        applied,
-        1,
-        "{:?}",
-        outs.iter().map(stdout).collect::<Vec<_>>()
-    );
+    let applied = outs.iter().filter(|o| stdout(o).starts_with("applied")).count();
+    assert_eq!(applied, 1, "{:?}", outs.iter().map(stdout).collect::<Vec<_>>());
     let db = t.db().await;
-    assert_eq!(
-        scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await,
-        1
-    );
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM seaql_migrations").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,10 +29,7 @@ fn every_non_public_operation_declares_bearer() {
     let spec: Value = serde_json::from_str(&generated()).unwrap();
     assert_eq!(spec["info"]["title"], "berth");
     assert_eq!(spec["info"]["version"], env!("CARGO_PKG_VERSION"));
-    assert_eq!(
-        spec["components"]["securitySchemes"]["bearer"]["scheme"],
-        "bearer"
-    );
+    assert_eq!(spec["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
     let mut operations = 0;
     for (path, item) in spec["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
@@ -50,10 +47,7 @@ fn every_non_public_operation_declares_bearer() {
                 assert!(bearer, "{method} {path} lacks the bearer security scheme");
                 let scopes = security[0]["bearer"].as_array().unwrap();
                 assert_eq!(scopes.len(), 1, "{method} {path} should name its one scope");
-                assert!(
-                    op["responses"].get("401").is_some(),
-                    "{method} {path} documents no 401"
-                );
+                assert!(op["responses"].get("401").is_some(), "{method} {path} documents no 401");
             }
         }
     }
@@ -106,20 +100,11 @@ async fn served_spec_matches_generated_and_docs_work_offline(app: TestApp) {
     let fresh: Value = serde_json::from_str(&generated()).unwrap();
     assert_eq!(served, fresh);
     // /docs redirects to the UI, which is served from the binary and loads nothing from elsewhere.
-    let docs = app
-        .client
-        .get(format!("{}/docs", app.base))
-        .send()
-        .await
-        .unwrap();
+    let docs = app.client.get(format!("{}/docs", app.base)).send().await.unwrap();
     assert_eq!(docs.status(), 200);
     let html = docs.text().await.unwrap();
     assert!(html.contains("swagger-ui"), "{html}");
-    for asset in [
-        "swagger-ui.css",
-        "swagger-ui-bundle.js",
-        "swagger-initializer.js",
-    ] {
+    for asset in ["swagger-ui.css", "swagger-ui-bundle.js", "swagger-initializer.js"] {
         let r = app
             .client
             .get(format!("{}/docs/{asset}", app.base))
@@ -142,8 +127,5 @@ async fn served_spec_matches_generated_and_docs_work_offline(app: TestApp) {
         .text()
         .await
         .unwrap();
-    assert!(
-        init.contains("/openapi.json"),
-        "the UI points at our spec: {init}"
-    );
+    assert!(init.contains("/openapi.json"), "the UI points at our spec: {init}");
 }

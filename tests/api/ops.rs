@@ -4,19 +4,13 @@ use reqwest::Method;
 use crate::both_backends;
 use crate::helpers::TestApp;
 
-both_backends!(
-    health_readiness_and_metrics,
-    storage_is_configured_for_concurrency
-);
+both_backends!(health_readiness_and_metrics, storage_is_configured_for_concurrency);
 
 /// SQLite runs with WAL, foreign keys and a busy timeout, on a pool of several connections.
 async fn storage_is_configured_for_concurrency(app: TestApp) {
     use sea_orm::{ConnectionTrait, Statement};
     if app.backend == crate::helpers::Backend::Postgres {
-        assert_eq!(
-            app.db().get_database_backend(),
-            sea_orm::DbBackend::Postgres
-        );
+        assert_eq!(app.db().get_database_backend(), sea_orm::DbBackend::Postgres);
         return;
     }
     let db = app.db();
@@ -51,7 +45,12 @@ async fn storage_is_configured_for_concurrency(app: TestApp) {
     let ws = app.workspace("busy").await;
     let (repo, _) = app.repository(ws, "busy-repo").await;
     let url = format!("/api/v1/workspaces/{ws}/tasks");
-    let writes = (0..24).map(|i| app.post(&url, serde_json::json!({"title": format!("t{i}"), "repositories": [{"repository_id": repo}]})));
+    let writes = (0..24).map(|i| {
+        app.post(
+            &url,
+            serde_json::json!({"title": format!("t{i}"), "repositories": [{"repository_id": repo}]}),
+        )
+    });
     for r in futures_util::future::join_all(writes).await {
         r.ok(201);
     }
@@ -74,19 +73,16 @@ async fn health_readiness_and_metrics(app: TestApp) {
     assert_eq!(r.status, 200);
     assert!(r.header("content-type").unwrap().starts_with("text/plain"));
     assert!(
-        r.text.contains(
-            r#"berth_http_requests_total{method="GET",route="/api/v1/workspaces",status="200"} 1"#
-        ),
+        r.text
+            .contains(r#"berth_http_requests_total{method="GET",route="/api/v1/workspaces",status="200"} 1"#),
         "{}",
         r.text
     );
-    assert!(r.text.contains(
-        r#"berth_http_requests_total{method="GET",route="/api/v1/workspaces",status="401"} 1"#
-    ));
     assert!(
         r.text
-            .contains("berth_http_request_duration_seconds_bucket{")
+            .contains(r#"berth_http_requests_total{method="GET",route="/api/v1/workspaces",status="401"} 1"#)
     );
+    assert!(r.text.contains("berth_http_request_duration_seconds_bucket{"));
     assert!(r.text.contains("berth_db_pool_connections{state=\"open\"}"));
     assert!(r.text.contains("berth_db_pool_max_connections 5"));
 }

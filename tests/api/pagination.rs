@@ -17,14 +17,7 @@ async fn pages_never_skip_or_repeat_under_concurrent_inserts(app: TestApp) {
     let url = format!("/api/v1/workspaces/{ws}/tasks");
     let mut existing = HashSet::new();
     for i in 0..25 {
-        existing.insert(
-            id_of(
-                &app.post(&url, json!({"title": format!("t{i}")}))
-                    .await
-                    .ok(201),
-            )
-            .to_string(),
-        );
+        existing.insert(id_of(&app.post(&url, json!({"title": format!("t{i}")})).await.ok(201)).to_string());
     }
     // A writer inserts while a reader pages through with a small page size.
     let writer = {
@@ -66,10 +59,7 @@ async fn pages_never_skip_or_repeat_under_concurrent_inserts(app: TestApp) {
     let unique: HashSet<&String> = seen.iter().collect();
     assert_eq!(unique.len(), seen.len(), "a row was repeated");
     for id in &existing {
-        assert!(
-            unique.contains(id),
-            "row {id} that existed before paging was skipped"
-        );
+        assert!(unique.contains(id), "row {id} that existed before paging was skipped");
     }
     // Newest first, strictly.
     let ids: Vec<uuid::Uuid> = seen.iter().map(|s| s.parse().unwrap()).collect();
@@ -80,9 +70,7 @@ async fn cursor_and_limit_are_validated(app: TestApp) {
     let ws = app.workspace("ws").await;
     let url = format!("/api/v1/workspaces/{ws}/tasks");
     for i in 0..3 {
-        app.post(&url, json!({"title": format!("t{i}")}))
-            .await
-            .ok(201);
+        app.post(&url, json!({"title": format!("t{i}")})).await.ok(201);
     }
     app.get(&format!("{url}?cursor=garbage"))
         .await
@@ -95,10 +83,7 @@ async fn cursor_and_limit_are_validated(app: TestApp) {
         .problem(400, "validation_failed");
     let first = app.get(&format!("{url}?limit=2")).await.ok(200);
     let cursor = first["next_cursor"].as_str().unwrap();
-    let second = app
-        .get(&format!("{url}?limit=2&cursor={cursor}"))
-        .await
-        .ok(200);
+    let second = app.get(&format!("{url}?limit=2&cursor={cursor}")).await.ok(200);
     assert_eq!(second["items"].as_array().unwrap().len(), 1);
     assert!(second["next_cursor"].is_null());
     // The same cursor works for workspaces and repositories lists too (opaque, keyset on id).

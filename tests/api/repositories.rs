@@ -19,51 +19,24 @@ async fn register_records_identity_and_default_branch(app: TestApp) {
     let ws = app.workspace("ws").await;
     let path = git_repo(&app.scratch.path().join("svc"), "trunk");
     let r = app
-        .post(
-            &format!("/api/v1/workspaces/{ws}/repositories"),
-            json!({"path": path}),
-        )
+        .post(&format!("/api/v1/workspaces/{ws}/repositories"), json!({"path": path}))
         .await;
     let repo = r.ok(201);
     let id = id_of(&repo);
-    assert_eq!(
-        r.header("location").unwrap(),
-        format!("/api/v1/repositories/{id}")
-    );
+    assert_eq!(r.header("location").unwrap(), format!("/api/v1/repositories/{id}"));
     assert_eq!(repo["name"], "svc");
     assert_eq!(repo["path"], path.display().to_string());
-    assert_eq!(
-        repo["common_git_dir"],
-        path.join(".git").display().to_string()
-    );
+    assert_eq!(repo["common_git_dir"], path.join(".git").display().to_string());
     assert_eq!(repo["default_branch"], "trunk", "taken from HEAD");
-    assert_eq!(
-        app.get(&format!("/api/v1/repositories/{id}")).await.ok(200),
-        repo
-    );
-    let list = app
-        .get(&format!("/api/v1/workspaces/{ws}/repositories"))
-        .await
-        .ok(200);
+    assert_eq!(app.get(&format!("/api/v1/repositories/{id}")).await.ok(200), repo);
+    let list = app.get(&format!("/api/v1/workspaces/{ws}/repositories")).await.ok(200);
     assert_eq!(list["items"][0], repo);
 
     // A linked worktree of it registers with the same identity (its common git dir).
-    let linked = app
-        .scratch
-        .path()
-        .canonicalize()
-        .unwrap()
-        .join("svc-linked");
+    let linked = app.scratch.path().canonicalize().unwrap().join("svc-linked");
     git(
         &path,
-        &[
-            "worktree",
-            "add",
-            "-q",
-            "-b",
-            "side",
-            linked.to_str().unwrap(),
-        ],
+        &["worktree", "add", "-q", "-b", "side", linked.to_str().unwrap()],
     );
     let other = app
         .post(
@@ -76,10 +49,7 @@ async fn register_records_identity_and_default_branch(app: TestApp) {
     assert_eq!(other["default_branch"], "trunk");
     // Registration is read-only: HEAD, index and files of the source are untouched.
     assert_eq!(git(&path, &["status", "--porcelain"]), "");
-    assert_eq!(
-        git(&path, &["rev-parse", "--abbrev-ref", "HEAD"]).trim(),
-        "trunk"
-    );
+    assert_eq!(git(&path, &["rev-parse", "--abbrev-ref", "HEAD"]).trim(), "trunk");
 }
 
 async fn registration_refusals_create_nothing(app: TestApp) {
@@ -112,12 +82,7 @@ async fn registration_refusals_create_nothing(app: TestApp) {
             422,
             "not_a_git_repository",
         ),
-        (
-            "not a repository",
-            json!({"path": plain}),
-            422,
-            "not_a_git_repository",
-        ),
+        ("not a repository", json!({"path": plain}), 422, "not_a_git_repository"),
         ("bare", json!({"path": bare}), 422, "not_a_git_repository"),
         (
             "subdirectory",
@@ -168,9 +133,7 @@ async fn repo_roots_refuse_outside_paths_and_symlinks_out(app: TestApp) {
     symlink(&outside, &link_out).unwrap();
     let backend = app.backend;
     drop(app);
-    let Some(app) =
-        TestApp::spawn_with(backend, &[("BERTH_REPO_ROOTS", allowed.to_str().unwrap())]).await
-    else {
+    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_REPO_ROOTS", allowed.to_str().unwrap())]).await else {
         return;
     };
     let ws = app.workspace("ws").await;
@@ -205,30 +168,21 @@ async fn delete_is_refused_while_a_task_uses_it(app: TestApp) {
         .ok(201);
     let r = app.delete(&format!("/api/v1/repositories/{repo}")).await;
     assert_eq!(r.problem(409, "repository_in_use")["task_count"], 1);
-    app.get(&format!("/api/v1/repositories/{repo}"))
-        .await
-        .ok(200);
+    app.get(&format!("/api/v1/repositories/{repo}")).await.ok(200);
     assert_eq!(
-        app.get(&format!("/api/v1/tasks/{}", id_of(&task)))
-            .await
-            .ok(200)["repositories"][0]["repository_id"],
+        app.get(&format!("/api/v1/tasks/{}", id_of(&task))).await.ok(200)["repositories"][0]["repository_id"],
         repo.to_string()
     );
 
     // An unused one goes: 204, then 404, gone from the list; the directory is untouched.
-    app.delete(&format!("/api/v1/repositories/{unused}"))
-        .await
-        .ok(204);
+    app.delete(&format!("/api/v1/repositories/{unused}")).await.ok(204);
     app.get(&format!("/api/v1/repositories/{unused}"))
         .await
         .problem(404, "not_found");
     app.delete(&format!("/api/v1/repositories/{unused}"))
         .await
         .problem(404, "not_found");
-    let list = app
-        .get(&format!("/api/v1/workspaces/{ws}/repositories"))
-        .await
-        .ok(200);
+    let list = app.get(&format!("/api/v1/workspaces/{ws}/repositories")).await.ok(200);
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
     assert!(path.join(".git").is_dir());
     assert!(
@@ -250,27 +204,18 @@ async fn delete_is_refused_while_a_task_uses_it(app: TestApp) {
 async fn duplicate_registration_is_a_conflict(app: TestApp) {
     let ws = app.workspace("ws").await;
     let (_, path) = app.repository(ws, "dup").await;
-    app.post(
-        &format!("/api/v1/workspaces/{ws}/repositories"),
-        json!({"path": path}),
-    )
-    .await
-    .problem(409, "conflict");
+    app.post(&format!("/api/v1/workspaces/{ws}/repositories"), json!({"path": path}))
+        .await
+        .problem(409, "conflict");
     // Same name, other path: the name names worktree directories, so it is unique too.
     let other = git_repo(&app.scratch.path().join("elsewhere/dup"), "main");
-    app.post(
-        &format!("/api/v1/workspaces/{ws}/repositories"),
-        json!({"path": other}),
-    )
-    .await
-    .problem(409, "conflict");
+    app.post(&format!("/api/v1/workspaces/{ws}/repositories"), json!({"path": other}))
+        .await
+        .problem(409, "conflict");
     // Another workspace may register the same path.
     let ws2 = app.workspace("ws2").await;
-    app.post(
-        &format!("/api/v1/workspaces/{ws2}/repositories"),
-        json!({"path": path}),
-    )
-    .await
-    .ok(201);
+    app.post(&format!("/api/v1/workspaces/{ws2}/repositories"), json!({"path": path}))
+        .await
+        .ok(201);
     assert_eq!(app.count("repositories").await, 2);
 }

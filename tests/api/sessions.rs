@@ -43,9 +43,7 @@ fn path_of(v: &Value) -> PathBuf {
 }
 
 async fn environment(app: &TestApp, task: Uuid) -> Value {
-    app.get(&format!("/api/v1/tasks/{task}/environment"))
-        .await
-        .ok(200)
+    app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200)
 }
 
 /// Everything a session delete must leave alone, for one worktree.
@@ -90,31 +88,17 @@ async fn two_repositories_materialize_once_and_sessions_share_them(app: TestApp)
     );
     let repos = env["repos"].as_array().unwrap();
     assert_eq!(repos.len(), 2);
-    for (row, (id, source, name)) in repos
-        .iter()
-        .zip([(api, &api_path, "api"), (web, &web_path, "web")])
-    {
+    for (row, (id, source, name)) in repos.iter().zip([(api, &api_path, "api"), (web, &web_path, "web")]) {
         assert_eq!(row["repository_id"], id.to_string());
         assert_eq!(row["status"], "active");
         let wt = path_of(&row["worktree_path"]);
         assert_eq!(wt, root.join(name));
-        assert_eq!(
-            wt.canonicalize().unwrap(),
-            wt,
-            "paths berth creates are canonical"
-        );
+        assert_eq!(wt.canonicalize().unwrap(), wt, "paths berth creates are canonical");
         assert!(row["worktree_id"].is_string());
         let branch = row["worktree_branch"].as_str().unwrap();
         assert!(branch.starts_with("berth/add-login-"), "{branch}");
-        assert_eq!(
-            git(&wt, &["rev-parse", "--abbrev-ref", "HEAD"]).trim(),
-            branch
-        );
-        assert_eq!(
-            worktrees_of(source).len(),
-            2,
-            "the source and exactly one worktree"
-        );
+        assert_eq!(git(&wt, &["rev-parse", "--abbrev-ref", "HEAD"]).trim(), branch);
+        assert_eq!(worktrees_of(source).len(), 2, "the source and exactly one worktree");
     }
     assert_eq!(
         app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)["primary_session_id"],
@@ -136,21 +120,12 @@ async fn two_repositories_materialize_once_and_sessions_share_them(app: TestApp)
     assert_eq!(app.count("task_environments").await, 1);
     assert_eq!(app.count("task_environment_repos").await, 2);
     let types: Vec<String> = app.events().await.into_iter().map(|e| e.1).collect();
-    assert_eq!(
-        types.iter().filter(|t| *t == "environment.created").count(),
-        1
-    );
-    assert_eq!(
-        types.iter().filter(|t| *t == "environment.ready").count(),
-        1
-    );
+    assert_eq!(types.iter().filter(|t| *t == "environment.created").count(), 1);
+    assert_eq!(types.iter().filter(|t| *t == "environment.ready").count(), 1);
     assert_eq!(types.iter().filter(|t| *t == "session.created").count(), 2);
     let task_view = app.get(&format!("/api/v1/tasks/{task}")).await.ok(200);
     assert_eq!(task_view["session_count"], 2);
-    let list = app
-        .get(&format!("/api/v1/tasks/{task}/sessions"))
-        .await
-        .ok(200);
+    let list = app.get(&format!("/api/v1/tasks/{task}/sessions")).await.ok(200);
     assert_eq!(list["items"].as_array().unwrap().len(), 2);
 }
 
@@ -168,10 +143,7 @@ async fn deleting_the_only_session_keeps_the_workspace_for_the_next(app: TestApp
         path_of(&env_before["repos"][0]["worktree_path"]),
         "one repository: its worktree"
     );
-    let branch = env_before["repos"][0]["worktree_branch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let branch = env_before["repos"][0]["worktree_branch"].as_str().unwrap().to_string();
     std::fs::write(worktree.join("MARKER.txt"), "uncommitted work\n").unwrap();
     let status_before = git(&worktree, &["status", "--porcelain"]);
     assert!(status_before.contains("MARKER.txt"));
@@ -198,11 +170,7 @@ async fn deleting_the_only_session_keeps_the_workspace_for_the_next(app: TestApp
     );
     assert_eq!(after.marker.as_deref(), Some("uncommitted work\n"));
     assert_eq!(git(&worktree, &["status", "--porcelain"]), status_before);
-    assert_eq!(
-        app.count("task_resource_cleanup_jobs").await,
-        0,
-        "no cleanup job"
-    );
+    assert_eq!(app.count("task_resource_cleanup_jobs").await, 0, "no cleanup job");
     assert_eq!(app.count("task_sessions").await, 0);
 
     // A replacement session reuses the workspace and sees the marker.
@@ -227,19 +195,13 @@ async fn deleting_one_of_two_sessions_leaves_the_other_in_place(app: TestApp) {
     let worktree = path_of(&a["workspace_path"]);
     std::fs::write(worktree.join("MARKER.txt"), "shared\n").unwrap();
     let env = environment(&app, task).await;
-    let branch = env["repos"][0]["worktree_branch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let branch = env["repos"][0]["worktree_branch"].as_str().unwrap().to_string();
 
     app.delete(&format!("/api/v1/sessions/{}", uuid(&a["id"])))
         .await
         .ok(204);
 
-    let b_after = app
-        .get(&format!("/api/v1/sessions/{}", uuid(&b["id"])))
-        .await
-        .ok(200);
+    let b_after = app.get(&format!("/api/v1/sessions/{}", uuid(&b["id"]))).await.ok(200);
     assert_eq!(b_after["workspace_path"], a["workspace_path"]);
     assert_eq!(b_after["task_environment_id"], env["id"]);
     assert_eq!(
@@ -271,32 +233,18 @@ async fn busy_sessions_cannot_be_deleted(app: TestApp) {
         let r = app.delete(&format!("/api/v1/sessions/{s}")).await;
         let body = r.problem(409, "session_busy");
         assert_eq!(body["action"], "stop_session");
-        assert_eq!(
-            app.count("task_sessions").await,
-            1,
-            "{state:?}: the session remains"
-        );
+        assert_eq!(app.count("task_sessions").await, 1, "{state:?}: the session remains");
     }
     // Deleting needs `sessions:delete` and nothing else; other scopes do not grant it.
     let writer = app.token("sessions:write sessions:read tasks:delete tasks:archive");
     app.set_session_state(s, SessionState::Stopped, None).await;
-    app.call(
-        Method::DELETE,
-        &format!("/api/v1/sessions/{s}"),
-        Some(&writer),
-        None,
-    )
-    .await
-    .problem(403, "insufficient_scope");
+    app.call(Method::DELETE, &format!("/api/v1/sessions/{s}"), Some(&writer), None)
+        .await
+        .problem(403, "insufficient_scope");
     let deleter = app.token("sessions:delete");
-    app.call(
-        Method::DELETE,
-        &format!("/api/v1/sessions/{s}"),
-        Some(&deleter),
-        None,
-    )
-    .await
-    .ok(204);
+    app.call(Method::DELETE, &format!("/api/v1/sessions/{s}"), Some(&deleter), None)
+        .await
+        .ok(204);
     // sessions:delete grants nothing for the task.
     app.call(
         Method::PATCH,
@@ -321,45 +269,30 @@ async fn deleted_primary_promotes_running_then_recent_then_any(app: TestApp) {
     let ago = |mins: i64| Some(t0 - chrono::Duration::minutes(mins));
     // ids[0] primary. ids[1] stopped, the most recent. ids[2] idle. ids[3] running, the oldest.
     // ids[4] created, older than ids[2].
-    app.set_session_state(ids[1], SessionState::Stopped, ago(1))
-        .await;
-    app.set_session_state(ids[2], SessionState::Idle, ago(5))
-        .await;
-    app.set_session_state(ids[3], SessionState::Running, ago(60))
-        .await;
-    app.set_session_state(ids[4], SessionState::Created, ago(10))
-        .await;
-    let primary = || async {
-        app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)["primary_session_id"].clone()
-    };
+    app.set_session_state(ids[1], SessionState::Stopped, ago(1)).await;
+    app.set_session_state(ids[2], SessionState::Idle, ago(5)).await;
+    app.set_session_state(ids[3], SessionState::Running, ago(60)).await;
+    app.set_session_state(ids[4], SessionState::Created, ago(10)).await;
+    let primary = || async { app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)["primary_session_id"].clone() };
 
-    app.delete(&format!("/api/v1/sessions/{}", ids[0]))
-        .await
-        .ok(204);
+    app.delete(&format!("/api/v1/sessions/{}", ids[0])).await.ok(204);
     assert_eq!(
         primary().await,
         json!(ids[3].to_string()),
         "a running one first, however old"
     );
 
-    app.set_session_state(ids[3], SessionState::Stopped, ago(60))
-        .await;
-    app.delete(&format!("/api/v1/sessions/{}", ids[3]))
-        .await
-        .ok(204);
+    app.set_session_state(ids[3], SessionState::Stopped, ago(60)).await;
+    app.delete(&format!("/api/v1/sessions/{}", ids[3])).await.ok(204);
     assert_eq!(
         primary().await,
         json!(ids[2].to_string()),
         "then the most recent non-terminal, not a more recent stopped one"
     );
 
-    app.set_session_state(ids[4], SessionState::Failed, ago(10))
-        .await;
-    app.set_session_state(ids[2], SessionState::Stopped, ago(5))
-        .await;
-    app.delete(&format!("/api/v1/sessions/{}", ids[2]))
-        .await
-        .ok(204);
+    app.set_session_state(ids[4], SessionState::Failed, ago(10)).await;
+    app.set_session_state(ids[2], SessionState::Stopped, ago(5)).await;
+    app.delete(&format!("/api/v1/sessions/{}", ids[2])).await.ok(204);
     assert_eq!(
         primary().await,
         json!(ids[1].to_string()),
@@ -429,9 +362,7 @@ async fn local_executor_touches_nothing_on_disk(app: TestApp) {
     );
     assert_eq!(before, after);
     assert_eq!(
-        std::fs::read_dir(&app.config.worktree_root)
-            .unwrap()
-            .count(),
+        std::fs::read_dir(&app.config.worktree_root).unwrap().count(),
         0,
         "nothing under the worktree root"
     );
@@ -507,8 +438,7 @@ async fn concurrent_first_sessions_materialize_exactly_once(app: TestApp) {
     let task = app.task(ws, "Race", &[a, b]).await;
     let url = format!("/api/v1/tasks/{task}/sessions");
     let body = json!({"executor_type": "worktree"});
-    let replies =
-        futures_util::future::join_all((0..8).map(|_| app.post(&url, body.clone()))).await;
+    let replies = futures_util::future::join_all((0..8).map(|_| app.post(&url, body.clone()))).await;
     let mut created = Vec::new();
     for r in &replies {
         match r.status.as_u16() {
@@ -532,27 +462,16 @@ async fn concurrent_first_sessions_materialize_exactly_once(app: TestApp) {
         2,
         "a complete inventory, once"
     );
-    assert_eq!(
-        worktrees_of(&a_path).len(),
-        2,
-        "never two worktrees for one slot"
-    );
+    assert_eq!(worktrees_of(&a_path).len(), 2, "never two worktrees for one slot");
     assert_eq!(worktrees_of(&b_path).len(), 2);
     assert_eq!(
-        app.events()
-            .await
-            .iter()
-            .filter(|e| e.1 == "environment.ready")
-            .count(),
+        app.events().await.iter().filter(|e| e.1 == "environment.ready").count(),
         1
     );
     // Once ready, everyone attaches.
     app.post(&url, body).await.ok(201);
     assert_eq!(app.count("task_sessions").await as usize, created.len() + 1);
-    let primaries = app
-        .get(&format!("/api/v1/tasks/{task}/sessions"))
-        .await
-        .ok(200)["items"]
+    let primaries = app.get(&format!("/api/v1/tasks/{task}/sessions")).await.ok(200)["items"]
         .as_array()
         .unwrap()
         .iter()
@@ -572,14 +491,7 @@ async fn failed_materialization_removes_only_its_own_worktrees_and_can_be_retrie
     let theirs = app.scratch.path().canonicalize().unwrap().join("their-wt");
     git(
         &a_path,
-        &[
-            "worktree",
-            "add",
-            "-q",
-            "-b",
-            "theirs",
-            theirs.to_str().unwrap(),
-        ],
+        &["worktree", "add", "-q", "-b", "theirs", theirs.to_str().unwrap()],
     );
     std::fs::write(theirs.join("keep.txt"), "mine").unwrap();
     let task = app.task(ws, "Vanish", &[a, b]).await;
@@ -595,20 +507,14 @@ async fn failed_materialization_removes_only_its_own_worktrees_and_can_be_retrie
     let problem = r.problem(409, "conflict");
     crate::helpers::assert_no_path(&r, app.scratch.path());
     let failed_env = uuid(&problem["task_environment_id"]);
-    let env = app
-        .get(&format!("/api/v1/environments/{failed_env}"))
-        .await
-        .ok(200);
+    let env = app.get(&format!("/api/v1/environments/{failed_env}")).await.ok(200);
     assert_eq!(env["status"], "failed");
     let rows = env["repos"].as_array().unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["repository_id"], b.to_string());
     assert_eq!(rows[0]["status"], "failed");
     assert!(
-        rows[0]["error_message"]
-            .as_str()
-            .unwrap()
-            .contains("missing"),
+        rows[0]["error_message"].as_str().unwrap().contains("missing"),
         "{}",
         rows[0]
     );
@@ -617,10 +523,7 @@ async fn failed_materialization_removes_only_its_own_worktrees_and_can_be_retrie
         vec![a_path.display().to_string(), theirs.display().to_string()],
         "only this attempt's worktree went"
     );
-    assert_eq!(
-        std::fs::read_to_string(theirs.join("keep.txt")).unwrap(),
-        "mine"
-    );
+    assert_eq!(std::fs::read_to_string(theirs.join("keep.txt")).unwrap(), "mine");
     assert_eq!(app.count("task_sessions").await, 0);
 
     std::fs::rename(&hidden, &b_path).unwrap();
@@ -630,9 +533,7 @@ async fn failed_materialization_removes_only_its_own_worktrees_and_can_be_retrie
     assert_eq!(fresh["status"], "ready");
     assert_eq!(s["task_environment_id"], fresh["id"]);
     assert_eq!(
-        app.get(&format!("/api/v1/environments/{failed_env}"))
-            .await
-            .ok(200)["status"],
+        app.get(&format!("/api/v1/environments/{failed_env}")).await.ok(200)["status"],
         "superseded",
         "kept for diagnostics"
     );
@@ -661,16 +562,9 @@ async fn a_branch_checked_out_elsewhere_fails_cleanly(app: TestApp) {
         .await;
     let p = r.problem(409, "conflict");
     assert!(!r.text.contains("refs/heads") && !r.text.contains(&source.display().to_string()));
-    assert!(
-        !r.text.contains("main"),
-        "the branch name does not leak: {}",
-        r.text
-    );
+    assert!(!r.text.contains("main"), "the branch name does not leak: {}", r.text);
     let env = app
-        .get(&format!(
-            "/api/v1/environments/{}",
-            uuid(&p["task_environment_id"])
-        ))
+        .get(&format!("/api/v1/environments/{}", uuid(&p["task_environment_id"])))
         .await
         .ok(200);
     assert_eq!(env["status"], "failed");
@@ -713,21 +607,13 @@ async fn bad_session_requests_create_nothing(app: TestApp) {
     app.post(&url, json!({"executor_type": "docker"}))
         .await
         .problem(422, "validation_failed");
-    app.post(&url, json!({}))
+    app.post(&url, json!({})).await.problem(422, "validation_failed");
+    app.post(&url, json!({"executor_type": "worktree", "agent_profile": "nope"}))
         .await
         .problem(422, "validation_failed");
-    app.post(
-        &url,
-        json!({"executor_type": "worktree", "agent_profile": "nope"}),
-    )
-    .await
-    .problem(422, "validation_failed");
-    app.post(
-        &url,
-        json!({"executor_type": "worktree", "prompt": "do it"}),
-    )
-    .await
-    .problem(422, "validation_failed");
+    app.post(&url, json!({"executor_type": "worktree", "prompt": "do it"}))
+        .await
+        .problem(422, "validation_failed");
     app.post(&url, json!({"executor_type": "worktree", "colour": "red"}))
         .await
         .problem(400, "validation_failed");
@@ -762,9 +648,7 @@ async fn bad_session_requests_create_nothing(app: TestApp) {
     assert_eq!(app.count("task_sessions").await, 0);
     assert_eq!(app.count("task_environments").await, 0);
     assert_eq!(
-        std::fs::read_dir(&app.config.worktree_root)
-            .unwrap()
-            .count(),
+        std::fs::read_dir(&app.config.worktree_root).unwrap().count(),
         0,
         "nothing on disk"
     );
@@ -809,12 +693,7 @@ async fn cleanup_barrier_refuses_new_sessions(app: TestApp) {
     .problem(409, "task_cleanup_in_progress");
     assert_eq!(app.count("task_environments").await, 0);
     assert_eq!(app.count("task_sessions").await, 0);
-    assert_eq!(
-        std::fs::read_dir(&app.config.worktree_root)
-            .unwrap()
-            .count(),
-        0
-    );
+    assert_eq!(std::fs::read_dir(&app.config.worktree_root).unwrap().count(), 0);
 }
 
 // I33: an agent's token acts on its session and reads its task and environment; nothing else.
@@ -828,18 +707,12 @@ async fn session_bound_token_reads_its_session_task_and_environment(app: TestApp
     let theirs = app.session(other_task, "worktree").await;
     let env = uuid(&mine["task_environment_id"]);
     let other_env = uuid(&theirs["task_environment_id"]);
-    let token = app.token_for(
-        "sessions:read tasks:read sessions:write",
-        None,
-        Some(uuid(&mine["id"])),
-    );
+    let token = app.token_for("sessions:read tasks:read sessions:write", None, Some(uuid(&mine["id"])));
     let t = Some(token.as_str());
     let app = &app;
     let get = |path: String| async move { app.call(Method::GET, &path, t, None).await };
     assert_eq!(
-        get(format!("/api/v1/sessions/{}", uuid(&mine["id"])))
-            .await
-            .ok(200)["id"],
+        get(format!("/api/v1/sessions/{}", uuid(&mine["id"]))).await.ok(200)["id"],
         mine["id"]
     );
     assert_eq!(
@@ -850,9 +723,7 @@ async fn session_bound_token_reads_its_session_task_and_environment(app: TestApp
         get(format!("/api/v1/environments/{env}")).await.ok(200)["id"],
         env.to_string()
     );
-    get(format!("/api/v1/tasks/{task}/environment"))
-        .await
-        .ok(200);
+    get(format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     get(format!("/api/v1/sessions/{}", uuid(&sibling["id"])))
         .await
         .problem(404, "not_found");
@@ -886,11 +757,7 @@ async fn session_bound_token_reads_its_session_task_and_environment(app: TestApp
     .problem(404, "not_found");
 }
 
-async fn insert_creating(
-    app: &TestApp,
-    task: Uuid,
-    updated_at: chrono::DateTime<chrono::Utc>,
-) -> Uuid {
+async fn insert_creating(app: &TestApp, task: Uuid, updated_at: chrono::DateTime<chrono::Utc>) -> Uuid {
     use berth::entity::task_environment as env;
     use sea_orm::{ActiveValue::Set, EntityTrait};
     let id = Uuid::now_v7();
@@ -929,18 +796,12 @@ async fn a_live_materializer_makes_others_wait(app: TestApp) {
     let task = app.task(ws, "Waiting", &[repo]).await;
     insert_creating(&app, task, chrono::Utc::now()).await;
     let url = format!("/api/v1/tasks/{task}/sessions");
-    let replies = futures_util::future::join_all(
-        (0..4).map(|_| app.post(&url, json!({"executor_type": "worktree"}))),
-    )
-    .await;
+    let replies =
+        futures_util::future::join_all((0..4).map(|_| app.post(&url, json!({"executor_type": "worktree"})))).await;
     for r in replies {
         r.problem(409, "workspace_preparing");
     }
-    assert_eq!(
-        worktrees_of(&source).len(),
-        1,
-        "nobody else created anything"
-    );
+    assert_eq!(worktrees_of(&source).len(), 1, "nobody else created anything");
     assert_eq!(app.count("task_sessions").await, 0);
 }
 
@@ -954,21 +815,10 @@ async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app
     // What the dead attempt had made: the slot's worktree on the task's branch, with a file in it.
     let dir = slot_dir(&app, "Abandoned", task, "svc");
     std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
-    let branch = format!(
-        "berth/{}",
-        berth::executor::task_dir_name("Abandoned", task)
-    );
+    let branch = format!("berth/{}", berth::executor::task_dir_name("Abandoned", task));
     git(
         &source,
-        &[
-            "worktree",
-            "add",
-            "-q",
-            "-b",
-            &branch,
-            dir.to_str().unwrap(),
-            "main",
-        ],
+        &["worktree", "add", "-q", "-b", &branch, dir.to_str().unwrap(), "main"],
     );
     std::fs::write(dir.join("MARKER.txt"), "made before the crash").unwrap();
 
@@ -980,9 +830,7 @@ async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app
     );
     assert_eq!(worktrees_of(&source).len(), 2, "adopted, not duplicated");
     assert_eq!(
-        app.get(&format!("/api/v1/environments/{stale}"))
-            .await
-            .ok(200)["status"],
+        app.get(&format!("/api/v1/environments/{stale}")).await.ok(200)["status"],
         "superseded"
     );
 }
@@ -998,15 +846,7 @@ async fn incomplete_or_foreign_directories_are_not_adopted(app: TestApp) {
     let branch = format!("berth/{}", berth::executor::task_dir_name("Locked", task));
     git(
         &source,
-        &[
-            "worktree",
-            "add",
-            "-q",
-            "-b",
-            &branch,
-            dir.to_str().unwrap(),
-            "main",
-        ],
+        &["worktree", "add", "-q", "-b", &branch, dir.to_str().unwrap(), "main"],
     );
     let id = git(&dir, &["rev-parse", "--git-dir"]);
     let admin = PathBuf::from(id.trim());
@@ -1020,17 +860,11 @@ async fn incomplete_or_foreign_directories_are_not_adopted(app: TestApp) {
         .await;
     let p = r.problem(409, "conflict");
     let env = app
-        .get(&format!(
-            "/api/v1/environments/{}",
-            uuid(&p["task_environment_id"])
-        ))
+        .get(&format!("/api/v1/environments/{}", uuid(&p["task_environment_id"])))
         .await
         .ok(200);
     assert!(
-        env["repos"][0]["error_message"]
-            .as_str()
-            .unwrap()
-            .contains("locked"),
+        env["repos"][0]["error_message"].as_str().unwrap().contains("locked"),
         "{env}"
     );
     assert_eq!(
@@ -1051,10 +885,7 @@ async fn incomplete_or_foreign_directories_are_not_adopted(app: TestApp) {
     )
     .await
     .problem(409, "conflict");
-    assert_eq!(
-        std::fs::read_to_string(plain.join("notes.txt")).unwrap(),
-        "mine"
-    );
+    assert_eq!(std::fs::read_to_string(plain.join("notes.txt")).unwrap(), "mine");
 }
 
 // Compensation removes only what the failing attempt created: a slot worktree it adopted stays.
@@ -1068,15 +899,7 @@ async fn compensation_spares_adopted_worktrees(app: TestApp) {
     let branch = format!("berth/{}", berth::executor::task_dir_name("Spare", task));
     git(
         &a_path,
-        &[
-            "worktree",
-            "add",
-            "-q",
-            "-b",
-            &branch,
-            dir.to_str().unwrap(),
-            "main",
-        ],
+        &["worktree", "add", "-q", "-b", &branch, dir.to_str().unwrap(), "main"],
     );
     std::fs::write(dir.join("MARKER.txt"), "earlier work").unwrap();
     let hidden = b_path.with_file_name("b-away");
@@ -1087,10 +910,7 @@ async fn compensation_spares_adopted_worktrees(app: TestApp) {
     )
     .await
     .problem(409, "conflict");
-    assert_eq!(
-        std::fs::read_to_string(dir.join("MARKER.txt")).unwrap(),
-        "earlier work"
-    );
+    assert_eq!(std::fs::read_to_string(dir.join("MARKER.txt")).unwrap(), "earlier work");
     assert!(
         worktrees_of(&a_path).contains(&dir.display().to_string()),
         "the adopted worktree was not removed"

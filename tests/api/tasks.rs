@@ -61,11 +61,7 @@ async fn create_task_over_two_repositories(app: TestApp) {
     let seqs: Vec<i64> = events.iter().map(|e| e.0).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     assert_eq!(events.iter().filter(|e| e.1 == "task.created").count(), 2);
-    assert!(
-        events
-            .iter()
-            .any(|e| e.1 == "task.created" && e.2 == Some(id))
-    );
+    assert!(events.iter().any(|e| e.1 == "task.created" && e.2 == Some(id)));
 }
 
 async fn task_refusals_create_nothing(app: TestApp) {
@@ -157,10 +153,7 @@ async fn inherit_parent_subtask_uses_the_parents_slots(app: TestApp) {
 async fn patch_updates_and_writes_an_event(app: TestApp) {
     let ws = app.workspace("ws").await;
     let task = app
-        .post(
-            &format!("/api/v1/workspaces/{ws}/tasks"),
-            json!({"title": "old"}),
-        )
+        .post(&format!("/api/v1/workspaces/{ws}/tasks"), json!({"title": "old"}))
         .await
         .ok(201);
     let id = id_of(&task);
@@ -175,53 +168,29 @@ async fn patch_updates_and_writes_an_event(app: TestApp) {
     assert_eq!(updated["description"], "d");
     assert_eq!(updated["created_at"], task["created_at"]);
     assert_ne!(updated["updated_at"], task["updated_at"]);
-    assert_eq!(
-        app.get(&format!("/api/v1/tasks/{id}")).await.ok(200),
-        updated
-    );
-    let count = app
-        .events()
-        .await
-        .iter()
-        .filter(|e| e.1 == "task.updated")
-        .count();
+    assert_eq!(app.get(&format!("/api/v1/tasks/{id}")).await.ok(200), updated);
+    let count = app.events().await.iter().filter(|e| e.1 == "task.updated").count();
     assert_eq!(count, 1);
     // A no-op patch changes nothing and writes no event.
     app.patch(&format!("/api/v1/tasks/{id}"), json!({"title": "new"}))
         .await
         .ok(200);
-    assert_eq!(
-        app.events()
-            .await
-            .iter()
-            .filter(|e| e.1 == "task.updated")
-            .count(),
-        1
-    );
+    assert_eq!(app.events().await.iter().filter(|e| e.1 == "task.updated").count(), 1);
     app.patch(&format!("/api/v1/tasks/{id}"), json!({"title": ""}))
         .await
         .problem(422, "validation_failed");
-    app.patch(
-        &format!("/api/v1/tasks/{id}"),
-        json!({"kind": "quick_chat"}),
-    )
-    .await
-    .problem(400, "validation_failed");
-    assert_eq!(
-        app.get(&format!("/api/v1/tasks/{id}")).await.ok(200)["title"],
-        "new"
-    );
+    app.patch(&format!("/api/v1/tasks/{id}"), json!({"kind": "quick_chat"}))
+        .await
+        .problem(400, "validation_failed");
+    assert_eq!(app.get(&format!("/api/v1/tasks/{id}")).await.ok(200)["title"], "new");
 }
 
 async fn list_filters_by_parent(app: TestApp) {
     let ws = app.workspace("ws").await;
     let parent = id_of(
-        &app.post(
-            &format!("/api/v1/workspaces/{ws}/tasks"),
-            json!({"title": "p"}),
-        )
-        .await
-        .ok(201),
+        &app.post(&format!("/api/v1/workspaces/{ws}/tasks"), json!({"title": "p"}))
+            .await
+            .ok(201),
     );
     let child = id_of(
         &app.post(
@@ -231,25 +200,16 @@ async fn list_filters_by_parent(app: TestApp) {
         .await
         .ok(201),
     );
-    let all = app
-        .get(&format!("/api/v1/workspaces/{ws}/tasks"))
-        .await
-        .ok(200);
+    let all = app.get(&format!("/api/v1/workspaces/{ws}/tasks")).await.ok(200);
     let ids: Vec<String> = all["items"]
         .as_array()
         .unwrap()
         .iter()
         .map(|t| t["id"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(
-        ids,
-        vec![child.to_string(), parent.to_string()],
-        "newest first"
-    );
+    assert_eq!(ids, vec![child.to_string(), parent.to_string()], "newest first");
     let kids = app
-        .get(&format!(
-            "/api/v1/workspaces/{ws}/tasks?parent_task_id={parent}"
-        ))
+        .get(&format!("/api/v1/workspaces/{ws}/tasks?parent_task_id={parent}"))
         .await
         .ok(200);
     assert_eq!(kids["items"].as_array().unwrap().len(), 1);
