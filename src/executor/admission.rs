@@ -135,3 +135,110 @@ fn check_worktree(path: &Path, common_git_dir: &Path, executor: ExecutorType) ->
     }
     Ok(())
 }
+
+/// Remote executors (containers, sandboxes, other hosts) validate through their own inventory contract
+/// instead of host filesystem inspection: given the environment and the handles its inventory records,
+/// the executor proves, read-only, that they are live and belong to that environment, and names the
+/// working directory inside it. No remote executor exists yet; this is the contract one implements.
+pub trait RemoteInventory: Send + Sync {
+    fn validate(&self, environment_id: Uuid, handles: &[String]) -> Result<PathBuf, Refusal>;
+}
+
+/// Admission for a remote executor: the proof is still built only here.
+pub fn admit_remote(
+    inventory: &dyn RemoteInventory,
+    environment_id: Uuid,
+    handles: &[String],
+) -> Result<AdmittedWorkspace, Refusal> {
+    if handles.is_empty() {
+        return Err(Refusal::InventoryIncomplete);
+    }
+    let path = inventory.validate(environment_id, handles)?;
+    Ok(AdmittedWorkspace { environment_id, path })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake(Result<PathBuf, Refusal>);
+    impl RemoteInventory for Fake {
+        fn validate(&self, _: Uuid, _: &[String]) -> Result<PathBuf, Refusal> {
+            self.0.clone()
+        }
+    }
+
+    #[test]
+    fn remote_admission_goes_through_the_inventory_contract() {
+        let env = Uuid::now_v7();
+        let ok = admit_remote(&Fake(Ok("/workspace".into())), env, &["container-1".into()]).unwrap();
+        assert_eq!((ok.environment_id(), ok.path()), (env, Path::new("/workspace")));
+        assert_eq!(
+            admit_remote(&Fake(Ok("/w".into())), env, &[]).unwrap_err(),
+            Refusal::InventoryIncomplete
+        );
+        assert_eq!(
+            admit_remote(&Fake(Err(Refusal::WorkspaceMissing)), env, &["x".into()]).unwrap_err(),
+            Refusal::WorkspaceMissing
+        );
+    }
+
+    #[test]
+    fn local_admission_refuses_without_touching_anything() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let slot = Slot {
+            repository_id: Uuid::now_v7(),
+            branch_slug: String::new(),
+            common_git_dir: root.join(".git"),
+            source_path: root.join("src"),
+        };
+        let candidate = |executor, ready, rows: &[Row]| {
+            let slots = [slot.clone()];
+            let c = Candidate {
+                environment_id: Uuid::now_v7(),
+                executor,
+                ready,
+                task_root: &root,
+                slots: &slots,
+                rows,
+            };
+            admit(&c, ExecutorType::Worktree).map(|_| ())
+        };
+        assert_eq!(
+            candidate(ExecutorType::Local, true, &[]),
+            Err(Refusal::ExecutorMismatch)
+        );
+        assert_eq!(
+            candidate(ExecutorType::Worktree, false, &[]),
+            Err(Refusal::EnvironmentNotReady)
+        );
+        assert_eq!(
+            candidate(ExecutorType::Worktree, true, &[]),
+            Err(Refusal::InventoryIncomplete)
+        );
+        let row = Row {
+            repository_id: slot.repository_id,
+            branch_slug: String::new(),
+            worktree_path: Some(root.join("missing")),
+        };
+        assert_eq!(
+            candidate(ExecutorType::Worktree, true, &[row.clone(), row.clone()]),
+            Err(Refusal::InventoryAmbiguous)
+        );
+        assert_eq!(
+            candidate(ExecutorType::Worktree, true, &[row]),
+            Err(Refusal::WorkspaceMissing)
+        );
+        let stale = Row {
+            repository_id: slot.repository_id,
+            branch_slug: String::new(),
+            worktree_path: Some("/elsewhere".into()),
+        };
+        assert_eq!(
+            candidate(ExecutorType::Worktree, true, &[stale]),
+            Err(Refusal::InventoryAmbiguous),
+            "a path outside the environment"
+        );
+    }
+}
