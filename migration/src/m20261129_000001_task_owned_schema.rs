@@ -85,8 +85,10 @@ const INDEXES: &[&str] = &[
     "CREATE INDEX ix_tasks_parent ON tasks (parent_task_id)",
     "CREATE UNIQUE INDEX ux_task_repositories_slot ON task_repositories (task_id, repository_id, branch_slug)",
     "CREATE INDEX ix_task_repositories_repository ON task_repositories (repository_id)",
-    // I1: at most one current (non-superseded) environment per task.
-    "CREATE UNIQUE INDEX ux_task_environments_current ON task_environments (task_id) WHERE status <> 'superseded'",
+    // I1: at most one current (ready) environment per task, and (I14) at most one being materialized. An
+    // executor transition (I18) materializes the next one beside the current until its launch succeeds.
+    "CREATE UNIQUE INDEX ux_task_environments_current ON task_environments (task_id) WHERE status IN ('ready', 'stopped')",
+    "CREATE UNIQUE INDEX ux_task_environments_creating ON task_environments (task_id) WHERE status = 'creating'",
     "CREATE INDEX ix_task_environments_task ON task_environments (task_id)",
     // I1/I14: exactly one active inventory row per environment, repository and branch slot.
     "CREATE UNIQUE INDEX ux_task_environment_repos_active ON task_environment_repos (task_environment_id, repository_id, branch_slug) WHERE status = 'active'",

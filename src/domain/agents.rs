@@ -13,7 +13,7 @@ use super::error::{Error, Result, ReuseCategory};
 use super::sessions::{self, SessionView};
 use crate::auth::Principal;
 use crate::entity::agent_execution as execution;
-use crate::entity::task_environment::{self as env, EnvironmentStatus};
+use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
 use crate::entity::task_session::{self as session, SessionState};
 use crate::entity::{repository, session_message, task, task_repository};
@@ -69,84 +69,129 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     let owner = environments::owner_of(&ctx.db.conn, &task).await?;
 
     // Admission: read-only, before anything changes or any process exists.
-    let admitted = match admit(ctx, &owner, &s).await? {
+    let (task_ref, s_ref) = (&task, &s);
+    let refused = |refusal: Refusal| async move {
+        let message = format!("workspace admission refused: {:?}", ReuseCategory::from(refusal));
+        record_failure(ctx, task_ref, s_ref, "workspace_reuse_unsafe", &message).await?;
+        Err::<SessionView, Error>(Error::WorkspaceReuseUnsafe(refusal.into()))
+    };
+    let Some(current_env) = environments::current(&ctx.db.conn, owner.id).await? else {
+        return refused(Refusal::EnvironmentNotReady).await;
+    };
+    let mut transition = None;
+    let admitted = match admit(ctx, &owner, &current_env, s.executor_type, false).await? {
         Ok(ws) => ws,
-        Err(refusal) => {
-            record_failure(
-                ctx,
-                &task,
-                &s,
-                "workspace_reuse_unsafe",
-                &format!("workspace admission refused: {:?}", ReuseCategory::from(refusal)),
-            )
-            .await?;
-            return Err(Error::WorkspaceReuseUnsafe(refusal.into()));
+        // I18: another executor than the environment's: a fresh environment for it, beside the current one.
+        Err(Refusal::ExecutorMismatch) => {
+            let (candidate, made) = environments::prepare_transition(ctx, &task, s.executor_type).await?;
+            match admit(ctx, &owner, &candidate, s.executor_type, true).await? {
+                Ok(ws) => {
+                    transition = Some((candidate, made));
+                    ws
+                }
+                Err(refusal) => {
+                    environments::abandon_transition(
+                        ctx,
+                        &task,
+                        &candidate,
+                        &made,
+                        "admission refused the new environment",
+                    )
+                    .await;
+                    return refused(refusal).await;
+                }
+            }
+        }
+        Err(refusal) => return refused(refusal).await,
+    };
+    let abandon = |why: &'static str| {
+        let transition = transition.as_ref();
+        let task = &task;
+        async move {
+            if let Some((candidate, made)) = transition {
+                environments::abandon_transition(ctx, task, candidate, made, why).await;
+            }
         }
     };
 
     // The durable handle first: a crash after this leaves a record to reap (issue 5: agent_executions).
     let execution_id = Uuid::now_v7();
-    let now = super::now();
-    let txn = ctx.db.begin_write().await?;
-    if owner.id != task.id {
-        lock_task(&txn, owner.id).await?;
+    let handle: Result<Option<session::Model>> = async {
+        let now = super::now();
+        let txn = ctx.db.begin_write().await?;
+        if owner.id != task.id {
+            lock_task(&txn, owner.id).await?;
+        }
+        lock_task(&txn, task.id).await?;
+        ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+        let current = session::Entity::find_by_id(s.id)
+            .one(&txn)
+            .await?
+            .ok_or(Error::NotFound("session"))?;
+        match current.state {
+            // Another launch is under way (I27: one process): answer with it.
+            SessionState::Starting => {
+                drop(txn);
+                return Ok(Some(current));
+            }
+            SessionState::Stopping => return Err(Error::SessionBusy),
+            _ => {}
+        }
+        execution::Entity::insert(execution::ActiveModel {
+            id: Set(execution_id),
+            session_id: Set(s.id),
+            task_environment_id: Set(Some(admitted.environment_id())),
+            instance_id: Set(ctx.instance_id),
+            node_id: Set(ctx.config.node_id.clone()),
+            pid: Set(None),
+            state: Set("starting".into()),
+            workspace_path: Set(admitted.path().to_string_lossy().into_owned()),
+            exit_code: Set(None),
+            started_at: Set(now),
+            ended_at: Set(None),
+            updated_at: Set(now),
+        })
+        .exec_without_returning(&txn)
+        .await?;
+        session::Entity::update(session::ActiveModel {
+            id: Set(s.id),
+            state: Set(SessionState::Starting),
+            desired_open: Set(true),
+            execution_id: Set(Some(execution_id)),
+            task_environment_id: Set(Some(admitted.environment_id())),
+            last_error_code: Set(None),
+            last_error_message: Set(None),
+            last_activity_at: Set(now),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(&txn)
+        .await?;
+        state_event(
+            ctx,
+            &txn,
+            &task,
+            s.id,
+            admitted.environment_id(),
+            Some(execution_id),
+            SessionState::Starting,
+        )
+        .await?;
+        ctx.commit(txn).await?;
+        Ok(None)
     }
-    lock_task(&txn, task.id).await?;
-    ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
-    let current = session::Entity::find_by_id(s.id)
-        .one(&txn)
-        .await?
-        .ok_or(Error::NotFound("session"))?;
-    match current.state {
-        // Another launch is under way (I27: one process): answer with it.
-        SessionState::Starting => {
-            drop(txn);
+    .await;
+    match handle {
+        Ok(None) => {}
+        Ok(Some(current)) => {
+            abandon("another launch of the session is under way").await;
             return sessions::project(&ctx.db.conn, current).await;
         }
-        SessionState::Stopping => return Err(Error::SessionBusy),
-        _ => {}
+        Err(e) => {
+            abandon("the launch could not be recorded").await;
+            return Err(e);
+        }
     }
-    execution::Entity::insert(execution::ActiveModel {
-        id: Set(execution_id),
-        session_id: Set(s.id),
-        task_environment_id: Set(Some(admitted.environment_id())),
-        instance_id: Set(ctx.instance_id),
-        node_id: Set(ctx.config.node_id.clone()),
-        pid: Set(None),
-        state: Set("starting".into()),
-        workspace_path: Set(admitted.path().to_string_lossy().into_owned()),
-        exit_code: Set(None),
-        started_at: Set(now),
-        ended_at: Set(None),
-        updated_at: Set(now),
-    })
-    .exec_without_returning(&txn)
-    .await?;
-    session::Entity::update(session::ActiveModel {
-        id: Set(s.id),
-        state: Set(SessionState::Starting),
-        desired_open: Set(true),
-        execution_id: Set(Some(execution_id)),
-        task_environment_id: Set(Some(admitted.environment_id())),
-        last_error_code: Set(None),
-        last_error_message: Set(None),
-        last_activity_at: Set(now),
-        updated_at: Set(now),
-        ..Default::default()
-    })
-    .exec(&txn)
-    .await?;
-    state_event(
-        ctx,
-        &txn,
-        &task,
-        s.id,
-        admitted.environment_id(),
-        Some(execution_id),
-        SessionState::Starting,
-    )
-    .await?;
-    ctx.commit(txn).await?;
 
     let pid = match ctx.runtime.spawn(&admitted, &profile, s.id, execution_id) {
         Ok(pid) => pid,
@@ -155,6 +200,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         }
         Err(SpawnError::Spawn(e)) => {
             tracing::warn!(session = %s.id, profile = %profile_name, error = %e, "agent did not start");
+            abandon("the agent did not start").await;
             finish_execution(ctx, execution_id, "failed", None).await?;
             let s = reload(ctx, s.id).await?;
             record_failure(
@@ -200,6 +246,10 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         .filter(session::Column::State.eq(SessionState::Starting))
         .exec(&txn)
         .await?;
+    if let Some((candidate, _)) = &transition {
+        // I18: only now, with the agent running in it, does the new environment become current.
+        environments::promote_transition(&txn, ctx, &task, candidate.id).await?;
+    }
     // I19: a successful launch writes the effective workspace back (healing an earlier wrong value).
     env::Entity::update_many()
         .col_expr(
@@ -238,11 +288,11 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
 async fn admit(
     ctx: &Ctx,
     owner: &task::Model,
-    s: &session::Model,
+    current: &env::Model,
+    requested: ExecutorType,
+    // A transition candidate is admitted while still `creating` (it becomes current only after its launch).
+    candidate: bool,
 ) -> Result<std::result::Result<AdmittedWorkspace, Refusal>> {
-    let Some(current) = environments::current(&ctx.db.conn, owner.id).await? else {
-        return Ok(Err(Refusal::EnvironmentNotReady));
-    };
     let rows = env_repo::Entity::find()
         .filter(env_repo::Column::TaskEnvironmentId.eq(current.id))
         .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
@@ -279,10 +329,10 @@ async fn admit(
         })
         .collect();
     let task_root = ctx.config.worktree_root.join(&owner.slug);
-    let requested = s.executor_type;
     let environment_id = current.id;
     let executor = current.executor_type;
-    let ready = matches!(current.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped);
+    let ready = matches!(current.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped)
+        || (candidate && current.status == EnvironmentStatus::Creating);
     tokio::task::spawn_blocking(move || {
         admission::admit(
             &Candidate {

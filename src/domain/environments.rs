@@ -14,7 +14,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::error::{Error, Result, ReuseCategory};
+use super::error::{Error, Result};
 use crate::auth::Principal;
 use crate::entity::task::{self, WorkspaceMode};
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
@@ -75,11 +75,50 @@ pub(crate) async fn lock_task(txn: &DatabaseTransaction, id: Uuid) -> Result<tas
 
 /// The current (non-superseded) environment of an owner task.
 pub(crate) async fn current<C: ConnectionTrait>(conn: &C, owner_task_id: Uuid) -> Result<Option<env::Model>> {
-    Ok(env::Entity::find()
+    let mut envs = env::Entity::find()
         .filter(env::Column::TaskId.eq(owner_task_id))
         .filter(env::Column::Status.ne(EnvironmentStatus::Superseded))
-        .one(conn)
-        .await?)
+        .order_by_desc(env::Column::CreatedAt)
+        .all(conn)
+        .await?;
+    // The ready one is current; without one, the one being made; else the newest failed attempt.
+    let rank = |e: &env::Model| match e.status {
+        EnvironmentStatus::Ready | EnvironmentStatus::Stopped => 0,
+        EnvironmentStatus::Creating => 1,
+        _ => 2,
+    };
+    envs.sort_by_key(|e| rank(e));
+    Ok(envs.into_iter().next())
+}
+
+/// Supersedes what is left of earlier attempts (failed, or creating with an expired lease), keeping
+/// them recorded for diagnostics; a new attempt adopts any worktree they left in place.
+async fn supersede_stale(txn: &DatabaseTransaction, ctx: &Ctx, owner: &task::Model, envs: &[env::Model]) -> Result<()> {
+    let now = super::now();
+    for stale in envs
+        .iter()
+        .filter(|e| matches!(e.status, EnvironmentStatus::Failed | EnvironmentStatus::Creating))
+    {
+        env::Entity::update(env::ActiveModel {
+            id: Set(stale.id),
+            status: Set(EnvironmentStatus::Superseded),
+            materializer_id: Set(None),
+            superseded_at: Set(Some(now)),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(txn)
+        .await?;
+        events::append(
+            txn,
+            ctx.instance_id,
+            "environment.superseded",
+            env_subject(owner, stale.id),
+            json!({ "reason": "retry" }),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 enum Election {
@@ -149,6 +188,24 @@ async fn materialize_and_publish(
     owner: &task::Model,
     e: &env::Model,
 ) -> Result<env::Model, Failed> {
+    let (rows, path, made) = materialize(ctx, owner, e).await?;
+    let published = publish(ctx, task, owner, e, rows, path).await;
+    if let Err(Error::TaskCleanupInProgress | Error::NotFound(_)) = published {
+        // A lifecycle operation won (its barrier stands, or the task is gone): what this attempt created
+        // never became task state, and nobody can adopt it; remove it (I7).
+        worktree::compensate(&ctx.git, &made).await;
+    }
+    // Otherwise (taken over, or the database failed) the worktrees stay for the next attempt to adopt:
+    // removing them could remove what a new materializer already adopted.
+    Ok(published?)
+}
+
+/// Makes the environment's files exist: worktrees for `worktree`, nothing for `local`.
+async fn materialize(
+    ctx: &Ctx,
+    owner: &task::Model,
+    e: &env::Model,
+) -> Result<(Vec<Done>, Option<String>, Vec<worktree::Materialized>), Failed> {
     let plans = plans(ctx, owner).await?;
     match e.executor_type {
         ExecutorType::Local => {
@@ -165,7 +222,7 @@ async fn materialize_and_publish(
                 })
                 .collect();
             let path = plans.first().map(|p| p.repository_path.to_string_lossy().into_owned());
-            Ok(publish(ctx, task, owner, e, rows, path).await?)
+            Ok((rows, path, Vec::new()))
         }
         ExecutorType::Worktree => {
             let root = ManagedRoot::new(ctx.config.worktree_root.clone());
@@ -188,15 +245,7 @@ async fn materialize_and_publish(
                 [one] => Some(one.worktree_path.clone()),
                 _ => Some(root.path().join(&owner.slug).to_string_lossy().into_owned()),
             };
-            let published = publish(ctx, task, owner, e, rows, path).await;
-            if let Err(Error::TaskCleanupInProgress | Error::NotFound(_)) = published {
-                // A lifecycle operation won (its barrier stands, or the task is gone): what this attempt
-                // created never became task state, and nobody can adopt it; remove it (I7).
-                worktree::compensate(&ctx.git, &made).await;
-            }
-            // Otherwise (taken over, or the database failed) the worktrees stay for the next attempt to
-            // adopt: removing them could remove what a new materializer already adopted.
-            Ok(published?)
+            Ok((rows, path, made))
         }
     }
 }
@@ -227,90 +276,233 @@ async fn elect(ctx: &Ctx, task: &task::Model, owner: &task::Model, executor: Exe
         return Err(Error::TaskArchived);
     }
     ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
-    let now = super::now();
-    let lease = chrono::Duration::from_std(ctx.config.materialize_lease).unwrap_or(chrono::Duration::minutes(5));
-    match current(&txn, owner.id).await? {
+    let envs = live_envs(&txn, owner.id).await?;
+    if envs.iter().any(|e| is_fresh_creating(ctx, e)) {
         // Someone is materializing, and its lease is fresh.
-        Some(e) if e.status == EnvironmentStatus::Creating && e.updated_at > now - lease => {
-            Err(Error::WorkspacePreparing)
-        }
-        Some(e) if matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) => {
-            if e.executor_type != executor {
-                // Executor transition (I18) is the launch issue's; until then a mismatch is refused.
-                return Err(Error::WorkspaceReuseUnsafe(ReuseCategory::ExecutorMismatch));
-            }
-            Ok(Election::Ready(e))
-        }
-        previous => {
-            if let Some(failed) = previous {
-                // A failed (or abandoned: its lease expired) attempt stays recorded for diagnostics; the
-                // retry is a new environment, which adopts any worktree the old attempt left in place.
-                env::Entity::update(env::ActiveModel {
-                    id: Set(failed.id),
-                    status: Set(EnvironmentStatus::Superseded),
-                    superseded_at: Set(Some(now)),
-                    updated_at: Set(now),
-                    ..Default::default()
-                })
-                .exec(&txn)
-                .await?;
-                events::append(
-                    &txn,
-                    ctx.instance_id,
-                    "environment.superseded",
-                    env_subject(owner, failed.id),
-                    json!({ "reason": "retry" }),
-                )
-                .await?;
-            }
-            let slots = task_repository::Entity::find()
-                .filter(task_repository::Column::TaskId.eq(owner.id))
-                .count(&txn)
-                .await?;
-            if executor == ExecutorType::Worktree && slots == 0 {
-                return Err(Error::invalid(
-                    "executor_type",
-                    "the task has no repository to make a worktree of",
-                ));
-            }
-            if executor == ExecutorType::Local && slots > 1 {
-                return Err(Error::WorkspaceReuseUnsupported(
-                    "the local executor works in one repository; use the worktree executor for several",
-                ));
-            }
-            let model = env::Model {
-                id: Uuid::now_v7(),
-                task_id: owner.id,
-                executor_type: executor,
-                status: EnvironmentStatus::Creating,
-                workspace_path: None,
-                node_id: ctx.config.node_id.clone(),
-                ownership_generation: 1,
-                materializer_id: Some(Uuid::now_v7()),
-                error_message: None,
-                created_at: now,
-                updated_at: now,
-                superseded_at: None,
-            };
-            let am: env::ActiveModel = model.clone().into();
-            match env::Entity::insert(am).exec_without_returning(&txn).await {
-                // The partial unique index is the backstop: someone else is materializing.
-                Err(e) if super::error::is_unique_violation(&e) => {
-                    return Err(Error::WorkspacePreparing);
-                }
-                other => other?,
-            };
-            events::append(
-                &txn,
-                ctx.instance_id,
-                "environment.created",
-                env_subject(owner, model.id),
-                json!({ "executor_type": executor, "status": "creating" }),
+        return Err(Error::WorkspacePreparing);
+    }
+    if let Some(ready) = envs
+        .iter()
+        .find(|e| matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped))
+    {
+        // With another executor, the session attaches here and its launch performs the transition (I18):
+        // the current environment changes only once the new launch succeeded.
+        return Ok(Election::Ready(ready.clone()));
+    }
+    supersede_stale(&txn, ctx, owner, &envs).await?;
+    let model = new_candidate(&txn, ctx, owner, executor).await?;
+    ctx.commit(txn).await?;
+    Ok(Election::Elected(model))
+}
+
+async fn live_envs(txn: &DatabaseTransaction, owner_id: Uuid) -> Result<Vec<env::Model>> {
+    Ok(env::Entity::find()
+        .filter(env::Column::TaskId.eq(owner_id))
+        .filter(env::Column::Status.ne(EnvironmentStatus::Superseded))
+        .all(txn)
+        .await?)
+}
+
+fn is_fresh_creating(ctx: &Ctx, e: &env::Model) -> bool {
+    let lease = chrono::Duration::from_std(ctx.config.materialize_lease).unwrap_or(chrono::Duration::minutes(5));
+    e.status == EnvironmentStatus::Creating && e.updated_at > super::now() - lease
+}
+
+/// Inserts a `creating` environment whose materializer is this request (under the owner's lock).
+async fn new_candidate(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    owner: &task::Model,
+    executor: ExecutorType,
+) -> Result<env::Model> {
+    let slots = task_repository::Entity::find()
+        .filter(task_repository::Column::TaskId.eq(owner.id))
+        .count(txn)
+        .await?;
+    if executor == ExecutorType::Worktree && slots == 0 {
+        return Err(Error::invalid(
+            "executor_type",
+            "the task has no repository to make a worktree of",
+        ));
+    }
+    if executor == ExecutorType::Local && slots > 1 {
+        return Err(Error::WorkspaceReuseUnsupported(
+            "the local executor works in one repository; use the worktree executor for several",
+        ));
+    }
+    let now = super::now();
+    let model = env::Model {
+        id: Uuid::now_v7(),
+        task_id: owner.id,
+        executor_type: executor,
+        status: EnvironmentStatus::Creating,
+        workspace_path: None,
+        node_id: ctx.config.node_id.clone(),
+        ownership_generation: 1,
+        materializer_id: Some(Uuid::now_v7()),
+        error_message: None,
+        created_at: now,
+        updated_at: now,
+        superseded_at: None,
+    };
+    let am: env::ActiveModel = model.clone().into();
+    match env::Entity::insert(am).exec_without_returning(txn).await {
+        // The partial unique index is the backstop: someone else is materializing.
+        Err(e) if super::error::is_unique_violation(&e) => return Err(Error::WorkspacePreparing),
+        other => other?,
+    };
+    events::append(
+        txn,
+        ctx.instance_id,
+        "environment.created",
+        env_subject(owner, model.id),
+        json!({ "executor_type": executor, "status": "creating" }),
+    )
+    .await?;
+    Ok(model)
+}
+
+/// A transition candidate (I18): a new environment for `executor`, materialized with its complete
+/// inventory but still `creating`, beside the current one. `promote_transition` makes it current once the
+/// launch in it succeeded; `abandon_transition` records it failed otherwise.
+pub(crate) async fn prepare_transition(
+    ctx: &Ctx,
+    task: &task::Model,
+    executor: ExecutorType,
+) -> Result<(env::Model, Vec<worktree::Materialized>)> {
+    let owner = owner_of(&ctx.db.conn, task).await?;
+    let txn = ctx.db.begin_write().await?;
+    lock_task(&txn, owner.id).await?;
+    ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+    let envs = live_envs(&txn, owner.id).await?;
+    if envs.iter().any(|e| is_fresh_creating(ctx, e)) {
+        return Err(Error::WorkspacePreparing);
+    }
+    let stale: Vec<env::Model> = envs
+        .into_iter()
+        .filter(|e| !matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped))
+        .collect();
+    supersede_stale(&txn, ctx, &owner, &stale).await?;
+    let candidate = new_candidate(&txn, ctx, &owner, executor).await?;
+    ctx.commit(txn).await?;
+
+    let (rows, path, made) = match materialize(ctx, &owner, &candidate).await {
+        Ok(m) => m,
+        Err(Failed::Slot(failure)) => {
+            fail(
+                ctx,
+                &owner,
+                &candidate,
+                Some(&failure),
+                &format!("preparing repository {} failed", failure.repository_name),
             )
             .await?;
-            ctx.commit(txn).await?;
-            Ok(Election::Elected(model))
+            return Err(Error::MaterializationFailed {
+                environment_id: candidate.id,
+                repository_name: failure.repository_name,
+            });
         }
+        Err(Failed::Other(e)) => {
+            let _ = fail(ctx, &owner, &candidate, None, "preparing the workspace was abandoned").await;
+            return Err(e);
+        }
+    };
+    let staged: Result<()> = async {
+        let txn = ctx.db.begin_write().await?;
+        lock_task(&txn, owner.id).await?;
+        ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+        insert_rows(&txn, candidate.id, rows).await?;
+        env::Entity::update(env::ActiveModel {
+            id: Set(candidate.id),
+            workspace_path: Set(path.clone()),
+            updated_at: Set(super::now()),
+            ..Default::default()
+        })
+        .exec(&txn)
+        .await?;
+        ctx.commit(txn).await
+    }
+    .await;
+    if let Err(e) = staged {
+        abandon_transition(ctx, task, &candidate, &made, "staging the new environment failed").await;
+        return Err(e);
+    }
+    Ok((
+        env::Model {
+            workspace_path: path,
+            ..candidate
+        },
+        made,
+    ))
+}
+
+/// The launch in the candidate succeeded: it becomes current; the previous one is kept, superseded and
+/// untouched on disk (I18). Runs inside the caller's transaction.
+pub(crate) async fn promote_transition(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    task: &task::Model,
+    candidate_id: Uuid,
+) -> Result<()> {
+    let owner = owner_of(txn, task).await?;
+    let now = super::now();
+    for old in live_envs(txn, owner.id)
+        .await?
+        .into_iter()
+        .filter(|e| e.id != candidate_id)
+    {
+        env::Entity::update(env::ActiveModel {
+            id: Set(old.id),
+            status: Set(EnvironmentStatus::Superseded),
+            superseded_at: Set(Some(now)),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(txn)
+        .await?;
+        events::append(
+            txn,
+            ctx.instance_id,
+            "environment.superseded",
+            env_subject(&owner, old.id),
+            json!({ "reason": "executor_transition" }),
+        )
+        .await?;
+    }
+    env::Entity::update(env::ActiveModel {
+        id: Set(candidate_id),
+        status: Set(EnvironmentStatus::Ready),
+        materializer_id: Set(None),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    events::append(
+        txn,
+        ctx.instance_id,
+        "environment.ready",
+        env_subject(&owner, candidate_id),
+        json!({ "reason": "executor_transition" }),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The launch in the candidate failed: remove what the candidate's attempt created, record it failed; the
+/// previous environment stays current.
+pub(crate) async fn abandon_transition(
+    ctx: &Ctx,
+    task: &task::Model,
+    candidate: &env::Model,
+    made: &[worktree::Materialized],
+    why: &str,
+) {
+    worktree::compensate(&ctx.git, made).await;
+    if let Ok(owner) = owner_of(&ctx.db.conn, task).await
+        && let Err(e) = fail(ctx, &owner, candidate, None, why).await
+    {
+        tracing::warn!(environment = %candidate.id, error = %e, "could not record an abandoned transition");
     }
 }
 
@@ -348,31 +540,7 @@ async fn publish(
         ));
     }
     let now = super::now();
-    let models: Vec<env_repo::ActiveModel> = rows
-        .into_iter()
-        .map(|r| env_repo::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            task_environment_id: Set(e.id),
-            repository_id: Set(r.repository_id),
-            branch_slug: Set(r.branch_slug),
-            worktree_id: Set(r.worktree_id),
-            worktree_path: Set(r.worktree_path),
-            worktree_branch: Set(r.worktree_branch),
-            base_commit: Set(None),
-            position: Set(r.position),
-            status: Set(EnvironmentRepoStatus::Active),
-            error_message: Set(None),
-            created_at: Set(now),
-            updated_at: Set(now),
-            merged_at: Set(None),
-            deleted_at: Set(None),
-        })
-        .collect();
-    if !models.is_empty() {
-        env_repo::Entity::insert_many(models)
-            .exec_without_returning(&txn)
-            .await?;
-    }
+    insert_rows(&txn, e.id, rows).await?;
     env::Entity::update(env::ActiveModel {
         id: Set(e.id),
         status: Set(EnvironmentStatus::Ready),
@@ -399,6 +567,37 @@ async fn publish(
         updated_at: now,
         ..e.clone()
     })
+}
+
+/// The inventory rows of a materialized environment, all active.
+async fn insert_rows(txn: &DatabaseTransaction, env_id: Uuid, rows: Vec<Done>) -> Result<()> {
+    let now = super::now();
+    let models: Vec<env_repo::ActiveModel> = rows
+        .into_iter()
+        .map(|r| env_repo::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            task_environment_id: Set(env_id),
+            repository_id: Set(r.repository_id),
+            branch_slug: Set(r.branch_slug),
+            worktree_id: Set(r.worktree_id),
+            worktree_path: Set(r.worktree_path),
+            worktree_branch: Set(r.worktree_branch),
+            base_commit: Set(None),
+            position: Set(r.position),
+            status: Set(EnvironmentRepoStatus::Active),
+            error_message: Set(None),
+            created_at: Set(now),
+            updated_at: Set(now),
+            merged_at: Set(None),
+            deleted_at: Set(None),
+        })
+        .collect();
+    if !models.is_empty() {
+        env_repo::Entity::insert_many(models)
+            .exec_without_returning(txn)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Records a failed materialization if this attempt still owns the environment: `failed`, with the

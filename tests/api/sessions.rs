@@ -378,22 +378,19 @@ async fn local_executor_touches_nothing_on_disk(app: TestApp) {
         .problem(409, "workspace_reuse_unsupported");
     assert_eq!(body["action"], "choose_executor");
     assert_eq!(body["retryable"], false);
-    // A worktree session on the local environment's task is refused until executor transition lands.
-    let body = app
+    // A worktree session attaches to the current (local) environment; its launch would transition (I18).
+    let attached = app
         .post(
             &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree"}),
+            json!({"executor_type": "worktree", "start": false}),
         )
         .await
-        .problem(409, "workspace_reuse_unsafe");
-    assert_eq!(body["category"], "executor_mismatch");
-    crate::helpers::assert_no_path(
-        &app.post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree"}),
-        )
-        .await,
-        &source,
+        .ok(201);
+    assert_eq!(attached["task_environment_id"], env["id"]);
+    assert_eq!(
+        std::fs::read_dir(&app.config.worktree_root).unwrap().count(),
+        0,
+        "nothing materialized before a launch"
     );
 }
 
