@@ -57,13 +57,62 @@ impl From<cleanup_job::Model> for CleanupJob {
             attempts: j.attempts,
             max_attempts: j.max_attempts,
             next_attempt_at: j.next_attempt_at,
-            last_error: j.last_error,
-            resource_snapshot: j.resource_snapshot,
+            last_error: j.last_error.as_deref().map(scrub_paths),
+            resource_snapshot: redacted(&j.resource_snapshot),
             node_id: j.node_id,
             created_at: j.created_at,
             updated_at: j.updated_at,
             completed_at: j.completed_at,
         }
+    }
+}
+
+/// What the snapshot names, without filesystem paths (I34: paths appear only in environments, sessions
+/// and repositories): ids, worktree ids, branches, consent.
+fn redacted(snapshot: &serde_json::Value) -> serde_json::Value {
+    let env = &snapshot["environment"];
+    let worktrees: Vec<serde_json::Value> = env["worktrees"]
+        .as_array()
+        .map(|ws| {
+            ws.iter()
+                .map(|w| serde_json::json!({"repository_id": w["repository_id"], "worktree_id": w["worktree_id"], "branch": w["branch"]}))
+                .collect()
+        })
+        .unwrap_or_default();
+    serde_json::json!({
+        "task_id": snapshot["task_id"],
+        "workspace_id": snapshot["workspace_id"],
+        "environment": if env.is_null() { serde_json::Value::Null } else { serde_json::json!({"id": env["id"], "worktrees": worktrees}) },
+        "sessions": snapshot["sessions"],
+        "discard_worktree_changes": snapshot["discard_worktree_changes"],
+        "keep_branches": snapshot["keep_branches"],
+    })
+}
+
+/// Replaces absolute paths in an error message (git's stderr names them) with `<path>`.
+fn scrub_paths(message: &str) -> String {
+    message
+        .split(' ')
+        .map(|word| {
+            let trimmed = word.trim_matches(|c: char| c == '\'' || c == '"' || c == ',' || c == ':');
+            if trimmed.starts_with('/') {
+                word.replace(trimmed, "<path>")
+            } else {
+                word.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn paths_are_scrubbed_from_errors() {
+        assert_eq!(
+            super::scrub_paths("fatal: '/tmp/x/wt' is not a working tree: /a/b"),
+            "fatal: '<path>' is not a working tree: <path>"
+        );
     }
 }
 

@@ -236,15 +236,21 @@ pub(crate) async fn job_event(txn: &DatabaseTransaction, ctx: &Ctx, j: &job::Mod
 async fn activate(txn: &DatabaseTransaction, ctx: &Ctx, jobs: &mut [job::Model]) -> Result<()> {
     let now = super::now();
     for j in jobs.iter_mut() {
-        job::Entity::update(job::ActiveModel {
-            id: Set(j.id),
-            state: Set("pending".into()),
-            next_attempt_at: Set(Some(now)),
-            updated_at: Set(now),
-            ..Default::default()
-        })
-        .exec(txn)
-        .await?;
+        let activated = job::Entity::update_many()
+            .col_expr(job::Column::State, sea_orm::sea_query::Expr::value("pending"))
+            .col_expr(job::Column::NextAttemptAt, sea_orm::sea_query::Expr::value(Some(now)))
+            .col_expr(job::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
+            .filter(job::Column::Id.eq(j.id))
+            .filter(job::Column::State.eq("prepared"))
+            .exec(txn)
+            .await?;
+        if activated.rows_affected == 0 {
+            // Cancelled meanwhile (an operator, or reconciliation): the barrier may have lifted, so the
+            // mutation must not commit against a snapshot that could now be incomplete.
+            return Err(Error::Conflict(
+                "the cleanup was cancelled before the task changed; nothing changed, retry".into(),
+            ));
+        }
         j.state = "pending".into();
         j.next_attempt_at = Some(now);
         job_event(txn, ctx, j).await?;
@@ -266,6 +272,17 @@ async fn cancel_prepared(ctx: &Ctx, jobs: &[job::Model]) {
             tracing::warn!(job = %j.id, error = %e, "could not cancel a prepared job; reconciliation will settle it");
         }
     }
+}
+
+/// Locks tasks in ascending id order, the order every writer uses (an owner is older than its
+/// subtasks), so cascades and session creation cannot deadlock on PostgreSQL.
+async fn lock_in_order(txn: &DatabaseTransaction, tasks: &[task::Model]) -> Result<()> {
+    let mut ids: Vec<Uuid> = tasks.iter().map(|t| t.id).collect();
+    ids.sort();
+    for id in ids {
+        lock_task(txn, id).await?;
+    }
+    Ok(())
 }
 
 /// The task and, with `cascade`, its live descendants (children before parents).
@@ -314,6 +331,7 @@ pub async fn archive(
     let tasks = subtree(&ctx.db.conn, &root, cascade, false).await?;
     // 1. The barrier: prepared jobs with complete snapshots, serialized with creation on each task.
     let txn = ctx.db.begin_write().await?;
+    lock_in_order(&txn, &tasks).await?;
     let mut jobs = Vec::new();
     for t in &tasks {
         let t = lock_task(&txn, t.id).await?;
@@ -333,6 +351,7 @@ pub async fn archive(
     stop_agents(ctx, sessions).await;
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
+        lock_in_order(&txn, &tasks).await?;
         let now = super::now();
         for t in &tasks {
             task::Entity::update(task::ActiveModel {
@@ -438,7 +457,16 @@ pub async fn delete(ctx: &Ctx, p: &Principal, task_id: Uuid, cascade: bool, disc
     let root = super::tasks::readable(&ctx.db.conn, p, task_id).await?;
     let tasks = subtree(&ctx.db.conn, &root, cascade, true).await?;
     if !discard {
-        let dirty = dirty_worktrees(ctx, &tasks).await?;
+        // An environment that will pass to a surviving subtask loses nothing: not checked.
+        let doomed: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
+        let mut checked = Vec::new();
+        for t in &tasks {
+            let heirs = live_inheritors(&ctx.db.conn, t.id).await?;
+            if !heirs.iter().any(|h| !doomed.contains(&h.id)) {
+                checked.push(t.clone());
+            }
+        }
+        let dirty = dirty_worktrees(ctx, &checked).await?;
         if !dirty.is_empty() {
             return Err(Error::TaskDeleteDirtyWorktree(dirty));
         }
@@ -462,6 +490,7 @@ pub(crate) async fn delete_tasks(
 ) -> Result<Vec<job::Model>> {
     let doomed: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
     let txn = ctx.db.begin_write().await?;
+    lock_in_order(&txn, tasks).await?;
     let mut jobs = Vec::new();
     for t in tasks {
         let t = lock_task(&txn, t.id).await?;
@@ -475,6 +504,7 @@ pub(crate) async fn delete_tasks(
     stop_agents(ctx, sessions).await;
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
+        lock_in_order(&txn, tasks).await?;
         for (t, j) in tasks.iter().zip(jobs.iter_mut()) {
             // I8: an environment that a surviving inherit_parent subtask uses is transferred, not destroyed.
             if let Some(env_id) = j.task_environment_id
@@ -516,14 +546,28 @@ pub(crate) async fn delete_tasks(
 
 /// A live subtask (not being deleted) that inherits this task's workspace.
 async fn heir_of(txn: &DatabaseTransaction, t: &task::Model, doomed: &HashSet<Uuid>) -> Result<Option<task::Model>> {
-    let children = task::Entity::find()
-        .filter(task::Column::ParentTaskId.eq(t.id))
-        .filter(task::Column::WorkspaceMode.eq(WorkspaceMode::InheritParent))
-        .filter(task::Column::ArchivedAt.is_null())
-        .order_by_asc(task::Column::Id)
-        .all(txn)
-        .await?;
-    Ok(children.into_iter().find(|c| !doomed.contains(&c.id)))
+    Ok(live_inheritors(txn, t.id)
+        .await?
+        .into_iter()
+        .find(|c| !doomed.contains(&c.id)))
+}
+
+/// Every live task that works in `owner_id`'s environment through a chain of `inherit_parent` links (an
+/// archived link in the chain does not cut it), nearest first.
+pub(crate) async fn live_inheritors<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec<task::Model>> {
+    let mut out = Vec::new();
+    let mut frontier = vec![owner_id];
+    while !frontier.is_empty() {
+        let children = task::Entity::find()
+            .filter(task::Column::ParentTaskId.is_in(frontier.clone()))
+            .filter(task::Column::WorkspaceMode.eq(WorkspaceMode::InheritParent))
+            .order_by_asc(task::Column::Id)
+            .all(conn)
+            .await?;
+        frontier = children.iter().map(|c| c.id).collect();
+        out.extend(children.into_iter().filter(|c| c.archived_at.is_none()));
+    }
+    Ok(out)
 }
 
 /// Hands a deleted task's environment to its heir: the heir owns it from now on, and its siblings that
@@ -601,7 +645,7 @@ pub async fn unarchive(
         let jobs = job::Entity::find()
             .filter(job::Column::TaskId.eq(task_id))
             .filter(job::Column::Trigger.is_in(["archive", "cascade_archive"]))
-            .filter(job::Column::State.is_in(["prepared", "pending", "retry_wait", "running"]))
+            .filter(job::Column::State.is_in(["prepared", "pending", "retry_wait", "running", "failed"]))
             .all(&txn)
             .await?;
         let mut running = false;
@@ -610,16 +654,21 @@ pub async fn unarchive(
                 running = true;
                 continue;
             }
+            // Also a failed one: retrying it later would remove the worktrees the task works in again.
             let now = super::now();
-            job::Entity::update(job::ActiveModel {
-                id: Set(j.id),
-                state: Set("cancelled".into()),
-                updated_at: Set(now),
-                completed_at: Set(Some(now)),
-                ..Default::default()
-            })
-            .exec(&txn)
-            .await?;
+            let res = job::Entity::update_many()
+                .col_expr(job::Column::State, sea_orm::sea_query::Expr::value("cancelled"))
+                .col_expr(job::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
+                .col_expr(job::Column::CompletedAt, sea_orm::sea_query::Expr::value(Some(now)))
+                .filter(job::Column::Id.eq(j.id))
+                .filter(job::Column::State.eq(j.state.clone()))
+                .exec(&txn)
+                .await?;
+            if res.rows_affected == 0 {
+                // A worker claimed it meanwhile: wait for it like any running one.
+                running = true;
+                continue;
+            }
             job_event(
                 &txn,
                 ctx,
@@ -763,12 +812,19 @@ pub async fn delete_workspace(
     if confirm_name != Some(ws.name.as_str()) {
         return Err(Error::BadRequest("confirm_name must equal the workspace's name".into()));
     }
+    let txn = ctx.db.begin_write().await?;
+    // The workspace row first: task creation share-locks it and refuses a `deleting` workspace, so the
+    // task list read here is complete (no task can escape its job).
+    workspace::Entity::find_by_id(workspace_id)
+        .lock_exclusive()
+        .one(&txn)
+        .await?
+        .ok_or(Error::NotFound("workspace"))?;
     let tasks = task::Entity::find()
         .filter(task::Column::WorkspaceId.eq(workspace_id))
-        .order_by_desc(task::Column::Id)
-        .all(&ctx.db.conn)
+        .order_by_asc(task::Column::Id)
+        .all(&txn)
         .await?;
-    let txn = ctx.db.begin_write().await?;
     let mut jobs = Vec::new();
     for t in &tasks {
         let t = lock_task(&txn, t.id).await?;
@@ -868,8 +924,20 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
         .ok_or(Error::NotFound("cleanup job"))
 }
 
-/// A `failed` job gets a fresh attempt budget.
+/// A `failed` job gets a fresh attempt budget, if what it would remove is still meant to go.
 pub async fn retry(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
+    let j = get(ctx, p, id).await?;
+    if matches!(j.trigger.as_str(), "archive" | "cascade_archive") {
+        let archived = task::Entity::find_by_id(j.task_id)
+            .one(&ctx.db.conn)
+            .await?
+            .is_some_and(|t| t.archived_at.is_some());
+        if !archived {
+            return Err(Error::Conflict(
+                "the task is no longer archived; its worktrees are in use".into(),
+            ));
+        }
+    }
     transition(ctx, p, id, &["failed"], "pending", true).await
 }
 

@@ -95,6 +95,15 @@ pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask
     }
 
     let txn = ctx.db.begin_write().await?;
+    // A workspace being deleted takes no new task (its cleanup has listed the tasks it removes).
+    let ws = crate::entity::workspace::Entity::find_by_id(workspace_id)
+        .lock_shared()
+        .one(&txn)
+        .await?
+        .ok_or(Error::NotFound("workspace"))?;
+    if ws.status != "active" {
+        return Err(Error::Conflict("the workspace is being deleted".into()));
+    }
     if let Some(parent_id) = input.parent_task_id {
         let parent = task::Entity::find_by_id(parent_id)
             .lock_shared()

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::domain::Ctx;
 use crate::domain::cleanup::{self, Snapshot, WorktreeSnapshot};
 use crate::entity::cleanup_job as job;
-use crate::entity::task::{self, WorkspaceMode};
+use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
 use crate::entity::task_session::{self as session, SessionState};
@@ -30,6 +30,8 @@ pub struct CleanupStats {
 
 enum Outcome {
     Done,
+    /// The reason for the job went away (the task was unarchived): nothing was removed.
+    Cancelled(String),
     /// Worth another attempt later.
     Retry(String),
     /// Retrying cannot help (for example a dirty worktree without consent): fail now, touch nothing.
@@ -121,15 +123,23 @@ async fn process(ctx: &Ctx, owner: &str, j: job::Model) {
         // A test failpoint: behave like a process that died holding the lease.
         std::future::pending::<()>().await;
     }
-    let heartbeat = tokio::spawn(heartbeat(ctx.clone(), owner.to_string(), j.id, j.attempts)).abort_handle();
-    let outcome = execute(ctx, &j).await;
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let heartbeat = tokio::spawn(heartbeat(
+        ctx.clone(),
+        owner.to_string(),
+        j.id,
+        j.attempts,
+        lost.clone(),
+    ))
+    .abort_handle();
+    let outcome = execute(ctx, &j, &lost).await;
     heartbeat.abort();
     if let Err(e) = record(ctx, owner, &j, outcome).await {
         tracing::warn!(job = %j.id, error = %e, "could not record a cleanup result; the lease will expire and the job run again");
     }
 }
 
-async fn heartbeat(ctx: Ctx, owner: String, id: Uuid, attempts: i32) {
+async fn heartbeat(ctx: Ctx, owner: String, id: Uuid, attempts: i32, lost: Arc<std::sync::atomic::AtomicBool>) {
     let every = (ctx.config.cleanup_lease / 3).max(Duration::from_millis(100));
     let lease = chrono::Duration::from_std(ctx.config.cleanup_lease).unwrap_or(chrono::Duration::minutes(5));
     loop {
@@ -145,8 +155,15 @@ async fn heartbeat(ctx: Ctx, owner: String, id: Uuid, attempts: i32) {
             .filter(job::Column::State.eq("running"))
             .exec(&ctx.db.conn)
             .await;
-        if !matches!(res, Ok(r) if r.rows_affected == 1) {
-            return;
+        match res {
+            Ok(r) if r.rows_affected == 1 => {}
+            // Taken over, or cancelled: stop before touching anything else.
+            Ok(_) => {
+                lost.store(true, Ordering::Release);
+                return;
+            }
+            // A passing database error: try again at the next beat (the lease has slack for it).
+            Err(e) => tracing::warn!(job = %id, error = %e, "cleanup heartbeat failed; retrying"),
         }
     }
 }
@@ -157,6 +174,7 @@ async fn record(ctx: &Ctx, owner: &str, j: &job::Model, outcome: Outcome) -> Res
     let now = crate::domain::now();
     let (state, error, next) = match outcome {
         Outcome::Done => ("succeeded", None, None),
+        Outcome::Cancelled(why) => ("cancelled", Some(why), None),
         Outcome::Terminal(e) => ("failed", Some(e), None),
         Outcome::Retry(e) if j.attempts >= j.max_attempts => ("failed", Some(e), None),
         Outcome::Retry(e) => {
@@ -207,11 +225,18 @@ async fn record(ctx: &Ctx, owner: &str, j: &job::Model, outcome: Outcome) -> Res
 }
 
 /// Runs a job from its snapshot (the task row may be gone).
-async fn execute(ctx: &Ctx, j: &job::Model) -> Outcome {
+async fn execute(ctx: &Ctx, j: &job::Model, lost: &std::sync::atomic::AtomicBool) -> Outcome {
     let snap: Snapshot = match cleanup::snapshot_of(j) {
         Ok(s) => s,
         Err(e) => return Outcome::Terminal(e.to_string()),
     };
+    if matches!(j.trigger.as_str(), "archive" | "cascade_archive") {
+        match task::Entity::find_by_id(snap.task_id).one(&ctx.db.conn).await {
+            Ok(Some(t)) if t.archived_at.is_none() => return Outcome::Cancelled("the task was unarchived".into()),
+            Ok(_) => {}
+            Err(e) => return Outcome::Retry(e.to_string()),
+        }
+    }
     // I8: processes first.
     for s in &snap.sessions {
         ctx.runtime.stop(*s).await;
@@ -219,6 +244,14 @@ async fn execute(ctx: &Ctx, j: &job::Model) -> Outcome {
     let Some(env_snap) = &snap.environment else {
         return Outcome::Done;
     };
+    match env::Entity::find_by_id(env_snap.id).one(&ctx.db.conn).await {
+        // Still being materialized: its publish will meet the barrier and remove what it made; wait.
+        Ok(Some(e)) if e.status == EnvironmentStatus::Creating => {
+            return Outcome::Retry("the environment is still being prepared".into());
+        }
+        Ok(_) => {}
+        Err(e) => return Outcome::Retry(e.to_string()),
+    }
     match shared_elsewhere(ctx, &snap, env_snap.id).await {
         Ok(true) => return Outcome::Done,
         Ok(false) => {}
@@ -226,6 +259,15 @@ async fn execute(ctx: &Ctx, j: &job::Model) -> Outcome {
     }
     let root = ManagedRoot::new(ctx.config.worktree_root.clone());
     for w in &env_snap.worktrees {
+        if lost.load(Ordering::Acquire) {
+            return Outcome::Retry("the lease was lost".into());
+        }
+        // A path that another environment's inventory now names (it adopted it) is not this job's.
+        match claimed_by_another(ctx, env_snap.id, &w.worktree_path).await {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(e) => return Outcome::Retry(e.to_string()),
+        }
         match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes).await {
             Outcome::Done => {}
             other => return other,
@@ -243,6 +285,25 @@ async fn execute(ctx: &Ctx, j: &job::Model) -> Outcome {
     }
 }
 
+async fn claimed_by_another(ctx: &Ctx, env_id: Uuid, path: &str) -> Result<bool, sea_orm::DbErr> {
+    let rows = env_repo::Entity::find()
+        .filter(env_repo::Column::WorktreePath.eq(path))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .filter(env_repo::Column::TaskEnvironmentId.ne(env_id))
+        .all(&ctx.db.conn)
+        .await?;
+    for r in rows {
+        let live = env::Entity::find_by_id(r.task_environment_id)
+            .one(&ctx.db.conn)
+            .await?
+            .is_some_and(|e| e.status != EnvironmentStatus::Superseded);
+        if live {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Re-checked at destruction time (I8): the environment was transferred to another task, or a live task
 /// still works in it.
 async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: Uuid) -> Result<bool, sea_orm::DbErr> {
@@ -252,12 +313,9 @@ async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: Uuid) -> Result<bo
     if e.task_id != snap.task_id {
         return Ok(true);
     }
-    let heirs = task::Entity::find()
-        .filter(task::Column::ParentTaskId.eq(snap.task_id))
-        .filter(task::Column::WorkspaceMode.eq(WorkspaceMode::InheritParent))
-        .filter(task::Column::ArchivedAt.is_null())
-        .all(&ctx.db.conn)
-        .await?;
+    let heirs = cleanup::live_inheritors(&ctx.db.conn, snap.task_id)
+        .await
+        .map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
     if !heirs.is_empty() {
         return Ok(true);
     }

@@ -25,6 +25,7 @@ both_backends!(
     workspace_delete_needs_the_name_and_removes_everything_it_owned,
     environment_reset_waits_for_idle_sessions_and_rematerializes,
     lifecycle_permissions_are_separate,
+    unarchive_cancels_pending_and_failed_archive_jobs,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -89,10 +90,15 @@ async fn archive_after_the_last_session_was_deleted_and_a_restart(app: TestApp) 
     assert!(r["task"]["archived_at"].is_string());
     let job = &r["cleanup_jobs"][0];
     assert_eq!(job["trigger"], "archive");
+    // Found through the task (the session was deleted), and shown without paths (I34).
+    let env = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     assert_eq!(
-        job["resource_snapshot"]["environment"]["worktrees"][0]["worktree_path"],
-        worktree.display().to_string(),
-        "found through the task"
+        job["resource_snapshot"]["environment"]["worktrees"][0]["worktree_id"],
+        env["repos"][0]["worktree_id"]
+    );
+    assert!(
+        !job.to_string().contains(&worktree.display().to_string()),
+        "no path in a job: {job}"
     );
     let done = wait_job(&app, uuid(&job["id"]), &["succeeded", "failed"]).await;
     assert_eq!(done["state"], "succeeded", "{done}");
@@ -629,4 +635,64 @@ async fn lifecycle_permissions_are_separate(app: TestApp) {
     let metrics = app.call(Method::GET, "/metrics", None, None).await;
     assert!(metrics.text.contains("berth_cleanup_jobs{state="), "{}", metrics.text);
     assert!(metrics.text.contains("berth_cleanup_claims_total"));
+}
+
+// I10: unarchive cancels a pending archive job (and a failed one, which a retry would otherwise turn on
+// the worktrees in use); the worktree stays; an operator cannot retry it into the live task.
+async fn unarchive_cancels_pending_and_failed_archive_jobs(app: TestApp) {
+    let backend = app.backend;
+    drop(app);
+    // No workers: archive jobs stay pending until unarchive.
+    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_CLEANUP_WORKERS", "0")]).await else {
+        return;
+    };
+    let ws = app.workspace("ws").await;
+    let (task, _, worktree, _) = task_with_worktree(&app, ws, "Back", "svc").await;
+    let r = app
+        .post(&format!("/api/v1/tasks/{task}/archive"), json!({}))
+        .await
+        .ok(202);
+    let id = uuid(&r["cleanup_jobs"][0]["id"]);
+    assert_eq!(
+        app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200)["state"],
+        "pending"
+    );
+    let un = app
+        .post(&format!("/api/v1/tasks/{task}/unarchive"), json!({}))
+        .await
+        .ok(200);
+    assert_eq!(un["cancelled_cleanup_jobs"], json!([id.to_string()]));
+    assert_eq!(
+        app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200)["state"],
+        "cancelled"
+    );
+    assert!(worktree.is_dir());
+    // A failed archive job: unarchive cancels it too, so nobody can retry it against the live task.
+    let r = app
+        .post(&format!("/api/v1/tasks/{task}/archive"), json!({}))
+        .await
+        .ok(202);
+    let id = uuid(&r["cleanup_jobs"][0]["id"]);
+    {
+        use berth::entity::cleanup_job as job;
+        use sea_orm::{ActiveValue::Set, EntityTrait};
+        job::Entity::update(job::ActiveModel {
+            id: Set(id),
+            state: Set("failed".into()),
+            ..Default::default()
+        })
+        .exec(app.db())
+        .await
+        .unwrap();
+    }
+    let un = app
+        .post(&format!("/api/v1/tasks/{task}/unarchive"), json!({}))
+        .await
+        .ok(200);
+    assert_eq!(un["cancelled_cleanup_jobs"], json!([id.to_string()]));
+    app.post(&format!("/api/v1/cleanup-jobs/{id}/retry"), json!({}))
+        .await
+        .problem(409, "conflict");
+    assert!(worktree.is_dir());
+    app.session(task, "worktree").await;
 }
