@@ -308,7 +308,7 @@ async fn claims_never_hand_a_job_out_twice(app: TestApp) {
         return;
     };
     let n = if backend == crate::helpers::Backend::Postgres {
-        4000
+        10_000
     } else {
         2000
     };
