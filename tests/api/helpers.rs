@@ -127,6 +127,7 @@ pub struct TestApp {
     pub config: Config,
     pub env: BTreeMap<String, String>,
     handle: actix_web::dev::ServerHandle,
+    background: Vec<tokio::task::AbortHandle>,
     // Dropped after the server handle is told to stop.
     _pg: Option<PgDatabase>,
     _data_dir: TempDir,
@@ -230,10 +231,11 @@ impl TestApp {
                 env: Default::default(),
             },
         );
-        berth::telemetry::init(berth::config::LogFormat::Text);
+        berth::telemetry::init_for_tests();
         let app = Application::build(config.clone()).await.expect("the app starts");
         let base = format!("http://127.0.0.1:{}", app.port());
         let handle = app.handle();
+        let background = app.background();
         let app_state = app.state.clone();
         tokio::spawn(app.run_until_stopped());
         let admin = mint(&config, "admin", "admin", None, None);
@@ -246,6 +248,7 @@ impl TestApp {
             config,
             env,
             handle,
+            background,
             _pg: pg,
             _data_dir: data_dir,
             scratch,
@@ -344,7 +347,10 @@ impl TestApp {
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        // Stop accepting and release the pool before the database is dropped.
+        // Stop the workers and the server before the database is dropped.
+        for task in &self.background {
+            task.abort();
+        }
         let handle = self.handle.clone();
         std::mem::drop(handle.stop(false));
     }
