@@ -98,6 +98,8 @@ pub struct Config {
     pub cleanup_prepared_grace: Duration,
     /// A test failpoint in the cleanup worker (`hang_after_claim`).
     pub cleanup_failpoint: Option<String>,
+    /// At most one live git inspection per repository per this interval while an agent works (I25).
+    pub git_status_interval: Duration,
     /// A quick-chat task idle this long with no live session is deleted.
     pub quick_chat_retention: Duration,
     /// Period of the background sweeps (event retention).
@@ -141,6 +143,7 @@ struct FileConfig {
     cleanup_lease_secs: Option<u64>,
     cleanup_prepared_grace_secs: Option<u64>,
     quick_chat_retention_secs: Option<u64>,
+    git_status_interval_ms: Option<u64>,
     agent_term_grace_ms: Option<u64>,
     #[serde(default)]
     agents: BTreeMap<String, AgentProfile>,
@@ -400,6 +403,12 @@ impl Config {
             cleanup_prepared_grace: Duration::from_secs(cleanup_prepared_grace_secs),
             quick_chat_retention: Duration::from_secs(quick_chat_retention_secs),
             cleanup_failpoint: env.get("BERTH_CLEANUP_FAILPOINT"),
+            git_status_interval: Duration::from_millis(parse_num(
+                env,
+                "BERTH_GIT_STATUS_INTERVAL_MS",
+                file.git_status_interval_ms,
+                2000u64,
+            )?),
             agent_term_grace: Duration::from_millis(agent_term_grace_ms),
             agents: file.agents,
         })

@@ -54,6 +54,7 @@ impl Application {
                 runtime: runtime.clone(),
                 cleanup_wake: Arc::new(tokio::sync::Notify::new()),
                 cleanup_stats: crate::worker::cleanup::stats(),
+                git_status_inspected: Default::default(),
                 events: crate::events::Hub::new(config.event_buffer),
                 git: GitCli::new(config.git_max_concurrent, config.git_timeout),
                 config: Arc::new(config),

@@ -4,6 +4,7 @@ pub mod cleanup_jobs;
 pub mod environments;
 pub mod events;
 pub mod extract;
+pub mod git_status;
 pub mod middleware;
 pub mod ops;
 pub mod problem;
@@ -50,6 +51,7 @@ pub const PUBLIC_PATHS: [&str; 5] = ["/healthz", "/readyz", "/metrics", "/openap
         (name = "tasks", description = "Tasks: the owners of environments and worktrees"),
         (name = "environments", description = "The task-owned workspace and its worktree inventory"),
         (name = "sessions", description = "Agent conversations that use their task's environment and own nothing physical"),
+        (name = "git-status", description = "The environment's current git status: one per repository, newest observation wins"),
         (name = "cleanup", description = "Durable cleanup jobs: the only way berth removes files"),
         (name = "events", description = "One global event sequence: replay and a server-sent event stream"),
         (name = "operations", description = "Health, readiness and metrics")
@@ -147,7 +149,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(sessions::routes)
                 .configure(events::routes)
                 .configure(agent_profiles::routes)
-                .configure(cleanup_jobs::routes),
+                .configure(cleanup_jobs::routes)
+                .configure(git_status::routes),
         );
 }
 

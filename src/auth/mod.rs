@@ -110,6 +110,13 @@ impl Principal {
         self.workspaces.as_deref()
     }
 
+    /// The same principal without its session binding (for reading an environment through a session the
+    /// token was already allowed to read).
+    pub fn without_session(mut self) -> Principal {
+        self.session_id = None;
+        self
+    }
+
     /// Refuses a session-bound token on a route that is not about its session.
     pub fn require_unbound(&self) -> Result<()> {
         if self.session_id.is_some() {

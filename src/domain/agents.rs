@@ -572,7 +572,13 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
         )
         .await?;
     }
-    ctx.commit(txn).await
+    ctx.commit(txn).await?;
+    if matches!(event["type"].as_str(), Some("agent_end" | "agent_settled")) {
+        // Seed 004: a finished turn is captured as a completion observation of the environment.
+        let ctx = ctx.clone();
+        tokio::spawn(async move { super::git_status::capture_completion(&ctx, session_id).await });
+    }
+    Ok(())
 }
 
 async fn on_exit(

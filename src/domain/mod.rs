@@ -4,6 +4,7 @@ pub mod cleanup;
 pub mod environments;
 pub mod error;
 pub mod events;
+pub mod git_status;
 pub mod pagination;
 pub mod repositories;
 pub mod sessions;
@@ -34,6 +35,8 @@ pub struct Ctx {
     /// Wakes the cleanup workers when a job becomes due.
     pub cleanup_wake: Arc<tokio::sync::Notify>,
     pub cleanup_stats: Arc<crate::worker::cleanup::CleanupStats>,
+    /// When each (environment, repository) was last inspected for a live read (I25 rate limit).
+    pub git_status_inspected: Arc<git_status::InspectionClock>,
 }
 
 impl Ctx {

@@ -1,0 +1,180 @@
+//! HTTP for git status: the environment's, read through the environment or a session.
+use actix_web::{HttpResponse, get, post, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_actix_web::service_config::ServiceConfig;
+use uuid::Uuid;
+
+use super::AppState;
+use super::extract::{Authorized, SessionsRead, SessionsWrite, TasksRead};
+use super::problem::Problem;
+use crate::domain::error::Error;
+use crate::domain::git_status::{self, Observation};
+use crate::entity::git_status_observation;
+use crate::git::status::FileStatus;
+
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(environment_status)
+        .service(report_observation)
+        .service(refresh_status)
+        .service(session_status);
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GitStatus {
+    /// The identity of a status is its environment and repository (I24).
+    pub task_environment_id: Uuid,
+    pub repository_id: Uuid,
+    /// Provenance only: which session captured it (null once that session is deleted).
+    pub session_id: Option<Uuid>,
+    /// `live`, `completion` or `archive`.
+    pub kind: String,
+    pub observed_at: DateTime<Utc>,
+    pub branch: Option<String>,
+    pub head_commit: Option<String>,
+    pub upstream: Option<String>,
+    pub ahead: i32,
+    pub behind: i32,
+    pub files: Vec<FileStatus>,
+}
+
+impl From<git_status_observation::Model> for GitStatus {
+    fn from(o: git_status_observation::Model) -> Self {
+        GitStatus {
+            task_environment_id: o.task_environment_id,
+            repository_id: o.repository_id,
+            session_id: o.session_id,
+            kind: o.kind,
+            observed_at: o.observed_at,
+            branch: o.branch,
+            head_commit: o.head_commit,
+            upstream: o.upstream,
+            ahead: o.ahead,
+            behind: o.behind,
+            files: serde_json::from_value(o.files).unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GitStatusList {
+    /// One current status per repository of the environment.
+    pub items: Vec<GitStatus>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportObservation {
+    pub repository_id: Uuid,
+    /// `live` or `completion`.
+    pub kind: String,
+    pub observed_at: DateTime<Utc>,
+    pub session_id: Option<Uuid>,
+    pub branch: Option<String>,
+    pub head_commit: Option<String>,
+    pub upstream: Option<String>,
+    #[serde(default)]
+    pub ahead: i32,
+    #[serde(default)]
+    pub behind: i32,
+    /// At most 2,000 entries.
+    #[serde(default)]
+    pub files: Vec<FileStatus>,
+}
+
+fn list(items: Vec<git_status_observation::Model>) -> web::Json<GitStatusList> {
+    web::Json(GitStatusList {
+        items: items.into_iter().map(Into::into).collect(),
+    })
+}
+
+#[utoipa::path(
+    tag = "git-status",
+    security(("bearer" = ["tasks:read"])),
+    params(("id" = Uuid, Path, description = "Environment id")),
+    responses(
+        (status = 200, description = "The current status per repository: the newest observation, whatever its kind; a fresh inspection while an agent works there", body = GitStatusList),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/environments/{id}/git-status")]
+async fn environment_status(
+    auth: Authorized<TasksRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<GitStatusList>, Error> {
+    Ok(list(git_status::current(&state.ctx, &auth, *id).await?))
+}
+
+#[utoipa::path(
+    tag = "git-status",
+    security(("bearer" = ["sessions:write"])),
+    params(("id" = Uuid, Path, description = "Environment id")),
+    request_body = ReportObservation,
+    responses(
+        (status = 201, description = "Recorded (an observation older than the current one is kept as history or ignored, and changes nothing)", body = GitStatus),
+        (status = 404, description = "No such environment, or not the token's session's (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A repository or session of another environment, a future observed_at, too many files (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/environments/{id}/git-status/observations")]
+async fn report_observation(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    body: web::Json<ReportObservation>,
+) -> Result<HttpResponse, Error> {
+    let b = body.into_inner();
+    let o = Observation {
+        repository_id: b.repository_id,
+        session_id: b.session_id,
+        kind: b.kind,
+        observed_at: b.observed_at,
+        branch: b.branch,
+        head_commit: b.head_commit,
+        upstream: b.upstream,
+        ahead: b.ahead,
+        behind: b.behind,
+        files: b.files,
+    };
+    let stored = git_status::report(&state.ctx, &auth, *id, o).await?;
+    Ok(HttpResponse::Created().json(GitStatus::from(stored)))
+}
+
+#[utoipa::path(
+    tag = "git-status",
+    security(("bearer" = ["sessions:write"])),
+    params(("id" = Uuid, Path, description = "Environment id")),
+    responses(
+        (status = 200, description = "berth inspected the worktrees itself (read-only) and recorded live observations", body = GitStatusList),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The environment is not ready (`conflict`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/environments/{id}/git-status/refresh")]
+async fn refresh_status(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<GitStatusList>, Error> {
+    Ok(list(git_status::refresh(&state.ctx, &auth, *id).await?))
+}
+
+#[utoipa::path(
+    tag = "git-status",
+    security(("bearer" = ["sessions:read"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session's environment's current status (the same for every session of it)", body = GitStatusList),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/sessions/{id}/git-status")]
+async fn session_status(
+    auth: Authorized<SessionsRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<GitStatusList>, Error> {
+    Ok(list(git_status::of_session(&state.ctx, &auth, *id).await?))
+}

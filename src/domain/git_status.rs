@@ -1,0 +1,331 @@
+//! Current git status belongs to the environment (seed 004, I21-I25): one authority per (environment,
+//! repository), the newest observation wins whatever its kind, a completion capture supersedes earlier
+//! live and completion rows, and a live report keeps exactly one live row per pair.
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Ctx;
+use super::error::{Error, Result};
+use crate::auth::Principal;
+use crate::entity::git_status_observation as obs;
+use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
+use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
+use crate::entity::task_session as session;
+use crate::entity::{repository, task};
+use crate::events::{self, Subject};
+use crate::git::status::{self, FileStatus};
+
+pub const MAX_FILES: usize = 2_000;
+/// How far in the future an `observed_at` may lie (clock skew between an agent's host and berth).
+pub const MAX_SKEW_SECS: i64 = 300;
+
+#[derive(Debug, Clone)]
+pub struct Observation {
+    pub repository_id: Uuid,
+    pub session_id: Option<Uuid>,
+    pub kind: String,
+    pub observed_at: chrono::DateTime<chrono::Utc>,
+    pub branch: Option<String>,
+    pub head_commit: Option<String>,
+    pub upstream: Option<String>,
+    pub ahead: i32,
+    pub behind: i32,
+    pub files: Vec<FileStatus>,
+}
+
+/// The environment's current status, one per repository that has an observation (I22).
+pub async fn current(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Vec<obs::Model>> {
+    let view = super::environments::get(ctx, p, env_id).await?;
+    if agent_live(ctx, env_id).await? {
+        // I25: while an agent works here, a fresh inspection is authoritative (rate-limited).
+        inspect_and_record(ctx, &view.env, "live", None, true).await?;
+    }
+    read_current(ctx, env_id, view.repos.iter().map(|r| r.repository_id).collect()).await
+}
+
+pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Vec<obs::Model>> {
+    let s = super::sessions::visible(&ctx.db.conn, p, session_id).await?;
+    let env_id = s.task_environment_id.ok_or(Error::NotFound("environment"))?;
+    // The route is the session's; the identity is the environment's (seed 004).
+    let unbound = Principal::clone(p).without_session();
+    current(ctx, &unbound, env_id).await
+}
+
+async fn read_current(ctx: &Ctx, env_id: Uuid, mut repos: Vec<Uuid>) -> Result<Vec<obs::Model>> {
+    repos.sort();
+    repos.dedup();
+    let mut out = Vec::with_capacity(repos.len());
+    for repo in repos {
+        // Newest first on (environment, repository, observed_at): one index probe, whatever the history.
+        if let Some(o) = obs::Entity::find()
+            .filter(obs::Column::TaskEnvironmentId.eq(env_id))
+            .filter(obs::Column::RepositoryId.eq(repo))
+            .order_by_desc(obs::Column::ObservedAt)
+            .order_by_desc(obs::Column::Id)
+            .limit(1)
+            .one(&ctx.db.conn)
+            .await?
+        {
+            out.push(o);
+        }
+    }
+    Ok(out)
+}
+
+async fn agent_live(ctx: &Ctx, env_id: Uuid) -> Result<bool> {
+    let ids: Vec<Uuid> = session::Entity::find()
+        .select_only()
+        .column(session::Column::Id)
+        .filter(session::Column::TaskEnvironmentId.eq(env_id))
+        .into_tuple()
+        .all(&ctx.db.conn)
+        .await?;
+    Ok(ids.into_iter().any(|id| ctx.runtime.is_live(id)))
+}
+
+/// Refresh: berth inspects the environment's worktrees itself and records live observations.
+pub async fn refresh(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Vec<obs::Model>> {
+    let view = super::environments::get(ctx, p, env_id).await?;
+    inspect_and_record(ctx, &view.env, "live", None, false).await?;
+    read_current(ctx, env_id, view.repos.iter().map(|r| r.repository_id).collect()).await
+}
+
+/// Inspects each active worktree of the selected, ready environment (I20) and records the result.
+pub(crate) async fn inspect_and_record(
+    ctx: &Ctx,
+    e: &env::Model,
+    kind: &str,
+    session_id: Option<Uuid>,
+    rate_limited: bool,
+) -> Result<()> {
+    if !matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) {
+        return Err(Error::Conflict(
+            "only a ready environment's worktrees are inspected".into(),
+        ));
+    }
+    let rows = env_repo::Entity::find()
+        .filter(env_repo::Column::TaskEnvironmentId.eq(e.id))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .all(&ctx.db.conn)
+        .await?;
+    for row in rows {
+        if rate_limited && !due(ctx, e.id, row.repository_id) {
+            continue;
+        }
+        let path = match (e.executor_type, &row.worktree_path) {
+            (ExecutorType::Worktree, Some(p)) => PathBuf::from(p),
+            (ExecutorType::Local, _) => match repository::Entity::find_by_id(row.repository_id)
+                .one(&ctx.db.conn)
+                .await?
+            {
+                Some(r) => PathBuf::from(r.path),
+                None => continue,
+            },
+            _ => continue,
+        };
+        let snap = tokio::task::spawn_blocking(move || status::inspect(&path))
+            .await
+            .map_err(|e| Error::Internal(e.into()))?
+            .map_err(|m| Error::Internal(anyhow::anyhow!("git status: {m}")))?;
+        let o = Observation {
+            repository_id: row.repository_id,
+            session_id,
+            kind: kind.to_string(),
+            observed_at: super::now(),
+            branch: snap.branch,
+            head_commit: snap.head_commit,
+            upstream: snap.upstream,
+            ahead: snap.ahead,
+            behind: snap.behind,
+            files: snap.files,
+        };
+        record_checked(ctx, e, o).await?;
+    }
+    Ok(())
+}
+
+fn due(ctx: &Ctx, env_id: Uuid, repo: Uuid) -> bool {
+    let mut last = ctx.git_status_inspected.lock().unwrap();
+    let now = Instant::now();
+    match last.get(&(env_id, repo)) {
+        Some(at) if now.duration_since(*at) < ctx.config.git_status_interval => false,
+        _ => {
+            last.insert((env_id, repo), now);
+            true
+        }
+    }
+}
+
+/// An observation reported by an agent-side monitor.
+pub async fn report(ctx: &Ctx, p: &Principal, env_id: Uuid, o: Observation) -> Result<obs::Model> {
+    let view = super::environments::get(ctx, p, env_id).await?;
+    if !matches!(o.kind.as_str(), "live" | "completion") {
+        return Err(Error::invalid("kind", "must be live or completion"));
+    }
+    if o.files.len() > MAX_FILES {
+        return Err(Error::invalid(
+            "files",
+            format!("at most {MAX_FILES} files; summarize the rest"),
+        ));
+    }
+    if o.observed_at > super::now() + chrono::Duration::seconds(MAX_SKEW_SECS) {
+        return Err(Error::invalid("observed_at", "lies in the future"));
+    }
+    if !view
+        .repos
+        .iter()
+        .any(|r| r.repository_id == o.repository_id && r.status == EnvironmentRepoStatus::Active)
+    {
+        return Err(Error::invalid("repository_id", "not a repository of this environment"));
+    }
+    if let Some(sid) = o.session_id {
+        let ok = session::Entity::find_by_id(sid)
+            .one(&ctx.db.conn)
+            .await?
+            .is_some_and(|s| s.task_environment_id == Some(env_id));
+        if !ok || p.session_id.is_some_and(|bound| bound != sid) {
+            return Err(Error::invalid("session_id", "not a session of this environment"));
+        }
+    }
+    if !matches!(view.env.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) {
+        return Err(Error::Conflict("only a ready environment takes observations".into()));
+    }
+    record_checked(ctx, &view.env, o).await
+}
+
+/// Writes an observation by the rules of I22/I23, retrying once if a concurrent live report won the race
+/// for the single live row.
+async fn record_checked(ctx: &Ctx, e: &env::Model, o: Observation) -> Result<obs::Model> {
+    match record(ctx, e, &o).await {
+        Err(Error::Internal(err))
+            if err
+                .downcast_ref::<sea_orm::DbErr>()
+                .is_some_and(super::error::is_unique_violation) =>
+        {
+            record(ctx, e, &o).await
+        }
+        other => other,
+    }
+}
+
+async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model> {
+    let txn = ctx.db.begin_write().await?;
+    let pair = |q: sea_orm::Select<obs::Entity>| {
+        q.filter(obs::Column::TaskEnvironmentId.eq(e.id))
+            .filter(obs::Column::RepositoryId.eq(o.repository_id))
+    };
+    let current = pair(obs::Entity::find())
+        .order_by_desc(obs::Column::ObservedAt)
+        .order_by_desc(obs::Column::Id)
+        .lock_exclusive()
+        .one(&txn)
+        .await?;
+    let becomes_current = current.as_ref().is_none_or(|c| o.observed_at >= c.observed_at);
+    let now = super::now();
+    let files = serde_json::to_value(&o.files).map_err(|e| Error::Internal(e.into()))?;
+    let mut model = obs::Model {
+        id: Uuid::now_v7(),
+        task_environment_id: e.id,
+        repository_id: o.repository_id,
+        session_id: o.session_id,
+        kind: o.kind.clone(),
+        observed_at: o.observed_at,
+        branch: o.branch.clone(),
+        head_commit: o.head_commit.clone(),
+        upstream: o.upstream.clone(),
+        ahead: o.ahead,
+        behind: o.behind,
+        files,
+        created_at: now,
+    };
+    match o.kind.as_str() {
+        "live" => {
+            let existing = pair(obs::Entity::find())
+                .filter(obs::Column::Kind.eq("live"))
+                .one(&txn)
+                .await?;
+            match existing {
+                // I23: one live row per pair; an older live report changes nothing.
+                Some(live) if live.observed_at > o.observed_at => {
+                    txn.rollback().await?;
+                    return Ok(live);
+                }
+                Some(live) => {
+                    model.id = live.id;
+                    use sea_orm::ActiveModelTrait;
+                    // Every field written (a converted model marks its values unchanged).
+                    let am = obs::ActiveModel::from(model.clone()).reset_all();
+                    obs::Entity::update(am).exec(&txn).await?;
+                }
+                None => {
+                    obs::Entity::insert(obs::ActiveModel::from(model.clone()))
+                        .exec_without_returning(&txn)
+                        .await?;
+                }
+            }
+        }
+        _ => {
+            if o.kind == "completion" && becomes_current {
+                // I23: a completion capture supersedes earlier live and completion observations.
+                obs::Entity::delete_many()
+                    .filter(obs::Column::TaskEnvironmentId.eq(e.id))
+                    .filter(obs::Column::RepositoryId.eq(o.repository_id))
+                    .filter(obs::Column::Kind.is_in(["live", "completion"]))
+                    .filter(obs::Column::ObservedAt.lte(o.observed_at))
+                    .exec(&txn)
+                    .await?;
+            }
+            obs::Entity::insert(obs::ActiveModel::from(model.clone()))
+                .exec_without_returning(&txn)
+                .await?;
+        }
+    }
+    if becomes_current && let Some(owner) = task::Entity::find_by_id(e.task_id).one(&txn).await? {
+        // I24: the identity is the environment's and the repository's.
+        let subject = Subject {
+            task_environment_id: Some(e.id),
+            session_id: o.session_id,
+            ..Subject::task(owner.workspace_id, owner.id)
+        };
+        events::append(
+            &txn,
+            ctx.instance_id,
+            "git_status.updated",
+            subject,
+            json!({ "repository_id": o.repository_id, "kind": o.kind, "observed_at": o.observed_at }),
+        )
+        .await?;
+    }
+    ctx.commit(txn).await?;
+    Ok(model)
+}
+
+/// After an agent finishes a turn: berth captures a completion observation itself (seed 004).
+pub(crate) async fn capture_completion(ctx: &Ctx, session_id: Uuid) {
+    let result: Result<()> = async {
+        let Some(s) = session::Entity::find_by_id(session_id).one(&ctx.db.conn).await? else {
+            return Ok(());
+        };
+        let Some(env_id) = s.task_environment_id else {
+            return Ok(());
+        };
+        let Some(e) = env::Entity::find_by_id(env_id).one(&ctx.db.conn).await? else {
+            return Ok(());
+        };
+        if matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) {
+            inspect_and_record(ctx, &e, "completion", Some(session_id), false).await?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        tracing::warn!(session = %session_id, error = %e, "could not capture a completion status");
+    }
+}
+
+pub type InspectionClock = std::sync::Mutex<HashMap<(Uuid, Uuid), Instant>>;

@@ -1,0 +1,134 @@
+//! In-process git status with gix (read-only: nothing is written back to the index): branch, HEAD,
+//! upstream with ahead/behind, and per-file index and worktree status, untracked files included and
+//! `.gitignore` respected.
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct FileStatus {
+    pub path: String,
+    /// HEAD → index: `unmodified`, `added`, `modified`, `deleted`, `renamed`.
+    pub index_status: String,
+    /// index → worktree: `unmodified`, `modified`, `deleted`, `typechange`, `renamed`, `untracked`,
+    /// `conflict`.
+    pub worktree_status: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct StatusSnapshot {
+    pub branch: Option<String>,
+    pub head_commit: Option<String>,
+    pub upstream: Option<String>,
+    pub ahead: i32,
+    pub behind: i32,
+    pub files: Vec<FileStatus>,
+}
+
+pub fn inspect(path: &Path) -> Result<StatusSnapshot, String> {
+    let repo = gix::open_opts(path, gix::open::Options::isolated()).map_err(|e| e.to_string())?;
+    let branch = repo.head_name().ok().flatten().map(|n| n.shorten().to_string());
+    let head_id = repo.head_id().ok().map(|id| id.detach());
+    let mut snap = StatusSnapshot {
+        branch: branch.clone(),
+        head_commit: head_id.map(|id| id.to_string()),
+        ..Default::default()
+    };
+
+    if let (Some(branch), Some(head)) = (&branch, head_id) {
+        let config = repo.config_snapshot();
+        let remote = config
+            .string(format!("branch.{branch}.remote").as_str())
+            .map(|s| s.to_string());
+        let merge = config
+            .string(format!("branch.{branch}.merge").as_str())
+            .map(|s| s.to_string());
+        if let (Some(remote), Some(merge)) = (remote, merge) {
+            let short = merge.strip_prefix("refs/heads/").unwrap_or(&merge).to_string();
+            let full = if remote == "." {
+                format!("refs/heads/{short}")
+            } else {
+                format!("refs/remotes/{remote}/{short}")
+            };
+            snap.upstream = Some(if remote == "." {
+                short.clone()
+            } else {
+                format!("{remote}/{short}")
+            });
+            if let Ok(Some(mut r)) = repo.try_find_reference(full.as_str())
+                && let Ok(up) = r.peel_to_id()
+            {
+                let up = up.detach();
+                snap.ahead = count(&repo, head, up);
+                snap.behind = count(&repo, up, head);
+            }
+        }
+    }
+
+    let mut files: BTreeMap<String, FileStatus> = BTreeMap::new();
+    let iter = repo
+        .status(gix::progress::Discard)
+        .map_err(|e| e.to_string())?
+        .untracked_files(gix::status::UntrackedFiles::Files)
+        .into_iter(None)
+        .map_err(|e| e.to_string())?;
+    for item in iter {
+        let item = item.map_err(|e| e.to_string())?;
+        match item {
+            gix::status::Item::TreeIndex(change) => {
+                use gix::diff::index::ChangeRef;
+                let (loc, status) = match &change {
+                    ChangeRef::Addition { location, .. } => (location.to_string(), "added"),
+                    ChangeRef::Deletion { location, .. } => (location.to_string(), "deleted"),
+                    ChangeRef::Modification { location, .. } => (location.to_string(), "modified"),
+                    ChangeRef::Rewrite { location, .. } => (location.to_string(), "renamed"),
+                };
+                slot(&mut files, &loc).index_status = status.into();
+            }
+            gix::status::Item::IndexWorktree(change) => {
+                use gix::status::index_worktree::Item as W;
+                use gix::status::plumbing::index_as_worktree::{Change, EntryStatus};
+                let (loc, status) = match &change {
+                    W::Modification { rela_path, status, .. } => {
+                        let s = match status {
+                            EntryStatus::Conflict { .. } => "conflict",
+                            EntryStatus::Change(Change::Removed) => "deleted",
+                            EntryStatus::Change(Change::Type { .. }) => "typechange",
+                            EntryStatus::Change(Change::Modification { .. }) => "modified",
+                            EntryStatus::Change(Change::SubmoduleModification(_)) => "modified",
+                            EntryStatus::IntentToAdd => "added",
+                            EntryStatus::NeedsUpdate(_) => continue,
+                        };
+                        (rela_path.to_string(), s)
+                    }
+                    W::DirectoryContents { entry, .. } => match entry.status {
+                        gix::dir::entry::Status::Untracked => (entry.rela_path.to_string(), "untracked"),
+                        _ => continue,
+                    },
+                    W::Rewrite { dirwalk_entry, .. } => (dirwalk_entry.rela_path.to_string(), "renamed"),
+                };
+                slot(&mut files, &loc).worktree_status = status.into();
+            }
+        }
+    }
+    snap.files = files.into_values().collect();
+    Ok(snap)
+}
+
+fn slot<'a>(files: &'a mut BTreeMap<String, FileStatus>, path: &str) -> &'a mut FileStatus {
+    files.entry(path.to_string()).or_insert_with(|| FileStatus {
+        path: path.to_string(),
+        index_status: "unmodified".into(),
+        worktree_status: "unmodified".into(),
+    })
+}
+
+/// Commits reachable from `from` but not from `hidden`.
+fn count(repo: &gix::Repository, from: gix::ObjectId, hidden: gix::ObjectId) -> i32 {
+    repo.rev_walk([from])
+        .with_hidden([hidden])
+        .all()
+        .map(|walk| walk.filter(|c| c.is_ok()).count() as i32)
+        .unwrap_or(0)
+}
