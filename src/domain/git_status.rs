@@ -56,7 +56,17 @@ pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Ve
     current(ctx, &unbound, env_id).await
 }
 
-async fn read_current(ctx: &Ctx, env_id: Uuid, mut repos: Vec<Uuid>) -> Result<Vec<obs::Model>> {
+/// The newest observation per repository: one index probe per repository, whatever the history (the
+/// read the benchmark measures).
+pub async fn read_current(ctx: &Ctx, env_id: Uuid, repos: Vec<Uuid>) -> Result<Vec<obs::Model>> {
+    read_current_on(&ctx.db.conn, env_id, repos).await
+}
+
+pub async fn read_current_on(
+    conn: &sea_orm::DatabaseConnection,
+    env_id: Uuid,
+    mut repos: Vec<Uuid>,
+) -> Result<Vec<obs::Model>> {
     repos.sort();
     repos.dedup();
     let mut out = Vec::with_capacity(repos.len());
@@ -68,7 +78,7 @@ async fn read_current(ctx: &Ctx, env_id: Uuid, mut repos: Vec<Uuid>) -> Result<V
             .order_by_desc(obs::Column::ObservedAt)
             .order_by_desc(obs::Column::Id)
             .limit(1)
-            .one(&ctx.db.conn)
+            .one(conn)
             .await?
         {
             out.push(o);
