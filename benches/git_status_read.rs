@@ -24,7 +24,9 @@ fn main() {
     rt.block_on(async {
         println!("| backend | stored observations | median | p99 | ratio to 10 |");
         println!("| --- | --- | --- | --- | --- |");
-        run("sqlite", None).await;
+        if std::env::var("BERTH_BENCH_SKIP_SQLITE").is_err() {
+            run("sqlite", None).await;
+        }
         if let Ok(url) = std::env::var("BERTH_BENCH_POSTGRES_URL") {
             run("postgres", Some(url)).await;
         } else {

@@ -103,7 +103,7 @@ const INDEXES: &[&str] = &[
     "CREATE UNIQUE INDEX ux_agent_executions_live ON agent_executions (session_id) WHERE state IN ('starting', 'running')",
     "CREATE INDEX ix_agent_executions_environment ON agent_executions (task_environment_id, state)",
     // I21/I22: current status is per (environment, repository), newest first; I23: one live row per pair.
-    "CREATE INDEX ix_git_status_current ON git_status_observations (task_environment_id, repository_id, observed_at)",
+    "CREATE INDEX ix_git_status_current ON git_status_observations (task_environment_id, repository_id, observed_at, id)",
     "CREATE UNIQUE INDEX ux_git_status_live ON git_status_observations (task_environment_id, repository_id) WHERE kind = 'live'",
     "CREATE INDEX ix_git_status_session ON git_status_observations (session_id)",
     // Cleanup jobs: claim by due time, find by task, filter by trigger.
