@@ -98,6 +98,10 @@ pub struct Config {
     pub cleanup_prepared_grace: Duration,
     /// A test failpoint in the cleanup worker (`hang_after_claim`).
     pub cleanup_failpoint: Option<String>,
+    /// I30: restarts of a crashed agent allowed in `agent_restart_window`, and the first backoff.
+    pub agent_restart_max: u32,
+    pub agent_restart_window: Duration,
+    pub agent_restart_backoff: Duration,
     /// At most one live git inspection per repository per this interval while an agent works (I25).
     pub git_status_interval: Duration,
     /// A quick-chat task idle this long with no live session is deleted.
@@ -144,6 +148,9 @@ struct FileConfig {
     cleanup_prepared_grace_secs: Option<u64>,
     quick_chat_retention_secs: Option<u64>,
     git_status_interval_ms: Option<u64>,
+    agent_restart_max: Option<u32>,
+    agent_restart_window_secs: Option<u64>,
+    agent_restart_backoff_ms: Option<u64>,
     agent_term_grace_ms: Option<u64>,
     #[serde(default)]
     agents: BTreeMap<String, AgentProfile>,
@@ -403,6 +410,19 @@ impl Config {
             cleanup_prepared_grace: Duration::from_secs(cleanup_prepared_grace_secs),
             quick_chat_retention: Duration::from_secs(quick_chat_retention_secs),
             cleanup_failpoint: env.get("BERTH_CLEANUP_FAILPOINT"),
+            agent_restart_max: parse_num(env, "BERTH_AGENT_RESTART_MAX", file.agent_restart_max, 5u32)?,
+            agent_restart_window: Duration::from_secs(parse_num(
+                env,
+                "BERTH_AGENT_RESTART_WINDOW_SECS",
+                file.agent_restart_window_secs,
+                600u64,
+            )?),
+            agent_restart_backoff: Duration::from_millis(parse_num(
+                env,
+                "BERTH_AGENT_RESTART_BACKOFF_MS",
+                file.agent_restart_backoff_ms,
+                1000u64,
+            )?),
             git_status_interval: Duration::from_millis(parse_num(
                 env,
                 "BERTH_GIT_STATUS_INTERVAL_MS",

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -616,7 +616,78 @@ async fn on_exit(
     } else {
         format!("the agent exited unexpectedly with {status}: {last_line}")
     };
-    record_failure(ctx, &task, &s, "agent_exited", &message).await
+    // I30: an open session whose agent died is restarted in the same workspace, with backoff, a bounded
+    // number of times in a window; past that it is failed with the reason.
+    let window = chrono::Duration::from_std(ctx.config.agent_restart_window).unwrap_or(chrono::Duration::minutes(10));
+    let recent_failures = execution::Entity::find()
+        .filter(execution::Column::SessionId.eq(session_id))
+        .filter(execution::Column::State.eq("failed"))
+        .filter(execution::Column::EndedAt.gt(super::now() - window))
+        .count(&ctx.db.conn)
+        .await?;
+    if !s.desired_open || recent_failures > u64::from(ctx.config.agent_restart_max) {
+        let message = if s.desired_open {
+            format!("{message}; {recent_failures} failures in the restart window")
+        } else {
+            message
+        };
+        return record_failure(ctx, &task, &s, "agent_exited", &message).await;
+    }
+    let txn = ctx.db.begin_write().await?;
+    let moved = session::Entity::update_many()
+        .col_expr(
+            session::Column::State,
+            sea_orm::sea_query::Expr::value(SessionState::Recovering),
+        )
+        .col_expr(
+            session::Column::LastErrorCode,
+            sea_orm::sea_query::Expr::value(Some("agent_exited")),
+        )
+        .col_expr(
+            session::Column::LastErrorMessage,
+            sea_orm::sea_query::Expr::value(Some(message)),
+        )
+        .col_expr(
+            session::Column::UpdatedAt,
+            sea_orm::sea_query::Expr::value(super::now()),
+        )
+        .filter(session::Column::Id.eq(session_id))
+        .filter(session::Column::ExecutionId.eq(execution_id))
+        .exec(&txn)
+        .await?;
+    if moved.rows_affected == 1 {
+        state_event(
+            ctx,
+            &txn,
+            &task,
+            session_id,
+            s.task_environment_id.unwrap_or_default(),
+            Some(execution_id),
+            SessionState::Recovering,
+        )
+        .await?;
+    }
+    ctx.commit(txn).await?;
+    let backoff =
+        ctx.config.agent_restart_backoff * 2u32.saturating_pow(recent_failures.saturating_sub(1) as u32).min(64);
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(backoff).await;
+        // Relaunch only if nothing (a stop, a delete) changed the session meanwhile; through admission.
+        let Ok(Some(current)) = session::Entity::find_by_id(session_id).one(&ctx.db.conn).await else {
+            return;
+        };
+        if current.state != SessionState::Recovering
+            || current.execution_id != Some(execution_id)
+            || !current.desired_open
+        {
+            return;
+        }
+        if let Err(e) = launch_session(&ctx, current, None).await {
+            tracing::warn!(session = %session_id, error = %e, "restarting a crashed agent failed");
+        }
+    });
+    Ok(())
 }
 
 async fn finish_execution(ctx: &Ctx, execution_id: Uuid, state: &str, code: Option<i32>) -> Result<()> {

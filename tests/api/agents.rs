@@ -21,6 +21,9 @@ both_backends!(
     bad_agent_requests_fail_cleanly,
     deleting_an_idle_session_stops_its_agent_and_keeps_the_workspace,
     a_restart_relaunches_open_sessions_in_the_same_worktree,
+    an_executor_transition_forwards_nothing_and_keeps_the_old_workspace,
+    a_failed_transition_leaves_the_current_environment_in_place,
+    a_crashed_agent_is_restarted_then_failed_past_the_threshold,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -567,4 +570,160 @@ async fn a_restart_relaunches_open_sessions_in_the_same_worktree(app: TestApp) {
     for b in restarted.background() {
         b.abort();
     }
+}
+
+// I30: an agent that dies is restarted in the same workspace (recovering), a bounded number of times in a
+// window; past that the session is failed with the reason.
+async fn a_crashed_agent_is_restarted_then_failed_past_the_threshold(app: TestApp) {
+    let backend = app.backend;
+    drop(app);
+    let Some(app) = TestApp::spawn_with(
+        backend,
+        &[
+            ("BERTH_AGENT_RESTART_MAX", "2"),
+            ("BERTH_AGENT_RESTART_BACKOFF_MS", "10"),
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Crashy", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    let mut execution = s["execution_id"].clone();
+    for round in 1..=2 {
+        app.post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "crash"}))
+            .await
+            .ok(202);
+        let back = wait_session(&app, id, "restarted", |v| {
+            v["state"] == "idle" && v["execution_id"] != execution
+        })
+        .await;
+        assert_eq!(
+            back["workspace_path"], s["workspace_path"],
+            "round {round}: the same workspace"
+        );
+        execution = back["execution_id"].clone();
+    }
+    app.post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "crash"}))
+        .await
+        .ok(202);
+    let failed = wait_session(&app, id, "failed", |v| v["state"] == "failed").await;
+    assert_eq!(failed["last_error"]["code"], "agent_exited");
+    assert!(
+        failed["last_error"]["message"].as_str().unwrap().contains("status 3"),
+        "{failed}"
+    );
+    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
+    let recovering = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "session.state_changed" && e["data"]["state"] == "recovering")
+        .count();
+    assert_eq!(recovering, 2, "each restart is visible");
+    assert_eq!(app.app_state.ctx.runtime.live_count(), 0);
+}
+
+// I18: launching with another executor makes a fresh environment for it; nothing of the old one is
+// forwarded; the old one is kept, superseded and untouched; the current one changes only after the launch.
+async fn an_executor_transition_forwards_nothing_and_keeps_the_old_workspace(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Transition", &[repo]).await;
+    let local = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "local", "agent_profile": "test", "prompt": "pwd"}),
+        )
+        .await
+        .ok(201);
+    let local_id = uuid(&local["id"]);
+    assert_eq!(wait_reply(&app, local_id, 1).await[0], source.display().to_string());
+    app.post(&format!("/api/v1/sessions/{local_id}/stop"), json!({}))
+        .await
+        .ok(200);
+    let old_env = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
+    assert_eq!(old_env["executor_type"], "local");
+    let before = (
+        git(&source, &["status", "--porcelain"]),
+        git(&source, &["rev-parse", "HEAD"]),
+    );
+
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "pwd"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
+    assert!(
+        worktree.starts_with(&app.config.worktree_root),
+        "a fresh worktree, not the old path"
+    );
+    assert_eq!(wait_reply(&app, id, 1).await[0], worktree.display().to_string());
+    let new_env = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
+    assert_ne!(new_env["id"], old_env["id"]);
+    assert_eq!(new_env["executor_type"], "worktree");
+    assert_eq!(new_env["status"], "ready");
+    assert!(new_env["repos"][0]["worktree_id"].is_string());
+    assert_ne!(
+        new_env["repos"][0]["id"], old_env["repos"][0]["id"],
+        "no inventory row forwarded"
+    );
+    assert_eq!(s["task_environment_id"], new_env["id"]);
+    assert_ne!(s["execution_id"], local["execution_id"]);
+    let kept = app
+        .get(&format!("/api/v1/environments/{}", uuid(&old_env["id"])))
+        .await
+        .ok(200);
+    assert_eq!(kept["status"], "superseded", "recorded for diagnostics");
+    assert_eq!(kept["repos"], old_env["repos"], "its inventory untouched");
+    assert_eq!(
+        (
+            git(&source, &["status", "--porcelain"]),
+            git(&source, &["rev-parse", "HEAD"])
+        ),
+        before,
+        "the source is untouched"
+    );
+    assert_eq!(app.count("tasks").await, 1, "no second task");
+    app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
+        .await
+        .ok(200);
+}
+
+async fn a_failed_transition_leaves_the_current_environment_in_place(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "No switch", &[repo]).await;
+    app.session(task, "worktree").await;
+    let current = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
+    // A local launch whose agent cannot start: the candidate fails, the worktree environment stays current.
+    app.post(
+        &format!("/api/v1/tasks/{task}/sessions"),
+        json!({"executor_type": "local", "agent_profile": "missing"}),
+    )
+    .await
+    .problem(409, "conflict");
+    let still = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
+    assert_eq!(still["id"], current["id"]);
+    assert_eq!(still["status"], "ready");
+    assert_eq!(worktrees_of(&source).len(), 2);
+    // It still works: a worktree session attaches to it.
+    assert_eq!(
+        app.session(task, "worktree").await["task_environment_id"],
+        current["id"]
+    );
 }
