@@ -836,3 +836,63 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
         .await;
     Ok(opened)
 }
+
+/// I31: answers an attention request pending on this session (and no other); the agent works on.
+pub async fn answer_attention(ctx: &Ctx, p: &Principal, session_id: Uuid, request_id: &str, response: serde_json::Value) -> Result<SessionView> {
+    let s = sessions::visible(&ctx.db.conn, p, session_id).await?;
+    if !ctx.runtime.answer(s.id, request_id, response) {
+        return Err(Error::NotFound("attention request"));
+    }
+    if ctx.runtime.attention(s.id).is_empty()
+        && let Some(task) = task::Entity::find_by_id(s.task_id).one(&ctx.db.conn).await?
+    {
+        let txn = ctx.db.begin_write().await?;
+        let moved = session::Entity::update_many()
+            .col_expr(session::Column::State, sea_orm::sea_query::Expr::value(SessionState::Running))
+            .col_expr(session::Column::UpdatedAt, sea_orm::sea_query::Expr::value(super::now()))
+            .filter(session::Column::Id.eq(s.id))
+            .filter(session::Column::State.eq(SessionState::Attention))
+            .exec(&txn)
+            .await?;
+        if moved.rows_affected == 1 {
+            state_event(ctx, &txn, &task, s.id, s.task_environment_id.unwrap_or_default(), s.execution_id, SessionState::Running).await?;
+        }
+        ctx.commit(txn).await?;
+    }
+    sessions::project(&ctx.db.conn, reload(ctx, s.id).await?).await
+}
+
+/// What a client loads before following the stream from `latest_seq` (seed 002 "Snapshot").
+pub struct SessionSnapshot {
+    pub view: SessionView,
+    pub label: String,
+    pub transcript: Vec<crate::entity::session_message::Model>,
+    pub turns: u64,
+    pub messages: u64,
+    pub attention_requests: Vec<serde_json::Value>,
+    pub instance_id: Uuid,
+    pub latest_seq: i64,
+}
+
+pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionSnapshot> {
+    use sea_orm::QueryOrder;
+    // The seq first: everything read after it is at least as new, so following from it loses nothing.
+    let (_, latest_seq) = events::bounds(&ctx.db.conn).await?;
+    let s = sessions::visible(&ctx.db.conn, p, session_id).await?;
+    let transcript = session_message::Entity::find()
+        .filter(session_message::Column::SessionId.eq(s.id))
+        .order_by_asc(session_message::Column::Id)
+        .all(&ctx.db.conn)
+        .await?;
+    let first_prompt = transcript.iter().find(|m| m.role == "user").and_then(|m| m.content["text"].as_str().map(str::to_string));
+    let label = if !s.name.is_empty() {
+        s.name.clone()
+    } else {
+        first_prompt.map(|t| t.chars().take(80).collect()).unwrap_or_else(|| "New session".into())
+    };
+    let turns = transcript.iter().filter(|m| m.role == "assistant").count() as u64;
+    let messages = transcript.len() as u64;
+    let attention_requests = ctx.runtime.attention(s.id);
+    let view = sessions::project(&ctx.db.conn, s).await?;
+    Ok(SessionSnapshot { view, label, transcript, turns, messages, attention_requests, instance_id: ctx.instance_id, latest_seq })
+}

@@ -38,6 +38,8 @@ pub enum RuntimeEvent {
 
 struct Agent {
     execution_id: Uuid,
+    /// Attention requests the agent is waiting on (I31: they belong to this session only).
+    pending: Mutex<Vec<serde_json::Value>>,
     pid: u32,
     stdin: Mutex<Option<mpsc::UnboundedSender<String>>>,
     working: watch::Sender<bool>,
@@ -117,6 +119,7 @@ impl Runtime {
             execution_id,
             pid,
             stdin: Mutex::new(Some(stdin_tx)),
+            pending: Mutex::new(Vec::new()),
             working,
             exited,
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -186,6 +189,11 @@ impl Runtime {
                     }
                     Some("agent_end" | "agent_settled") => {
                         agent_r.working.send_replace(false);
+                        // Requests expire when the agent ends its turn (it timed them out or was aborted).
+                        agent_r.pending.lock().unwrap().clear();
+                    }
+                    Some("extension_ui_request") if event["id"].is_string() => {
+                        agent_r.pending.lock().unwrap().push(event.clone());
                     }
                     _ => {}
                 }
@@ -233,6 +241,26 @@ impl Runtime {
         let Some(agent) = agent else { return false };
         let stdin = agent.stdin.lock().unwrap();
         stdin.as_ref().is_some_and(|tx| tx.send(command.to_string()).is_ok())
+    }
+
+    /// The attention requests pending on this session.
+    pub fn attention(&self, session_id: Uuid) -> Vec<serde_json::Value> {
+        self.agents.lock().unwrap().get(&session_id).map(|a| a.pending.lock().unwrap().clone()).unwrap_or_default()
+    }
+
+    /// Answers a pending request of this session; false when it is not pending here (I31).
+    pub fn answer(&self, session_id: Uuid, request_id: &str, mut response: serde_json::Value) -> bool {
+        let agent = self.agents.lock().unwrap().get(&session_id).cloned();
+        let Some(agent) = agent else { return false };
+        {
+            let mut pending = agent.pending.lock().unwrap();
+            let Some(i) = pending.iter().position(|r| r["id"] == request_id) else { return false };
+            pending.remove(i);
+        }
+        response["type"] = "extension_ui_response".into();
+        response["id"] = request_id.into();
+        drop(agent);
+        self.send(session_id, response)
     }
 
     pub fn is_working(&self, session_id: Uuid) -> bool {
