@@ -147,7 +147,7 @@ async fn stream_events(
     let (first_available, _) = crate::events::bounds(&ctx.db.conn).await?;
     let request = StreamRequest {
         after,
-        filter: domain_events::filter_for(&auth),
+        filter: domain_events::filter_for(ctx, &auth).await?,
         truncated: domain_events::is_truncated(ctx, after, query.instance_id, first_available),
         keep_alive: ctx.config.sse_keep_alive,
         buffer: ctx.config.event_buffer,

@@ -137,6 +137,20 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
             SessionState::Stopping => return Err(Error::SessionBusy),
             _ => {}
         }
+        // The admitted environment must still be the one to run in, now that the task is locked.
+        let still = env::Entity::find_by_id(admitted.environment_id()).one(&txn).await?;
+        let valid = match (&still, &transition) {
+            (Some(e), None) => matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped),
+            (Some(e), Some((c, _))) => {
+                e.status == EnvironmentStatus::Creating && e.materializer_id == c.materializer_id
+            }
+            (None, _) => false,
+        };
+        if !valid {
+            return Err(Error::Conflict(
+                "the task's environment changed while the launch was admitted; retry".into(),
+            ));
+        }
         execution::Entity::insert(execution::ActiveModel {
             id: Set(execution_id),
             session_id: Set(s.id),
@@ -152,7 +166,14 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
             updated_at: Set(now),
         })
         .exec_without_returning(&txn)
-        .await?;
+        .await
+        .map_err(|e| {
+            if super::error::is_unique_violation(&e) {
+                Error::SessionBusy
+            } else {
+                e.into()
+            }
+        })?;
         session::Entity::update(session::ActiveModel {
             id: Set(s.id),
             state: Set(SessionState::Starting),
@@ -221,6 +242,10 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         SessionState::Idle
     };
     let txn = ctx.db.begin_write().await?;
+    if transition.is_some() {
+        // Promotion supersedes environments: serialize with other launches and session creation.
+        lock_task(&txn, owner.id).await?;
+    }
     execution::Entity::update(execution::ActiveModel {
         id: Set(execution_id),
         pid: Set(Some(pid as i32)),
@@ -248,7 +273,14 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         .await?;
     if let Some((candidate, _)) = &transition {
         // I18: only now, with the agent running in it, does the new environment become current.
-        environments::promote_transition(&txn, ctx, &task, candidate.id).await?;
+        if let Err(e) =
+            environments::promote_transition(&txn, ctx, &task, candidate.id, candidate.materializer_id).await
+        {
+            drop(txn);
+            ctx.runtime.stop(s.id).await;
+            abandon("the new environment was taken over").await;
+            return Err(e);
+        }
     }
     // I19: a successful launch writes the effective workspace back (healing an earlier wrong value).
     env::Entity::update_many()
@@ -326,9 +358,24 @@ async fn admit(
             repository_id: r.repository_id,
             branch_slug: r.branch_slug,
             worktree_path: r.worktree_path.map(PathBuf::from),
+            worktree_id: r.worktree_id,
         })
         .collect();
-    let task_root = ctx.config.worktree_root.join(&owner.slug);
+    // This environment's own directory: the one its rows live in (a transition has its own), which must
+    // be a directory of this task directly under the managed root.
+    let root = &ctx.config.worktree_root;
+    let task_root = rows
+        .iter()
+        .filter_map(|r| r.worktree_path.as_ref().and_then(|p| p.parent()).map(PathBuf::from))
+        .next()
+        .filter(|dir| {
+            dir.parent() == Some(root.as_path())
+                && dir
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n == owner.slug || n.starts_with(&format!("{}-", owner.slug)))
+        })
+        .unwrap_or_else(|| root.join(&owner.slug));
     let environment_id = current.id;
     let executor = current.executor_type;
     let ready = matches!(current.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped)
@@ -838,7 +885,13 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
 }
 
 /// I31: answers an attention request pending on this session (and no other); the agent works on.
-pub async fn answer_attention(ctx: &Ctx, p: &Principal, session_id: Uuid, request_id: &str, response: serde_json::Value) -> Result<SessionView> {
+pub async fn answer_attention(
+    ctx: &Ctx,
+    p: &Principal,
+    session_id: Uuid,
+    request_id: &str,
+    response: serde_json::Value,
+) -> Result<SessionView> {
     let s = sessions::visible(&ctx.db.conn, p, session_id).await?;
     if !ctx.runtime.answer(s.id, request_id, response) {
         return Err(Error::NotFound("attention request"));
@@ -848,14 +901,29 @@ pub async fn answer_attention(ctx: &Ctx, p: &Principal, session_id: Uuid, reques
     {
         let txn = ctx.db.begin_write().await?;
         let moved = session::Entity::update_many()
-            .col_expr(session::Column::State, sea_orm::sea_query::Expr::value(SessionState::Running))
-            .col_expr(session::Column::UpdatedAt, sea_orm::sea_query::Expr::value(super::now()))
+            .col_expr(
+                session::Column::State,
+                sea_orm::sea_query::Expr::value(SessionState::Running),
+            )
+            .col_expr(
+                session::Column::UpdatedAt,
+                sea_orm::sea_query::Expr::value(super::now()),
+            )
             .filter(session::Column::Id.eq(s.id))
             .filter(session::Column::State.eq(SessionState::Attention))
             .exec(&txn)
             .await?;
         if moved.rows_affected == 1 {
-            state_event(ctx, &txn, &task, s.id, s.task_environment_id.unwrap_or_default(), s.execution_id, SessionState::Running).await?;
+            state_event(
+                ctx,
+                &txn,
+                &task,
+                s.id,
+                s.task_environment_id.unwrap_or_default(),
+                s.execution_id,
+                SessionState::Running,
+            )
+            .await?;
         }
         ctx.commit(txn).await?;
     }
@@ -884,15 +952,29 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
         .order_by_asc(session_message::Column::Id)
         .all(&ctx.db.conn)
         .await?;
-    let first_prompt = transcript.iter().find(|m| m.role == "user").and_then(|m| m.content["text"].as_str().map(str::to_string));
+    let first_prompt = transcript
+        .iter()
+        .find(|m| m.role == "user")
+        .and_then(|m| m.content["text"].as_str().map(str::to_string));
     let label = if !s.name.is_empty() {
         s.name.clone()
     } else {
-        first_prompt.map(|t| t.chars().take(80).collect()).unwrap_or_else(|| "New session".into())
+        first_prompt
+            .map(|t| t.chars().take(80).collect())
+            .unwrap_or_else(|| "New session".into())
     };
     let turns = transcript.iter().filter(|m| m.role == "assistant").count() as u64;
     let messages = transcript.len() as u64;
     let attention_requests = ctx.runtime.attention(s.id);
     let view = sessions::project(&ctx.db.conn, s).await?;
-    Ok(SessionSnapshot { view, label, transcript, turns, messages, attention_requests, instance_id: ctx.instance_id, latest_seq })
+    Ok(SessionSnapshot {
+        view,
+        label,
+        transcript,
+        turns,
+        messages,
+        attention_requests,
+        instance_id: ctx.instance_id,
+        latest_seq,
+    })
 }

@@ -188,7 +188,7 @@ async fn materialize_and_publish(
     owner: &task::Model,
     e: &env::Model,
 ) -> Result<env::Model, Failed> {
-    let (rows, path, made) = materialize(ctx, owner, e).await?;
+    let (rows, path, made) = materialize(ctx, owner, e, &owner.slug).await?;
     let published = publish(ctx, task, owner, e, rows, path).await;
     if let Err(Error::TaskCleanupInProgress | Error::NotFound(_)) = published {
         // A lifecycle operation won (its barrier stands, or the task is gone): what this attempt created
@@ -205,8 +205,9 @@ async fn materialize(
     ctx: &Ctx,
     owner: &task::Model,
     e: &env::Model,
+    task_dir: &str,
 ) -> Result<(Vec<Done>, Option<String>, Vec<worktree::Materialized>), Failed> {
-    let plans = plans(ctx, owner).await?;
+    let plans = plans(ctx, owner, task_dir).await?;
     match e.executor_type {
         ExecutorType::Local => {
             // The registered repository itself: no worktree, and no path berth could ever remove (I13).
@@ -226,7 +227,7 @@ async fn materialize(
         }
         ExecutorType::Worktree => {
             let root = ManagedRoot::new(ctx.config.worktree_root.clone());
-            let made = worktree::materialize(&ctx.git, &root, &owner.slug, &plans)
+            let made = worktree::materialize(&ctx.git, &root, task_dir, &plans)
                 .await
                 .map_err(Failed::Slot)?;
             let rows = made
@@ -243,7 +244,7 @@ async fn materialize(
             // I19: one repository works in its worktree; several in the task root.
             let path = match made.as_slice() {
                 [one] => Some(one.worktree_path.clone()),
-                _ => Some(root.path().join(&owner.slug).to_string_lossy().into_owned()),
+                _ => Some(root.path().join(task_dir).to_string_lossy().into_owned()),
             };
             Ok((rows, path, made))
         }
@@ -386,7 +387,7 @@ pub(crate) async fn prepare_transition(
     let candidate = new_candidate(&txn, ctx, &owner, executor).await?;
     ctx.commit(txn).await?;
 
-    let (rows, path, made) = match materialize(ctx, &owner, &candidate).await {
+    let (rows, path, made) = match materialize(ctx, &owner, &candidate, &transition_dir(&owner, &candidate)).await {
         Ok(m) => m,
         Err(Failed::Slot(failure)) => {
             fail(
@@ -436,6 +437,13 @@ pub(crate) async fn prepare_transition(
     ))
 }
 
+/// A transition's directory is its own (I18): never the one an earlier environment of the task left on
+/// disk, which must stay untouched and must not be adopted.
+fn transition_dir(owner: &task::Model, candidate: &env::Model) -> String {
+    let hex = candidate.id.simple().to_string();
+    format!("{}-{}", owner.slug, &hex[hex.len() - 8..])
+}
+
 /// The launch in the candidate succeeded: it becomes current; the previous one is kept, superseded and
 /// untouched on disk (I18). Runs inside the caller's transaction.
 pub(crate) async fn promote_transition(
@@ -443,6 +451,7 @@ pub(crate) async fn promote_transition(
     ctx: &Ctx,
     task: &task::Model,
     candidate_id: Uuid,
+    materializer_id: Option<Uuid>,
 ) -> Result<()> {
     let owner = owner_of(txn, task).await?;
     let now = super::now();
@@ -469,15 +478,27 @@ pub(crate) async fn promote_transition(
         )
         .await?;
     }
-    env::Entity::update(env::ActiveModel {
-        id: Set(candidate_id),
-        status: Set(EnvironmentStatus::Ready),
-        materializer_id: Set(None),
-        updated_at: Set(now),
-        ..Default::default()
-    })
-    .exec(txn)
-    .await?;
+    // Still ours: a candidate taken over (its lease expired) is not brought back.
+    let promoted = env::Entity::update_many()
+        .col_expr(
+            env::Column::Status,
+            sea_orm::sea_query::Expr::value(EnvironmentStatus::Ready),
+        )
+        .col_expr(
+            env::Column::MaterializerId,
+            sea_orm::sea_query::Expr::value(Option::<Uuid>::None),
+        )
+        .col_expr(env::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
+        .filter(env::Column::Id.eq(candidate_id))
+        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+        .filter(env::Column::MaterializerId.eq(materializer_id))
+        .exec(txn)
+        .await?;
+    if promoted.rows_affected == 0 {
+        return Err(Error::Conflict(
+            "the new environment was taken over while the agent started; retry".into(),
+        ));
+    }
     events::append(
         txn,
         ctx.instance_id,
@@ -671,7 +692,7 @@ async fn fail(
 }
 
 /// The slots of the owner task, resolved against their repositories, in workspace order.
-async fn plans(ctx: &Ctx, owner: &task::Model) -> Result<Vec<worktree::SlotPlan>> {
+async fn plans(ctx: &Ctx, owner: &task::Model, task_dir: &str) -> Result<Vec<worktree::SlotPlan>> {
     let slots = task_repository::Entity::find()
         .filter(task_repository::Column::TaskId.eq(owner.id))
         .order_by_asc(task_repository::Column::Position)
@@ -684,7 +705,6 @@ async fn plans(ctx: &Ctx, owner: &task::Model) -> Result<Vec<worktree::SlotPlan>
         .into_iter()
         .map(|r| (r.id, r))
         .collect();
-    let task_dir = owner.slug.clone();
     let mut plans = Vec::with_capacity(slots.len());
     for slot in &slots {
         let repo = repos.get(&slot.repository_id).ok_or(Error::NotFound("repository"))?;

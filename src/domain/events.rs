@@ -1,4 +1,5 @@
 //! Who may read which events, and what a cursor means.
+use sea_orm::EntityTrait;
 use uuid::Uuid;
 
 use super::Ctx;
@@ -18,12 +19,21 @@ pub struct ReplayPage {
     pub events: Vec<event::Model>,
 }
 
-/// The token's view of the event log: its workspaces, and for an agent's token its session only.
-pub fn filter_for(p: &Principal) -> Filter {
-    Filter {
+/// The token's view of the event log: its workspaces, and for an agent's token its session and its
+/// session's environment.
+pub async fn filter_for(ctx: &Ctx, p: &Principal) -> Result<Filter> {
+    let environment_id = match p.session_id {
+        Some(sid) => crate::entity::task_session::Entity::find_by_id(sid)
+            .one(&ctx.db.conn)
+            .await?
+            .and_then(|s| s.task_environment_id),
+        None => None,
+    };
+    Ok(Filter {
         workspaces: p.workspace_filter().map(<[Uuid]>::to_vec),
         session_id: p.session_id,
-    }
+        environment_id,
+    })
 }
 
 /// A cursor is a non-negative integer (the last seq a client saw).
@@ -53,7 +63,7 @@ pub async fn replay(
     }
     let (first_available_seq, latest_seq) = events::bounds(&ctx.db.conn).await?;
     let truncated = is_truncated(ctx, after, instance_id, first_available_seq);
-    let events = events::after(&ctx.db.conn, after, limit, &filter_for(p)).await?;
+    let events = events::after(&ctx.db.conn, after, limit, &filter_for(ctx, p).await?).await?;
     Ok(ReplayPage {
         instance_id: ctx.instance_id,
         first_available_seq,

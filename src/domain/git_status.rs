@@ -50,7 +50,17 @@ pub async fn current(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Vec<obs::
 
 pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Vec<obs::Model>> {
     let s = super::sessions::visible(&ctx.db.conn, p, session_id).await?;
-    let env_id = s.task_environment_id.ok_or(Error::NotFound("environment"))?;
+    // The task's current environment: every session of the task sees the same status, also one still
+    // pointing at an environment an executor transition superseded.
+    let t = task::Entity::find_by_id(s.task_id)
+        .one(&ctx.db.conn)
+        .await?
+        .ok_or(Error::NotFound("session"))?;
+    let owner = super::environments::owner_of(&ctx.db.conn, &t).await?;
+    let env_id = super::environments::current(&ctx.db.conn, owner.id)
+        .await?
+        .map(|e| e.id)
+        .ok_or(Error::NotFound("environment"))?;
     // The route is the session's; the identity is the environment's (seed 004).
     let unbound = Principal::clone(p).without_session();
     current(ctx, &unbound, env_id).await
@@ -225,6 +235,20 @@ async fn record_checked(ctx: &Ctx, e: &env::Model, o: Observation) -> Result<obs
 
 async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model> {
     let txn = ctx.db.begin_write().await?;
+    // The environment's row serializes writers of its status (PostgreSQL), and a superseded environment
+    // takes nothing: its status must never become current (I20).
+    let locked = env::Entity::find_by_id(e.id)
+        .lock_exclusive()
+        .one(&txn)
+        .await?
+        .ok_or(Error::NotFound("environment"))?;
+    if !matches!(locked.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) {
+        return Err(Error::Conflict("only a ready environment takes observations".into()));
+    }
+    // A clock running ahead must not outrank every later observation.
+    let mut o = o.clone();
+    o.observed_at = o.observed_at.min(super::now());
+    let o = &o;
     let pair = |q: sea_orm::Select<obs::Entity>| {
         q.filter(obs::Column::TaskEnvironmentId.eq(e.id))
             .filter(obs::Column::RepositoryId.eq(o.repository_id))
@@ -238,7 +262,7 @@ async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model
     let becomes_current = current.as_ref().is_none_or(|c| o.observed_at >= c.observed_at);
     let now = super::now();
     let files = serde_json::to_value(&o.files).map_err(|e| Error::Internal(e.into()))?;
-    let mut model = obs::Model {
+    let model = obs::Model {
         id: Uuid::now_v7(),
         task_environment_id: e.id,
         repository_id: o.repository_id,
@@ -266,11 +290,11 @@ async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model
                     return Ok(live);
                 }
                 Some(live) => {
-                    model.id = live.id;
-                    use sea_orm::ActiveModelTrait;
-                    // Every field written (a converted model marks its values unchanged).
-                    let am = obs::ActiveModel::from(model.clone()).reset_all();
-                    obs::Entity::update(am).exec(&txn).await?;
+                    // One live row: the old one goes, the new one (a fresh, larger id) takes its place.
+                    obs::Entity::delete_by_id(live.id).exec(&txn).await?;
+                    obs::Entity::insert(obs::ActiveModel::from(model.clone()))
+                        .exec_without_returning(&txn)
+                        .await?;
                 }
                 None => {
                     obs::Entity::insert(obs::ActiveModel::from(model.clone()))

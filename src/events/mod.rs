@@ -119,16 +119,35 @@ pub async fn after<C: ConnectionTrait>(
         q = q.filter(event::Column::WorkspaceId.is_in(ids.iter().copied()));
     }
     if let Some(session) = filter.session_id {
-        q = q.filter(event::Column::SessionId.eq(session));
+        let mut scope = sea_orm::Condition::any().add(event::Column::SessionId.eq(session));
+        if let Some(env) = filter.environment_id {
+            let mut types = sea_orm::Condition::any();
+            for prefix in ENVIRONMENT_SCOPED {
+                types = types.add(event::Column::EventType.starts_with(prefix));
+            }
+            scope = scope.add(
+                sea_orm::Condition::all()
+                    .add(event::Column::TaskEnvironmentId.eq(env))
+                    .add(types),
+            );
+        }
+        q = q.filter(scope);
     }
     q.order_by_asc(event::Column::Seq).limit(limit).all(conn).await
 }
+
+/// Event types about an environment as a whole, which an agent's token sees for its session's
+/// environment (not its sibling sessions' own events).
+const ENVIRONMENT_SCOPED: [&str; 2] = ["git_status.", "environment."];
 
 /// Which events a reader may see: its token's workspaces, and for an agent's token its session only.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     pub workspaces: Option<Vec<Uuid>>,
     pub session_id: Option<Uuid>,
+    /// For an agent's token: its session's environment, whose events (git status from siblings or a
+    /// refresh) concern it too.
+    pub environment_id: Option<Uuid>,
 }
 
 impl Filter {
@@ -138,7 +157,16 @@ impl Filter {
             (Some(ids), Some(ws)) => ids.contains(&ws),
             (Some(_), None) => false,
         };
-        ws_ok && self.session_id.is_none_or(|s| e.session_id == Some(s))
+        let scope_ok = match self.session_id {
+            None => true,
+            Some(s) => {
+                e.session_id == Some(s)
+                    || (self.environment_id.is_some()
+                        && e.task_environment_id == self.environment_id
+                        && ENVIRONMENT_SCOPED.iter().any(|p| e.event_type.starts_with(p)))
+            }
+        };
+        ws_ok && scope_ok
     }
 }
 

@@ -59,6 +59,8 @@ pub struct Row {
     pub repository_id: Uuid,
     pub branch_slug: String,
     pub worktree_path: Option<PathBuf>,
+    /// The linked worktree's git id the inventory recorded: the directory must still be that worktree.
+    pub worktree_id: Option<String>,
 }
 
 pub struct Candidate<'a> {
@@ -100,7 +102,7 @@ pub fn admit(c: &Candidate<'_>, requested: ExecutorType) -> Result<AdmittedWorks
                 p
             }
         };
-        check_worktree(&path, &slot.common_git_dir, c.executor)?;
+        check_worktree(&path, &slot.common_git_dir, c.executor, row.worktree_id.as_deref())?;
         paths.push(path);
     }
     let path = match (c.executor, paths.as_slice()) {
@@ -120,7 +122,12 @@ pub fn admit(c: &Candidate<'_>, requested: ExecutorType) -> Result<AdmittedWorks
     })
 }
 
-fn check_worktree(path: &Path, common_git_dir: &Path, executor: ExecutorType) -> Result<(), Refusal> {
+fn check_worktree(
+    path: &Path,
+    common_git_dir: &Path,
+    executor: ExecutorType,
+    recorded_id: Option<&str>,
+) -> Result<(), Refusal> {
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.is_dir() => {}
         Ok(_) => return Err(Refusal::NotAGitWorktree),
@@ -132,6 +139,10 @@ fn check_worktree(path: &Path, common_git_dir: &Path, executor: ExecutorType) ->
     }
     if executor == ExecutorType::Worktree && info.worktree_id.is_none() {
         return Err(Refusal::NotAGitWorktree);
+    }
+    if executor == ExecutorType::Worktree && recorded_id.is_some() && info.worktree_id.as_deref() != recorded_id {
+        // Another worktree of the same repository now sits at the recorded path.
+        return Err(Refusal::RepositoryMismatch);
     }
     Ok(())
 }

@@ -245,7 +245,12 @@ impl Runtime {
 
     /// The attention requests pending on this session.
     pub fn attention(&self, session_id: Uuid) -> Vec<serde_json::Value> {
-        self.agents.lock().unwrap().get(&session_id).map(|a| a.pending.lock().unwrap().clone()).unwrap_or_default()
+        self.agents
+            .lock()
+            .unwrap()
+            .get(&session_id)
+            .map(|a| a.pending.lock().unwrap().clone())
+            .unwrap_or_default()
     }
 
     /// Answers a pending request of this session; false when it is not pending here (I31).
@@ -254,7 +259,9 @@ impl Runtime {
         let Some(agent) = agent else { return false };
         {
             let mut pending = agent.pending.lock().unwrap();
-            let Some(i) = pending.iter().position(|r| r["id"] == request_id) else { return false };
+            let Some(i) = pending.iter().position(|r| r["id"] == request_id) else {
+                return false;
+            };
             pending.remove(i);
         }
         response["type"] = "extension_ui_response".into();

@@ -252,20 +252,26 @@ async fn a_finished_turn_is_captured_as_a_completion(app: TestApp) {
         .await
         .ok(201);
     let env = uuid(&s["task_environment_id"]);
+    let session_id = uuid(&s["id"]);
+    // The capture itself, as stored: a completion with the session as provenance.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        let st = app.get(&format!("/api/v1/environments/{env}/git-status")).await.ok(200);
-        if st["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|i| i["kind"] == "completion" || i["files"].as_array().is_some_and(|f| !f.is_empty()))
-        {
-            break st;
+    let captured = loop {
+        use berth::entity::git_status_observation as obs;
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+        let found = obs::Entity::find()
+            .filter(obs::Column::Kind.eq("completion"))
+            .filter(obs::Column::SessionId.eq(session_id))
+            .one(app.db())
+            .await
+            .unwrap();
+        if let Some(o) = found {
+            break o;
         }
-        assert!(tokio::time::Instant::now() < deadline, "no completion capture: {st}");
+        assert!(tokio::time::Instant::now() < deadline, "no completion capture");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    assert_eq!(captured.task_environment_id, env);
+    let status = json!({"items": [{"files": captured.files}]});
     let files = status["items"][0]["files"].as_array().unwrap();
     assert!(
         files
