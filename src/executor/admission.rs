@@ -232,6 +232,7 @@ mod tests {
             repository_id: slot.repository_id,
             branch_slug: String::new(),
             worktree_path: Some(root.join("missing")),
+            worktree_id: None,
         };
         assert_eq!(
             candidate(ExecutorType::Worktree, true, &[row.clone(), row.clone()]),
@@ -245,6 +246,7 @@ mod tests {
             repository_id: slot.repository_id,
             branch_slug: String::new(),
             worktree_path: Some("/elsewhere".into()),
+            worktree_id: None,
         };
         assert_eq!(
             candidate(ExecutorType::Worktree, true, &[stale]),
