@@ -22,7 +22,9 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(launch_session)
         .service(resume_session)
         .service(stop_session)
-        .service(send_message);
+        .service(send_message)
+        .service(answer_attention)
+        .service(session_snapshot);
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -341,4 +343,124 @@ async fn make_primary(
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Session>, Error> {
     Ok(web::Json(sessions::make_primary(&state.ctx, &auth, *id).await?.into()))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionAnswer {
+    pub value: Option<serde_json::Value>,
+    pub confirmed: Option<bool>,
+    pub cancelled: Option<bool>,
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:write"])),
+    params(("id" = Uuid, Path, description = "Session id"), ("request_id" = String, Path, description = "The agent's request id")),
+    request_body = AttentionAnswer,
+    responses(
+        (status = 200, description = "Answered; the agent goes on", body = Session),
+        (status = 404, description = "That request is not pending on this session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/sessions/{id}/attention/{request_id}")]
+async fn answer_attention(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    path: web::Path<(Uuid, String)>,
+    body: web::Json<AttentionAnswer>,
+) -> Result<web::Json<Session>, Error> {
+    let (id, request_id) = path.into_inner();
+    let b = body.into_inner();
+    let mut response = serde_json::Map::new();
+    if let Some(v) = b.value {
+        response.insert("value".into(), v);
+    }
+    if let Some(c) = b.confirmed {
+        response.insert("confirmed".into(), c.into());
+    }
+    if let Some(c) = b.cancelled {
+        response.insert("cancelled".into(), c.into());
+    }
+    let view = crate::domain::agents::answer_attention(
+        &state.ctx,
+        &auth,
+        id,
+        &request_id,
+        serde_json::Value::Object(response),
+    )
+    .await?;
+    Ok(web::Json(view.into()))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TranscriptEntry {
+    pub role: String,
+    pub content: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionStatistics {
+    pub turns: u64,
+    pub messages: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionSnapshot {
+    pub session: Session,
+    pub state: SessionState,
+    /// The session's name, else its first prompt, else "New session".
+    pub label: String,
+    pub transcript: Vec<TranscriptEntry>,
+    pub statistics: SessionStatistics,
+    /// Pending requests: `{id, method, title, message, options}` as the agent sent them.
+    pub attention_requests: Vec<serde_json::Value>,
+    pub instance_id: Uuid,
+    /// Follow the event stream from here: nothing after it is missing from this snapshot's sources.
+    pub latest_seq: i64,
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:read"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "Everything a client loads before following the stream from latest_seq", body = SessionSnapshot),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/sessions/{id}/snapshot")]
+async fn session_snapshot(
+    auth: Authorized<SessionsRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<SessionSnapshot>, Error> {
+    let snap = crate::domain::agents::snapshot(&state.ctx, &auth, *id).await?;
+    let attention_requests = snap
+        .attention_requests
+        .into_iter()
+        .map(|r| serde_json::json!({"id": r["id"], "method": r["method"], "title": r["title"], "message": r["message"], "options": r["options"]}))
+        .collect();
+    Ok(web::Json(SessionSnapshot {
+        state: snap.view.session.state,
+        session: snap.view.into(),
+        label: snap.label,
+        transcript: snap
+            .transcript
+            .into_iter()
+            .map(|m| TranscriptEntry {
+                role: m.role,
+                content: m.content,
+                created_at: m.created_at,
+            })
+            .collect(),
+        statistics: SessionStatistics {
+            turns: snap.turns,
+            messages: snap.messages,
+        },
+        attention_requests,
+        instance_id: snap.instance_id,
+        latest_seq: snap.latest_seq,
+    }))
 }

@@ -24,6 +24,7 @@ both_backends!(
     an_executor_transition_forwards_nothing_and_keeps_the_old_workspace,
     a_failed_transition_leaves_the_current_environment_in_place,
     a_crashed_agent_is_restarted_then_failed_past_the_threshold,
+    attention_requests_belong_to_their_session,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -726,4 +727,80 @@ async fn a_failed_transition_leaves_the_current_environment_in_place(app: TestAp
         app.session(task, "worktree").await["task_environment_id"],
         current["id"]
     );
+}
+
+// I31: an attention request belongs to one session; no other session can answer it. The snapshot shows
+// it, with the transcript and the seq to follow the stream from.
+async fn attention_requests_belong_to_their_session(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Ask", &[repo]).await;
+    let a = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "ask"}),
+        )
+        .await
+        .ok(201);
+    let b = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let (a_id, b_id) = (uuid(&a["id"]), uuid(&b["id"]));
+    wait_session(&app, a_id, "asking", |s| s["state"] == "attention").await;
+    let snap = app.get(&format!("/api/v1/sessions/{a_id}/snapshot")).await.ok(200);
+    assert_eq!(snap["state"], "attention");
+    assert_eq!(snap["label"], "ask", "the first prompt labels an unnamed session");
+    assert_eq!(snap["instance_id"], app.app_state.ctx.instance_id.to_string());
+    assert!(snap["latest_seq"].as_i64().unwrap() > 0);
+    let requests = snap["attention_requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0]["method"], "confirm");
+    let request_id = requests[0]["id"].as_str().unwrap().to_string();
+    // Another session cannot answer it; an unknown id is not pending.
+    app.post(
+        &format!("/api/v1/sessions/{b_id}/attention/{request_id}"),
+        json!({"confirmed": true}),
+    )
+    .await
+    .problem(404, "not_found");
+    app.post(
+        &format!("/api/v1/sessions/{a_id}/attention/nope"),
+        json!({"confirmed": true}),
+    )
+    .await
+    .problem(404, "not_found");
+    app.post(
+        &format!("/api/v1/sessions/{a_id}/attention/{request_id}"),
+        json!({"confirmed": true}),
+    )
+    .await
+    .ok(200);
+    assert_eq!(wait_reply(&app, a_id, 1).await[0], "answered true");
+    wait_session(&app, a_id, "idle", |s| s["state"] == "idle").await;
+    let after = app.get(&format!("/api/v1/sessions/{a_id}/snapshot")).await.ok(200);
+    assert!(after["attention_requests"].as_array().unwrap().is_empty());
+    let roles: Vec<&str> = after["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, vec!["user", "assistant"]);
+    assert_eq!(after["statistics"]["turns"], 1);
+    // Answering again: no longer pending.
+    app.post(
+        &format!("/api/v1/sessions/{a_id}/attention/{request_id}"),
+        json!({"confirmed": true}),
+    )
+    .await
+    .problem(404, "not_found");
+    for id in [a_id, b_id] {
+        app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
+            .await
+            .ok(200);
+    }
 }
