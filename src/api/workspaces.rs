@@ -17,7 +17,8 @@ pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(create_workspace)
         .service(list_workspaces)
         .service(get_workspace)
-        .service(delete_workspace);
+        .service(delete_workspace)
+        .service(workspace_summary);
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -144,4 +145,24 @@ async fn delete_workspace(
     Ok(HttpResponse::Accepted().json(super::tasks::CleanupJobs {
         cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
     }))
+}
+
+#[utoipa::path(
+    tag = "workspaces",
+    security(("bearer" = ["tasks:read"])),
+    params(("id" = Uuid, Path, description = "Workspace id")),
+    responses(
+        (status = 200, description = "Tasks by state; sessions open, working, recovering, asking for attention and in error, in total and per environment directory (six or more open in one directory add a warning)", body = crate::domain::workspaces::WorkspaceSummary),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/workspaces/{id}/summary")]
+async fn workspace_summary(
+    auth: Authorized<TasksRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<crate::domain::workspaces::WorkspaceSummary>, Error> {
+    Ok(web::Json(
+        crate::domain::workspaces::summary(&state.ctx, &auth, *id).await?,
+    ))
 }

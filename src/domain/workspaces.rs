@@ -87,3 +87,99 @@ pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uui
         .await?
         .ok_or(Error::NotFound("workspace"))
 }
+
+/// Counts of one directory (or the whole workspace).
+#[derive(Debug, Default, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct SessionCounts {
+    pub open: u64,
+    pub working: u64,
+    pub recovering: u64,
+    pub attention: u64,
+    pub error: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct DirectorySummary {
+    pub task_environment_id: Uuid,
+    pub workspace_path: Option<String>,
+    #[serde(flatten)]
+    pub sessions: SessionCounts,
+    /// Set when six or more sessions are open here: they share files and git state (a warning, no cap).
+    pub warning: Option<String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct WorkspaceSummary {
+    pub tasks_active: u64,
+    pub tasks_archived: u64,
+    pub sessions: SessionCounts,
+    pub directories: Vec<DirectorySummary>,
+}
+
+/// The workspace's summary, from stored state only (it is polled): no per-session process queries.
+pub async fn summary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<WorkspaceSummary> {
+    use crate::entity::task_session::{self as session, SessionState};
+    use crate::entity::{task, task_environment as env};
+    p.require_unbound()?;
+    visible(&ctx.db.conn, p, id).await?;
+    let tasks: Vec<(Uuid, Option<chrono::DateTime<chrono::Utc>>)> = task::Entity::find()
+        .select_only()
+        .column(task::Column::Id)
+        .column(task::Column::ArchivedAt)
+        .filter(task::Column::WorkspaceId.eq(id))
+        .into_tuple()
+        .all(&ctx.db.conn)
+        .await?;
+    let archived = tasks.iter().filter(|t| t.1.is_some()).count() as u64;
+    let sessions = session::Entity::find()
+        .filter(session::Column::TaskId.is_in(tasks.iter().map(|t| t.0)))
+        .all(&ctx.db.conn)
+        .await?;
+    let mut total = SessionCounts::default();
+    let mut dirs: std::collections::BTreeMap<Uuid, SessionCounts> = Default::default();
+    for s in &sessions {
+        let count = |c: &mut SessionCounts| {
+            if s.desired_open && !s.state.is_terminal() {
+                c.open += 1;
+            }
+            match s.state {
+                SessionState::Running | SessionState::Starting => c.working += 1,
+                SessionState::Recovering => c.recovering += 1,
+                SessionState::Attention => c.attention += 1,
+                SessionState::Failed => c.error += 1,
+                _ => {}
+            }
+        };
+        count(&mut total);
+        if let Some(env_id) = s.task_environment_id {
+            count(dirs.entry(env_id).or_default());
+        }
+    }
+    let envs: std::collections::HashMap<Uuid, env::Model> = env::Entity::find()
+        .filter(env::Column::Id.is_in(dirs.keys().copied()))
+        .all(&ctx.db.conn)
+        .await?
+        .into_iter()
+        .map(|e| (e.id, e))
+        .collect();
+    let directories = dirs
+        .into_iter()
+        .map(|(env_id, counts)| DirectorySummary {
+            task_environment_id: env_id,
+            workspace_path: envs.get(&env_id).and_then(|e| e.workspace_path.clone()),
+            warning: (counts.open >= 6).then(|| {
+                format!(
+                    "{} sessions are open in this directory; they share its files and git state",
+                    counts.open
+                )
+            }),
+            sessions: counts,
+        })
+        .collect();
+    Ok(WorkspaceSummary {
+        tasks_active: tasks.len() as u64 - archived,
+        tasks_archived: archived,
+        sessions: total,
+        directories,
+    })
+}

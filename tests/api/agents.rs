@@ -25,6 +25,7 @@ both_backends!(
     a_failed_transition_leaves_the_current_environment_in_place,
     a_crashed_agent_is_restarted_then_failed_past_the_threshold,
     attention_requests_belong_to_their_session,
+    the_summary_counts_agents_per_directory,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -803,4 +804,57 @@ async fn attention_requests_belong_to_their_session(app: TestApp) {
             .await
             .ok(200);
     }
+}
+
+// Seed 002 "summary": open, working, attention and error counts per environment directory, from stored
+// state; six or more open sessions in one directory add a warning, never a cap.
+async fn the_summary_counts_agents_per_directory(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Busy dir", &[repo]).await;
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let prompt = if i == 0 {
+            "hang"
+        } else if i == 1 {
+            "ask"
+        } else {
+            "pwd"
+        };
+        let s = app
+            .post(
+                &format!("/api/v1/tasks/{task}/sessions"),
+                json!({"executor_type": "worktree", "agent_profile": "test", "prompt": prompt}),
+            )
+            .await
+            .ok(201);
+        ids.push(uuid(&s["id"]));
+    }
+    wait_session(&app, ids[0], "working", |s| s["state"] == "running").await;
+    wait_session(&app, ids[1], "asking", |s| s["state"] == "attention").await;
+    for id in &ids[2..] {
+        wait_session(&app, *id, "idle", |s| s["state"] == "idle").await;
+    }
+    assert_eq!(
+        app.app_state.ctx.runtime.live_count(),
+        6,
+        "six live agents in one worktree: no cap"
+    );
+    let sum = app.get(&format!("/api/v1/workspaces/{ws}/summary")).await.ok(200);
+    assert_eq!(sum["tasks_active"], 1);
+    assert_eq!(sum["sessions"]["open"], 6);
+    assert_eq!(sum["sessions"]["working"], 1);
+    assert_eq!(sum["sessions"]["attention"], 1);
+    let dirs = sum["directories"].as_array().unwrap();
+    assert_eq!(dirs.len(), 1);
+    assert_eq!(dirs[0]["open"], 6);
+    assert!(dirs[0]["warning"].is_string(), "{sum}");
+    for id in ids {
+        app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
+            .await
+            .ok(200);
+    }
+    let after = app.get(&format!("/api/v1/workspaces/{ws}/summary")).await.ok(200);
+    assert_eq!(after["sessions"]["open"], 0);
+    assert!(after["directories"][0]["warning"].is_null());
 }
