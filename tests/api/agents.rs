@@ -26,6 +26,7 @@ both_backends!(
     a_crashed_agent_is_restarted_then_failed_past_the_threshold,
     attention_requests_belong_to_their_session,
     the_summary_counts_agents_per_directory,
+    an_inadmissible_session_is_failed_on_restore_never_moved,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -857,4 +858,37 @@ async fn the_summary_counts_agents_per_directory(app: TestApp) {
     let after = app.get(&format!("/api/v1/workspaces/{ws}/summary")).await.ok(200);
     assert_eq!(after["sessions"]["open"], 0);
     assert!(after["directories"][0]["warning"].is_null());
+}
+
+// I29: a session whose workspace fails admission on restore is failed with its reason; berth never starts
+// it in another directory or another conversation.
+async fn an_inadmissible_session_is_failed_on_restore_never_moved(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Gone", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    app.app_state.ctx.runtime.stop_all().await;
+    // While berth is down, the worktree disappears.
+    let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
+    std::fs::rename(&worktree, worktree.with_file_name("moved-away")).unwrap();
+    let restarted = berth::startup::Application::build(app.config.clone()).await.unwrap();
+    let runtime = restarted.state.ctx.runtime.clone();
+    assert_eq!(runtime.live_count(), 0, "nothing started anywhere else");
+    let after = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+    assert_eq!(after["state"], "failed");
+    assert_eq!(after["last_error"]["code"], "workspace_reuse_unsafe");
+    assert_eq!(
+        after["workspace_path"], s["workspace_path"],
+        "still the same workspace, not the source"
+    );
+    assert_ne!(after["workspace_path"], source.display().to_string().as_str());
+    restarted.background().iter().for_each(|h| h.abort());
 }
