@@ -55,6 +55,7 @@ impl Application {
                 cleanup_wake: Arc::new(tokio::sync::Notify::new()),
                 cleanup_stats: crate::worker::cleanup::stats(),
                 git_status_inspected: Default::default(),
+                restore_stats: Default::default(),
                 events: crate::events::Hub::new(config.event_buffer),
                 git: GitCli::new(config.git_max_concurrent, config.git_timeout),
                 config: Arc::new(config),

@@ -101,5 +101,19 @@ async fn cleanup_metrics(state: &AppState) -> String {
         "berth_cleanup_claim_latency_seconds_sum {}",
         stats.claim_latency_ms.load(Ordering::Relaxed) as f64 / 1000.0
     );
+    let _ = writeln!(
+        out,
+        "# HELP berth_restore_max_concurrent The most session relaunches that ran at once at startup.\n# TYPE berth_restore_max_concurrent gauge"
+    );
+    let _ = writeln!(
+        out,
+        "berth_restore_max_concurrent {}",
+        state.ctx.restore_stats.max_concurrent.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP berth_agents_live Live agent processes.\n# TYPE berth_agents_live gauge"
+    );
+    let _ = writeln!(out, "berth_agents_live {}", state.ctx.runtime.live_count());
     out
 }

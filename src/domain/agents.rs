@@ -866,17 +866,27 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
             ctx.commit(txn).await?;
         }
     }
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let in_flight = AtomicUsize::new(0);
     let opened = futures_util::stream::iter(to_open)
-        .map(|s| async move {
-            let id = s.id;
-            match launch_session(ctx, s, None).await {
-                Ok(_) => true,
-                Err(e) => {
-                    tracing::warn!(session = %id, error = %e, "could not restore a session");
-                    false
-                }
+        .map(|s| {
+            let in_flight = &in_flight;
+            async move {
+                let now = in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+                ctx.restore_stats.max_concurrent.fetch_max(now, Ordering::AcqRel);
+                let id = s.id;
+                let ok = match launch_session(ctx, s, None).await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(session = %id, error = %e, "could not restore a session");
+                        false
+                    }
+                };
+                in_flight.fetch_sub(1, Ordering::AcqRel);
+                ok
             }
         })
+        // I29: two at a time.
         .buffer_unordered(2)
         .filter(|ok| std::future::ready(*ok))
         .count()
@@ -977,4 +987,11 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
         instance_id: ctx.instance_id,
         latest_seq,
     })
+}
+
+/// What the last restore did, for /metrics.
+#[derive(Default)]
+pub struct RestoreStats {
+    /// The most launches that ran at once (I29: two).
+    pub max_concurrent: std::sync::atomic::AtomicUsize,
 }

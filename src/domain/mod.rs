@@ -37,6 +37,7 @@ pub struct Ctx {
     pub cleanup_stats: Arc<crate::worker::cleanup::CleanupStats>,
     /// When each (environment, repository) was last inspected for a live read (I25 rate limit).
     pub git_status_inspected: Arc<git_status::InspectionClock>,
+    pub restore_stats: Arc<agents::RestoreStats>,
 }
 
 impl Ctx {

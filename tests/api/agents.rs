@@ -27,6 +27,7 @@ both_backends!(
     attention_requests_belong_to_their_session,
     the_summary_counts_agents_per_directory,
     an_inadmissible_session_is_failed_on_restore_never_moved,
+    restore_relaunches_two_at_a_time,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -890,5 +891,39 @@ async fn an_inadmissible_session_is_failed_on_restore_never_moved(app: TestApp) 
         "still the same workspace, not the source"
     );
     assert_ne!(after["workspace_path"], source.display().to_string().as_str());
+    restarted.background().iter().for_each(|h| h.abort());
+}
+
+// I29: open sessions are relaunched two at a time.
+async fn restore_relaunches_two_at_a_time(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Many", &[repo]).await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(uuid(
+            &app.post(
+                &format!("/api/v1/tasks/{task}/sessions"),
+                json!({"executor_type": "worktree", "agent_profile": "test"}),
+            )
+            .await
+            .ok(201)["id"],
+        ));
+    }
+    for id in &ids {
+        wait_session(&app, *id, "idle", |s| s["state"] == "idle").await;
+    }
+    app.app_state.ctx.runtime.stop_all().await;
+    let restarted = berth::startup::Application::build(app.config.clone()).await.unwrap();
+    let ctx = restarted.state.ctx.clone();
+    assert_eq!(ctx.runtime.live_count(), 4, "all four came back");
+    assert_eq!(
+        ctx.restore_stats
+            .max_concurrent
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "two at a time, never more"
+    );
+    ctx.runtime.stop_all().await;
     restarted.background().iter().for_each(|h| h.abort());
 }
