@@ -521,7 +521,7 @@ async fn settle_stopped(ctx: &Ctx, task: &task::Model, session_id: Uuid) -> Resu
 }
 
 /// Applies the runtime's reports, in order, forever.
-pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::UnboundedReceiver<RuntimeEvent>) {
+pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>) {
     while let Some(report) = rx.recv().await {
         let result = match report {
             RuntimeEvent::Output {

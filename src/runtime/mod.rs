@@ -17,6 +17,8 @@ use crate::executor::admission::AdmittedWorkspace;
 /// The longest stdout line kept; longer lines are dropped (an agent must not grow berth's memory).
 const MAX_LINE: usize = 8 * 1024 * 1024;
 const STDERR_TAIL: usize = 16 * 1024;
+/// Agent reports waiting to be recorded; past this, agents' output waits in their pipes.
+const REPORT_BUFFER: usize = 1024;
 
 #[derive(Debug)]
 pub enum RuntimeEvent {
@@ -49,7 +51,8 @@ struct Agent {
 
 pub struct Runtime {
     agents: Mutex<HashMap<Uuid, Arc<Agent>>>,
-    events: mpsc::UnboundedSender<RuntimeEvent>,
+    /// Bounded: a flooding agent waits on its stdout pipe instead of growing berth's memory.
+    events: mpsc::Sender<RuntimeEvent>,
     /// After `abort`, and after closing stdin: how long to wait before escalating.
     grace: Duration,
     /// After SIGTERM: how long before SIGKILL.
@@ -65,8 +68,8 @@ pub enum SpawnError {
 }
 
 impl Runtime {
-    pub fn new(grace: Duration, term_grace: Duration) -> (Arc<Runtime>, mpsc::UnboundedReceiver<RuntimeEvent>) {
-        let (events, rx) = mpsc::unbounded_channel();
+    pub fn new(grace: Duration, term_grace: Duration) -> (Arc<Runtime>, mpsc::Receiver<RuntimeEvent>) {
+        let (events, rx) = mpsc::channel(REPORT_BUFFER);
         (
             Arc::new(Runtime {
                 agents: Mutex::new(HashMap::new()),
@@ -197,11 +200,13 @@ impl Runtime {
                     }
                     _ => {}
                 }
-                let _ = events.send(RuntimeEvent::Output {
-                    session_id,
-                    execution_id,
-                    event,
-                });
+                let _ = events
+                    .send(RuntimeEvent::Output {
+                        session_id,
+                        execution_id,
+                        event,
+                    })
+                    .await;
             }
         });
         // Exit: report once the output is drained, then forget the agent.
@@ -216,13 +221,15 @@ impl Runtime {
             let expected = agent_e.stopping.load(std::sync::atomic::Ordering::Acquire);
             let code = status.ok().and_then(|s| s.code());
             let _ = exited_tx.send(true);
-            let _ = events.send(RuntimeEvent::Exited {
-                session_id,
-                execution_id,
-                code,
-                expected,
-                stderr_tail,
-            });
+            let _ = events
+                .send(RuntimeEvent::Exited {
+                    session_id,
+                    execution_id,
+                    code,
+                    expected,
+                    stderr_tail,
+                })
+                .await;
         });
         Ok(pid)
     }
