@@ -404,6 +404,10 @@ pub struct TranscriptEntry {
 pub struct SessionStatistics {
     pub turns: u64,
     pub messages: u64,
+    /// Summed from the agent's usage reports (zero when it makes none).
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost: f64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -414,6 +418,11 @@ pub struct SessionSnapshot {
     pub label: String,
     pub transcript: Vec<TranscriptEntry>,
     pub statistics: SessionStatistics,
+    /// The tool the agent is running right now, if any.
+    pub active_tool: Option<String>,
+    /// berth forwards each command to the agent at once (commands stay in order); it holds no queue.
+    pub queue_length: u64,
+    pub last_activity_at: DateTime<Utc>,
     /// Pending requests: `{id, method, title, message, options}` as the agent sent them.
     pub attention_requests: Vec<serde_json::Value>,
     pub instance_id: Uuid,
@@ -458,7 +467,13 @@ async fn session_snapshot(
         statistics: SessionStatistics {
             turns: snap.turns,
             messages: snap.messages,
+            input_tokens: snap.input_tokens,
+            output_tokens: snap.output_tokens,
+            cost: snap.cost,
         },
+        active_tool: snap.active_tool,
+        queue_length: 0,
+        last_activity_at: snap.last_activity_at,
         attention_requests,
         instance_id: snap.instance_id,
         latest_seq: snap.latest_seq,

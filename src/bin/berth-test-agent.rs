@@ -9,6 +9,7 @@
 //! - `ask`: ask a confirm question and wait for the answer
 //! - `hang`: start working and never finish (until aborted)
 //! - `crash`: exit with status 3
+//! - `stream N`: N streamed output events, a tool call, and token usage
 //! - anything else: echo it back
 //!
 //! Flags: `--ignore-abort` (a `hang` ignores `abort`), `--ignore-term` (SIGTERM is ignored).
@@ -63,6 +64,21 @@ fn main() {
                     }
                     "env" => reply(&std::env::var(words.next().unwrap_or_default()).unwrap_or_default()),
                     "crash" => std::process::exit(3),
+                    "stream" => {
+                        // `stream N`: N output events, each flushed, as a working agent streams text.
+                        let n: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(10);
+                        emit(json!({"type": "tool_execution_start", "toolName": "bash"}));
+                        for i in 0..n {
+                            emit(
+                                json!({"type": "message_update", "message": {"role": "assistant"}, "delta": format!("chunk {i} ")}),
+                            );
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                        emit(json!({"type": "tool_execution_end", "toolName": "bash"}));
+                        emit(
+                            json!({"type": "message_end", "message": {"role": "assistant", "content": [{"type": "text", "text": format!("streamed {n}")}], "usage": {"input": 10, "output": 20, "cost": {"total": 0.5}}}}),
+                        );
+                    }
                     "hang" => {
                         working = true;
                         continue;

@@ -947,6 +947,12 @@ pub struct SessionSnapshot {
     pub transcript: Vec<crate::entity::session_message::Model>,
     pub turns: u64,
     pub messages: u64,
+    /// Summed from the agent's `usage` reports, when it makes them.
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost: f64,
+    pub active_tool: Option<String>,
+    pub last_activity_at: chrono::DateTime<chrono::Utc>,
     pub attention_requests: Vec<serde_json::Value>,
     pub instance_id: Uuid,
     pub latest_seq: i64,
@@ -974,6 +980,19 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
             .unwrap_or_else(|| "New session".into())
     };
     let turns = transcript.iter().filter(|m| m.role == "assistant").count() as u64;
+    let usage = |key: &str| {
+        transcript
+            .iter()
+            .filter_map(|m| m.content["usage"][key].as_u64())
+            .sum::<u64>()
+    };
+    let (input_tokens, output_tokens) = (usage("input"), usage("output"));
+    let cost = transcript
+        .iter()
+        .filter_map(|m| m.content["usage"]["cost"]["total"].as_f64())
+        .sum::<f64>();
+    let active_tool = ctx.runtime.active_tool(s.id);
+    let last_activity_at = s.last_activity_at;
     let messages = transcript.len() as u64;
     let attention_requests = ctx.runtime.attention(s.id);
     let view = sessions::project(&ctx.db.conn, s).await?;
@@ -983,6 +1002,11 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
         transcript,
         turns,
         messages,
+        input_tokens,
+        output_tokens,
+        cost,
+        active_tool,
+        last_activity_at,
         attention_requests,
         instance_id: ctx.instance_id,
         latest_seq,

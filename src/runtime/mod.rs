@@ -42,6 +42,8 @@ struct Agent {
     execution_id: Uuid,
     /// Attention requests the agent is waiting on (I31: they belong to this session only).
     pending: Mutex<Vec<serde_json::Value>>,
+    /// The tool the agent is running, between `tool_execution_start` and `_end`.
+    tool: Mutex<Option<String>>,
     pid: u32,
     stdin: Mutex<Option<mpsc::UnboundedSender<String>>>,
     working: watch::Sender<bool>,
@@ -123,6 +125,7 @@ impl Runtime {
             pid,
             stdin: Mutex::new(Some(stdin_tx)),
             pending: Mutex::new(Vec::new()),
+            tool: Mutex::new(None),
             working,
             exited,
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -195,6 +198,17 @@ impl Runtime {
                         // Requests expire when the agent ends its turn (it timed them out or was aborted).
                         agent_r.pending.lock().unwrap().clear();
                     }
+                    Some("tool_execution_start") => {
+                        let name = event["toolName"]
+                            .as_str()
+                            .or(event["tool"].as_str())
+                            .unwrap_or("tool")
+                            .to_string();
+                        *agent_r.tool.lock().unwrap() = Some(name);
+                    }
+                    Some("tool_execution_end") => {
+                        agent_r.tool.lock().unwrap().take();
+                    }
                     Some("extension_ui_request") if event["id"].is_string() => {
                         agent_r.pending.lock().unwrap().push(event.clone());
                     }
@@ -248,6 +262,15 @@ impl Runtime {
         let Some(agent) = agent else { return false };
         let stdin = agent.stdin.lock().unwrap();
         stdin.as_ref().is_some_and(|tx| tx.send(command.to_string()).is_ok())
+    }
+
+    /// The tool the session's agent is running, if any.
+    pub fn active_tool(&self, session_id: Uuid) -> Option<String> {
+        self.agents
+            .lock()
+            .unwrap()
+            .get(&session_id)
+            .and_then(|a| a.tool.lock().unwrap().clone())
     }
 
     /// The attention requests pending on this session.

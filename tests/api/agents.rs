@@ -28,6 +28,7 @@ both_backends!(
     the_summary_counts_agents_per_directory,
     an_inadmissible_session_is_failed_on_restore_never_moved,
     restore_relaunches_two_at_a_time,
+    a_snapshot_then_the_stream_loses_nothing_while_an_agent_streams,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -926,4 +927,73 @@ async fn restore_relaunches_two_at_a_time(app: TestApp) {
     );
     ctx.runtime.stop_all().await;
     restarted.background().iter().for_each(|h| h.abort());
+}
+
+// Seed 002: load the snapshot while an agent streams, follow the stream from its latest_seq: nothing is
+// missing and nothing repeats.
+async fn a_snapshot_then_the_stream_loses_nothing_while_an_agent_streams(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Streaming", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    app.post(
+        &format!("/api/v1/sessions/{id}/messages"),
+        json!({"text": "stream 200"}),
+    )
+    .await
+    .ok(202);
+    wait_session(&app, id, "working", |s| s["state"] == "running").await;
+    let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+    let from = snap["latest_seq"].as_i64().unwrap();
+    let mut sse = crate::helpers::Sse::open(&app, &app.admin, &format!("?after={from}"), None).await;
+    let mut streamed = Vec::new();
+    loop {
+        let frame = sse.next(WAIT).await.expect("the stream stays open");
+        if frame.event != "message" {
+            continue;
+        }
+        streamed.push(frame.id.unwrap());
+        let e: Value = serde_json::from_str(&frame.data).unwrap();
+        if e["type"] == "runtime.output" && e["data"]["event"]["type"] == "agent_end" {
+            break;
+        }
+    }
+    let page = app
+        .get(&format!("/api/v1/events?after={from}&limit=1000"))
+        .await
+        .ok(200);
+    let committed: Vec<i64> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_i64().unwrap())
+        .filter(|s| *s <= *streamed.last().unwrap())
+        .collect();
+    assert_eq!(streamed, committed, "every event after the snapshot, once, in order");
+    assert!(!streamed.is_empty(), "output arrived live after the snapshot");
+    // Together, what preceded the snapshot and what streamed after it hold the whole turn.
+    let all = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
+    let chunks = all["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["session_id"] == id.to_string() && e["data"]["event"]["type"] == "message_update")
+        .count();
+    assert_eq!(chunks, 200);
+    let done = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+    assert_eq!(done["statistics"]["input_tokens"], 10);
+    assert_eq!(done["statistics"]["output_tokens"], 20);
+    assert_eq!(done["statistics"]["cost"], 0.5);
+    assert!(done["active_tool"].is_null(), "the tool ended");
+    app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
+        .await
+        .ok(200);
 }
