@@ -94,30 +94,42 @@ pub(crate) async fn current<C: ConnectionTrait>(conn: &C, owner_task_id: Uuid) -
 /// Supersedes what is left of earlier attempts (failed, or creating with an expired lease), keeping
 /// them recorded for diagnostics; a new attempt adopts any worktree they left in place.
 async fn supersede_stale(txn: &DatabaseTransaction, ctx: &Ctx, owner: &task::Model, envs: &[env::Model]) -> Result<()> {
-    let now = super::now();
     for stale in envs
         .iter()
         .filter(|e| matches!(e.status, EnvironmentStatus::Failed | EnvironmentStatus::Creating))
     {
-        env::Entity::update(env::ActiveModel {
-            id: Set(stale.id),
-            status: Set(EnvironmentStatus::Superseded),
-            materializer_id: Set(None),
-            superseded_at: Set(Some(now)),
-            updated_at: Set(now),
-            ..Default::default()
-        })
-        .exec(txn)
-        .await?;
-        events::append(
-            txn,
-            ctx.instance_id,
-            "environment.superseded",
-            env_subject(owner, stale.id),
-            json!({ "reason": "retry" }),
-        )
-        .await?;
+        supersede(txn, ctx, owner, stale.id, "retry").await?;
     }
+    Ok(())
+}
+
+/// Records an environment as superseded (kept for diagnostics, untouched on disk), with its event.
+pub(crate) async fn supersede(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    owner: &task::Model,
+    env_id: Uuid,
+    reason: &str,
+) -> Result<()> {
+    let now = super::now();
+    env::Entity::update(env::ActiveModel {
+        id: Set(env_id),
+        status: Set(EnvironmentStatus::Superseded),
+        materializer_id: Set(None),
+        superseded_at: Set(Some(now)),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    events::append(
+        txn,
+        ctx.instance_id,
+        "environment.superseded",
+        env_subject(owner, env_id),
+        json!({ "reason": reason }),
+    )
+    .await?;
     Ok(())
 }
 
@@ -460,23 +472,7 @@ pub(crate) async fn promote_transition(
         .into_iter()
         .filter(|e| e.id != candidate_id)
     {
-        env::Entity::update(env::ActiveModel {
-            id: Set(old.id),
-            status: Set(EnvironmentStatus::Superseded),
-            superseded_at: Set(Some(now)),
-            updated_at: Set(now),
-            ..Default::default()
-        })
-        .exec(txn)
-        .await?;
-        events::append(
-            txn,
-            ctx.instance_id,
-            "environment.superseded",
-            env_subject(&owner, old.id),
-            json!({ "reason": "executor_transition" }),
-        )
-        .await?;
+        supersede(txn, ctx, &owner, old.id, "executor_transition").await?;
     }
     // Still ours: a candidate taken over (its lease expired) is not brought back.
     let promoted = env::Entity::update_many()

@@ -409,30 +409,13 @@ async fn retire_environment(ctx: &Ctx, snap: &Snapshot, env_id: Uuid) -> Result<
         .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
         .exec(&txn)
         .await?;
-    if e.status != EnvironmentStatus::Superseded {
-        env::Entity::update(env::ActiveModel {
-            id: Set(env_id),
-            status: Set(EnvironmentStatus::Superseded),
-            superseded_at: Set(Some(now)),
-            updated_at: Set(now),
-            ..Default::default()
-        })
-        .exec(&txn)
-        .await?;
-        if let Some(t) = task::Entity::find_by_id(snap.task_id).one(&txn).await? {
-            let subject = crate::events::Subject {
-                task_environment_id: Some(env_id),
-                ..crate::events::Subject::task(t.workspace_id, t.id)
-            };
-            crate::events::append(
-                &txn,
-                ctx.instance_id,
-                "environment.superseded",
-                subject,
-                serde_json::json!({ "reason": "cleanup" }),
-            )
-            .await?;
-        }
+    // The environment still belongs to the job's task, so the task row is there (it cascades).
+    if e.status != EnvironmentStatus::Superseded
+        && let Some(t) = task::Entity::find_by_id(snap.task_id).one(&txn).await?
+    {
+        crate::domain::environments::supersede(&txn, ctx, &t, env_id, "cleanup")
+            .await
+            .map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
     }
     txn.commit().await?;
     ctx.events.wake();
