@@ -843,7 +843,19 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
             continue;
         }
         if s.desired_open {
-            to_open.push(s);
+            // Whatever state the previous process left (a launch cut off in `starting`, say), the
+            // session is recovering now: nothing runs for it in this process yet.
+            session::Entity::update(session::ActiveModel {
+                id: Set(s.id),
+                state: Set(SessionState::Recovering),
+                ..Default::default()
+            })
+            .exec(&ctx.db.conn)
+            .await?;
+            to_open.push(session::Model {
+                state: SessionState::Recovering,
+                ..s
+            });
         } else if let Some(task) = task::Entity::find_by_id(s.task_id).one(&ctx.db.conn).await? {
             let txn = ctx.db.begin_write().await?;
             session::Entity::update(session::ActiveModel {

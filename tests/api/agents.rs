@@ -29,6 +29,7 @@ both_backends!(
     an_inadmissible_session_is_failed_on_restore_never_moved,
     restore_relaunches_two_at_a_time,
     a_snapshot_then_the_stream_loses_nothing_while_an_agent_streams,
+    a_launch_cut_off_by_a_crash_is_restored,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -996,4 +997,32 @@ async fn a_snapshot_then_the_stream_loses_nothing_while_an_agent_streams(app: Te
     app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
         .await
         .ok(200);
+}
+
+// A berth crash in the middle of a launch leaves the session `starting` with desired_open: the next start
+// relaunches it (a fresh execution, through admission), rather than treating it as under way.
+async fn a_launch_cut_off_by_a_crash_is_restored(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Cut off", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    app.app_state.ctx.runtime.stop_all().await;
+    app.set_session_state(id, berth::entity::task_session::SessionState::Starting, None)
+        .await;
+    let restarted = berth::startup::Application::build(app.config.clone()).await.unwrap();
+    let ctx = restarted.state.ctx.clone();
+    assert_eq!(ctx.runtime.live_count(), 1);
+    let after = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+    assert_eq!(after["state"], "idle");
+    assert_ne!(after["execution_id"], s["execution_id"]);
+    ctx.runtime.stop_all().await;
+    restarted.background().iter().for_each(|h| h.abort());
 }
