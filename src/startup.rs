@@ -57,7 +57,7 @@ impl Application {
                 git_status_inspected: Default::default(),
                 restore_stats: Default::default(),
                 events: crate::events::Hub::new(config.event_buffer),
-                git: GitCli::new(config.git_max_concurrent, config.git_timeout),
+                git: Arc::new(GitCli::new(config.git_max_concurrent, config.git_timeout)),
                 config: Arc::new(config),
                 instance_id: uuid::Uuid::now_v7(),
             },

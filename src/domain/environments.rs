@@ -205,7 +205,7 @@ async fn materialize_and_publish(
     if let Err(Error::TaskCleanupInProgress | Error::NotFound(_)) = published {
         // A lifecycle operation won (its barrier stands, or the task is gone): what this attempt created
         // never became task state, and nobody can adopt it; remove it (I7).
-        worktree::compensate(&ctx.git, &made).await;
+        worktree::compensate(ctx.git.as_ref(), &made).await;
     }
     // Otherwise (taken over, or the database failed) the worktrees stay for the next attempt to adopt:
     // removing them could remove what a new materializer already adopted.
@@ -239,7 +239,7 @@ async fn materialize(
         }
         ExecutorType::Worktree => {
             let root = ManagedRoot::new(ctx.config.worktree_root.clone());
-            let made = worktree::materialize(&ctx.git, &root, task_dir, &plans)
+            let made = worktree::materialize(ctx.git.as_ref(), &root, task_dir, &plans)
                 .await
                 .map_err(Failed::Slot)?;
             let rows = made
@@ -515,7 +515,7 @@ pub(crate) async fn abandon_transition(
     made: &[worktree::Materialized],
     why: &str,
 ) {
-    worktree::compensate(&ctx.git, made).await;
+    worktree::compensate(ctx.git.as_ref(), made).await;
     if let Ok(owner) = owner_of(&ctx.db.conn, task).await
         && let Err(e) = fail(ctx, &owner, candidate, None, why).await
     {

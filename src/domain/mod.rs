@@ -16,7 +16,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::config::Config;
-use crate::git::cli::GitCli;
+use crate::git::cli::GitMutations;
 use crate::store::Db;
 
 /// What every domain operation needs: storage, configuration and this process generation's id.
@@ -27,7 +27,7 @@ pub struct Ctx {
     /// Changes with every server start (I26); stamped on every event.
     pub instance_id: Uuid,
     /// The one way berth mutates git: timeouts and a process-wide concurrency cap.
-    pub git: GitCli,
+    pub git: Arc<dyn GitMutations>,
     /// Live fan-out of committed events.
     pub events: Arc<crate::events::Hub>,
     /// The agent processes of this server.

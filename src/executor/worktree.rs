@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{ManagedPath, ManagedRoot};
-use crate::git::{self, cli::GitCli};
+use crate::git::{self, cli::GitMutations};
 
 /// What to create for one repository slot.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 /// Creates (or adopts) every slot in order. On the first failure, removes what this attempt created and
 /// returns the failure; nothing it did not create is touched.
 pub async fn materialize(
-    git: &GitCli,
+    git: &dyn GitMutations,
     root: &ManagedRoot,
     task_dir: &str,
     plans: &[SlotPlan],
@@ -77,7 +77,7 @@ pub async fn materialize(
 }
 
 async fn materialize_slot(
-    git: &GitCli,
+    git: &dyn GitMutations,
     root: &ManagedRoot,
     task_dir: &str,
     plan: &SlotPlan,
@@ -168,7 +168,7 @@ fn registration_is_complete(target: &Path, common: &Path) -> Result<(), String> 
 }
 
 /// Removes the worktrees this attempt created (never `--force`; branches are kept, a retry reuses them).
-pub async fn compensate(git: &GitCli, done: &[Materialized]) {
+pub async fn compensate(git: &dyn GitMutations, done: &[Materialized]) {
     for m in done.iter().rev() {
         if let Some((repo, target)) = &m.created {
             remove_created(git, repo, target).await;
@@ -176,7 +176,7 @@ pub async fn compensate(git: &GitCli, done: &[Materialized]) {
     }
 }
 
-async fn remove_created(git: &GitCli, repo: &Path, target: &ManagedPath) {
+async fn remove_created(git: &dyn GitMutations, repo: &Path, target: &ManagedPath) {
     if let Err(e) = git.worktree_remove(repo, target).await {
         tracing::warn!(path = %target.as_path().display(), error = %e, "could not remove a worktree this attempt created; a retry adopts it");
     }

@@ -61,9 +61,34 @@ impl GitCli {
             Err(GitError::Failed { op, stderr })
         }
     }
+}
 
+/// Every git mutation berth makes (and the one status read that needs the CLI), behind one trait.
+/// `GitCli` is the implementation: the `git` binary, with a timeout and a concurrency cap.
+#[async_trait::async_trait]
+pub trait GitMutations: Send + Sync {
+    /// `git worktree add`: on a new branch from `base` when given, else on the existing `branch`.
+    async fn worktree_add(
+        &self,
+        repo: &Path,
+        target: &ManagedPath,
+        branch: &str,
+        base: Option<&str>,
+    ) -> Result<(), GitError>;
+    /// `git worktree remove` without `--force`: git refuses a worktree with changes, which is the point.
+    async fn worktree_remove(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError>;
+    /// `git worktree remove --force`: only with consent recorded in a cleanup job's snapshot (I11).
+    async fn worktree_remove_consented(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError>;
+    /// `git worktree prune`, scoped to one repository.
+    async fn worktree_prune(&self, repo: &Path) -> Result<(), GitError>;
+    /// How many files differ from HEAD or are untracked, without taking the index lock or writing it.
+    async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError>;
+}
+
+#[async_trait::async_trait]
+impl GitMutations for GitCli {
     /// `git worktree add`: on a new branch from `base` when `new_branch`, else on the existing `branch`.
-    pub async fn worktree_add(
+    async fn worktree_add(
         &self,
         repo: &Path,
         target: &ManagedPath,
@@ -89,7 +114,7 @@ impl GitCli {
     }
 
     /// `git worktree remove` without `--force`: git refuses a worktree with changes, which is the point.
-    pub async fn worktree_remove(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError> {
+    async fn worktree_remove(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError> {
         let target = target.as_path().to_string_lossy().into_owned();
         self.run("worktree remove", repo, &["worktree", "remove", "--", &target])
             .await?;
@@ -97,7 +122,7 @@ impl GitCli {
     }
 
     /// `git worktree remove --force`: only with consent recorded in a cleanup job's snapshot (I11).
-    pub async fn worktree_remove_consented(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError> {
+    async fn worktree_remove_consented(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError> {
         let target = target.as_path().to_string_lossy().into_owned();
         self.run(
             "worktree remove",
@@ -109,13 +134,13 @@ impl GitCli {
     }
 
     /// `git worktree prune`, scoped to one repository: forgets registrations whose directory is gone.
-    pub async fn worktree_prune(&self, repo: &Path) -> Result<(), GitError> {
+    async fn worktree_prune(&self, repo: &Path) -> Result<(), GitError> {
         self.run("worktree prune", repo, &["worktree", "prune"]).await?;
         Ok(())
     }
 
     /// How many files differ from HEAD or are untracked, without taking the index lock or writing it.
-    pub async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError> {
+    async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError> {
         let out = self
             .run(
                 "status",
