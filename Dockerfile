@@ -18,17 +18,21 @@ WORKDIR /build
 #    (slow) dependency build is cached until Cargo.toml/Cargo.lock change.
 COPY Cargo.toml Cargo.lock ./
 COPY migration/Cargo.toml migration/Cargo.toml
-RUN mkdir -p src migration/src \
+# Every target the manifest declares must exist, even those not built here (the test agent, the bench).
+RUN mkdir -p src/bin migration/src benches \
  && echo 'fn main() {}' > src/main.rs \
+ && echo 'fn main() {}' > src/bin/berth-test-agent.rs \
+ && echo 'fn main() {}' > benches/git_status_read.rs \
  && touch src/lib.rs migration/src/lib.rs \
  && cargo build --release --locked --bin berth \
- && rm -rf src migration/src
+ && rm -rf src migration/src benches
 
 # 2. Real sources. COPY keeps the context's mtimes, which may be older than
 #    the stub build; touch them so cargo rebuilds berth and migration.
 COPY src ./src
 COPY migration/src ./migration/src
-RUN find src migration/src -type f -exec touch {} + \
+COPY benches ./benches
+RUN find src migration/src benches -type f -exec touch {} + \
  && cargo build --release --locked --bin berth \
  && cp target/release/berth /berth
 
