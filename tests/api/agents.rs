@@ -947,7 +947,7 @@ async fn a_snapshot_then_the_stream_loses_nothing_while_an_agent_streams(app: Te
     wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
     app.post(
         &format!("/api/v1/sessions/{id}/messages"),
-        json!({"text": "stream 200"}),
+        json!({"text": "stream 500"}),
     )
     .await
     .ok(202);
@@ -967,28 +967,20 @@ async fn a_snapshot_then_the_stream_loses_nothing_while_an_agent_streams(app: Te
             break;
         }
     }
-    let page = app
-        .get(&format!("/api/v1/events?after={from}&limit=1000"))
-        .await
-        .ok(200);
-    let committed: Vec<i64> = page["events"]
-        .as_array()
-        .unwrap()
+    let events = all_events(&app).await;
+    let committed: Vec<i64> = events
         .iter()
         .map(|e| e["seq"].as_i64().unwrap())
-        .filter(|s| *s <= *streamed.last().unwrap())
+        .filter(|s| *s > from && *s <= *streamed.last().unwrap())
         .collect();
     assert_eq!(streamed, committed, "every event after the snapshot, once, in order");
     assert!(!streamed.is_empty(), "output arrived live after the snapshot");
     // Together, what preceded the snapshot and what streamed after it hold the whole turn.
-    let all = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
-    let chunks = all["events"]
-        .as_array()
-        .unwrap()
+    let chunks = events
         .iter()
         .filter(|e| e["session_id"] == id.to_string() && e["data"]["event"]["type"] == "message_update")
         .count();
-    assert_eq!(chunks, 200);
+    assert_eq!(chunks, 500);
     let done = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
     assert_eq!(done["statistics"]["input_tokens"], 10);
     assert_eq!(done["statistics"]["output_tokens"], 20);
@@ -1025,4 +1017,22 @@ async fn a_launch_cut_off_by_a_crash_is_restored(app: TestApp) {
     assert_ne!(after["execution_id"], s["execution_id"]);
     ctx.runtime.stop_all().await;
     restarted.background().iter().for_each(|h| h.abort());
+}
+
+/// Every event, through replay pages.
+async fn all_events(app: &TestApp) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = app
+            .get(&format!("/api/v1/events?after={after}&limit=1000"))
+            .await
+            .ok(200);
+        let events = page["events"].as_array().unwrap().clone();
+        if events.is_empty() {
+            return out;
+        }
+        after = events.last().unwrap()["seq"].as_i64().unwrap();
+        out.extend(events);
+    }
 }
