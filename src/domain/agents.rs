@@ -1,6 +1,5 @@
 //! Agents on sessions: launch and resume through admission (I15-I17), messages, stop (I28), restore
 //! after a restart, and what the runtime's reports mean for a session's state.
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
@@ -16,7 +15,7 @@ use crate::entity::agent_execution as execution;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
 use crate::entity::task_session::{self as session, SessionState};
-use crate::entity::{repository, session_message, task, task_repository};
+use crate::entity::{session_message, task};
 use crate::events::{self, Subject};
 use crate::executor::admission::{self, AdmittedWorkspace, Candidate, Refusal};
 use crate::runtime::{RuntimeEvent, SpawnError};
@@ -330,21 +329,11 @@ async fn admit(
         .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
         .all(&ctx.db.conn)
         .await?;
-    let slots = task_repository::Entity::find()
-        .filter(task_repository::Column::TaskId.eq(owner.id))
-        .all(&ctx.db.conn)
-        .await?;
-    let repos: HashMap<Uuid, repository::Model> = repository::Entity::find()
-        .filter(repository::Column::Id.is_in(slots.iter().map(|s| s.repository_id)))
-        .all(&ctx.db.conn)
+    let slots: Vec<admission::Slot> = environments::slots_with_repositories(&ctx.db.conn, owner.id)
         .await?
-        .into_iter()
-        .map(|r| (r.id, r))
-        .collect();
-    let slots: Vec<admission::Slot> = slots
         .iter()
-        .filter_map(|slot| {
-            repos.get(&slot.repository_id).map(|r| admission::Slot {
+        .filter_map(|(slot, repo)| {
+            repo.as_ref().map(|r| admission::Slot {
                 repository_id: slot.repository_id,
                 branch_slug: slot.branch_slug.clone(),
                 common_git_dir: PathBuf::from(&r.common_git_dir),

@@ -310,11 +310,24 @@ async fn subtree<C: ConnectionTrait>(
     Ok(out)
 }
 
-/// Stops the live agents of these sessions (before anything is touched, I8).
-async fn stop_agents(ctx: &Ctx, sessions: impl IntoIterator<Item = Uuid>) {
-    for id in sessions {
-        ctx.runtime.stop(id).await;
+/// Stops the live agents of the jobs' sessions (before anything is touched, I8).
+async fn stop_agents(ctx: &Ctx, jobs: &[job::Model]) {
+    for j in jobs {
+        for id in snapshot_of(j).map(|s| s.sessions).unwrap_or_default() {
+            ctx.runtime.stop(id).await;
+        }
     }
+}
+
+/// After the mutation: if it did not commit, its prepared jobs are cancelled (I6); if it did, the
+/// workers are woken for the now pending jobs.
+async fn settle(ctx: &Ctx, jobs: &[job::Model], mutation: Result<()>) -> Result<()> {
+    if let Err(e) = mutation {
+        cancel_prepared(ctx, jobs).await;
+        return Err(e);
+    }
+    ctx.cleanup_wake.notify_waiters();
+    Ok(())
 }
 
 pub async fn archive(
@@ -344,11 +357,7 @@ pub async fn archive(
     }
     ctx.commit(txn).await?;
     // 2. Stop the agents, then the mutation, which activates the jobs.
-    let sessions: Vec<Uuid> = jobs
-        .iter()
-        .flat_map(|j| snapshot_of(j).map(|s| s.sessions).unwrap_or_default())
-        .collect();
-    stop_agents(ctx, sessions).await;
+    stop_agents(ctx, &jobs).await;
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
         lock_in_order(&txn, &tasks).await?;
@@ -376,11 +385,7 @@ pub async fn archive(
         ctx.commit(txn).await
     }
     .await;
-    if let Err(e) = result {
-        cancel_prepared(ctx, &jobs).await;
-        return Err(e);
-    }
-    ctx.cleanup_wake.notify_waiters();
+    settle(ctx, &jobs, result).await?;
     Ok((super::tasks::get(ctx, p, task_id).await?, jobs))
 }
 
@@ -497,11 +502,7 @@ pub(crate) async fn delete_tasks(
         jobs.push(prepare(&txn, ctx, &t, trigger(&t), discard, true).await?);
     }
     ctx.commit(txn).await?;
-    let sessions: Vec<Uuid> = jobs
-        .iter()
-        .flat_map(|j| snapshot_of(j).map(|s| s.sessions).unwrap_or_default())
-        .collect();
-    stop_agents(ctx, sessions).await;
+    stop_agents(ctx, &jobs).await;
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
         lock_in_order(&txn, tasks).await?;
@@ -536,11 +537,7 @@ pub(crate) async fn delete_tasks(
         ctx.commit(txn).await
     }
     .await;
-    if let Err(e) = result {
-        cancel_prepared(ctx, &jobs).await;
-        return Err(e);
-    }
-    ctx.cleanup_wake.notify_waiters();
+    settle(ctx, &jobs, result).await?;
     Ok(jobs)
 }
 
@@ -793,11 +790,7 @@ pub async fn reset_environment(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Resul
         ctx.commit(txn).await
     }
     .await;
-    if let Err(e) = result {
-        cancel_prepared(ctx, &jobs).await;
-        return Err(e);
-    }
-    ctx.cleanup_wake.notify_waiters();
+    settle(ctx, &jobs, result).await?;
     Ok(jobs.remove(0))
 }
 
@@ -839,11 +832,7 @@ pub async fn delete_workspace(
     .exec(&txn)
     .await?;
     ctx.commit(txn).await?;
-    let sessions: Vec<Uuid> = jobs
-        .iter()
-        .flat_map(|j| snapshot_of(j).map(|s| s.sessions).unwrap_or_default())
-        .collect();
-    stop_agents(ctx, sessions).await;
+    stop_agents(ctx, &jobs).await;
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
         // Children of the cascade first: tasks (with their environments), then repositories, then the row.
@@ -868,11 +857,7 @@ pub async fn delete_workspace(
         ctx.commit(txn).await
     }
     .await;
-    if let Err(e) = result {
-        cancel_prepared(ctx, &jobs).await;
-        return Err(e);
-    }
-    ctx.cleanup_wake.notify_waiters();
+    settle(ctx, &jobs, result).await?;
     Ok(jobs)
 }
 

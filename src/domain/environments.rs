@@ -687,24 +687,43 @@ async fn fail(
     Ok(())
 }
 
-/// The slots of the owner task, resolved against their repositories, in workspace order.
-async fn plans(ctx: &Ctx, owner: &task::Model, task_dir: &str) -> Result<Vec<worktree::SlotPlan>> {
+/// A task's repository slots in workspace order, each with its repository (if still registered).
+pub(crate) async fn slots_with_repositories<C: ConnectionTrait>(
+    conn: &C,
+    task_id: Uuid,
+) -> Result<Vec<(task_repository::Model, Option<repository::Model>)>> {
     let slots = task_repository::Entity::find()
-        .filter(task_repository::Column::TaskId.eq(owner.id))
+        .filter(task_repository::Column::TaskId.eq(task_id))
         .order_by_asc(task_repository::Column::Position)
-        .all(&ctx.db.conn)
+        .all(conn)
         .await?;
     let repos: HashMap<Uuid, repository::Model> = repository::Entity::find()
         .filter(repository::Column::Id.is_in(slots.iter().map(|s| s.repository_id)))
-        .all(&ctx.db.conn)
+        .all(conn)
         .await?
         .into_iter()
         .map(|r| (r.id, r))
         .collect();
+    Ok(slots
+        .into_iter()
+        .map(|s| {
+            let repo = repos.get(&s.repository_id).cloned();
+            (s, repo)
+        })
+        .collect())
+}
+
+/// The slots of the owner task, resolved against their repositories, in workspace order.
+async fn plans(ctx: &Ctx, owner: &task::Model, task_dir: &str) -> Result<Vec<worktree::SlotPlan>> {
+    let slots = slots_with_repositories(&ctx.db.conn, owner.id).await?;
     let mut plans = Vec::with_capacity(slots.len());
-    for slot in &slots {
-        let repo = repos.get(&slot.repository_id).ok_or(Error::NotFound("repository"))?;
-        let repeated = slots.iter().filter(|s| s.repository_id == slot.repository_id).count() > 1;
+    for (slot, repo) in &slots {
+        let repo = repo.as_ref().ok_or(Error::NotFound("repository"))?;
+        let repeated = slots
+            .iter()
+            .filter(|(s, _)| s.repository_id == slot.repository_id)
+            .count()
+            > 1;
         plans.push(worktree::SlotPlan {
             repository_id: repo.id,
             repository_name: repo.name.clone(),
