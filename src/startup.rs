@@ -110,7 +110,12 @@ impl Application {
                 .split_for_parts();
             api::finish_spec(&mut spec);
             app.service(web::redirect("/docs", "/docs/"))
-                .service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", spec))
+                .service(
+                    SwaggerUi::new("/docs/{_:.*}")
+                        .url("/openapi.json", spec)
+                        // The default validator is an online service: the docs page must work offline.
+                        .config(utoipa_swagger_ui::Config::default().validator_url("none")),
+                )
                 .default_service(web::to(api::not_found))
                 .wrap(TracingLogger::<BerthRootSpan>::new())
                 .wrap(from_fn(request_id_and_metrics))

@@ -59,6 +59,35 @@ pub async fn append(
     data: serde_json::Value,
 ) -> Result<i64, DbErr> {
     let backend = txn.get_database_backend();
+    if backend == DbBackend::Postgres {
+        // One round trip: take the next seq, insert the event, and notify the listeners at commit
+        // (issue 9: an event was three statements; every write pays for it).
+        let row = txn
+            .query_one_raw(Statement::from_sql_and_values(
+                backend,
+                format!(
+                    "WITH s AS (UPDATE event_sequence SET last_seq = last_seq + 1 WHERE id = 1 RETURNING last_seq), \
+                     e AS (INSERT INTO events (seq, instance_id, type, workspace_id, task_id, session_id, \
+                     task_environment_id, execution_id, data, created_at) \
+                     SELECT last_seq, $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM s RETURNING seq) \
+                     SELECT e.seq FROM e, LATERAL (SELECT pg_notify('{PG_CHANNEL}', '')) AS n"
+                ),
+                [
+                    instance_id.into(),
+                    event_type.into(),
+                    subject.workspace_id.into(),
+                    subject.task_id.into(),
+                    subject.session_id.into(),
+                    subject.task_environment_id.into(),
+                    subject.execution_id.into(),
+                    data.into(),
+                    crate::domain::now().into(),
+                ],
+            ))
+            .await?
+            .ok_or_else(|| DbErr::Custom("event_sequence has no row".into()))?;
+        return row.try_get("", "seq");
+    }
     let row = txn
         .query_one_raw(Statement::from_string(
             backend,
@@ -81,14 +110,6 @@ pub async fn append(
     })
     .exec_without_returning(txn)
     .await?;
-    if backend == DbBackend::Postgres {
-        // Delivered at commit (and only then) to every replica's listener.
-        txn.execute_raw(Statement::from_string(
-            backend,
-            format!("SELECT pg_notify('{PG_CHANNEL}', '')"),
-        ))
-        .await?;
-    }
     Ok(seq)
 }
 

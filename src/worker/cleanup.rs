@@ -41,11 +41,19 @@ enum Outcome {
 /// One worker, forever.
 pub async fn run(ctx: Ctx, index: usize) {
     let owner = format!("{}/{}/{index}", ctx.config.node_id, ctx.instance_id);
+    let mut reconciled: Option<std::time::Instant> = None;
     loop {
-        if let Err(e) = reconcile_prepared(&ctx).await {
-            tracing::warn!(error = %e, "reconciling prepared cleanup jobs failed");
+        // Prepared jobs are reconciled only after a grace of minutes: once per poll interval is enough,
+        // and a busy worker does not pay a query per job for it (issue 9: 35% -> see BENCHMARKS.md).
+        if reconciled.is_none_or(|at| at.elapsed() >= ctx.config.cleanup_poll) {
+            if let Err(e) = reconcile_prepared(&ctx).await {
+                tracing::warn!(error = %e, "reconciling prepared cleanup jobs failed");
+            }
+            reconciled = Some(std::time::Instant::now());
         }
         match claim(&ctx, &owner).await {
+            // Finished inside the claim: nothing physical was left to do.
+            Ok(Some(j)) if j.state != "running" => {}
             Ok(Some(j)) => process(&ctx, &owner, j).await,
             Ok(None) => {
                 let _ = tokio::time::timeout(ctx.config.cleanup_poll, ctx.cleanup_wake.notified()).await;
@@ -86,13 +94,29 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>, sea_orm
         return Ok(None);
     };
     let lease = chrono::Duration::from_std(ctx.config.cleanup_lease).unwrap_or(chrono::Duration::minutes(5));
-    let claimed = job::Model {
-        state: "running".into(),
-        attempts: found.attempts + 1,
-        lease_owner: Some(owner.to_string()),
-        lease_expires_at: Some(now + lease),
-        updated_at: now,
-        ..found.clone()
+    let claimed = if nothing_to_do(&found) {
+        // No process to stop and no environment to remove: the job is done in the claim's own
+        // transaction (atomic, so no lease is needed), one commit and one event instead of two.
+        job::Model {
+            state: "succeeded".into(),
+            attempts: found.attempts + 1,
+            lease_owner: None,
+            lease_expires_at: None,
+            next_attempt_at: None,
+            last_error: None,
+            completed_at: Some(now),
+            updated_at: now,
+            ..found.clone()
+        }
+    } else {
+        job::Model {
+            state: "running".into(),
+            attempts: found.attempts + 1,
+            lease_owner: Some(owner.to_string()),
+            lease_expires_at: Some(now + lease),
+            updated_at: now,
+            ..found.clone()
+        }
     };
     job::Entity::update(job::ActiveModel {
         id: Set(claimed.id),
@@ -100,6 +124,9 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>, sea_orm
         attempts: Set(claimed.attempts),
         lease_owner: Set(claimed.lease_owner.clone()),
         lease_expires_at: Set(claimed.lease_expires_at),
+        next_attempt_at: Set(claimed.next_attempt_at),
+        last_error: Set(claimed.last_error.clone()),
+        completed_at: Set(claimed.completed_at),
         updated_at: Set(now),
         ..Default::default()
     })
@@ -116,6 +143,13 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>, sea_orm
         .claim_latency_ms
         .fetch_add((now - due_at).num_milliseconds().max(0) as u64, Ordering::Relaxed);
     Ok(Some(claimed))
+}
+
+/// A job whose snapshot holds no session and no environment, and whose trigger needs no re-check
+/// (archive jobs first check that the task is still archived): executing it would change nothing.
+fn nothing_to_do(j: &job::Model) -> bool {
+    !matches!(j.trigger.as_str(), "archive" | "cascade_archive")
+        && cleanup::snapshot_of(j).is_ok_and(|s| s.environment.is_none() && s.sessions.is_empty())
 }
 
 async fn process(ctx: &Ctx, owner: &str, j: job::Model) {

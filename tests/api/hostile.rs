@@ -1,0 +1,270 @@
+//! Hostile input (issue 10, part 5): tokens, paths, branch names and connections crafted to break berth.
+//! Each answer is a clean 4xx (never a 5xx or a hang), nothing is written, and the server keeps serving.
+use std::time::Duration;
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::helpers::{Backend, SECRET, TestApp, git_repo, worktrees_of};
+
+both_backends!(
+    a_public_key_is_never_accepted_as_an_hmac_secret,
+    huge_tokens_are_refused_cleanly,
+    nul_bytes_and_invalid_utf8_in_paths_are_refused,
+    option_like_branch_names_never_reach_git,
+    two_thousand_idle_connections_do_not_take_the_server_down,
+);
+
+fn claims(extra: Value) -> Value {
+    let now = chrono::Utc::now().timestamp();
+    let mut c =
+        json!({"sub": "mallory", "scope": "admin", "exp": now + 600, "iat": now, "iss": "berth", "aud": "berth-api"});
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    c
+}
+
+fn openssl(args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// Algorithm confusion: with an Ed25519 public key configured, an HS256 token whose HMAC key is that
+// public key (which anyone has) must not pass, nor `alg: none`; a token signed with the private key does.
+async fn a_public_key_is_never_accepted_as_an_hmac_secret(app: TestApp) {
+    let backend = app.backend;
+    drop(app);
+    let keys = tempfile::TempDir::new().unwrap();
+    let private = keys.path().join("private.pem");
+    let public = keys.path().join("public.pem");
+    openssl(&["genpkey", "-algorithm", "ed25519", "-out", private.to_str().unwrap()]);
+    openssl(&[
+        "pkey",
+        "-in",
+        private.to_str().unwrap(),
+        "-pubout",
+        "-out",
+        public.to_str().unwrap(),
+    ]);
+    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_JWT_PUBLIC_KEY_FILE", public.to_str().unwrap())]).await
+    else {
+        return;
+    };
+    let public_pem = std::fs::read(&public).unwrap();
+    let confused = encode(
+        &Header::new(Algorithm::HS256),
+        &claims(json!({})),
+        &EncodingKey::from_secret(&public_pem).unwrap(),
+    )
+    .unwrap();
+    // The same confusion with the key's base64 body only (what some libraries feed to HMAC).
+    let body: String = String::from_utf8(public_pem.clone())
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    let confused_body = encode(
+        &Header::new(Algorithm::HS256),
+        &claims(json!({})),
+        &EncodingKey::from_secret(body.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    // And the shared secret the other tests use: a public-key server must not fall back to it.
+    let old_secret = encode(
+        &Header::new(Algorithm::HS256),
+        &claims(json!({})),
+        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let none = format!(
+        "{}.{}.",
+        b64.encode(r#"{"alg":"none","typ":"JWT"}"#),
+        b64.encode(claims(json!({})).to_string())
+    );
+    for (case, token) in [
+        ("HS256 keyed with the public key PEM", confused),
+        ("HS256 keyed with the public key body", confused_body),
+        ("HS256 with a shared secret", old_secret),
+        ("alg none", none),
+    ] {
+        let r = app.call(Method::GET, "/api/v1/workspaces", Some(&token), None).await;
+        assert_eq!(r.status.as_u16(), 401, "{case}: {}", r.text);
+        r.problem(401, "unauthenticated");
+    }
+    // The control: the private key's signature passes, so the refusals above are about the algorithm.
+    let good = encode(
+        &Header::new(Algorithm::EdDSA),
+        &claims(json!({})),
+        &EncodingKey::from_ed_pem(&std::fs::read(&private).unwrap()).unwrap(),
+    )
+    .unwrap();
+    app.call(Method::GET, "/api/v1/workspaces", Some(&good), None)
+        .await
+        .ok(200);
+}
+
+// A token with enormous claims: refused before anything heavy happens, with a 4xx; the server goes on.
+async fn huge_tokens_are_refused_cleanly(app: TestApp) {
+    let key = EncodingKey::from_secret(SECRET.as_bytes()).unwrap();
+    for size in [20_000usize, 200_000, 2_000_000] {
+        let padded = encode(
+            &Header::new(Algorithm::HS256),
+            &claims(json!({"pad": "x".repeat(size), "scope": "admin ".repeat(size / 6)})),
+            &key,
+        )
+        .unwrap();
+        // A client of its own: the server may close this connection, which must not affect others.
+        let r = reqwest::Client::new()
+            .get(format!("{}/api/v1/workspaces", app.base))
+            .bearer_auth(&padded)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await;
+        if let Ok(r) = r {
+            let status = r.status().as_u16();
+            assert!(
+                (400..500).contains(&status) || status == 200,
+                "{size}-byte claims: {status}"
+            );
+        }
+        // Either way (answered or connection closed), the server still serves.
+        app.get("/api/v1/workspaces").await.ok(200);
+    }
+    // Thousands of scopes, each unknown: a 401, not a crash or a slow parse.
+    let many = encode(
+        &Header::new(Algorithm::HS256),
+        &claims(json!({"scope": (0..2000).map(|i| format!("s{i}")).collect::<Vec<_>>().join(" ")})),
+        &key,
+    )
+    .unwrap();
+    let r = app.call(Method::GET, "/api/v1/workspaces", Some(&many), None).await;
+    assert!(matches!(r.status.as_u16(), 401 | 403), "{}", r.text);
+}
+
+// NUL bytes and other bytes no path may hold: a 422 (or 400 for a body that is not UTF-8), nothing stored.
+async fn nul_bytes_and_invalid_utf8_in_paths_are_refused(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let repo = git_repo(&app.scratch.path().join("svc"), "main");
+    let path = format!("/api/v1/workspaces/{ws}/repositories");
+    for bad in [
+        format!("{}\u{0}", repo.display()),
+        format!("{}\u{0}/../etc", repo.display()),
+        "\u{0}".to_string(),
+        format!("{}/\u{202e}gpj", repo.display()),
+    ] {
+        let r = app.post(&path, json!({ "path": bad })).await;
+        assert_eq!(r.status.as_u16(), 422, "{bad:?}: {}", r.text);
+        assert!(!r.text.contains('\u{0}'), "the refusal echoes the NUL byte");
+    }
+    let r = app.post(&path, json!({"path": repo, "name": "a\u{0}b"})).await;
+    r.problem(422, "validation_failed");
+    // Bytes that are not UTF-8 cannot be JSON: 400 and nothing stored.
+    let mut raw = br#"{"path": "/tmp/"#.to_vec();
+    raw.extend_from_slice(&[0xff, 0xfe, 0x80]);
+    raw.extend_from_slice(br#""}"#);
+    let r = app
+        .client
+        .post(format!("{}{path}", app.base))
+        .bearer_auth(&app.admin)
+        .header("content-type", "application/json")
+        .body(raw)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(app.count("repositories").await, 0);
+}
+
+// Branch names that look like options, or that git refuses, are refused before git runs; the marker a
+// `--upload-pack` payload would create never appears and the repository's worktrees are untouched.
+async fn option_like_branch_names_never_reach_git(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let repo = git_repo(&app.scratch.path().join("svc"), "main");
+    let marker = app.scratch.path().join("pwned");
+    let repository = crate::helpers::id_of(
+        &app.post(&format!("/api/v1/workspaces/{ws}/repositories"), json!({"path": repo}))
+            .await
+            .ok(201),
+    );
+    let before = worktrees_of(&repo);
+    for branch in [
+        "-f".to_string(),
+        "--force".to_string(),
+        format!("--upload-pack=touch {}", marker.display()),
+        format!("--exec=touch {}", marker.display()),
+        "-b".to_string(),
+        "a..b".to_string(),
+        "feature/x.lock".to_string(),
+        "ref with space".to_string(),
+        "\u{0}".to_string(),
+    ] {
+        let r = app
+            .post(
+                &format!("/api/v1/workspaces/{ws}/tasks"),
+                json!({"title": "t", "repositories": [{"repository_id": repository, "branch": branch}]}),
+            )
+            .await;
+        r.problem(422, "validation_failed");
+        let r = app
+            .post(
+                &format!("/api/v1/workspaces/{ws}/tasks"),
+                json!({"title": "t", "repositories": [{"repository_id": repository, "base_branch": branch}]}),
+            )
+            .await;
+        assert_eq!(r.status.as_u16(), 422, "base_branch {branch:?}: {}", r.text);
+    }
+    assert_eq!(app.count("tasks").await, 0);
+    assert!(!marker.exists(), "an option-like branch reached git");
+    assert_eq!(worktrees_of(&repo), before);
+    // A branch that merely contains a dash after the first character is fine, and works end to end.
+    let t = app
+        .post(
+            &format!("/api/v1/workspaces/{ws}/tasks"),
+            json!({"title": "t", "repositories": [{"repository_id": repository, "branch": "fix-f--force"}]}),
+        )
+        .await
+        .ok(201);
+    app.session(crate::helpers::id_of(&t), "worktree").await;
+    assert!(worktrees_of(&repo).len() == before.len() + 1);
+    assert!(!marker.exists());
+}
+
+// 2,000 idle connections (and some that send half a request and stall) do not stop the server from
+// answering a normal request; the stalled ones are timed out and closed.
+async fn two_thousand_idle_connections_do_not_take_the_server_down(app: TestApp) {
+    if app.backend == Backend::Postgres {
+        return; // the database plays no part: once is enough
+    }
+    use tokio::io::AsyncWriteExt;
+    let addr = app.base.trim_start_matches("http://").to_string();
+    let mut idle = Vec::with_capacity(2000);
+    for i in 0..2000 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        if i % 4 == 0 {
+            let _ = s.write_all(b"GET /api/v1/workspaces HTTP/1.1\r\nHost: x\r\n").await;
+        }
+        idle.push(s);
+    }
+    let r = tokio::time::timeout(Duration::from_secs(30), app.get("/api/v1/workspaces"))
+        .await
+        .expect("answered while 2,000 connections idle");
+    r.ok(200);
+    let r = tokio::time::timeout(Duration::from_secs(30), app.get("/readyz"))
+        .await
+        .expect("ready");
+    assert_eq!(r.status.as_u16(), 200);
+    drop(idle);
+    app.get("/api/v1/workspaces").await.ok(200);
+}
