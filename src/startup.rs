@@ -9,7 +9,7 @@ use utoipa::OpenApi;
 use utoipa_actix_web::AppExt;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::api::middleware::{BerthRootSpan, request_id_and_metrics};
+use crate::api::middleware::{BerthRootSpan, reject_nul_text, request_id_and_metrics};
 use crate::api::{self, ApiDoc, AppState, problem};
 use crate::auth::JwtVerifier;
 use crate::config::Config;
@@ -80,6 +80,11 @@ impl Application {
         if restored > 0 {
             tracing::info!(restored, "relaunched open sessions");
         }
+        match crate::domain::environments::recover_abandoned(&ctx).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(recovered = n, "took over materializations a previous process abandoned"),
+            Err(e) => tracing::warn!(error = %e, "recovering abandoned materializations failed"),
+        }
         if ctx.runtime.live_count() >= 6 {
             tracing::warn!(
                 open = ctx.runtime.live_count(),
@@ -117,6 +122,7 @@ impl Application {
                         .config(utoipa_swagger_ui::Config::default().validator_url("none")),
                 )
                 .default_service(web::to(api::not_found))
+                .wrap(from_fn(reject_nul_text))
                 .wrap(TracingLogger::<BerthRootSpan>::new())
                 .wrap(from_fn(request_id_and_metrics))
         })

@@ -20,6 +20,34 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(cancel_job);
 }
 
+/// Where a cleanup job is in its life (documents the `state` strings; generated clients get an enum).
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum CleanupJobState {
+    Prepared,
+    Pending,
+    Running,
+    RetryWait,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+/// The lifecycle operation that wrote a cleanup job.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum CleanupJobTrigger {
+    Archive,
+    Delete,
+    CascadeArchive,
+    CascadeDelete,
+    WorkspaceDelete,
+    QuickChatExpire,
+    EnvironmentReset,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CleanupJob {
     pub id: Uuid,
@@ -29,8 +57,10 @@ pub struct CleanupJob {
     pub task_environment_id: Option<Uuid>,
     /// `archive`, `delete`, `cascade_archive`, `cascade_delete`, `workspace_delete`, `quick_chat_expire`,
     /// `environment_reset`.
+    #[schema(value_type = CleanupJobTrigger)]
     pub trigger: String,
     /// `prepared`, `pending`, `running`, `retry_wait`, `succeeded`, `failed`, `cancelled`.
+    #[schema(value_type = CleanupJobState)]
     pub state: String,
     pub attempts: i32,
     pub max_attempts: i32,
@@ -125,9 +155,13 @@ pub struct CleanupJobList {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct JobQuery {
+    #[param(value_type = Option<CleanupJobState>)]
     pub state: Option<String>,
     pub task_id: Option<Uuid>,
+    #[param(value_type = Option<CleanupJobTrigger>)]
     pub trigger: Option<String>,
+    /// Page size, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u64>,
     pub cursor: Option<String>,
 }

@@ -86,17 +86,35 @@ impl From<ReplayPage> for EventPage {
 #[into_params(parameter_in = Query)]
 pub struct ReplayQuery {
     /// The last seq the client saw (default 0).
+    #[param(value_type = Option<i64>, minimum = 0)]
     pub after: Option<String>,
     /// The instance the client's state came from.
     pub instance_id: Option<Uuid>,
     /// 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u64>,
+}
+
+/// One server-sent event frame, as SSE parsers present it (`data` of a `message` is one `Event` as JSON).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct SseFrame {
+    /// `message` (an event), `ready` (replay done, live events follow) or `reset` (reload snapshots).
+    #[schema(pattern = "^(message|ready|reset)$")]
+    event: Option<String>,
+    /// The event's seq.
+    id: Option<String>,
+    retry: Option<i64>,
+    /// An `Event` as JSON for `message` frames.
+    #[schema(content_media_type = "application/json")]
+    data: Option<String>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct StreamQuery {
     /// The last seq the client saw (default 0); the `Last-Event-ID` header overrides it.
+    #[param(value_type = Option<i64>, minimum = 0)]
     pub after: Option<String>,
     /// The instance the client's state came from.
     pub instance_id: Option<Uuid>,
@@ -126,7 +144,7 @@ async fn replay_events(
     responses((
         status = 200,
         description = "`text/event-stream`: the events after the cursor (SSE `id` is the seq), then `event: ready`, then live events. `event: reset` means reload snapshots; the stream ends after it. A `: keep-alive` comment every 15 s.",
-        body = String,
+        body = SseFrame,
         content_type = "text/event-stream"
     ))
 )]

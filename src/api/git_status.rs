@@ -115,6 +115,7 @@ async fn environment_status(
     responses(
         (status = 201, description = "Recorded (an observation older than the current one is kept as history or ignored, and changes nothing)", body = GitStatus),
         (status = 404, description = "No such environment, or not the token's session's (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Only a ready environment takes observations (`conflict`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A repository or session of another environment, a future observed_at, too many files (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
     )
 )]

@@ -75,3 +75,48 @@ impl RootSpanBuilder for BerthRootSpan {
         DefaultRootSpanBuilder::on_request_end(span, outcome);
     }
 }
+
+/// NUL is not text: PostgreSQL cannot store it and SQLite would, so both refuse it here, in one place,
+/// before any handler runs (a 422 that changed nothing). Bodies are checked when their length is known
+/// and within the body limit (larger ones get their 413 from the JSON extractor); query strings always.
+pub async fn reject_nul_text(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody + 'static>, Error> {
+    use crate::domain::error::Error as DomainError;
+    if req.query_string().contains("%00") {
+        return Err(DomainError::invalid("query", "must not contain NUL characters").into());
+    }
+    let limit = req
+        .app_data::<web::Data<AppState>>()
+        .map(|s| s.ctx.config.max_body_bytes)
+        .unwrap_or(0);
+    let length = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if let Some(n) = length
+        && n > 0
+        && n <= limit
+    {
+        let body = req.extract::<web::Bytes>().await?;
+        // Only JSON can smuggle NUL (as `\u0000`); what does not parse is the extractor's to refuse.
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&body)
+            && holds_nul(&value)
+        {
+            return Err(DomainError::invalid("body", "text must not contain NUL (\\u0000) characters").into());
+        }
+        req.set_payload(actix_web::dev::Payload::from(body));
+    }
+    next.call(req).await
+}
+
+fn holds_nul(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(holds_nul),
+        serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
+    }
+}

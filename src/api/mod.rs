@@ -43,7 +43,7 @@ pub const PUBLIC_PATHS: [&str; 5] = ["/healthz", "/readyz", "/metrics", "/openap
         description = "Control plane for coding agents working in git worktrees. A task owns its environment and worktrees; sessions only use them.",
         license(name = "MIT")
     ),
-    components(schemas(problem::Problem, problem::ErrorCode, crate::domain::error::FieldError, crate::domain::error::ReuseCategory)),
+    components(schemas(problem::Problem, problem::ErrorCode, crate::domain::error::FieldError, crate::domain::error::ReuseCategory, cleanup_jobs::CleanupJobState, cleanup_jobs::CleanupJobTrigger)),
     modifiers(&SecurityAddon),
     tags(
         (name = "workspaces", description = "Workspaces: the tenancy boundary"),
@@ -105,14 +105,30 @@ fn add_common_responses(openapi: &mut utoipa::openapi::OpenApi) {
             if op.security.is_none() {
                 continue;
             }
+            let has_body = op.request_body.is_some();
             let responses = &mut op.responses.responses;
             for (code, text) in [
                 ("400", "Malformed request (`validation_failed`)"),
                 ("401", "Missing or invalid token (`unauthenticated`)"),
                 ("403", "The token lacks the scope (`insufficient_scope`)"),
                 ("500", "Unexpected error (`internal`)"),
+                (
+                    "503",
+                    "The database or git is unavailable right now; nothing changed; retry (`unavailable`)",
+                ),
             ] {
                 responses.entry(code.to_string()).or_insert_with(|| problem(text));
+            }
+            if has_body {
+                for (code, text) in [
+                    ("413", "The body is over `BERTH_MAX_BODY_BYTES` (`validation_failed`)"),
+                    (
+                        "422",
+                        "A field has the wrong type or an invalid value (`validation_failed`)",
+                    ),
+                ] {
+                    responses.entry(code.to_string()).or_insert_with(|| problem(text));
+                }
             }
         }
     }
@@ -159,6 +175,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
 #[into_params(parameter_in = Query)]
 pub struct PageQuery {
     /// Page size, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u64>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,

@@ -27,6 +27,7 @@ pub enum ErrorCode {
     NotAGitRepository,
     PathNotAllowed,
     InvalidCursor,
+    Unavailable,
     Internal,
 }
 
@@ -49,6 +50,7 @@ impl ErrorCode {
             ErrorCode::NotAGitRepository => "not_a_git_repository",
             ErrorCode::PathNotAllowed => "path_not_allowed",
             ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
         }
     }
@@ -289,6 +291,16 @@ impl From<&Error> for Problem {
                     ),
                 )
             },
+            Error::Unavailable(_) => Problem {
+                retryable: true,
+                retry_after_ms: Some(1000),
+                ..Problem::new(
+                    S::SERVICE_UNAVAILABLE,
+                    C::Unavailable,
+                    "Temporarily unavailable",
+                    "a dependency (the database or git) is unavailable right now; nothing was changed; retry",
+                )
+            },
             Error::Internal(_) => Problem {
                 retryable: true,
                 ..Problem::new(
@@ -308,9 +320,11 @@ impl ResponseError for Error {
     }
 
     fn error_response(&self) -> HttpResponse {
-        if let Error::Internal(source) = self {
+        match self {
             // The whole chain goes to the log; the body says nothing about it.
-            tracing::error!(error = ?source, "internal error");
+            Error::Internal(source) => tracing::error!(error = ?source, "internal error"),
+            Error::Unavailable(why) => tracing::warn!(reason = %why, "answered 503"),
+            _ => {}
         }
         Problem::from(self).response()
     }

@@ -129,6 +129,7 @@ pub struct TaskListQuery {
     /// Only the subtasks of this task.
     pub parent_task_id: Option<Uuid>,
     /// Page size, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u64>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,

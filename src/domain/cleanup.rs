@@ -4,6 +4,7 @@
 //! mutation, and activates it (`pending`) only once the mutation committed. The worker (`worker::cleanup`)
 //! destroys what the snapshot names, re-checking sharing at that moment.
 use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
 
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
@@ -131,7 +132,7 @@ async fn owned_environment<C: ConnectionTrait>(
         .into_iter()
         .map(|r| (r.id, r))
         .collect();
-    let worktrees = rows
+    let mut worktrees: Vec<WorktreeSnapshot> = rows
         .into_iter()
         .filter_map(|r| {
             let repo = repos.get(&r.repository_id)?;
@@ -146,6 +147,21 @@ async fn owned_environment<C: ConnectionTrait>(
         })
         .collect();
     let task_root = ctx.config.worktree_root.join(&t.slug).to_string_lossy().into_owned();
+    if e.status == EnvironmentStatus::Creating {
+        // A materialization in flight, or one a crash abandoned: it may have made worktrees it has not
+        // recorded yet. Name where they would be. The worker waits while the materializer lives, and
+        // `git worktree remove` only ever removes a registered worktree of that repository.
+        for p in environments::plans(conn, t, &t.slug).await? {
+            worktrees.push(WorktreeSnapshot {
+                repository_id: p.repository_id,
+                repository_path: p.repository_path.to_string_lossy().into_owned(),
+                common_git_dir: p.common_git_dir.to_string_lossy().into_owned(),
+                worktree_path: Path::new(&task_root).join(&p.dir).to_string_lossy().into_owned(),
+                worktree_id: None,
+                branch: Some(p.branch),
+            });
+        }
+    }
     Ok(Some((
         e.clone(),
         EnvironmentSnapshot {
@@ -446,11 +462,8 @@ async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model]) -> Result<Vec<DirtyRe
                     repository_id: w.repository_id,
                     dirty_file_count: n,
                 }),
-                // Unknown is not clean: without consent, refuse rather than risk it.
-                Err(_) => dirty.push(DirtyRepository {
-                    repository_id: w.repository_id,
-                    dirty_file_count: 0,
-                }),
+                // Unknown is not clean, and not dirty either: refuse, say so, change nothing.
+                Err(e) => return Err(Error::Unavailable(format!("inspecting a worktree failed: {e}"))),
             }
         }
     }

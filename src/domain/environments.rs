@@ -219,7 +219,7 @@ async fn materialize(
     e: &env::Model,
     task_dir: &str,
 ) -> Result<(Vec<Done>, Option<String>, Vec<worktree::Materialized>), Failed> {
-    let plans = plans(ctx, owner, task_dir).await?;
+    let plans = plans(&ctx.db.conn, owner, task_dir).await?;
     match e.executor_type {
         ExecutorType::Local => {
             // The registered repository itself: no worktree, and no path berth could ever remove (I13).
@@ -316,7 +316,7 @@ async fn live_envs(txn: &DatabaseTransaction, owner_id: Uuid) -> Result<Vec<env:
         .await?)
 }
 
-fn is_fresh_creating(ctx: &Ctx, e: &env::Model) -> bool {
+pub(crate) fn is_fresh_creating(ctx: &Ctx, e: &env::Model) -> bool {
     let lease = chrono::Duration::from_std(ctx.config.materialize_lease).unwrap_or(chrono::Duration::minutes(5));
     e.status == EnvironmentStatus::Creating && e.updated_at > super::now() - lease
 }
@@ -714,8 +714,12 @@ pub(crate) async fn slots_with_repositories<C: ConnectionTrait>(
 }
 
 /// The slots of the owner task, resolved against their repositories, in workspace order.
-async fn plans(ctx: &Ctx, owner: &task::Model, task_dir: &str) -> Result<Vec<worktree::SlotPlan>> {
-    let slots = slots_with_repositories(&ctx.db.conn, owner.id).await?;
+pub(crate) async fn plans<C: ConnectionTrait>(
+    conn: &C,
+    owner: &task::Model,
+    task_dir: &str,
+) -> Result<Vec<worktree::SlotPlan>> {
+    let slots = slots_with_repositories(conn, owner.id).await?;
     let mut plans = Vec::with_capacity(slots.len());
     for (slot, repo) in &slots {
         let repo = repo.as_ref().ok_or(Error::NotFound("repository"))?;
@@ -741,6 +745,36 @@ async fn plans(ctx: &Ctx, owner: &task::Model, task_dir: &str) -> Result<Vec<wor
         });
     }
     Ok(plans)
+}
+
+/// Materializations this node abandoned (the process died mid-way: `creating`, lease expired) are taken
+/// over for tasks that still want them, so a worktree git finished after the crash is adopted into the
+/// inventory instead of lying on disk unrecorded. Tasks being cleaned up are left to their job, whose
+/// snapshot names the planned paths. Run at startup and by the sweep.
+pub async fn recover_abandoned(ctx: &Ctx) -> Result<usize> {
+    let lease = chrono::Duration::from_std(ctx.config.materialize_lease).unwrap_or(chrono::Duration::minutes(5));
+    let stale = env::Entity::find()
+        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+        .filter(env::Column::NodeId.eq(ctx.config.node_id.clone()))
+        .filter(env::Column::UpdatedAt.lt(super::now() - lease))
+        .all(&ctx.db.conn)
+        .await?;
+    let mut recovered = 0;
+    for e in stale {
+        let Some(owner) = task::Entity::find_by_id(e.task_id).one(&ctx.db.conn).await? else {
+            continue;
+        };
+        if owner.archived_at.is_some() || ensure_no_cleanup(&ctx.db.conn, &[owner.id]).await.is_err() {
+            continue;
+        }
+        match ensure_ready(ctx, &owner, e.executor_type).await {
+            Ok(_) => recovered += 1,
+            Err(err) => {
+                tracing::warn!(environment = %e.id, error = %err, "could not take over an abandoned materialization")
+            }
+        }
+    }
+    Ok(recovered)
 }
 
 fn env_subject(owner: &task::Model, env_id: Uuid) -> Subject {

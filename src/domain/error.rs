@@ -64,6 +64,10 @@ pub enum Error {
         environment_id: uuid::Uuid,
         repository_name: String,
     },
+    /// A dependency is down for now (the database unreachable or full, git failing): retry later. The
+    /// reason goes to the log only.
+    #[error("temporarily unavailable: {0}")]
+    Unavailable(String),
     /// Anything unexpected; the source chain goes to the log, never into the response.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -99,11 +103,59 @@ impl Error {
 
 impl From<sea_orm::DbErr> for Error {
     fn from(e: sea_orm::DbErr) -> Self {
+        if is_unstorable_text(&e) {
+            // PostgreSQL cannot store NUL in text or JSON; the transaction rolled back, nothing changed.
+            return Error::invalid("body", "text must not contain NUL (\\u0000) characters");
+        }
+        if is_unavailable(&e) {
+            return Error::Unavailable(e.to_string());
+        }
         Error::Internal(anyhow::Error::new(e))
     }
 }
 
 /// True when a database error is a unique-constraint violation (both backends).
+/// The database cannot be reached or cannot take writes right now (a restart, a full disk, an exhausted
+/// pool): a 503 the client may retry, never a 500.
+pub fn is_unavailable(e: &sea_orm::DbErr) -> bool {
+    use sea_orm::{DbErr, RuntimeErr, sqlx};
+    let inner = match e {
+        DbErr::ConnectionAcquire(_) => return true,
+        DbErr::Conn(RuntimeErr::SqlxError(s))
+        | DbErr::Exec(RuntimeErr::SqlxError(s))
+        | DbErr::Query(RuntimeErr::SqlxError(s)) => s,
+        _ => return false,
+    };
+    match inner.as_ref() {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            // PostgreSQL: connection exceptions (08), operator intervention such as a shutdown (57),
+            // insufficient resources such as a full disk (53). SQLite: SQLITE_FULL (13), SQLITE_IOERR (10).
+            code.starts_with("08")
+                || code.starts_with("57")
+                || code.starts_with("53")
+                || code == "13"
+                || code == "10"
+                || db.message().contains("database or disk is full")
+        }
+        _ => false,
+    }
+}
+
+/// PostgreSQL refused a character it cannot store (NUL in text: 22021; in JSON: 22P05).
+fn is_unstorable_text(e: &sea_orm::DbErr) -> bool {
+    use sea_orm::{DbErr, RuntimeErr, sqlx};
+    match e {
+        DbErr::Exec(RuntimeErr::SqlxError(s)) | DbErr::Query(RuntimeErr::SqlxError(s)) => matches!(
+            s.as_ref(),
+            sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("22021") | Some("22P05"))
+        ),
+        _ => false,
+    }
+}
+
 pub fn is_unique_violation(e: &sea_orm::DbErr) -> bool {
     matches!(e.sql_err(), Some(sea_orm::SqlErr::UniqueConstraintViolation(_)))
 }

@@ -69,7 +69,14 @@ pub enum InspectError {
 
 /// Opens `path` read-only (isolated from user and system config) and reports its identity.
 pub fn inspect_repository(path: &Path) -> Result<RepositoryIdentity, InspectError> {
-    let repo = gix::open_opts(path, gix::open::Options::isolated()).map_err(|_| InspectError::NotARepository)?;
+    identity_of(&open(path)?, path)
+}
+
+fn open(path: &Path) -> Result<gix::Repository, InspectError> {
+    gix::open_opts(path, gix::open::Options::isolated()).map_err(|_| InspectError::NotARepository)
+}
+
+fn identity_of(repo: &gix::Repository, path: &Path) -> Result<RepositoryIdentity, InspectError> {
     if repo.is_bare() {
         return Err(InspectError::Bare);
     }
@@ -103,8 +110,9 @@ pub struct WorktreeInfo {
 
 /// Inspects an existing work tree root without changing anything.
 pub fn inspect_worktree(path: &Path) -> Result<WorktreeInfo, InspectError> {
-    let identity = inspect_repository(path)?;
-    let repo = gix::open_opts(path, gix::open::Options::isolated()).map_err(|_| InspectError::NotARepository)?;
+    // One open for both questions (issue 9: admission opened every worktree twice).
+    let repo = open(path)?;
+    let identity = identity_of(&repo, path)?;
     let git_dir = repo
         .git_dir()
         .canonicalize()

@@ -280,7 +280,8 @@ async fn execute(ctx: &Ctx, j: &job::Model, lost: &std::sync::atomic::AtomicBool
     };
     match env::Entity::find_by_id(env_snap.id).one(&ctx.db.conn).await {
         // Still being materialized: its publish will meet the barrier and remove what it made; wait.
-        Ok(Some(e)) if e.status == EnvironmentStatus::Creating => {
+        // Abandoned by a crash (lease expired): nobody will publish it; its planned paths are in the snapshot.
+        Ok(Some(e)) if crate::domain::environments::is_fresh_creating(ctx, &e) => {
             return Outcome::Retry("the environment is still being prepared".into());
         }
         Ok(_) => {}

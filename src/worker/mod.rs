@@ -6,7 +6,8 @@ use std::time::Duration;
 use crate::domain::Ctx;
 use crate::events;
 
-/// Trims events by count and age and expires idle quick chats, every `interval`, forever.
+/// Trims events by count and age, expires idle quick chats and takes over abandoned materializations,
+/// every `interval`, forever.
 pub async fn sweep(ctx: Ctx, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     loop {
@@ -24,6 +25,11 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
         }
         if let Err(e) = crate::domain::cleanup::expire_quick_chats(&ctx).await {
             tracing::warn!(error = %e, "quick-chat expiry failed");
+        }
+        match crate::domain::environments::recover_abandoned(&ctx).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(recovered = n, "took over abandoned materializations"),
+            Err(e) => tracing::warn!(error = %e, "recovering abandoned materializations failed"),
         }
     }
 }

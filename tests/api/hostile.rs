@@ -15,6 +15,8 @@ both_backends!(
     nul_bytes_and_invalid_utf8_in_paths_are_refused,
     option_like_branch_names_never_reach_git,
     two_thousand_idle_connections_do_not_take_the_server_down,
+    nul_text_anywhere_is_a_422_that_writes_nothing,
+    the_spec_declares_what_the_server_answers,
 );
 
 fn claims(extra: Value) -> Value {
@@ -267,4 +269,103 @@ async fn two_thousand_idle_connections_do_not_take_the_server_down(app: TestApp)
     assert_eq!(r.status.as_u16(), 200);
     drop(idle);
     app.get("/api/v1/workspaces").await.ok(200);
+}
+
+// Regressions from spec fuzzing (schemathesis, .ci/spec-fuzz). NUL in any JSON text or query answered
+// 500 on PostgreSQL (and was stored on SQLite): now a 422 on both that writes nothing.
+async fn nul_text_anywhere_is_a_422_that_writes_nothing(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let task = app.task(ws, "t", &[]).await;
+    let events_before = app.events().await.len();
+    for (method, path, body) in [
+        (
+            Method::POST,
+            format!("/api/v1/workspaces/{ws}/tasks"),
+            json!({"title": "t", "description": "a\u{0}b"}),
+        ),
+        (
+            Method::PATCH,
+            format!("/api/v1/tasks/{task}"),
+            json!({"description": "a\u{0}"}),
+        ),
+        (
+            Method::PATCH,
+            format!("/api/v1/tasks/{task}"),
+            json!({"title": "\u{0}"}),
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "local", "start": false, "name": "a\u{0}"}),
+        ),
+        (
+            Method::POST,
+            "/api/v1/workspaces".to_string(),
+            json!({"name": "ws\u{0}"}),
+        ),
+        (
+            Method::POST,
+            "/api/v1/workspaces".to_string(),
+            json!({"name": "ok", "x\u{0}": 1}),
+        ),
+    ] {
+        let r = app
+            .call(method.clone(), &path, Some(&app.admin), Some(body.clone()))
+            .await;
+        r.problem(422, "validation_failed");
+    }
+    for query in ["state=%00", "trigger=a%00b", "task_id=%00"] {
+        let r = app.get(&format!("/api/v1/cleanup-jobs?{query}")).await;
+        assert!(matches!(r.status.as_u16(), 400 | 422), "{query}: {}", r.text);
+    }
+    assert_eq!(app.count("tasks").await, 1);
+    assert_eq!(app.count("task_sessions").await, 0);
+    assert_eq!(app.events().await.len(), events_before, "nothing was written");
+    // The task is unchanged.
+    let t = app.get(&format!("/api/v1/tasks/{task}")).await.ok(200);
+    assert_eq!(t["title"], "t");
+}
+
+// Regressions from spec fuzzing: what the server answers, the spec declares (413 and 422 on every
+// operation with a body, 503 on every authenticated one, 409 on report_observation), and the event
+// stream's schema describes an SSE frame rather than a string.
+async fn the_spec_declares_what_the_server_answers(app: TestApp) {
+    let spec = app.get("/openapi.json").await.ok(200);
+    let mut checked = 0;
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            if op.get("security").is_none() {
+                continue;
+            }
+            let responses = op["responses"].as_object().unwrap();
+            assert!(responses.contains_key("503"), "{method} {path} lacks 503");
+            if op.get("requestBody").is_some() {
+                for code in ["413", "422"] {
+                    assert!(responses.contains_key(code), "{method} {path} lacks {code}");
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 30, "walked the operations ({checked})");
+    let observe = &spec["paths"]["/api/v1/environments/{id}/git-status/observations"]["post"];
+    assert!(
+        observe["responses"]["409"].is_object(),
+        "report_observation declares 409"
+    );
+    let stream =
+        &spec["paths"]["/api/v1/events/stream"]["get"]["responses"]["200"]["content"]["text/event-stream"]["schema"];
+    let frame = if let Some(r) = stream["$ref"].as_str() {
+        spec["components"]["schemas"][r.rsplit('/').next().unwrap()].clone()
+    } else {
+        stream.clone()
+    };
+    assert!(
+        frame["properties"]["data"].is_object(),
+        "an SSE frame with data: {frame}"
+    );
+    // And the 413 is real: a body over the limit.
+    let big = json!({"name": "x".repeat(300_000)});
+    let r = app.post("/api/v1/workspaces", big).await;
+    r.problem(413, "validation_failed");
 }

@@ -8,6 +8,7 @@ mod auth;
 mod cleanup;
 mod errors;
 mod events;
+mod faults;
 mod hostile;
 mod migrations;
 mod openapi;

@@ -1,0 +1,581 @@
+//! Faults a deployment meets (issue 10, part 4): berth killed with SIGKILL mid-workload, its git CLI
+//! failing, two processes sharing one node id. After each, nothing committed is lost and the invariants
+//! hold (`assert_invariants`): every worktree on disk is in some inventory or in an unfinished job's
+//! snapshot; every active inventory row's worktree exists or its environment failed; no job is stuck
+//! `running` past its lease.
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use reqwest::Method;
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::both_backends;
+use crate::helpers::{Backend, TestApp, git_repo, id_of};
+
+both_backends!(
+    sigkill_at_random_points_loses_nothing,
+    a_failing_git_cli_is_retried_until_jobs_complete,
+    two_processes_with_one_node_id_run_each_job_once,
+);
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A `berth serve` of its own (the release of a test, not the in-process server), on the test's database.
+struct Berth {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Berth {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Settings for the processes: the test's database, its own data dir (so its node id is its own and the
+/// in-process server never claims its jobs), quick leases and retries.
+fn process_env(app: &TestApp, data_dir: &Path) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for key in ["BERTH_JWT_SECRET", "BERTH_DATABASE_URL"] {
+        if let Some(v) = app.env.get(key) {
+            env.insert(key.to_string(), v.clone());
+        }
+    }
+    std::fs::create_dir_all(data_dir).unwrap();
+    env.insert("BERTH_DATA_DIR".into(), data_dir.display().to_string());
+    env.insert("BERTH_DB_MAX_CONNECTIONS".into(), "5".into());
+    env.insert("BERTH_CLEANUP_POLL_MS".into(), "50".into());
+    env.insert("BERTH_CLEANUP_RETRY_DELAYS_SECS".into(), "0.05".into());
+    env.insert("BERTH_CLEANUP_MAX_ATTEMPTS".into(), "50".into());
+    env.insert("BERTH_CLEANUP_LEASE_SECS".into(), "2".into());
+    env.insert("BERTH_CLEANUP_PREPARED_GRACE_SECS".into(), "1".into());
+    env.insert("BERTH_MATERIALIZE_LEASE_SECS".into(), "2".into());
+    env.insert("BERTH_EVENT_POLL_MS".into(), "100".into());
+    env.insert("BERTH_SWEEP_INTERVAL_MS".into(), "300".into());
+    env.insert("RUST_LOG".into(), "warn".into());
+    env
+}
+
+fn start(env: &BTreeMap<String, String>, path_prefix: Option<&Path>, log: &Path) -> Berth {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+    cmd.arg("serve")
+        .envs(env)
+        .env("BERTH_BIND", format!("127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap());
+    if let Some(prefix) = path_prefix {
+        cmd.env(
+            "PATH",
+            format!("{}:{}", prefix.display(), std::env::var("PATH").unwrap_or_default()),
+        );
+    }
+    Berth {
+        child: cmd.spawn().expect("berth starts"),
+        base: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+async fn wait_ready(client: &reqwest::Client, b: &mut Berth) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Ok(r) = client.get(format!("{}/readyz", b.base)).send().await
+            && r.status().is_success()
+        {
+            return;
+        }
+        if let Ok(Some(status)) = b.child.try_wait() {
+            panic!("berth exited while starting: {status}");
+        }
+        assert!(tokio::time::Instant::now() < deadline, "berth never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn call(client: &reqwest::Client, token: &str, method: Method, url: String, body: Option<Value>) -> (u16, Value) {
+    let mut req = client
+        .request(method, url)
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(30));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    match req.send().await {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            (status, r.json().await.unwrap_or(Value::Null))
+        }
+        Err(_) => (0, Value::Null),
+    }
+}
+
+/// A workspace and a registered repository, made through the process (on SQLite its database is its own).
+async fn setup(client: &reqwest::Client, base: &str, token: &str, scratch: &Path) -> (Uuid, Uuid, PathBuf) {
+    let (status, w) = call(
+        client,
+        token,
+        Method::POST,
+        format!("{base}/api/v1/workspaces"),
+        Some(json!({"name": "ws"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{w}");
+    let ws = id_of(&w);
+    let source = git_repo(&scratch.join("svc"), "main");
+    let (status, r) = call(
+        client,
+        token,
+        Method::POST,
+        format!("{base}/api/v1/workspaces/{ws}/repositories"),
+        Some(json!({"path": source})),
+    )
+    .await;
+    assert_eq!(status, 201, "{r}");
+    (ws, id_of(&r), source)
+}
+
+/// A connection of the test's own to the database the processes use.
+async fn connect(app: &TestApp, data_dir: &Path) -> DatabaseConnection {
+    let url = match app.env.get("BERTH_DATABASE_URL") {
+        Some(url) => url.clone(),
+        None => format!("sqlite://{}?mode=rw", data_dir.join("berth.db").display()),
+    };
+    sea_orm::Database::connect(url).await.unwrap()
+}
+
+async fn rows(conn: &DatabaseConnection, sql: &str) -> Vec<sea_orm::QueryResult> {
+    conn.query_all_raw(Statement::from_string(conn.get_database_backend(), sql.to_string()))
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Waits (with a deadline) until the invariants hold: work a crash interrupted is finished by the sweep.
+async fn assert_invariants(conn: &DatabaseConnection, worktree_root: &Path) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match invariants(conn, worktree_root).await {
+            Ok(()) => return,
+            Err(e) if tokio::time::Instant::now() > deadline => panic!("{e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// The three invariants of issue 10, checked against the disk and the database.
+async fn invariants(conn: &DatabaseConnection, worktree_root: &Path) -> Result<(), String> {
+    let mut known: HashSet<String> = HashSet::new();
+    for r in rows(
+        conn,
+        "SELECT worktree_path FROM task_environment_repos WHERE worktree_path IS NOT NULL AND deleted_at IS NULL",
+    )
+    .await
+    {
+        known.insert(r.try_get::<String>("", "worktree_path").unwrap());
+    }
+    for r in rows(
+        conn,
+        "SELECT resource_snapshot FROM task_resource_cleanup_jobs WHERE state NOT IN ('succeeded', 'cancelled')",
+    )
+    .await
+    {
+        let snap: Value = r.try_get("", "resource_snapshot").unwrap();
+        for w in snap["environment"]["worktrees"].as_array().into_iter().flatten() {
+            known.insert(w["worktree_path"].as_str().unwrap().to_string());
+        }
+    }
+    // Every worktree on disk (a directory with a `.git` file two levels under the root) is accounted for.
+    for task_dir in std::fs::read_dir(worktree_root).unwrap().flatten() {
+        for entry in std::fs::read_dir(task_dir.path()).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.join(".git").is_file() && !known.contains(&path.display().to_string()) {
+                return Err(format!(
+                    "a worktree on disk is in no inventory and no unfinished job: {}",
+                    path.display()
+                ));
+            }
+        }
+    }
+    // Every active inventory row's worktree exists, unless its environment failed.
+    for r in rows(
+        conn,
+        "SELECT r.worktree_path AS path, e.status AS status FROM task_environment_repos r \
+         JOIN task_environments e ON e.id = r.task_environment_id \
+         WHERE r.status = 'active' AND r.worktree_path IS NOT NULL AND e.executor_type = 'worktree'",
+    )
+    .await
+    {
+        let path: String = r.try_get("", "path").unwrap();
+        let status: String = r.try_get("", "status").unwrap();
+        if !(Path::new(&path).exists() || status == "failed") {
+            return Err(format!(
+                "an active inventory row's worktree is missing ({status}): {path}"
+            ));
+        }
+    }
+    // No job is stuck running past its lease (two seconds of slack for a heartbeat in flight).
+    let now = chrono::Utc::now() - chrono::Duration::seconds(2);
+    for r in rows(
+        conn,
+        "SELECT id, lease_expires_at FROM task_resource_cleanup_jobs WHERE state = 'running'",
+    )
+    .await
+    {
+        let lease: Option<chrono::DateTime<chrono::Utc>> = r.try_get("", "lease_expires_at").unwrap();
+        if !lease.is_some_and(|l| l > now) {
+            return Err("a job is running past its lease".into());
+        }
+    }
+    Ok(())
+}
+
+/// Waits until no job is unfinished; returns the states of all jobs.
+async fn wait_jobs_finished(conn: &DatabaseConnection) -> Vec<(String, i32)> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let all: Vec<(String, i32)> = rows(conn, "SELECT state, attempts FROM task_resource_cleanup_jobs")
+            .await
+            .into_iter()
+            .map(|r| (r.try_get("", "state").unwrap(), r.try_get("", "attempts").unwrap()))
+            .collect();
+        if all
+            .iter()
+            .all(|(s, _)| matches!(s.as_str(), "succeeded" | "cancelled" | "failed"))
+        {
+            return all;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "jobs never finished: {all:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One step of the scripted workload against a process; errors (the process may be dying) are ignored.
+async fn workload(client: reqwest::Client, base: String, token: String, ws: Uuid, repo: Uuid, seed: u64) {
+    let api = format!("{base}/api/v1");
+    let mut rng = seed;
+    let mut next = move || {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (rng >> 33) as usize
+    };
+    for i in 0.. {
+        let (status, t) = call(
+            &client,
+            &token,
+            Method::POST,
+            format!("{api}/workspaces/{ws}/tasks"),
+            Some(json!({"title": format!("w{seed}-{i}"), "repositories": [{"repository_id": repo}]})),
+        )
+        .await;
+        if status != 201 {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        let task = id_of(&t);
+        let (_, s) = call(
+            &client,
+            &token,
+            Method::POST,
+            format!("{api}/tasks/{task}/sessions"),
+            Some(json!({"executor_type": "worktree", "start": false})),
+        )
+        .await;
+        match next() % 4 {
+            0 => {
+                if let Some(id) = s["id"].as_str() {
+                    call(&client, &token, Method::DELETE, format!("{api}/sessions/{id}"), None).await;
+                }
+            }
+            1 => {
+                call(
+                    &client,
+                    &token,
+                    Method::POST,
+                    format!("{api}/tasks/{task}/archive"),
+                    None,
+                )
+                .await;
+            }
+            _ => {
+                call(&client, &token, Method::DELETE, format!("{api}/tasks/{task}"), None).await;
+            }
+        }
+    }
+}
+
+// SIGKILL at random points of a workload (task and session creates, session deletes, archives, task
+// deletes), 20 times, restarting each time: afterwards every job finishes and the invariants hold.
+async fn sigkill_at_random_points_loses_nothing(app: TestApp) {
+    let data = app.scratch.path().join("killed");
+    let env = process_env(&app, &data);
+    let worktree_root = data.join("worktrees");
+    let log = app.scratch.path().join("killed.log");
+    let client = reqwest::Client::new();
+    let mut ids = None;
+    let mut rng: u64 = 0x5eed_0001;
+    for round in 0..20u64 {
+        let mut b = start(&env, None, &log);
+        wait_ready(&client, &mut b).await;
+        let (ws, repo) = match ids {
+            Some(ids) => ids,
+            None => {
+                let (ws, repo, _) = setup(&client, &b.base, &app.admin, app.scratch.path()).await;
+                *ids.insert((ws, repo))
+            }
+        };
+        let work = tokio::spawn(workload(
+            client.clone(),
+            b.base.clone(),
+            app.admin.clone(),
+            ws,
+            repo,
+            round,
+        ));
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let after = 50 + (rng >> 33) % 700;
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(b.child.id() as i32, libc::SIGKILL);
+        }
+        let _ = b.child.wait();
+        work.abort();
+    }
+    // A last life: let it finish what the others left.
+    let mut b = start(&env, None, &log);
+    wait_ready(&client, &mut b).await;
+    let conn = connect(&app, &data).await;
+    let jobs = wait_jobs_finished(&conn).await;
+    assert!(!jobs.is_empty(), "the workload made cleanup jobs");
+    assert!(
+        jobs.iter().all(|(s, _)| s != "failed"),
+        "a job failed: {jobs:?}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // Give environments caught mid-materialization their lease, then check.
+    assert_invariants(&conn, &worktree_root.canonicalize().unwrap()).await;
+    drop(b);
+}
+
+// The git CLI fails every third call (a wrapper first in PATH): materialization failures surface as
+// errors without leftovers, cleanup jobs retry and complete, and the invariants hold.
+async fn a_failing_git_cli_is_retried_until_jobs_complete(app: TestApp) {
+    let real_git = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v git"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    let bin = app.scratch.path().join("flaky-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let counter = app.scratch.path().join("git-calls");
+    let wrapper = bin.join("git");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nn=$(( $(cat '{c}' 2>/dev/null || echo 0) + 1 ))\necho $n > '{c}'\n\
+             if [ $((n % 3)) -eq 0 ]; then echo 'fatal: injected failure' >&2; exit 128; fi\n\
+             exec '{real_git}' \"$@\"\n",
+            c = counter.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let data = app.scratch.path().join("flaky");
+    let env = process_env(&app, &data);
+    let log = app.scratch.path().join("flaky.log");
+    let mut b = start(&env, Some(&bin), &log);
+    let client = reqwest::Client::new();
+    wait_ready(&client, &mut b).await;
+    let api = format!("{}/api/v1", b.base);
+    let token = app.admin.clone();
+    let (ws, repo, source) = setup(&client, &b.base, &token, app.scratch.path()).await;
+    let mut tasks = Vec::new();
+    let mut failures = 0;
+    for i in 0..6 {
+        let (status, t) = call(
+            &client,
+            &token,
+            Method::POST,
+            format!("{api}/workspaces/{ws}/tasks"),
+            Some(json!({"title": format!("flaky {i}"), "repositories": [{"repository_id": repo}]})),
+        )
+        .await;
+        assert_eq!(status, 201, "{t}");
+        let task = id_of(&t);
+        // A failed `git worktree add` is an error answer; asking again tries again.
+        let mut made = false;
+        for _ in 0..6 {
+            let (status, s) = call(
+                &client,
+                &token,
+                Method::POST,
+                format!("{api}/tasks/{task}/sessions"),
+                Some(json!({"executor_type": "worktree", "start": false})),
+            )
+            .await;
+            if status == 201 {
+                assert!(Path::new(s["workspace_path"].as_str().unwrap()).join(".git").is_file());
+                made = true;
+                break;
+            }
+            assert!(
+                (400..600).contains(&status) && status != 500,
+                "a git failure answers a problem, not {status}: {s}"
+            );
+            failures += 1;
+        }
+        assert!(made, "materialization never succeeded through the flaky git");
+        tasks.push(task);
+    }
+    assert!(
+        failures > 0 || std::fs::read_to_string(&counter).is_ok(),
+        "the wrapper ran"
+    );
+    for task in &tasks {
+        // The dirty check may meet a failing git: a 503 that changed nothing, and a retry goes through.
+        let mut deleted = false;
+        for _ in 0..6 {
+            let (status, r) = call(&client, &token, Method::DELETE, format!("{api}/tasks/{task}"), None).await;
+            if status == 202 {
+                deleted = true;
+                break;
+            }
+            assert_eq!(status, 503, "{r}");
+            assert_eq!(r["code"], "unavailable");
+        }
+        assert!(deleted, "the delete never went through");
+    }
+    let conn = connect(&app, &data).await;
+    let jobs = wait_jobs_finished(&conn).await;
+    assert!(
+        jobs.iter().all(|(s, _)| s == "succeeded"),
+        "every job succeeds in the end: {jobs:?}"
+    );
+    let calls: u64 = std::fs::read_to_string(&counter).unwrap().trim().parse().unwrap();
+    assert!(calls >= 3, "berth's git calls went through the wrapper ({calls})");
+    // Nothing of the deleted tasks is left: no worktree registered, none on disk, branches kept.
+    let listing = crate::helpers::worktrees_of(&source);
+    assert_eq!(listing.len(), 1, "only the main work tree remains: {listing:?}");
+    assert_invariants(&conn, &data.join("worktrees").canonicalize().unwrap()).await;
+    drop(b);
+}
+
+// Two processes with the same node id on one database: each cleanup job runs exactly once, and events
+// written through either arrive on both streams.
+async fn two_processes_with_one_node_id_run_each_job_once(app: TestApp) {
+    if app.backend == Backend::Sqlite {
+        // Two processes on one SQLite file with one node id is the same test with a file lock; the
+        // deployment this guards (replicas) is PostgreSQL's.
+        return;
+    }
+    let data = app.scratch.path().join("twins");
+    let mut env = process_env(&app, &data);
+    env.insert("BERTH_NODE_ID".into(), "twin".into());
+    // A long lease: a job that ran twice here could only be a double claim, never a rescue.
+    env.insert("BERTH_CLEANUP_LEASE_SECS".into(), "300".into());
+    env.insert("BERTH_CLEANUP_WORKERS".into(), "4".into());
+    let log = app.scratch.path().join("twins.log");
+    let client = reqwest::Client::new();
+    let mut one = start(&env, None, &log);
+    let mut two = start(&env, None, &log);
+    wait_ready(&client, &mut one).await;
+    wait_ready(&client, &mut two).await;
+    let token = app.admin.clone();
+    let streams: Vec<crate::helpers::Sse> = {
+        let mut v = Vec::new();
+        for b in [&one, &two] {
+            let resp = client
+                .get(format!("{}/api/v1/events/stream", b.base))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap();
+            let mut sse = crate::helpers::Sse::from_response(resp);
+            assert_eq!(sse.next(WAIT).await.unwrap().event, "ready");
+            v.push(sse);
+        }
+        v
+    };
+    let (ws, repo, source) = setup(&client, &one.base, &token, app.scratch.path()).await;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let via = if i % 2 == 0 { &one } else { &two };
+        let api = format!("{}/api/v1", via.base);
+        let (status, t) = call(
+            &client,
+            &token,
+            Method::POST,
+            format!("{api}/workspaces/{ws}/tasks"),
+            Some(json!({"title": format!("twin {i}"), "repositories": [{"repository_id": repo}]})),
+        )
+        .await;
+        assert_eq!(status, 201, "{t}");
+        let task = id_of(&t);
+        let (status, s) = call(
+            &client,
+            &token,
+            Method::POST,
+            format!("{api}/tasks/{task}/sessions"),
+            Some(json!({"executor_type": "worktree", "start": false})),
+        )
+        .await;
+        assert_eq!(status, 201, "{s}");
+        tasks.push(task);
+    }
+    let mut jobs = HashSet::new();
+    for (i, task) in tasks.iter().enumerate() {
+        let via = if i % 2 == 0 { &two } else { &one };
+        let (status, r) = call(
+            &client,
+            &token,
+            Method::DELETE,
+            format!("{}/api/v1/tasks/{task}", via.base),
+            None,
+        )
+        .await;
+        assert_eq!(status, 202, "{r}");
+        jobs.insert(r["cleanup_jobs"][0]["id"].as_str().unwrap().to_string());
+    }
+    let conn = connect(&app, &data).await;
+    let all = wait_jobs_finished(&conn).await;
+    assert_eq!(all.len(), tasks.len());
+    assert!(
+        all.iter().all(|(s, a)| s == "succeeded" && *a == 1),
+        "each job ran once and succeeded: {all:?}"
+    );
+    assert_eq!(crate::helpers::worktrees_of(&source).len(), 1);
+    // Both streams saw every job succeed, whichever process ran it.
+    for mut sse in streams {
+        let mut succeeded = HashSet::new();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while succeeded.len() < jobs.len() && tokio::time::Instant::now() < deadline {
+            let Some(frame) = sse.next(Duration::from_secs(10)).await else {
+                continue;
+            };
+            let Ok(e) = serde_json::from_str::<Value>(&frame.data) else {
+                continue;
+            };
+            if e["type"] == "cleanup_job.updated" && e["data"]["state"] == "succeeded" {
+                succeeded.insert(e["data"]["cleanup_job_id"].as_str().unwrap_or_default().to_string());
+            }
+        }
+        assert_eq!(succeeded, jobs, "a stream missed a job's success");
+    }
+    assert_invariants(&conn, &data.join("worktrees").canonicalize().unwrap()).await;
+    drop((one, two));
+}
