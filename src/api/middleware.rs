@@ -85,7 +85,8 @@ pub async fn reject_nul_text(
 ) -> Result<ServiceResponse<impl MessageBody + 'static>, Error> {
     use crate::domain::error::Error as DomainError;
     if req.query_string().contains("%00") {
-        return Err(DomainError::invalid("query", "must not contain NUL characters").into());
+        // A malformed query is a 400, as every other query the server cannot use.
+        return Err(DomainError::BadRequest("the query must not contain NUL characters".into()).into());
     }
     let limit = req
         .app_data::<web::Data<AppState>>()
