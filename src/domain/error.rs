@@ -131,14 +131,14 @@ pub fn is_unavailable(e: &sea_orm::DbErr) -> bool {
         sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
-            // PostgreSQL: connection exceptions (08), operator intervention such as a shutdown (57),
-            // insufficient resources such as a full disk (53). SQLite: SQLITE_FULL (13), SQLITE_IOERR (10).
-            code.starts_with("08")
-                || code.starts_with("57")
-                || code.starts_with("53")
-                || code == "13"
-                || code == "10"
-                || db.message().contains("database or disk is full")
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                // SQLite's extended codes keep the primary code in the low byte: SQLITE_BUSY (5) and
+                // SQLITE_LOCKED (6) past the busy timeout, SQLITE_IOERR (10) and its variants, SQLITE_FULL (13).
+                return code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 10 | 13));
+            }
+            // PostgreSQL: connection exceptions (08), insufficient resources such as a full disk (53),
+            // operator intervention such as a shutdown (57).
+            code.starts_with("08") || code.starts_with("53") || code.starts_with("57")
         }
         _ => false,
     }

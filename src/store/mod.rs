@@ -23,9 +23,16 @@ impl Db {
         let mut opts = ConnectOptions::new(url.to_string());
         opts.max_connections(max_connections)
             .min_connections(1)
-            .acquire_timeout(Duration::from_secs(30))
+            // A database outage answers 503 within seconds instead of holding requests for long.
+            .acquire_timeout(Duration::from_secs(5))
             .sqlx_logging(false);
         if url.starts_with("sqlite:") {
+            // A COMMIT that fails (a full disk) leaves SQLite's transaction open on that connection; reused,
+            // the next BEGIN would become a savepoint whose "commit" never reaches the file (issue 10: a
+            // write answered 201 was lost). Such a connection is discarded; closing it rolls back.
+            opts.map_sqlx_sqlite_before_acquire(|conn, _| {
+                Box::pin(async move { Ok(!sea_orm::sqlx::Connection::is_in_transaction(conn)) })
+            });
             opts.map_sqlx_sqlite_opts(|o| {
                 o.journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal)
