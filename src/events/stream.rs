@@ -1,6 +1,8 @@
 //! The replay-then-live protocol of one stream (I32): subscribe first, replay committed events after the
 //! cursor, announce `ready`, then forward live events, dropping any seq already sent. A subscriber that
-//! falls behind the bounded broadcast is told to `reset` and the stream ends; it never skips silently.
+//! falls behind the bounded broadcast catches up from the database (events are durable), so a burst
+//! costs it nothing; only when what it missed was already trimmed is it told to `reset` (and the stream
+//! ends). It never skips silently.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,19 +58,7 @@ async fn run(
         async move { tx.send(f).await.map_err(|_| ()) }
     };
     let mut last = req.after;
-    loop {
-        let page = after(&db, last, 500, &req.filter)
-            .await
-            .map_err(|e| tracing::warn!(error = %e, "replay failed"))?;
-        let n = page.len();
-        for e in page {
-            last = e.seq;
-            send(Frame::Event(Arc::new(e))).await?;
-        }
-        if n < 500 {
-            break;
-        }
-    }
+    replay(&db, &req.filter, &mut last, &send).await?;
     send(Frame::Ready).await?;
     let mut ticker = tokio::time::interval(req.keep_alive);
     ticker.tick().await;
@@ -85,13 +75,42 @@ async fn run(
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
-                    let _ = send(Frame::Reset("slow_consumer")).await;
-                    return Ok(());
+                    // Behind the broadcast (a burst, or a slow reader): read what was missed from the
+                    // database, unless retention already trimmed it.
+                    let (first_available, _) = super::bounds(&db)
+                        .await
+                        .map_err(|e| tracing::warn!(error = %e, "catch-up failed"))?;
+                    if first_available > last + 1 {
+                        let _ = send(Frame::Reset("slow_consumer")).await;
+                        return Ok(());
+                    }
+                    replay(&db, &req.filter, &mut last, &send).await?;
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
             _ = ticker.tick() => send(Frame::KeepAlive).await?,
             _ = tx.closed() => return Ok(()),
+        }
+    }
+}
+
+/// Sends every committed event after `last` that the filter admits, in pages, advancing `last`.
+async fn replay<F, Fut>(db: &DatabaseConnection, filter: &Filter, last: &mut i64, send: &F) -> Result<(), ()>
+where
+    F: Fn(Frame) -> Fut,
+    Fut: std::future::Future<Output = Result<(), ()>>,
+{
+    loop {
+        let page = after(db, *last, 500, filter)
+            .await
+            .map_err(|e| tracing::warn!(error = %e, "replay failed"))?;
+        let n = page.len();
+        for e in page {
+            *last = e.seq;
+            send(Frame::Event(Arc::new(e))).await?;
+        }
+        if n < 500 {
+            return Ok(());
         }
     }
 }
