@@ -21,12 +21,7 @@ use std::time::{Duration, Instant};
 use berth::auth::Principal;
 use berth::domain::Ctx;
 use berth::entity::{cleanup_job as job, git_status_observation as obs, task};
-use sea_orm::{
-    ActiveValue::Set,
-    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect, Statement,
-    sea_query::{LockBehavior, LockType},
-};
+use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait, Statement};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -1024,28 +1019,11 @@ async fn insert_jobs(b: &Bench, n: usize) {
     analyze(&b.ctx.db.conn).await;
 }
 
-/// The claim's SQL (the same query and update as `worker::cleanup::claim`), nothing else.
+/// The claim's SQL (the same `next_claimable` queries and update as `worker::cleanup::claim`), nothing else.
 async fn bare_claim(ctx: &Ctx) -> Option<Uuid> {
     let now = chrono::Utc::now();
     let txn = ctx.db.begin_write().await.unwrap();
-    let due = Condition::any()
-        .add(
-            Condition::all()
-                .add(job::Column::State.is_in(["pending", "retry_wait"]))
-                .add(job::Column::NextAttemptAt.lte(now)),
-        )
-        .add(
-            Condition::all()
-                .add(job::Column::State.eq("running"))
-                .add(job::Column::LeaseExpiresAt.lt(now)),
-        );
-    let found = job::Entity::find()
-        .filter(job::Column::NodeId.eq("bench-bare"))
-        .filter(due)
-        .order_by_asc(job::Column::NextAttemptAt)
-        .limit(1)
-        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
-        .one(&txn)
+    let found = berth::worker::cleanup::next_claimable(&txn, "bench-bare", now)
         .await
         .unwrap()?;
     job::Entity::update(job::ActiveModel {

@@ -2,12 +2,16 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261129_000001_task_owned_schema;
+mod m20261129_000002_claim_indexes;
 
 pub struct Migrator;
 
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261129_000001_task_owned_schema::Migration)]
+        vec![
+            Box::new(m20261129_000001_task_owned_schema::Migration),
+            Box::new(m20261129_000002_claim_indexes::Migration),
+        ]
     }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sea_orm::sea_query::{Expr, LockBehavior, LockType};
-use sea_orm::{ActiveValue::Set, ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use uuid::Uuid;
 
 use crate::domain::Ctx;
@@ -70,25 +70,7 @@ pub async fn run(ctx: Ctx, index: usize) {
 pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>, sea_orm::DbErr> {
     let now = crate::domain::now();
     let txn = ctx.db.begin_write().await?;
-    let due = Condition::any()
-        .add(
-            Condition::all()
-                .add(job::Column::State.is_in(["pending", "retry_wait"]))
-                .add(job::Column::NextAttemptAt.lte(now)),
-        )
-        .add(
-            Condition::all()
-                .add(job::Column::State.eq("running"))
-                .add(job::Column::LeaseExpiresAt.lt(now)),
-        );
-    let found = job::Entity::find()
-        .filter(job::Column::NodeId.eq(ctx.config.node_id.clone()))
-        .filter(due)
-        .order_by_asc(job::Column::NextAttemptAt)
-        .limit(1)
-        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
-        .one(&txn)
-        .await?;
+    let found = next_claimable(&txn, &ctx.config.node_id, now).await?;
     let Some(found) = found else {
         txn.rollback().await?;
         return Ok(None);
@@ -143,6 +125,37 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>, sea_orm
         .claim_latency_ms
         .fetch_add((now - due_at).num_milliseconds().max(0) as u64, Ordering::Relaxed);
     Ok(Some(claimed))
+}
+
+/// The next job this node may claim, locked (SKIP LOCKED on PostgreSQL): one whose worker died (lease
+/// expired) first, else the longest-due pending one. Each is one probe of a partial index (migration
+/// m20261129_000002), so a claim costs the same with 10 or 10,000 jobs waiting.
+pub async fn next_claimable(
+    txn: &sea_orm::DatabaseTransaction,
+    node_id: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Option<job::Model>, sea_orm::DbErr> {
+    let abandoned = job::Entity::find()
+        .filter(job::Column::NodeId.eq(node_id))
+        .filter(job::Column::State.eq("running"))
+        .filter(job::Column::LeaseExpiresAt.lt(now))
+        .order_by_asc(job::Column::LeaseExpiresAt)
+        .limit(1)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+        .one(txn)
+        .await?;
+    if abandoned.is_some() {
+        return Ok(abandoned);
+    }
+    job::Entity::find()
+        .filter(job::Column::NodeId.eq(node_id))
+        .filter(job::Column::State.is_in(["pending", "retry_wait"]))
+        .filter(job::Column::NextAttemptAt.lte(now))
+        .order_by_asc(job::Column::NextAttemptAt)
+        .limit(1)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+        .one(txn)
+        .await
 }
 
 /// A job whose snapshot holds no session and no environment, and whose trigger needs no re-check
