@@ -21,6 +21,25 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(session_status);
 }
 
+/// Where an observation came from.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum ObservationKind {
+    Live,
+    Completion,
+    Archive,
+}
+
+/// The kinds a monitor may report.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum ReportedKind {
+    Live,
+    Completion,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct GitStatus {
     /// The identity of a status is its environment and repository (I24).
@@ -29,6 +48,7 @@ pub struct GitStatus {
     /// Provenance only: which session captured it (null once that session is deleted).
     pub session_id: Option<Uuid>,
     /// `live`, `completion` or `archive`.
+    #[schema(value_type = ObservationKind)]
     pub kind: String,
     pub observed_at: DateTime<Utc>,
     pub branch: Option<String>,
@@ -68,6 +88,7 @@ pub struct GitStatusList {
 pub struct ReportObservation {
     pub repository_id: Uuid,
     /// `live` or `completion`.
+    #[schema(value_type = ReportedKind)]
     pub kind: String,
     pub observed_at: DateTime<Utc>,
     pub session_id: Option<Uuid>,

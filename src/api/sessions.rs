@@ -410,6 +410,20 @@ pub struct SessionStatistics {
     pub cost: f64,
 }
 
+/// A question an agent asked (Pi RPC `extension_ui_request`), answered with
+/// `POST /sessions/{id}/attention/{request_id}`. Fields are as the agent sent them.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct AttentionRequest {
+    /// The request id to answer.
+    id: serde_json::Value,
+    /// `confirm`, `select`, `input`, ...
+    method: serde_json::Value,
+    title: serde_json::Value,
+    message: serde_json::Value,
+    options: serde_json::Value,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SessionSnapshot {
     pub session: Session,
@@ -424,6 +438,7 @@ pub struct SessionSnapshot {
     pub queue_length: u64,
     pub last_activity_at: DateTime<Utc>,
     /// Pending requests: `{id, method, title, message, options}` as the agent sent them.
+    #[schema(value_type = Vec<AttentionRequest>)]
     pub attention_requests: Vec<serde_json::Value>,
     pub instance_id: Uuid,
     /// Follow the event stream from here: nothing after it is missing from this snapshot's sources.

@@ -21,11 +21,21 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(workspace_summary);
 }
 
+/// A workspace's life: `deleting` while its cleanup runs.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum WorkspaceStatus {
+    Active,
+    Deleting,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Workspace {
     pub id: Uuid,
     pub name: String,
     /// `active`, or `deleting` while its cleanup runs.
+    #[schema(value_type = WorkspaceStatus)]
     pub status: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,

@@ -91,10 +91,20 @@ pub struct DirtyRepository {
     pub dirty_file_count: usize,
 }
 
+/// Whether a task's branch is still there to recover its work from.
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum BranchStatus {
+    Local,
+    Missing,
+}
+
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct BranchRecovery {
     pub repository_id: Uuid,
     /// `local` when the task's branch still exists in the repository, else `missing`.
+    #[schema(value_type = BranchStatus)]
     pub branch_status: String,
 }
 

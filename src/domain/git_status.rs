@@ -187,6 +187,17 @@ pub async fn report(ctx: &Ctx, p: &Principal, env_id: Uuid, o: Observation) -> R
     if !matches!(o.kind.as_str(), "live" | "completion") {
         return Err(Error::invalid("kind", "must be live or completion"));
     }
+    for f in &o.files {
+        if !crate::git::status::INDEX_STATUSES.contains(&f.index_status.as_str()) {
+            return Err(Error::invalid("files.index_status", "is not a known index status"));
+        }
+        if !crate::git::status::WORKTREE_STATUSES.contains(&f.worktree_status.as_str()) {
+            return Err(Error::invalid(
+                "files.worktree_status",
+                "is not a known worktree status",
+            ));
+        }
+    }
     if o.files.len() > MAX_FILES {
         return Err(Error::invalid(
             "files",

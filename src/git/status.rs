@@ -7,13 +7,55 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct FileStatus {
     pub path: String,
     /// HEAD → index: `unmodified`, `added`, `modified`, `deleted`, `renamed`.
+    #[schema(value_type = IndexStatus)]
     pub index_status: String,
     /// index → worktree: `unmodified`, `modified`, `deleted`, `typechange`, `renamed`, `untracked`,
     /// `conflict`.
+    #[schema(value_type = WorktreeStatus)]
     pub worktree_status: String,
+}
+
+/// The values of `FileStatus.index_status` (the spec's enum; the field stays a string).
+pub const INDEX_STATUSES: &[&str] = &["unmodified", "added", "modified", "deleted", "renamed"];
+/// The values of `FileStatus.worktree_status`.
+pub const WORKTREE_STATUSES: &[&str] = &[
+    "unmodified",
+    "modified",
+    "deleted",
+    "typechange",
+    "renamed",
+    "untracked",
+    "conflict",
+];
+
+/// HEAD → index change of a file.
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum IndexStatus {
+    Unmodified,
+    Added,
+    Modified,
+    Deleted,
+    Renamed,
+}
+
+/// Index → worktree change of a file.
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum WorktreeStatus {
+    Unmodified,
+    Modified,
+    Deleted,
+    Typechange,
+    Renamed,
+    Untracked,
+    Conflict,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -17,6 +17,7 @@ both_backends!(
     two_thousand_idle_connections_do_not_take_the_server_down,
     nul_text_anywhere_is_a_422_that_writes_nothing,
     the_spec_declares_what_the_server_answers,
+    reported_file_statuses_are_the_specs,
 );
 
 fn claims(extra: Value) -> Value {
@@ -368,4 +369,39 @@ async fn the_spec_declares_what_the_server_answers(app: TestApp) {
     let big = json!({"name": "x".repeat(300_000)});
     let r = app.post("/api/v1/workspaces", big).await;
     r.problem(413, "validation_failed");
+}
+
+// Regression from spec fuzzing: file statuses in a reported observation were free strings (a bogus
+// status, or an unknown field inside a file, got 201); the spec now lists them, and the server holds to it.
+async fn reported_file_statuses_are_the_specs(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "t", &[repo]).await;
+    app.session(task, "worktree").await;
+    let env = crate::helpers::id_of(&app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200));
+    let path = format!("/api/v1/environments/{env}/git-status/observations");
+    let observation = |file: Value| json!({"repository_id": repo, "kind": "live", "observed_at": chrono::Utc::now(), "files": [file]});
+    let before = app.count("git_status_observations").await;
+    for file in [
+        json!({"path": "a", "index_status": "bogus", "worktree_status": "modified"}),
+        json!({"path": "a", "index_status": "modified", "worktree_status": "exploded"}),
+    ] {
+        app.post(&path, observation(file))
+            .await
+            .problem(422, "validation_failed");
+    }
+    let r = app
+        .post(
+            &path,
+            observation(json!({"path": "a", "index_status": "added", "worktree_status": "untracked", "extra": 1})),
+        )
+        .await;
+    assert!(matches!(r.status.as_u16(), 400 | 422), "{}", r.text);
+    assert_eq!(app.count("git_status_observations").await, before, "nothing stored");
+    app.post(
+        &path,
+        observation(json!({"path": "a", "index_status": "added", "worktree_status": "untracked"})),
+    )
+    .await
+    .ok(201);
 }
