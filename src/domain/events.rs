@@ -61,9 +61,11 @@ pub async fn replay(
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(Error::BadRequest(format!("limit must be between 1 and {MAX_LIMIT}")));
     }
+    let events = events::after(&ctx.db.conn, after, limit, &filter_for(ctx, p).await?).await?;
+    // Bounds after the read: retention trims a prefix, so a page read before a concurrent trim reached
+    // `after` is whole, and one it raced is reported truncated (never a silent gap).
     let (first_available_seq, latest_seq) = events::bounds(&ctx.db.conn).await?;
     let truncated = is_truncated(ctx, after, instance_id, first_available_seq);
-    let events = events::after(&ctx.db.conn, after, limit, &filter_for(ctx, p).await?).await?;
     Ok(ReplayPage {
         instance_id: ctx.instance_id,
         first_available_seq,

@@ -58,7 +58,10 @@ async fn run(
         async move { tx.send(f).await.map_err(|_| ()) }
     };
     let mut last = req.after;
-    replay(&db, &req.filter, &mut last, &send).await?;
+    if !replay(&db, &req.filter, &mut last, &send).await? {
+        let _ = send(Frame::Reset("truncated")).await;
+        return Ok(());
+    }
     send(Frame::Ready).await?;
     let mut ticker = tokio::time::interval(req.keep_alive);
     ticker.tick().await;
@@ -77,14 +80,10 @@ async fn run(
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     // Behind the broadcast (a burst, or a slow reader): read what was missed from the
                     // database, unless retention already trimmed it.
-                    let (first_available, _) = super::bounds(&db)
-                        .await
-                        .map_err(|e| tracing::warn!(error = %e, "catch-up failed"))?;
-                    if first_available > last + 1 {
+                    if !replay(&db, &req.filter, &mut last, &send).await? {
                         let _ = send(Frame::Reset("slow_consumer")).await;
                         return Ok(());
                     }
-                    replay(&db, &req.filter, &mut last, &send).await?;
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
@@ -95,22 +94,33 @@ async fn run(
 }
 
 /// Sends every committed event after `last` that the filter admits, in pages, advancing `last`.
-async fn replay<F, Fut>(db: &DatabaseConnection, filter: &Filter, last: &mut i64, send: &F) -> Result<(), ()>
+/// `Ok(false)`: retention trimmed events after `last`, so what follows would have a gap; nothing of
+/// that page was sent.
+async fn replay<F, Fut>(db: &DatabaseConnection, filter: &Filter, last: &mut i64, send: &F) -> Result<bool, ()>
 where
     F: Fn(Frame) -> Fut,
     Fut: std::future::Future<Output = Result<(), ()>>,
 {
     loop {
-        let page = after(db, *last, 500, filter)
+        let from = *last;
+        let page = after(db, from, 500, filter)
             .await
             .map_err(|e| tracing::warn!(error = %e, "replay failed"))?;
+        // Checked after the read, not before: trimming removes a prefix, so if the oldest retained event
+        // is still within reach of `from` now, nothing after `from` was gone when the page was read.
+        let (first_available, _) = super::bounds(db)
+            .await
+            .map_err(|e| tracing::warn!(error = %e, "replay failed"))?;
+        if first_available > from + 1 {
+            return Ok(false);
+        }
         let n = page.len();
         for e in page {
             *last = e.seq;
             send(Frame::Event(Arc::new(e))).await?;
         }
         if n < 500 {
-            return Ok(());
+            return Ok(true);
         }
     }
 }
