@@ -22,7 +22,7 @@ COPY migration/Cargo.toml migration/Cargo.toml
 RUN mkdir -p src/bin migration/src benches \
  && echo 'fn main() {}' > src/main.rs \
  && echo 'fn main() {}' > src/bin/berth-test-agent.rs \
- && echo 'fn main() {}' > benches/git_status_read.rs \
+ && echo 'fn main() {}' > benches/suite.rs \
  && touch src/lib.rs migration/src/lib.rs \
  && cargo build --release --locked --bin berth \
  && rm -rf src migration/src benches
