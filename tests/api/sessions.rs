@@ -672,7 +672,8 @@ async fn cleanup_barrier_refuses_new_sessions(app: TestApp) {
         next_attempt_at: Set(Some(now)),
         last_error: Set(None),
         resource_snapshot: Set(json!({})),
-        node_id: Set(app.config.node_id.clone()),
+        // Another node's job: this server's workers must not run (and finish) it before the request.
+        node_id: Set("elsewhere".into()),
         lease_owner: Set(None),
         lease_expires_at: Set(None),
         created_at: Set(now),
