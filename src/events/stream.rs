@@ -72,6 +72,17 @@ async fn run(
                     if e.seq <= last {
                         continue;
                     }
+                    if e.seq > last + 1 {
+                        // A hole in the broadcast: seqs are contiguous, so the events between were
+                        // trimmed before the tailer published them. The database says what is left.
+                        if !replay(&db, &req.filter, &mut last, &send).await? {
+                            let _ = send(Frame::Reset("truncated")).await;
+                            return Ok(());
+                        }
+                        if e.seq <= last {
+                            continue;
+                        }
+                    }
                     last = e.seq;
                     if req.filter.admits(&e) {
                         send(Frame::Event(e)).await?;
@@ -93,7 +104,8 @@ async fn run(
     }
 }
 
-/// Sends every committed event after `last` that the filter admits, in pages, advancing `last`.
+/// Sends every committed event after `last` that the filter admits, in pages. `last` advances over
+/// every event read, admitted or not, so it is the stream's position in the one global sequence.
 /// `Ok(false)`: retention trimmed events after `last`, so what follows would have a gap; nothing of
 /// that page was sent.
 async fn replay<F, Fut>(db: &DatabaseConnection, filter: &Filter, last: &mut i64, send: &F) -> Result<bool, ()>
@@ -103,7 +115,7 @@ where
 {
     loop {
         let from = *last;
-        let page = after(db, from, 500, filter)
+        let page = after(db, from, 500, &Filter::default())
             .await
             .map_err(|e| tracing::warn!(error = %e, "replay failed"))?;
         // Checked after the read, not before: trimming removes a prefix, so if the oldest retained event
@@ -117,7 +129,9 @@ where
         let n = page.len();
         for e in page {
             *last = e.seq;
-            send(Frame::Event(Arc::new(e))).await?;
+            if filter.admits(&e) {
+                send(Frame::Event(Arc::new(e))).await?;
+            }
         }
         if n < 500 {
             return Ok(true);
