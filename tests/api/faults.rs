@@ -146,6 +146,37 @@ async fn setup(client: &reqwest::Client, base: &str, token: &str, scratch: &Path
     (ws, id_of(&r), source)
 }
 
+/// A task over `repo` whose first session (without an agent) materialized its worktree.
+async fn task_with_worktree(
+    client: &reqwest::Client,
+    token: &str,
+    api: &str,
+    ws: Uuid,
+    repo: Uuid,
+    title: &str,
+) -> Uuid {
+    let (status, t) = call(
+        client,
+        token,
+        Method::POST,
+        format!("{api}/workspaces/{ws}/tasks"),
+        Some(json!({"title": title, "repositories": [{"repository_id": repo}]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{t}");
+    let task = id_of(&t);
+    let (status, s) = call(
+        client,
+        token,
+        Method::POST,
+        format!("{api}/tasks/{task}/sessions"),
+        Some(json!({"executor_type": "worktree", "start": false})),
+    )
+    .await;
+    assert_eq!(status, 201, "{s}");
+    task
+}
+
 /// A connection of the test's own to the database the processes use.
 async fn connect(app: &TestApp, data_dir: &Path) -> DatabaseConnection {
     let url = match app.env.get("BERTH_DATABASE_URL") {
@@ -518,26 +549,7 @@ async fn two_processes_with_one_node_id_run_each_job_once(app: TestApp) {
     for i in 0..8 {
         let via = if i % 2 == 0 { &one } else { &two };
         let api = format!("{}/api/v1", via.base);
-        let (status, t) = call(
-            &client,
-            &token,
-            Method::POST,
-            format!("{api}/workspaces/{ws}/tasks"),
-            Some(json!({"title": format!("twin {i}"), "repositories": [{"repository_id": repo}]})),
-        )
-        .await;
-        assert_eq!(status, 201, "{t}");
-        let task = id_of(&t);
-        let (status, s) = call(
-            &client,
-            &token,
-            Method::POST,
-            format!("{api}/tasks/{task}/sessions"),
-            Some(json!({"executor_type": "worktree", "start": false})),
-        )
-        .await;
-        assert_eq!(status, 201, "{s}");
-        tasks.push(task);
+        tasks.push(task_with_worktree(&client, &token, &api, ws, repo, &format!("twin {i}")).await);
     }
     let mut jobs = HashSet::new();
     for (i, task) in tasks.iter().enumerate() {
@@ -716,26 +728,7 @@ async fn postgres_restarting_under_load_answers_503_and_loses_nothing(app: TestA
     let (ws, repo, source) = setup(&client, &b.base, &token, app.scratch.path()).await;
     let mut tasks = Vec::new();
     for i in 0..6 {
-        let (status, t) = call(
-            &client,
-            &token,
-            Method::POST,
-            format!("{api}/workspaces/{ws}/tasks"),
-            Some(json!({"title": format!("outage {i}"), "repositories": [{"repository_id": repo}]})),
-        )
-        .await;
-        assert_eq!(status, 201, "{t}");
-        let task = id_of(&t);
-        let (status, s) = call(
-            &client,
-            &token,
-            Method::POST,
-            format!("{api}/tasks/{task}/sessions"),
-            Some(json!({"executor_type": "worktree", "start": false})),
-        )
-        .await;
-        assert_eq!(status, 201, "{s}");
-        tasks.push(task);
+        tasks.push(task_with_worktree(&client, &token, &api, ws, repo, &format!("outage {i}")).await);
     }
     // Deletes in flight when the database goes away: their jobs must still finish afterwards.
     for task in &tasks[..3] {
