@@ -358,7 +358,7 @@ async fn another_instance_on_the_same_database_delivers_live(app: TestApp) {
 /// A subscriber that stops reading falls behind the broadcast and then catches up from the database:
 /// nothing skipped, nothing twice, no reset.
 async fn a_slow_subscriber_catches_up_never_skipped(app: TestApp) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let backend = app.backend;
     drop(app);
     let Some(app) = TestApp::spawn_with(backend, &[("BERTH_EVENT_BUFFER", "4")]).await else {
@@ -366,42 +366,10 @@ async fn a_slow_subscriber_catches_up_never_skipped(app: TestApp) {
     };
     let ws = app.workspace("ws").await;
     let start = app.events().await.last().unwrap().0;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(1024).unwrap();
-    let addr: std::net::SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
-    let mut stream = socket.connect(addr).await.unwrap();
-    let request = format!(
-        "GET /api/v1/events/stream?after={start} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
-        app.admin
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
+    let (mut stream, mut raw) = stalled_subscriber(&app, start).await;
     let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&raw).contains("event: ready") {
-        let n = tokio::time::timeout(WAIT, stream.read(&mut buf))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(n > 0);
-        raw.extend_from_slice(&buf[..n]);
-    }
     // Stop reading; write far more than the buffers hold.
-    let ctx = app.app_state.ctx.clone();
-    for _ in 0..40 {
-        let txn = ctx.db.begin_write().await.unwrap();
-        for _ in 0..100 {
-            berth::events::append(
-                &txn,
-                ctx.instance_id,
-                "test.flood",
-                berth::events::Subject::workspace(ws),
-                json!({"pad": "x".repeat(200)}),
-            )
-            .await
-            .unwrap();
-        }
-        ctx.commit(txn).await.unwrap();
-    }
+    flood(&app, ws).await;
     // Now read everything: the subscriber fell behind the broadcast (4 slots) and catches up from the
     // database: every event, in order, once, and no reset.
     // Only complete lines count: a read may end mid-line.
@@ -434,7 +402,7 @@ async fn a_slow_subscriber_catches_up_never_skipped(app: TestApp) {
 /// A stalled subscriber whose missed events were trimmed meanwhile is told to reset: what it got before
 /// is a gap-free prefix, and nothing after the gap is passed off as continuous.
 async fn a_slow_subscriber_whose_events_were_trimmed_is_reset(app: TestApp) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let backend = app.backend;
     drop(app);
     let Some(app) = TestApp::spawn_with(
@@ -451,41 +419,9 @@ async fn a_slow_subscriber_whose_events_were_trimmed_is_reset(app: TestApp) {
     };
     let ws = app.workspace("ws").await;
     let start = app.events().await.last().unwrap().0;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(1024).unwrap();
-    let addr: std::net::SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
-    let mut stream = socket.connect(addr).await.unwrap();
-    let request = format!(
-        "GET /api/v1/events/stream?after={start} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
-        app.admin
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
+    let (mut stream, mut raw) = stalled_subscriber(&app, start).await;
     let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&raw).contains("event: ready") {
-        let n = tokio::time::timeout(WAIT, stream.read(&mut buf))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(n > 0);
-        raw.extend_from_slice(&buf[..n]);
-    }
-    let ctx = app.app_state.ctx.clone();
-    for _ in 0..40 {
-        let txn = ctx.db.begin_write().await.unwrap();
-        for _ in 0..100 {
-            berth::events::append(
-                &txn,
-                ctx.instance_id,
-                "test.flood",
-                berth::events::Subject::workspace(ws),
-                json!({"pad": "x".repeat(200)}),
-            )
-            .await
-            .unwrap();
-        }
-        ctx.commit(txn).await.unwrap();
-    }
+    flood(&app, ws).await;
     // Wait until retention trimmed what the stalled subscriber has not read.
     let deadline = tokio::time::Instant::now() + WAIT;
     while app.count("events").await > 60 {
@@ -517,6 +453,51 @@ async fn a_slow_subscriber_whose_events_were_trimmed_is_reset(app: TestApp) {
     let expected: Vec<i64> = (start + 1..=start + ids.len() as i64).collect();
     assert_eq!(ids, expected, "a gap-free prefix before the reset");
     assert!(ids.len() < 4000, "it did miss events");
+}
+
+/// A raw-TCP subscriber with a tiny receive buffer, read up to `ready` and then left unread.
+async fn stalled_subscriber(app: &TestApp, start: i64) -> (tokio::net::TcpStream, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(1024).unwrap();
+    let addr: std::net::SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    let request = format!(
+        "GET /api/v1/events/stream?after={start} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
+        app.admin
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&raw).contains("event: ready") {
+        let n = tokio::time::timeout(WAIT, stream.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0);
+        raw.extend_from_slice(&buf[..n]);
+    }
+    (stream, raw)
+}
+
+/// 4,000 events in 40 transactions: far more than a stalled subscriber's buffers hold.
+async fn flood(app: &TestApp, ws: Uuid) {
+    let ctx = app.app_state.ctx.clone();
+    for _ in 0..40 {
+        let txn = ctx.db.begin_write().await.unwrap();
+        for _ in 0..100 {
+            berth::events::append(
+                &txn,
+                ctx.instance_id,
+                "test.flood",
+                berth::events::Subject::workspace(ws),
+                json!({"pad": "x".repeat(200)}),
+            )
+            .await
+            .unwrap();
+        }
+        ctx.commit(txn).await.unwrap();
+    }
 }
 
 async fn keep_alive_comments_flow(app: TestApp) {
