@@ -4,12 +4,15 @@
 //! worktrees; sessions only use them; physical cleanup belongs to task lifecycle operations.
 pub mod api;
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod entity;
+pub mod error;
 pub mod events;
 pub mod executor;
 pub mod git;
+pub mod managed_path;
 pub mod metrics;
 pub mod runtime;
 pub mod startup;

@@ -2,6 +2,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 const BUCKETS: [f64; 12] = [
@@ -84,4 +85,19 @@ impl Metrics {
 
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// Claim counters of the cleanup workers.
+#[derive(Default)]
+pub struct CleanupStats {
+    pub claims: AtomicU64,
+    /// Sum of (claimed at − due at), in milliseconds.
+    pub claim_latency_ms: AtomicU64,
+}
+
+/// What the last restore did.
+#[derive(Default)]
+pub struct RestoreStats {
+    /// The most launches that ran at once (I29: two).
+    pub max_concurrent: AtomicUsize,
 }

@@ -53,7 +53,7 @@ impl Application {
                 db,
                 runtime: runtime.clone(),
                 cleanup_wake: Arc::new(tokio::sync::Notify::new()),
-                cleanup_stats: crate::worker::cleanup::stats(),
+                cleanup_stats: Default::default(),
                 git_status_inspected: Default::default(),
                 restore_stats: Default::default(),
                 events: crate::events::Hub::new(config.event_buffer),

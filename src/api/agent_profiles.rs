@@ -6,7 +6,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::AppState;
 use super::extract::{Authorized, SessionsRead};
-use crate::domain::error::Error;
+use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(list_agent_profiles);

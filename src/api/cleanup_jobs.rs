@@ -10,8 +10,8 @@ use super::AppState;
 use super::extract::{Authorized, CleanupAdmin, CleanupRead};
 use super::problem::Problem;
 use crate::domain::cleanup::{self, JobFilter};
-use crate::domain::error::Error;
 use crate::entity::cleanup_job;
+use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(list_jobs)

@@ -10,9 +10,9 @@ use super::AppState;
 use super::extract::{Authorized, TasksRead};
 use super::problem::Problem;
 use crate::domain::environments::{self, EnvironmentView};
-use crate::domain::error::Error;
 use crate::entity::task_environment::{EnvironmentStatus, ExecutorType};
 use crate::entity::task_environment_repo::EnvironmentRepoStatus;
+use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(get_task_environment).service(get_environment);

@@ -11,9 +11,9 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, EventsRead};
-use crate::domain::error::Error;
 use crate::domain::events::{self as domain_events, ReplayPage};
 use crate::entity::event as event_row;
+use crate::error::Error;
 use crate::events::stream::{self, Frame, StreamRequest};
 
 pub fn routes(cfg: &mut ServiceConfig) {

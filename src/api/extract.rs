@@ -8,7 +8,7 @@ use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 
 use super::AppState;
 use crate::auth::{Principal, Scope};
-use crate::domain::error::Error;
+use crate::error::Error;
 
 pub trait RequiredScope {
     const SCOPE: Scope;

@@ -9,9 +9,9 @@ use uuid::Uuid;
 use super::AppState;
 use super::extract::{Authorized, SessionsRead, SessionsWrite, TasksRead};
 use super::problem::Problem;
-use crate::domain::error::Error;
 use crate::domain::git_status::{self, Observation};
 use crate::entity::git_status_observation;
+use crate::error::Error;
 use crate::git::status::FileStatus;
 
 pub fn routes(cfg: &mut ServiceConfig) {

@@ -83,7 +83,7 @@ pub async fn reject_nul_text(
     mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody + 'static>, Error> {
-    use crate::domain::error::Error as DomainError;
+    use crate::error::Error as DomainError;
     if req.query_string().contains("%00") {
         // A malformed query is a 400, as every other query the server cannot use.
         return Err(DomainError::BadRequest("the query must not contain NUL characters".into()).into());

@@ -24,7 +24,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use crate::auth::JwtVerifier;
 use crate::domain::Ctx;
-use crate::domain::error::Error;
+use crate::error::Error;
 use crate::metrics::Metrics;
 
 pub struct AppState {
@@ -43,7 +43,7 @@ pub const PUBLIC_PATHS: [&str; 5] = ["/healthz", "/readyz", "/metrics", "/openap
         description = "Control plane for coding agents working in git worktrees. A task owns its environment and worktrees; sessions only use them.",
         license(name = "MIT")
     ),
-    components(schemas(problem::Problem, problem::ErrorCode, crate::domain::error::FieldError, crate::domain::error::ReuseCategory, cleanup_jobs::CleanupJobState, cleanup_jobs::CleanupJobTrigger)),
+    components(schemas(problem::Problem, problem::ErrorCode, crate::error::FieldError, crate::error::ReuseCategory, cleanup_jobs::CleanupJobState, cleanup_jobs::CleanupJobTrigger)),
     modifiers(&SecurityAddon),
     tags(
         (name = "workspaces", description = "Workspaces: the tenancy boundary"),

@@ -5,7 +5,7 @@ use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::domain::error::{Error, FieldError, ReuseCategory};
+use crate::error::{Error, FieldError, ReuseCategory};
 
 /// Stable machine-readable error codes; clients switch on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -86,7 +86,7 @@ pub struct Problem {
     pub category: Option<ReuseCategory>,
     /// For `task_delete_dirty_worktree`: which repositories hold how many changed files (no paths).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub repositories: Option<Vec<crate::domain::cleanup::DirtyRepository>>,
+    pub repositories: Option<Vec<crate::error::DirtyRepository>>,
     /// The environment concerned, when there is one (for example a failed preparation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_environment_id: Option<uuid::Uuid>,

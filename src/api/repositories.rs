@@ -9,9 +9,9 @@ use uuid::Uuid;
 use super::extract::{Authorized, TasksRead, WorkspacesAdmin};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
-use crate::domain::error::Error;
 use crate::domain::repositories::{self, NewRepository};
 use crate::entity::repository;
+use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(register_repository)

@@ -9,9 +9,9 @@ use uuid::Uuid;
 use super::extract::{Authorized, SessionsDelete, SessionsRead, SessionsWrite};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
-use crate::domain::error::Error;
 use crate::domain::sessions::{self, NewSession, SessionView};
 use crate::entity::task_session::{ExecutorType, SessionState};
+use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(create_session)

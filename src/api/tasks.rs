@@ -11,9 +11,9 @@ use super::extract::{Authorized, TasksArchive, TasksDelete, TasksRead, TasksWrit
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::cleanup::{self, BranchRecovery};
-use crate::domain::error::Error;
 use crate::domain::tasks::{self, NewSlot, NewTask, TaskFilter, TaskPatch, TaskView};
 use crate::entity::task::{TaskKind, WorkspaceMode};
+use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(create_task)

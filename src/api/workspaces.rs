@@ -9,9 +9,9 @@ use uuid::Uuid;
 use super::extract::{Authorized, TasksRead, WorkspacesAdmin};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
-use crate::domain::error::Error;
 use crate::domain::workspaces;
 use crate::entity::workspace;
+use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(create_workspace)

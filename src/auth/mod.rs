@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::config::{Config, JwtKey};
-use crate::domain::error::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The scopes of `design/api.md`. `admin` implies every other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

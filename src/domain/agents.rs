@@ -7,8 +7,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::environments::{self, ensure_no_cleanup, lock_task};
-use super::error::{Error, Result, ReuseCategory};
+use super::environments;
 use super::sessions::{self, SessionView};
 use crate::auth::Principal;
 use crate::entity::agent_execution as execution;
@@ -16,9 +15,11 @@ use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorTy
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
 use crate::entity::task_session::{self as session, SessionState};
 use crate::entity::{session_message, task};
+use crate::error::{Error, Result, ReuseCategory};
 use crate::events::{self, Subject};
 use crate::executor::admission::{self, AdmittedWorkspace, Candidate, Refusal};
 use crate::runtime::{RuntimeEvent, SpawnError};
+use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
 
 impl From<Refusal> for ReuseCategory {
     fn from(r: Refusal) -> Self {
@@ -65,7 +66,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     if task.archived_at.is_some() {
         return Err(Error::TaskArchived);
     }
-    let owner = environments::owner_of(&ctx.db.conn, &task).await?;
+    let owner = owner_of(&ctx.db.conn, &task).await?;
 
     // Admission: read-only, before anything changes or any process exists.
     let (task_ref, s_ref) = (&task, &s);
@@ -116,7 +117,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     // The durable handle first: a crash after this leaves a record to reap (issue 5: agent_executions).
     let execution_id = Uuid::now_v7();
     let handle: Result<Option<session::Model>> = async {
-        let now = super::now();
+        let now = crate::clock::now();
         let txn = ctx.db.begin_write().await?;
         if owner.id != task.id {
             lock_task(&txn, owner.id).await?;
@@ -167,7 +168,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         .exec_without_returning(&txn)
         .await
         .map_err(|e| {
-            if super::error::is_unique_violation(&e) {
+            if crate::error::is_unique_violation(&e) {
                 Error::SessionBusy
             } else {
                 e.into()
@@ -249,7 +250,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         id: Set(execution_id),
         pid: Set(Some(pid as i32)),
         state: Set("running".into()),
-        updated_at: Set(super::now()),
+        updated_at: Set(crate::clock::now()),
         ..Default::default()
     })
     .exec(&txn)
@@ -259,11 +260,11 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         .col_expr(session::Column::State, sea_orm::sea_query::Expr::value(state))
         .col_expr(
             session::Column::StartedAt,
-            sea_orm::sea_query::Expr::value(Some(super::now())),
+            sea_orm::sea_query::Expr::value(Some(crate::clock::now())),
         )
         .col_expr(
             session::Column::UpdatedAt,
-            sea_orm::sea_query::Expr::value(super::now()),
+            sea_orm::sea_query::Expr::value(crate::clock::now()),
         )
         .filter(session::Column::Id.eq(s.id))
         .filter(session::Column::ExecutionId.eq(execution_id))
@@ -392,7 +393,7 @@ async fn deliver(ctx: &Ctx, session_id: Uuid, text: &str) -> Result<()> {
         session_id: Set(session_id),
         role: Set("user".into()),
         content: Set(json!({ "text": text })),
-        created_at: Set(super::now()),
+        created_at: Set(crate::clock::now()),
         ..Default::default()
     })
     .exec_without_returning(&ctx.db.conn)
@@ -450,7 +451,7 @@ pub(crate) async fn stop_session(ctx: &Ctx, s: &session::Model) -> Result<()> {
         id: Set(s.id),
         desired_open: Set(false),
         state: Set(next),
-        updated_at: Set(super::now()),
+        updated_at: Set(crate::clock::now()),
         ..Default::default()
     })
     .exec(&txn)
@@ -478,7 +479,7 @@ pub(crate) async fn stop_session(ctx: &Ctx, s: &session::Model) -> Result<()> {
 /// `stopping` → `stopped`, once (the exit report may get there first).
 async fn settle_stopped(ctx: &Ctx, task: &task::Model, session_id: Uuid) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
-    let now = super::now();
+    let now = crate::clock::now();
     let res = session::Entity::update_many()
         .col_expr(
             session::Column::State,
@@ -547,7 +548,7 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     let Some(task) = task::Entity::find_by_id(s.task_id).one(&txn).await? else {
         return Ok(());
     };
-    let now = super::now();
+    let now = crate::clock::now();
     let next = match event["type"].as_str() {
         Some("agent_start") => Some(SessionState::Running),
         Some("agent_end" | "agent_settled") => Some(SessionState::Idle),
@@ -658,7 +659,7 @@ async fn on_exit(
     let recent_failures = execution::Entity::find()
         .filter(execution::Column::SessionId.eq(session_id))
         .filter(execution::Column::State.eq("failed"))
-        .filter(execution::Column::EndedAt.gt(super::now() - window))
+        .filter(execution::Column::EndedAt.gt(crate::clock::now() - window))
         .count(&ctx.db.conn)
         .await?;
     if !s.desired_open || recent_failures > u64::from(ctx.config.agent_restart_max) {
@@ -685,7 +686,7 @@ async fn on_exit(
         )
         .col_expr(
             session::Column::UpdatedAt,
-            sea_orm::sea_query::Expr::value(super::now()),
+            sea_orm::sea_query::Expr::value(crate::clock::now()),
         )
         .filter(session::Column::Id.eq(session_id))
         .filter(session::Column::ExecutionId.eq(execution_id))
@@ -727,7 +728,7 @@ async fn on_exit(
 }
 
 async fn finish_execution(ctx: &Ctx, execution_id: Uuid, state: &str, code: Option<i32>) -> Result<()> {
-    let now = super::now();
+    let now = crate::clock::now();
     execution::Entity::update(execution::ActiveModel {
         id: Set(execution_id),
         state: Set(state.to_string()),
@@ -744,7 +745,7 @@ async fn finish_execution(ctx: &Ctx, execution_id: Uuid, state: &str, code: Opti
 /// A launch or an agent failed: the session is `failed` with `last_error`; nothing else changes.
 async fn record_failure(ctx: &Ctx, task: &task::Model, s: &session::Model, code: &str, message: &str) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
-    let now = super::now();
+    let now = crate::clock::now();
     session::Entity::update(session::ActiveModel {
         id: Set(s.id),
         state: Set(SessionState::Failed),
@@ -918,7 +919,7 @@ pub async fn answer_attention(
             )
             .col_expr(
                 session::Column::UpdatedAt,
-                sea_orm::sea_query::Expr::value(super::now()),
+                sea_orm::sea_query::Expr::value(crate::clock::now()),
             )
             .filter(session::Column::Id.eq(s.id))
             .filter(session::Column::State.eq(SessionState::Attention))
@@ -1012,11 +1013,4 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
         instance_id: ctx.instance_id,
         latest_seq,
     })
-}
-
-/// What the last restore did, for /metrics.
-#[derive(Default)]
-pub struct RestoreStats {
-    /// The most launches that ran at once (I29: two).
-    pub max_concurrent: std::sync::atomic::AtomicUsize,
 }

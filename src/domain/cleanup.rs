@@ -15,8 +15,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::environments::{self, ensure_no_cleanup, lock_task};
-use super::error::{Error, Result};
+use super::environments;
 use super::pagination::{Page, PageRequest};
 use crate::auth::Principal;
 use crate::entity::cleanup_job as job;
@@ -25,7 +24,9 @@ use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorTy
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
 use crate::entity::task_session::{self as session, SessionState};
 use crate::entity::{repository, task_repository, workspace};
+use crate::error::{DirtyRepository, Error, Result};
 use crate::events::{self, Subject};
+use crate::store::tasks::{ensure_no_cleanup, live_inheritors, lock_in_order, lock_task, owner_of, subtree};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trigger {
@@ -82,13 +83,6 @@ pub struct WorktreeSnapshot {
     pub worktree_path: String,
     pub worktree_id: Option<String>,
     pub branch: Option<String>,
-}
-
-/// A repository whose worktree holds changes (for `task_delete_dirty_worktree`; no paths).
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct DirtyRepository {
-    pub repository_id: Uuid,
-    pub dirty_file_count: usize,
 }
 
 /// Whether a task's branch is still there to recover its work from.
@@ -212,7 +206,7 @@ async fn prepare(
         discard_worktree_changes: consent,
         keep_branches: true,
     };
-    let now = super::now();
+    let now = crate::clock::now();
     let model = job::Model {
         id: Uuid::now_v7(),
         operation_id: Uuid::now_v7(),
@@ -260,7 +254,7 @@ pub(crate) async fn job_event(txn: &DatabaseTransaction, ctx: &Ctx, j: &job::Mod
 
 /// `prepared` → `pending` (the mutation committed) in the mutation's own transaction.
 async fn activate(txn: &DatabaseTransaction, ctx: &Ctx, jobs: &mut [job::Model]) -> Result<()> {
-    let now = super::now();
+    let now = crate::clock::now();
     for j in jobs.iter_mut() {
         let activated = job::Entity::update_many()
             .col_expr(job::Column::State, sea_orm::sea_query::Expr::value("pending"))
@@ -289,7 +283,10 @@ async fn cancel_prepared(ctx: &Ctx, jobs: &[job::Model]) {
     for j in jobs {
         let r = job::Entity::update_many()
             .col_expr(job::Column::State, sea_orm::sea_query::Expr::value("cancelled"))
-            .col_expr(job::Column::UpdatedAt, sea_orm::sea_query::Expr::value(super::now()))
+            .col_expr(
+                job::Column::UpdatedAt,
+                sea_orm::sea_query::Expr::value(crate::clock::now()),
+            )
             .filter(job::Column::Id.eq(j.id))
             .filter(job::Column::State.eq("prepared"))
             .exec(&ctx.db.conn)
@@ -298,42 +295,6 @@ async fn cancel_prepared(ctx: &Ctx, jobs: &[job::Model]) {
             tracing::warn!(job = %j.id, error = %e, "could not cancel a prepared job; reconciliation will settle it");
         }
     }
-}
-
-/// Locks tasks in ascending id order, the order every writer uses (an owner is older than its
-/// subtasks), so cascades and session creation cannot deadlock on PostgreSQL.
-async fn lock_in_order(txn: &DatabaseTransaction, tasks: &[task::Model]) -> Result<()> {
-    let mut ids: Vec<Uuid> = tasks.iter().map(|t| t.id).collect();
-    ids.sort();
-    for id in ids {
-        lock_task(txn, id).await?;
-    }
-    Ok(())
-}
-
-/// The task and, with `cascade`, its live descendants (children before parents).
-async fn subtree<C: ConnectionTrait>(
-    conn: &C,
-    root: &task::Model,
-    cascade: bool,
-    include_archived: bool,
-) -> Result<Vec<task::Model>> {
-    let mut out = vec![root.clone()];
-    if cascade {
-        let mut frontier = vec![root.id];
-        while let Some(id) = frontier.pop() {
-            let mut q = task::Entity::find().filter(task::Column::ParentTaskId.eq(id));
-            if !include_archived {
-                q = q.filter(task::Column::ArchivedAt.is_null());
-            }
-            for child in q.all(conn).await? {
-                frontier.push(child.id);
-                out.push(child);
-            }
-        }
-    }
-    out.reverse();
-    Ok(out)
 }
 
 /// Stops the live agents of the jobs' sessions (before anything is touched, I8).
@@ -387,7 +348,7 @@ pub async fn archive(
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
         lock_in_order(&txn, &tasks).await?;
-        let now = super::now();
+        let now = crate::clock::now();
         for t in &tasks {
             task::Entity::update(task::ActiveModel {
                 id: Set(t.id),
@@ -425,7 +386,7 @@ async fn cancel_sessions(txn: &DatabaseTransaction, ctx: &Ctx, t: &task::Model) 
         ]))
         .all(txn)
         .await?;
-    let now = super::now();
+    let now = crate::clock::now();
     for s in live {
         session::Entity::update(session::ActiveModel {
             id: Set(s.id),
@@ -572,24 +533,6 @@ async fn heir_of(txn: &DatabaseTransaction, t: &task::Model, doomed: &HashSet<Uu
         .find(|c| !doomed.contains(&c.id)))
 }
 
-/// Every live task that works in `owner_id`'s environment through a chain of `inherit_parent` links (an
-/// archived link in the chain does not cut it), nearest first.
-pub(crate) async fn live_inheritors<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec<task::Model>> {
-    let mut out = Vec::new();
-    let mut frontier = vec![owner_id];
-    while !frontier.is_empty() {
-        let children = task::Entity::find()
-            .filter(task::Column::ParentTaskId.is_in(frontier.clone()))
-            .filter(task::Column::WorkspaceMode.eq(WorkspaceMode::InheritParent))
-            .order_by_asc(task::Column::Id)
-            .all(conn)
-            .await?;
-        frontier = children.iter().map(|c| c.id).collect();
-        out.extend(children.into_iter().filter(|c| c.archived_at.is_none()));
-    }
-    Ok(out)
-}
-
 /// Hands a deleted task's environment to its heir: the heir owns it from now on, and its siblings that
 /// inherited through the deleted task inherit through the heir.
 async fn transfer(
@@ -599,7 +542,7 @@ async fn transfer(
     env_id: Uuid,
     heir: &task::Model,
 ) -> Result<()> {
-    let now = super::now();
+    let now = crate::clock::now();
     let e = env::Entity::find_by_id(env_id)
         .one(txn)
         .await?
@@ -675,7 +618,7 @@ pub async fn unarchive(
                 continue;
             }
             // Also a failed one: retrying it later would remove the worktrees the task works in again.
-            let now = super::now();
+            let now = crate::clock::now();
             let res = job::Entity::update_many()
                 .col_expr(job::Column::State, sea_orm::sea_query::Expr::value("cancelled"))
                 .col_expr(job::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
@@ -711,7 +654,7 @@ pub async fn unarchive(
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         }
-        let now = super::now();
+        let now = crate::clock::now();
         task::Entity::update(task::ActiveModel {
             id: Set(task_id),
             archived_at: Set(None),
@@ -737,7 +680,7 @@ pub async fn unarchive(
 
 /// I10: per repository, whether the task's branch still exists.
 async fn branch_recovery(ctx: &Ctx, t: &task::Model) -> Result<Vec<BranchRecovery>> {
-    let owner = environments::owner_of(&ctx.db.conn, t).await?;
+    let owner = owner_of(&ctx.db.conn, t).await?;
     let slots = task_repository::Entity::find()
         .filter(task_repository::Column::TaskId.eq(owner.id))
         .all(&ctx.db.conn)
@@ -770,7 +713,7 @@ pub async fn reset_environment(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Resul
     if t.archived_at.is_some() {
         return Err(Error::TaskArchived);
     }
-    let owner = environments::owner_of(&ctx.db.conn, &t).await?;
+    let owner = owner_of(&ctx.db.conn, &t).await?;
     let txn = ctx.db.begin_write().await?;
     let owner = lock_task(&txn, owner.id).await?;
     let current = environments::current(&txn, owner.id)
@@ -787,7 +730,7 @@ pub async fn reset_environment(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Resul
     ctx.commit(txn).await?;
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
-        let now = super::now();
+        let now = crate::clock::now();
         env::Entity::update(env::ActiveModel {
             id: Set(current.id),
             status: Set(EnvironmentStatus::Superseded),
@@ -849,7 +792,7 @@ pub async fn delete_workspace(
     workspace::Entity::update(workspace::ActiveModel {
         id: Set(workspace_id),
         status: Set("deleting".into()),
-        updated_at: Set(super::now()),
+        updated_at: Set(crate::clock::now()),
         ..Default::default()
     })
     .exec(&txn)
@@ -964,7 +907,7 @@ async fn transition(
 ) -> Result<job::Model> {
     let j = get(ctx, p, id).await?;
     let txn = ctx.db.begin_write().await?;
-    let now = super::now();
+    let now = crate::clock::now();
     let mut q = job::Entity::update_many()
         .col_expr(job::Column::State, sea_orm::sea_query::Expr::value(to))
         .col_expr(job::Column::UpdatedAt, sea_orm::sea_query::Expr::value(now))
@@ -1006,8 +949,8 @@ async fn transition(
 /// path with trigger `quick_chat_expire`. Dirty worktrees are never discarded without consent: such a
 /// task is kept and logged.
 pub async fn expire_quick_chats(ctx: &Ctx) -> Result<usize> {
-    let cutoff =
-        super::now() - chrono::Duration::from_std(ctx.config.quick_chat_retention).unwrap_or(chrono::Duration::days(7));
+    let cutoff = crate::clock::now()
+        - chrono::Duration::from_std(ctx.config.quick_chat_retention).unwrap_or(chrono::Duration::days(7));
     let candidates = task::Entity::find()
         .filter(task::Column::Kind.eq(crate::entity::task::TaskKind::QuickChat))
         .filter(task::Column::ArchivedAt.is_null())

@@ -8,69 +8,28 @@ use std::collections::HashMap;
 
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    QueryOrder,
 };
 use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::error::{Error, Result};
 use crate::auth::Principal;
-use crate::entity::task::{self, WorkspaceMode};
+use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
-use crate::entity::{cleanup_job, repository, task_repository, task_session};
+use crate::entity::{repository, task_repository, task_session};
+use crate::error::{Error, Result};
 use crate::events::{self, Subject};
-use crate::executor::{ManagedRoot, worktree};
+use crate::executor::worktree;
+use crate::managed_path::ManagedRoot;
+use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
 
 /// An environment with its inventory, in workspace order.
 #[derive(Debug, Clone)]
 pub struct EnvironmentView {
     pub env: env::Model,
     pub repos: Vec<env_repo::Model>,
-}
-
-/// The task whose environment `task` uses: itself, or for an `inherit_parent` subtask its nearest
-/// ancestor with a workspace of its own.
-pub(crate) async fn owner_of<C: ConnectionTrait>(conn: &C, task: &task::Model) -> Result<task::Model> {
-    let mut current = task.clone();
-    for _ in 0..64 {
-        if current.workspace_mode != WorkspaceMode::InheritParent {
-            return Ok(current);
-        }
-        let parent_id = current.parent_task_id.ok_or(Error::NotFound("parent task"))?;
-        current = task::Entity::find_by_id(parent_id)
-            .one(conn)
-            .await?
-            .ok_or(Error::NotFound("parent task"))?;
-    }
-    Err(Error::Internal(anyhow::anyhow!(
-        "task {} inherits through more than 64 ancestors",
-        task.id
-    )))
-}
-
-/// I7: a task with an active cleanup job accepts no new session, environment or inventory row.
-pub(crate) async fn ensure_no_cleanup<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<()> {
-    let active = cleanup_job::Entity::find()
-        .filter(cleanup_job::Column::TaskId.is_in(task_ids.iter().copied()))
-        .filter(cleanup_job::Column::State.is_in(cleanup_job::ACTIVE_STATES))
-        .count(conn)
-        .await?;
-    if active > 0 {
-        Err(Error::TaskCleanupInProgress)
-    } else {
-        Ok(())
-    }
-}
-
-/// Locks a task row for the rest of the transaction (PostgreSQL; SQLite holds the writer lock already).
-pub(crate) async fn lock_task(txn: &DatabaseTransaction, id: Uuid) -> Result<task::Model> {
-    task::Entity::find_by_id(id)
-        .lock_exclusive()
-        .one(txn)
-        .await?
-        .ok_or(Error::NotFound("task"))
 }
 
 /// The current (non-superseded) environment of an owner task.
@@ -111,7 +70,7 @@ pub(crate) async fn supersede(
     env_id: Uuid,
     reason: &str,
 ) -> Result<()> {
-    let now = super::now();
+    let now = crate::clock::now();
     env::Entity::update(env::ActiveModel {
         id: Set(env_id),
         status: Set(EnvironmentStatus::Superseded),
@@ -238,7 +197,7 @@ async fn materialize(
             Ok((rows, path, Vec::new()))
         }
         ExecutorType::Worktree => {
-            let root = ManagedRoot::new(ctx.config.worktree_root.clone());
+            let root = ManagedRoot::from_config(&ctx.config);
             let made = worktree::materialize(ctx.git.as_ref(), &root, task_dir, &plans)
                 .await
                 .map_err(Failed::Slot)?;
@@ -269,7 +228,10 @@ async fn heartbeat(ctx: Ctx, e: env::Model) {
     loop {
         tokio::time::sleep(every).await;
         let res = env::Entity::update_many()
-            .col_expr(env::Column::UpdatedAt, sea_orm::sea_query::Expr::value(super::now()))
+            .col_expr(
+                env::Column::UpdatedAt,
+                sea_orm::sea_query::Expr::value(crate::clock::now()),
+            )
             .filter(env::Column::Id.eq(e.id))
             .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
             .filter(env::Column::MaterializerId.eq(e.materializer_id))
@@ -318,7 +280,7 @@ async fn live_envs(txn: &DatabaseTransaction, owner_id: Uuid) -> Result<Vec<env:
 
 pub(crate) fn is_fresh_creating(ctx: &Ctx, e: &env::Model) -> bool {
     let lease = chrono::Duration::from_std(ctx.config.materialize_lease).unwrap_or(chrono::Duration::minutes(5));
-    e.status == EnvironmentStatus::Creating && e.updated_at > super::now() - lease
+    e.status == EnvironmentStatus::Creating && e.updated_at > crate::clock::now() - lease
 }
 
 /// Inserts a `creating` environment whose materializer is this request (under the owner's lock).
@@ -343,7 +305,7 @@ async fn new_candidate(
             "the local executor works in one repository; use the worktree executor for several",
         ));
     }
-    let now = super::now();
+    let now = crate::clock::now();
     let model = env::Model {
         id: Uuid::now_v7(),
         task_id: owner.id,
@@ -361,7 +323,7 @@ async fn new_candidate(
     let am: env::ActiveModel = model.clone().into();
     match env::Entity::insert(am).exec_without_returning(txn).await {
         // The partial unique index is the backstop: someone else is materializing.
-        Err(e) if super::error::is_unique_violation(&e) => return Err(Error::WorkspacePreparing),
+        Err(e) if crate::error::is_unique_violation(&e) => return Err(Error::WorkspacePreparing),
         other => other?,
     };
     events::append(
@@ -428,7 +390,7 @@ pub(crate) async fn prepare_transition(
         env::Entity::update(env::ActiveModel {
             id: Set(candidate.id),
             workspace_path: Set(path.clone()),
-            updated_at: Set(super::now()),
+            updated_at: Set(crate::clock::now()),
             ..Default::default()
         })
         .exec(&txn)
@@ -466,7 +428,7 @@ pub(crate) async fn promote_transition(
     materializer_id: Option<Uuid>,
 ) -> Result<()> {
     let owner = owner_of(txn, task).await?;
-    let now = super::now();
+    let now = crate::clock::now();
     for old in live_envs(txn, owner.id)
         .await?
         .into_iter()
@@ -556,7 +518,7 @@ async fn publish(
             "the environment changed while it was being prepared; retry".into(),
         ));
     }
-    let now = super::now();
+    let now = crate::clock::now();
     insert_rows(&txn, e.id, rows).await?;
     env::Entity::update(env::ActiveModel {
         id: Set(e.id),
@@ -588,7 +550,7 @@ async fn publish(
 
 /// The inventory rows of a materialized environment, all active.
 async fn insert_rows(txn: &DatabaseTransaction, env_id: Uuid, rows: Vec<Done>) -> Result<()> {
-    let now = super::now();
+    let now = crate::clock::now();
     let models: Vec<env_repo::ActiveModel> = rows
         .into_iter()
         .map(|r| env_repo::ActiveModel {
@@ -628,7 +590,7 @@ async fn fail(
 ) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     lock_task(&txn, owner.id).await?;
-    let now = super::now();
+    let now = crate::clock::now();
     let updated = env::Entity::update_many()
         .col_expr(
             env::Column::Status,
@@ -756,7 +718,7 @@ pub async fn recover_abandoned(ctx: &Ctx) -> Result<usize> {
     let stale = env::Entity::find()
         .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
         .filter(env::Column::NodeId.eq(ctx.config.node_id.clone()))
-        .filter(env::Column::UpdatedAt.lt(super::now() - lease))
+        .filter(env::Column::UpdatedAt.lt(crate::clock::now() - lease))
         .all(&ctx.db.conn)
         .await?;
     let mut recovered = 0;

@@ -3,9 +3,9 @@ use sea_orm::EntityTrait;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::error::{Error, Result};
 use crate::auth::Principal;
 use crate::entity::event;
+use crate::error::{Error, Result};
 use crate::events::{self, Filter};
 
 pub const DEFAULT_LIMIT: u64 = 100;

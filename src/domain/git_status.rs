@@ -10,13 +10,13 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::error::{Error, Result};
 use crate::auth::Principal;
 use crate::entity::git_status_observation as obs;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
 use crate::entity::task_session as session;
 use crate::entity::{repository, task};
+use crate::error::{Error, Result};
 use crate::events::{self, Subject};
 use crate::git::status::{self, FileStatus};
 
@@ -56,7 +56,7 @@ pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Ve
         .one(&ctx.db.conn)
         .await?
         .ok_or(Error::NotFound("session"))?;
-    let owner = super::environments::owner_of(&ctx.db.conn, &t).await?;
+    let owner = crate::store::tasks::owner_of(&ctx.db.conn, &t).await?;
     let env_id = super::environments::current(&ctx.db.conn, owner.id)
         .await?
         .map(|e| e.id)
@@ -156,7 +156,7 @@ pub(crate) async fn inspect_and_record(
             repository_id: row.repository_id,
             session_id,
             kind: kind.to_string(),
-            observed_at: super::now(),
+            observed_at: crate::clock::now(),
             branch: snap.branch,
             head_commit: snap.head_commit,
             upstream: snap.upstream,
@@ -204,7 +204,7 @@ pub async fn report(ctx: &Ctx, p: &Principal, env_id: Uuid, o: Observation) -> R
             format!("at most {MAX_FILES} files; summarize the rest"),
         ));
     }
-    if o.observed_at > super::now() + chrono::Duration::seconds(MAX_SKEW_SECS) {
+    if o.observed_at > crate::clock::now() + chrono::Duration::seconds(MAX_SKEW_SECS) {
         return Err(Error::invalid("observed_at", "lies in the future"));
     }
     if !view
@@ -236,7 +236,7 @@ async fn record_checked(ctx: &Ctx, e: &env::Model, o: Observation) -> Result<obs
         Err(Error::Internal(err))
             if err
                 .downcast_ref::<sea_orm::DbErr>()
-                .is_some_and(super::error::is_unique_violation) =>
+                .is_some_and(crate::error::is_unique_violation) =>
         {
             record(ctx, e, &o).await
         }
@@ -258,7 +258,7 @@ async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model
     }
     // A clock running ahead must not outrank every later observation.
     let mut o = o.clone();
-    o.observed_at = o.observed_at.min(super::now());
+    o.observed_at = o.observed_at.min(crate::clock::now());
     let o = &o;
     let pair = |q: sea_orm::Select<obs::Entity>| {
         q.filter(obs::Column::TaskEnvironmentId.eq(e.id))
@@ -271,7 +271,7 @@ async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model
         .one(&txn)
         .await?;
     let becomes_current = current.as_ref().is_none_or(|c| o.observed_at >= c.observed_at);
-    let now = super::now();
+    let now = crate::clock::now();
     let files = serde_json::to_value(&o.files).map_err(|e| Error::Internal(e.into()))?;
     let model = obs::Model {
         id: Uuid::now_v7(),

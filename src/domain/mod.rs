@@ -2,7 +2,6 @@
 pub mod agents;
 pub mod cleanup;
 pub mod environments;
-pub mod error;
 pub mod events;
 pub mod git_status;
 pub mod pagination;
@@ -34,42 +33,38 @@ pub struct Ctx {
     pub runtime: Arc<crate::runtime::Runtime>,
     /// Wakes the cleanup workers when a job becomes due.
     pub cleanup_wake: Arc<tokio::sync::Notify>,
-    pub cleanup_stats: Arc<crate::worker::cleanup::CleanupStats>,
+    pub cleanup_stats: Arc<crate::metrics::CleanupStats>,
     /// When each (environment, repository) was last inspected for a live read (I25 rate limit).
     pub git_status_inspected: Arc<git_status::InspectionClock>,
-    pub restore_stats: Arc<agents::RestoreStats>,
+    pub restore_stats: Arc<crate::metrics::RestoreStats>,
 }
 
 impl Ctx {
     /// Commits a transaction that appended events, then wakes the event tailer.
-    pub async fn commit(&self, txn: sea_orm::DatabaseTransaction) -> error::Result<()> {
+    pub async fn commit(&self, txn: sea_orm::DatabaseTransaction) -> crate::error::Result<()> {
         txn.commit().await?;
         self.events.wake();
         Ok(())
     }
 }
 
-/// The current time at the precision both databases store (microseconds), so what a create returns
-/// equals what a later read returns.
-pub fn now() -> chrono::DateTime<chrono::Utc> {
-    use chrono::SubsecRound;
-    chrono::Utc::now().trunc_subsecs(6)
-}
-
 /// Trims and bounds a required free-text field.
-pub(crate) fn required_text(field: &str, value: &str, max_chars: usize) -> error::Result<String> {
+pub(crate) fn required_text(field: &str, value: &str, max_chars: usize) -> crate::error::Result<String> {
     let trimmed = value.trim();
     if trimmed.is_empty() {
-        return Err(error::Error::invalid(field, "must not be empty"));
+        return Err(crate::error::Error::invalid(field, "must not be empty"));
     }
     if trimmed.chars().count() > max_chars {
-        return Err(error::Error::invalid(
+        return Err(crate::error::Error::invalid(
             field,
             format!("must be at most {max_chars} characters"),
         ));
     }
     if trimmed.chars().any(|c| c.is_control()) {
-        return Err(error::Error::invalid(field, "must not contain control characters"));
+        return Err(crate::error::Error::invalid(
+            field,
+            "must not contain control characters",
+        ));
     }
     Ok(trimmed.to_string())
 }

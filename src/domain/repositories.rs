@@ -10,10 +10,10 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::error::{Error, Result, is_unique_violation};
 use super::pagination::{Page, PageRequest};
 use crate::auth::Principal;
 use crate::entity::repository;
+use crate::error::{Error, Result, is_unique_violation};
 use crate::events::{self, Subject};
 use crate::git::{self, BranchName, InspectError};
 
@@ -63,7 +63,7 @@ pub async fn register(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewRe
         .or(identity.head_branch)
         .unwrap_or_else(|| "main".to_string());
 
-    let now = crate::domain::now();
+    let now = crate::clock::now();
     let model = repository::Model {
         id: Uuid::now_v7(),
         workspace_id,
@@ -149,7 +149,7 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
             task_count: live_tasks as u64,
         });
     }
-    let now = crate::domain::now();
+    let now = crate::clock::now();
     repository::Entity::update(repository::ActiveModel {
         id: Set(id),
         deleted_at: Set(Some(now)),

@@ -11,14 +11,15 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::environments::{self, ensure_no_cleanup, lock_task};
-use super::error::{Error, Result};
+use super::environments;
 use super::pagination::{Page, PageRequest};
 use crate::auth::Principal;
 use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::entity::task_session::{self as session, SessionState};
+use crate::error::{Error, Result};
 use crate::events::{self, Subject};
+use crate::store::tasks::{ensure_no_cleanup, lock_task};
 
 impl SessionState {
     /// I4: a session in these states has a process being started, working, recovering or stopping.
@@ -116,7 +117,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) 
         .one(&txn)
         .await?
         .is_some();
-    let now = super::now();
+    let now = crate::clock::now();
     let model = session::Model {
         id: Uuid::now_v7(),
         task_id: task.id,
@@ -290,7 +291,7 @@ async fn set_primary(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
     session::Entity::update(session::ActiveModel {
         id: Set(id),
         is_primary: Set(true),
-        updated_at: Set(super::now()),
+        updated_at: Set(crate::clock::now()),
         ..Default::default()
     })
     .exec(txn)

@@ -10,11 +10,11 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::error::{Error, Result};
 use super::pagination::{Page, PageRequest};
 use crate::auth::Principal;
 use crate::entity::task::{self, TaskKind, WorkspaceMode};
 use crate::entity::{repository, task_repository, task_session};
+use crate::error::{Error, Result};
 use crate::events::{self, Subject};
 use crate::git::BranchName;
 
@@ -149,7 +149,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask
         ));
     }
 
-    let now = crate::domain::now();
+    let now = crate::clock::now();
     let id = Uuid::now_v7();
     let model = task::Model {
         id,
@@ -276,7 +276,7 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: TaskPatch) -> Res
         txn.rollback().await?;
         return get(ctx, p, id).await;
     }
-    am.updated_at = Set(crate::domain::now());
+    am.updated_at = Set(crate::clock::now());
     task::Entity::update(am).exec(&txn).await?;
     events::append(
         &txn,

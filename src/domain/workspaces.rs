@@ -4,10 +4,10 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::error::{Error, Result, is_unique_violation};
 use super::pagination::{Page, PageRequest};
 use crate::auth::Principal;
 use crate::entity::workspace;
+use crate::error::{Error, Result, is_unique_violation};
 use crate::events::{self, Subject};
 
 pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::Model> {
@@ -19,7 +19,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::M
         ));
     }
     let name = super::required_text("name", name, 100)?;
-    let now = crate::domain::now();
+    let now = crate::clock::now();
     let model = workspace::Model {
         id: Uuid::now_v7(),
         name,

@@ -81,7 +81,7 @@ pub async fn append(
                     subject.task_environment_id.into(),
                     subject.execution_id.into(),
                     data.into(),
-                    crate::domain::now().into(),
+                    crate::clock::now().into(),
                 ],
             ))
             .await?
@@ -106,7 +106,7 @@ pub async fn append(
         task_environment_id: Set(subject.task_environment_id),
         execution_id: Set(subject.execution_id),
         data: Set(data),
-        created_at: Set(crate::domain::now()),
+        created_at: Set(crate::clock::now()),
     })
     .exec_without_returning(txn)
     .await?;
@@ -293,7 +293,7 @@ pub async fn trim<C: ConnectionTrait>(conn: &C, keep: i64, max_age: Duration) ->
     let (_, latest) = bounds(conn).await?;
     let cutoff_seq = latest - keep;
     let cutoff_time =
-        crate::domain::now() - chrono::Duration::from_std(max_age).unwrap_or(chrono::Duration::days(36500));
+        crate::clock::now() - chrono::Duration::from_std(max_age).unwrap_or(chrono::Duration::days(36500));
     let res = event::Entity::delete_many()
         .filter(
             sea_orm::Condition::any()

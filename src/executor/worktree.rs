@@ -3,8 +3,8 @@
 //! interrupted attempt) is adopted when it is exactly the slot's worktree; anything else fails the slot.
 use std::path::{Path, PathBuf};
 
-use super::{ManagedPath, ManagedRoot};
 use crate::git::{self, cli::GitMutations};
+use crate::managed_path::{ManagedPath, ManagedRoot};
 
 /// What to create for one repository slot.
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio::sync::Semaphore;
 
-use crate::executor::ManagedPath;
+use crate::managed_path::ManagedPath;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {

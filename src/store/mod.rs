@@ -4,6 +4,7 @@
 //! every write transaction, because a deferred transaction that reads then writes fails with "database
 //! is locked" under concurrency and sea-orm drops `FOR UPDATE` there. PostgreSQL: a pool, and row locks.
 pub mod migrate;
+pub mod tasks;
 
 use std::time::Duration;
 

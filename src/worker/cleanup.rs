@@ -4,7 +4,7 @@
 //! expired lease is rescued by any worker of the node.
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sea_orm::sea_query::{Expr, LockBehavior, LockType};
@@ -18,15 +18,7 @@ use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
 use crate::entity::task_session::{self as session, SessionState};
-use crate::executor::ManagedRoot;
-
-/// Claim counters for /metrics.
-#[derive(Default)]
-pub struct CleanupStats {
-    pub claims: AtomicU64,
-    /// Sum of (claimed at − due at), in milliseconds.
-    pub claim_latency_ms: AtomicU64,
-}
+use crate::managed_path::ManagedRoot;
 
 enum Outcome {
     Done,
@@ -68,7 +60,7 @@ pub async fn run(ctx: Ctx, index: usize) {
 
 /// Claims one due (or abandoned) job of this node: `running`, attempts + 1, our lease.
 pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>, sea_orm::DbErr> {
-    let now = crate::domain::now();
+    let now = crate::clock::now();
     let txn = ctx.db.begin_write().await?;
     let found = next_claimable(&txn, &ctx.config.node_id, now).await?;
     let Some(found) = found else {
@@ -194,7 +186,7 @@ async fn heartbeat(ctx: Ctx, owner: String, id: Uuid, attempts: i32, lost: Arc<s
         let res = job::Entity::update_many()
             .col_expr(
                 job::Column::LeaseExpiresAt,
-                Expr::value(Some(crate::domain::now() + lease)),
+                Expr::value(Some(crate::clock::now() + lease)),
             )
             .filter(job::Column::Id.eq(id))
             .filter(job::Column::LeaseOwner.eq(owner.clone()))
@@ -218,7 +210,7 @@ async fn heartbeat(ctx: Ctx, owner: String, id: Uuid, attempts: i32, lost: Arc<s
 /// Compare-and-set on owner and attempt: a worker whose lease was taken (or whose job was cancelled)
 /// records nothing.
 async fn record(ctx: &Ctx, owner: &str, j: &job::Model, outcome: Outcome) -> Result<(), sea_orm::DbErr> {
-    let now = crate::domain::now();
+    let now = crate::clock::now();
     let (state, error, next) = match outcome {
         Outcome::Done => ("succeeded", None, None),
         Outcome::Cancelled(why) => ("cancelled", Some(why), None),
@@ -305,7 +297,7 @@ async fn execute(ctx: &Ctx, j: &job::Model, lost: &std::sync::atomic::AtomicBool
         Ok(false) => {}
         Err(e) => return Outcome::Retry(e.to_string()),
     }
-    let root = ManagedRoot::new(ctx.config.worktree_root.clone());
+    let root = ManagedRoot::from_config(&ctx.config);
     for w in &env_snap.worktrees {
         if lost.load(Ordering::Acquire) {
             return Outcome::Retry("the lease was lost".into());
@@ -361,7 +353,7 @@ async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: Uuid) -> Result<bo
     if e.task_id != snap.task_id {
         return Ok(true);
     }
-    let heirs = cleanup::live_inheritors(&ctx.db.conn, snap.task_id)
+    let heirs = crate::store::tasks::live_inheritors(&ctx.db.conn, snap.task_id)
         .await
         .map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
     if !heirs.is_empty() {
@@ -439,7 +431,7 @@ async fn destroy_worktree(ctx: &Ctx, root: &ManagedRoot, w: &WorktreeSnapshot, c
 /// After destruction: the inventory rows are `deleted` and the environment superseded, if it still
 /// belongs to the job's task.
 async fn retire_environment(ctx: &Ctx, snap: &Snapshot, env_id: Uuid) -> Result<(), sea_orm::DbErr> {
-    let now = crate::domain::now();
+    let now = crate::clock::now();
     let txn = ctx.db.begin_write().await?;
     let Some(e) = env::Entity::find_by_id(env_id).one(&txn).await? else {
         txn.rollback().await?;
@@ -475,7 +467,7 @@ pub async fn reconcile_prepared(ctx: &Ctx) -> Result<(), sea_orm::DbErr> {
     let grace = chrono::Duration::from_std(ctx.config.cleanup_prepared_grace).unwrap_or(chrono::Duration::minutes(1));
     let stale = job::Entity::find()
         .filter(job::Column::State.eq("prepared"))
-        .filter(job::Column::CreatedAt.lt(crate::domain::now() - grace))
+        .filter(job::Column::CreatedAt.lt(crate::clock::now() - grace))
         .all(&ctx.db.conn)
         .await?;
     for j in stale {
@@ -491,7 +483,7 @@ pub async fn reconcile_prepared(ctx: &Ctx) -> Result<(), sea_orm::DbErr> {
             },
             _ => task_row.is_none(),
         };
-        let now = crate::domain::now();
+        let now = crate::clock::now();
         let (state, next) = if committed {
             ("pending", Some(now))
         } else {
@@ -529,8 +521,4 @@ pub fn start(ctx: &Ctx) -> Vec<tokio::task::AbortHandle> {
     (0..ctx.config.cleanup_workers)
         .map(|i| tokio::spawn(run(ctx.clone(), i)).abort_handle())
         .collect()
-}
-
-pub fn stats() -> Arc<CleanupStats> {
-    Arc::new(CleanupStats::default())
 }

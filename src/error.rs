@@ -1,4 +1,5 @@
-//! The one domain error enum. `api::problem` maps each variant to problem+json exactly once.
+//! The one error enum, usable by every layer (auth and domain alike). `api::problem` maps each variant
+//! to problem+json exactly once.
 use crate::auth::Scope;
 
 /// A field-level complaint, returned under `errors` in a `validation_failed` problem.
@@ -54,7 +55,7 @@ pub enum Error {
     WorkspaceReuseUnsupported(&'static str),
     /// I11: worktrees hold changes and no consent was given; nothing changed.
     #[error("the task's worktrees hold uncommitted or untracked changes")]
-    TaskDeleteDirtyWorktree(Vec<super::cleanup::DirtyRepository>),
+    TaskDeleteDirtyWorktree(Vec<DirtyRepository>),
     /// The agent command could not be started; the session is `failed` with the reason.
     #[error("the agent could not be started")]
     AgentStartFailed,
@@ -84,6 +85,13 @@ pub enum ReuseCategory {
     NotAGitWorktree,
     RepositoryMismatch,
     EnvironmentNotReady,
+}
+
+/// A repository whose worktree holds changes (for `task_delete_dirty_worktree`; no paths).
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct DirtyRepository {
+    pub repository_id: uuid::Uuid,
+    pub dirty_file_count: usize,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
