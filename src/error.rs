@@ -1,6 +1,6 @@
 //! The one error enum, usable by every layer (auth and domain alike). `api::problem` maps each variant
 //! to problem+json exactly once.
-use crate::auth::Scope;
+use crate::auth::scope::Scope;
 
 /// A field-level complaint, returned under `errors` in a `validation_failed` problem.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]

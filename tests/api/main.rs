@@ -4,6 +4,7 @@ mod git_status;
 mod helpers;
 
 mod agents;
+mod architecture;
 mod auth;
 mod cleanup;
 mod errors;

@@ -1,0 +1,69 @@
+//! The scopes a token may carry. A leaf: the error type names them.
+use std::str::FromStr;
+
+/// The scopes of `design/api.md`. `admin` implies every other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    WorkspacesAdmin,
+    TasksRead,
+    TasksWrite,
+    TasksArchive,
+    TasksDelete,
+    SessionsRead,
+    SessionsWrite,
+    SessionsDelete,
+    CleanupRead,
+    CleanupAdmin,
+    EventsRead,
+    Admin,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 12] = [
+        Scope::WorkspacesAdmin,
+        Scope::TasksRead,
+        Scope::TasksWrite,
+        Scope::TasksArchive,
+        Scope::TasksDelete,
+        Scope::SessionsRead,
+        Scope::SessionsWrite,
+        Scope::SessionsDelete,
+        Scope::CleanupRead,
+        Scope::CleanupAdmin,
+        Scope::EventsRead,
+        Scope::Admin,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::WorkspacesAdmin => "workspaces:admin",
+            Scope::TasksRead => "tasks:read",
+            Scope::TasksWrite => "tasks:write",
+            Scope::TasksArchive => "tasks:archive",
+            Scope::TasksDelete => "tasks:delete",
+            Scope::SessionsRead => "sessions:read",
+            Scope::SessionsWrite => "sessions:write",
+            Scope::SessionsDelete => "sessions:delete",
+            Scope::CleanupRead => "cleanup:read",
+            Scope::CleanupAdmin => "cleanup:admin",
+            Scope::EventsRead => "events:read",
+            Scope::Admin => "admin",
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Scope {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Scope::ALL
+            .into_iter()
+            .find(|scope| scope.as_str() == s)
+            .ok_or_else(|| format!("unknown scope {s:?}"))
+    }
+}

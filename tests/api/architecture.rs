@@ -1,0 +1,384 @@
+//! The shape of the house (issue 14): no file under `src/` passes 600 lines, nothing below `domain`
+//! imports upward, and no two files of `src/` import each other through any chain.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+const MAX_LINES: usize = 600;
+
+/// Modules below the domain: they may not name `domain`, `api`, `worker` or `startup`.
+const LOWER: [&str; 11] = [
+    "auth",
+    "clock",
+    "config",
+    "entity",
+    "error",
+    "events",
+    "executor",
+    "git",
+    "managed_path",
+    "runtime",
+    "store",
+];
+const UPPER: [&str; 4] = ["domain", "api", "worker", "startup"];
+
+/// A source file and the module path it defines (`src/domain/sessions/launch.rs` → `domain::sessions::launch`).
+struct SourceFile {
+    path: PathBuf,
+    module: Vec<String>,
+    text: String,
+}
+
+fn source_files() -> Vec<SourceFile> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    walk(Path::new(SRC), &mut paths);
+    paths.sort();
+    paths
+        .into_iter()
+        // Binaries are separate crates: `main.rs` and `bin/` reach the library as `berth::`.
+        .filter(|p| {
+            let rel = p.strip_prefix(SRC).unwrap();
+            rel != Path::new("main.rs") && !rel.starts_with("bin")
+        })
+        .map(|path| {
+            let rel = path.strip_prefix(SRC).unwrap().with_extension("");
+            let mut module: Vec<String> = rel.iter().map(|c| c.to_string_lossy().into_owned()).collect();
+            if matches!(module.last().map(String::as_str), Some("mod" | "lib")) {
+                module.pop();
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            SourceFile { path, module, text }
+        })
+        .collect()
+}
+
+/// The text without comments and string literals, so a path in a doc comment or a message is no import.
+fn code_only(text: &str) -> String {
+    // Unit tests sit at the end of a file, and their `use super::*` names the file itself.
+    let text = text.find("#[cfg(test)]\nmod ").map_or(text, |at| &text[..at]);
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '/' if chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
+                        break;
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                let mut prev = ' ';
+                for c in chars.by_ref() {
+                    if prev == '*' && c == '/' {
+                        break;
+                    }
+                    prev = c;
+                }
+            }
+            '"' => {
+                let mut escaped = false;
+                for c in chars.by_ref() {
+                    if !escaped && c == '"' {
+                        break;
+                    }
+                    escaped = !escaped && c == '\\';
+                }
+                out.push_str("\"\"");
+            }
+            // A char literal ('"' in particular) would open a string above; lifetimes stay.
+            '\'' => {
+                let rest: String = chars.clone().take(3).collect();
+                if rest.starts_with("\\") || rest.chars().nth(1) == Some('\'') {
+                    let mut escaped = false;
+                    for c in chars.by_ref() {
+                        if !escaped && c == '\'' {
+                            break;
+                        }
+                        escaped = !escaped && c == '\\';
+                    }
+                }
+                out.push('\'');
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// Every path a file names that starts at `crate`, `super` or `self`, with `use` trees expanded.
+fn named_paths(code: &str) -> Vec<Vec<String>> {
+    fn expand(prefix: &[String], tree: &str, out: &mut Vec<Vec<String>>) {
+        let tree = tree.trim();
+        if let Some(open) = tree.find('{') {
+            let head: Vec<String> = split_path(&tree[..open]);
+            let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+            let base: Vec<String> = prefix.iter().cloned().chain(head).collect();
+            let mut depth = 0;
+            let mut start = 0;
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        expand(&base, &inner[start..i], out);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            expand(&base, &inner[start..], out);
+        } else {
+            let item = tree.split(" as ").next().unwrap_or("");
+            let path: Vec<String> = prefix.iter().cloned().chain(split_path(item)).collect();
+            if !path.is_empty() {
+                out.push(path);
+            }
+        }
+    }
+    fn split_path(s: &str) -> Vec<String> {
+        s.split("::")
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+    let mut out = Vec::new();
+    // `use` declarations (possibly multi-line trees).
+    let mut rest = code;
+    while let Some(at) = find_use(rest) {
+        let after = &rest[at..];
+        let end = after.find(';').unwrap_or(after.len());
+        expand(&[], &after[4..end], &mut out);
+        rest = &after[end..];
+    }
+    // Inline paths such as `crate::domain::tasks::get(..)`.
+    let bytes = code.as_bytes();
+    for root in ["crate::", "super::", "self::"] {
+        let mut from = 0;
+        while let Some(i) = code[from..].find(root) {
+            let at = from + i;
+            from = at + root.len();
+            if at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_' || bytes[at - 1] == b':') {
+                continue;
+            }
+            let end = code[at..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .map_or(code.len(), |e| at + e);
+            out.push(split_path(&code[at..end]));
+        }
+    }
+    out.retain(|p| matches!(p.first().map(String::as_str), Some("crate" | "super" | "self")));
+    out
+}
+
+fn find_use(code: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(i) = code[from..].find("use ") {
+        let at = from + i;
+        let before = code[..at].chars().next_back();
+        if before.is_none_or(|c| c.is_whitespace() || c == '{' || c == ';' || c == ')') {
+            return Some(at);
+        }
+        from = at + 4;
+    }
+    None
+}
+
+/// The file a path lands in: the deepest module of it that is a file of `src/`.
+fn resolve(from: &[String], path: &[String], modules: &BTreeMap<Vec<String>, usize>) -> Option<usize> {
+    let mut abs: Vec<String> = Vec::new();
+    let mut parts = path.iter().peekable();
+    match parts.peek().map(|s| s.as_str()) {
+        Some("crate") => {
+            parts.next();
+        }
+        Some("self") => {
+            parts.next();
+            abs = from.to_vec();
+        }
+        Some("super") => {
+            abs = from.to_vec();
+            while parts.peek().is_some_and(|p| *p == "super") {
+                parts.next();
+                abs.pop();
+            }
+        }
+        _ => return None,
+    }
+    let mut best = modules.get(&abs).copied();
+    for part in parts {
+        abs.push(part.clone());
+        match modules.get(&abs) {
+            Some(&i) => best = Some(i),
+            None => break,
+        }
+    }
+    best
+}
+
+fn imports() -> (Vec<SourceFile>, Vec<BTreeSet<usize>>) {
+    let files = source_files();
+    let modules: BTreeMap<Vec<String>, usize> = files.iter().enumerate().map(|(i, f)| (f.module.clone(), i)).collect();
+    let edges = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            named_paths(&code_only(&f.text))
+                .iter()
+                .filter_map(|p| resolve(&f.module, p, &modules))
+                // A module naming its own children (`pub mod`, re-exports of a child) is its tree, not an import
+                // back: only a child importing its ancestor counts.
+                .filter(|&j| j != i && !files[j].module.starts_with(&f.module))
+                .collect()
+        })
+        .collect();
+    (files, edges)
+}
+
+fn rel(f: &SourceFile) -> String {
+    f.path.strip_prefix(SRC).unwrap().display().to_string()
+}
+
+#[test]
+fn no_source_file_passes_600_lines() {
+    let long: Vec<String> = source_files()
+        .iter()
+        .filter(|f| f.text.lines().count() > MAX_LINES)
+        .map(|f| format!("src/{} has {} lines", rel(f), f.text.lines().count()))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "one concern per file, at most {MAX_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn lower_layers_never_import_upward() {
+    let (files, edges) = imports();
+    let mut upward = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        if !f.module.first().is_some_and(|m| LOWER.contains(&m.as_str())) {
+            continue;
+        }
+        for &j in &edges[i] {
+            if files[j].module.first().is_some_and(|m| UPPER.contains(&m.as_str())) {
+                upward.push(format!("src/{} imports src/{}", rel(f), rel(&files[j])));
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "data flows api → domain → lower layers:\n{}",
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn no_import_cycle_among_source_files() {
+    let (files, edges) = imports();
+    // Tarjan's strongly connected components: any component of more than one file is a cycle.
+    struct State<'a> {
+        edges: &'a [BTreeSet<usize>],
+        index: Vec<Option<usize>>,
+        low: Vec<usize>,
+        on_stack: Vec<bool>,
+        stack: Vec<usize>,
+        next: usize,
+        cycles: Vec<Vec<usize>>,
+    }
+    fn visit(s: &mut State, v: usize) {
+        s.index[v] = Some(s.next);
+        s.low[v] = s.next;
+        s.next += 1;
+        s.stack.push(v);
+        s.on_stack[v] = true;
+        for &w in s.edges[v].iter() {
+            match s.index[w] {
+                None => {
+                    visit(s, w);
+                    s.low[v] = s.low[v].min(s.low[w]);
+                }
+                Some(iw) if s.on_stack[w] => s.low[v] = s.low[v].min(iw),
+                Some(_) => {}
+            }
+        }
+        if Some(s.low[v]) == s.index[v] {
+            let mut component = Vec::new();
+            while let Some(w) = s.stack.pop() {
+                s.on_stack[w] = false;
+                component.push(w);
+                if w == v {
+                    break;
+                }
+            }
+            if component.len() > 1 {
+                s.cycles.push(component);
+            }
+        }
+    }
+    let n = files.len();
+    let mut s = State {
+        edges: &edges,
+        index: vec![None; n],
+        low: vec![0; n],
+        on_stack: vec![false; n],
+        stack: Vec::new(),
+        next: 0,
+        cycles: Vec::new(),
+    };
+    for v in 0..n {
+        if s.index[v].is_none() {
+            visit(&mut s, v);
+        }
+    }
+    let report: Vec<String> = s
+        .cycles
+        .iter()
+        .map(|c| {
+            let mut names: Vec<String> = c.iter().map(|&i| format!("src/{}", rel(&files[i]))).collect();
+            names.sort();
+            format!("- {}", names.join(", "))
+        })
+        .collect();
+    assert!(
+        report.is_empty(),
+        "files that import each other (through any chain):\n{}",
+        report.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_sees_imports() {
+    // The checks above are only as good as the path reader: it must see use trees, inline paths and
+    // `super`, and ignore comments and strings.
+    let code = code_only(
+        "use crate::a::{b, c::{d, e as f}};\n// crate::hidden::x\nlet s = \"crate::nope\";\nsuper::g::h();\nuse super::{self as me, i};",
+    );
+    let paths: BTreeSet<String> = named_paths(&code).iter().map(|p| p.join("::")).collect();
+    for want in [
+        "crate::a::b",
+        "crate::a::c::d",
+        "crate::a::c::e",
+        "super::g::h",
+        "super::i",
+    ] {
+        assert!(paths.contains(want), "{want} not seen in {paths:?}");
+    }
+    assert!(
+        !paths.iter().any(|p| p.contains("hidden") || p.contains("nope")),
+        "{paths:?}"
+    );
+}
