@@ -19,10 +19,10 @@ WORKDIR /build
 COPY Cargo.toml Cargo.lock ./
 COPY migration/Cargo.toml migration/Cargo.toml
 # Every target the manifest declares must exist, even those not built here (the test agent, the bench).
-RUN mkdir -p src/bin migration/src benches \
+RUN mkdir -p src/bin migration/src benches/suite \
  && echo 'fn main() {}' > src/main.rs \
  && echo 'fn main() {}' > src/bin/berth-test-agent.rs \
- && echo 'fn main() {}' > benches/suite.rs \
+ && echo 'fn main() {}' > benches/suite/main.rs \
  && touch src/lib.rs migration/src/lib.rs \
  && cargo build --release --locked --bin berth \
  && rm -rf src migration/src benches

@@ -1,5 +1,7 @@
 //! The authenticated caller, with the scope a route needs declared in its signature:
-//! `auth: Authorized<TasksRead>` both verifies the bearer token and requires `tasks:read`.
+//! `auth: Authorized<TasksRead>` both verifies the bearer token and requires `tasks:read`;
+//! `auth: Unbound<TasksWrite>` also refuses a session-bound token (an agent's), handing the domain an
+//! `UnboundPrincipal` so it need not check again.
 use std::future::{Ready, ready};
 use std::marker::PhantomData;
 
@@ -7,7 +9,7 @@ use actix_web::http::header::AUTHORIZATION;
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 
 use super::AppState;
-use crate::auth::{Principal, Scope};
+use crate::auth::{Principal, Scope, UnboundPrincipal};
 use crate::error::Error;
 
 pub trait RequiredScope {
@@ -57,6 +59,28 @@ impl<S: RequiredScope> FromRequest for Authorized<S> {
         ready(authenticate(req).and_then(|p| {
             p.require(S::SCOPE)?;
             Ok(Authorized(p, PhantomData))
+        }))
+    }
+}
+
+/// A caller with the scope `S` whose token is not bound to a session.
+pub struct Unbound<S>(pub UnboundPrincipal, PhantomData<S>);
+
+impl<S> std::ops::Deref for Unbound<S> {
+    type Target = UnboundPrincipal;
+    fn deref(&self) -> &UnboundPrincipal {
+        &self.0
+    }
+}
+
+impl<S: RequiredScope> FromRequest for Unbound<S> {
+    type Error = Error;
+    type Future = Ready<Result<Self, Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(authenticate(req).and_then(|p| {
+            p.require(S::SCOPE)?;
+            Ok(Unbound(p.unbound()?, PhantomData))
         }))
     }
 }

@@ -51,13 +51,32 @@ impl Principal {
         self
     }
 
-    /// Refuses a session-bound token on a route that is not about its session.
-    pub fn require_unbound(&self) -> Result<()> {
+    /// The capability for operations a session-bound token must not perform (anything not about its
+    /// session): refused for an agent's token, so a function that takes an `UnboundPrincipal` needs no check.
+    pub fn unbound(self) -> Result<UnboundPrincipal> {
         if self.session_id.is_some() {
             Err(Error::SessionBound)
         } else {
-            Ok(())
+            Ok(UnboundPrincipal(self))
         }
+    }
+}
+
+impl Principal {
+    /// Goes away once every domain function takes an `UnboundPrincipal`.
+    pub fn require_unbound(&self) -> Result<()> {
+        self.clone().unbound().map(drop)
+    }
+}
+
+/// A principal proven not to be bound to a session. Only `Principal::unbound` makes one.
+#[derive(Debug, Clone)]
+pub struct UnboundPrincipal(Principal);
+
+impl std::ops::Deref for UnboundPrincipal {
+    type Target = Principal;
+    fn deref(&self) -> &Principal {
+        &self.0
     }
 }
 

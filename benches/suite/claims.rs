@@ -1,0 +1,134 @@
+//! Cleanup claims: the workers on no-op jobs against a bare claim loop of the same SQL.
+use super::*;
+
+pub(crate) async fn claims(b: &Bench, table: &mut Table) {
+    let n = env_usize("BERTH_BENCH_JOBS", 10_000);
+    for workers in [1usize, 4] {
+        insert_jobs(b, n).await;
+        let t = Instant::now();
+        let handles: Vec<_> = (0..workers)
+            .map(|i| tokio::spawn(berth::worker::cleanup::run(b.ctx.clone(), i)).abort_handle())
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(1800);
+        loop {
+            let done = count(&b.ctx.db.conn, "SELECT COUNT(*) AS n FROM task_resource_cleanup_jobs WHERE node_id = 'bench-bare' AND state = 'succeeded'").await;
+            if done as usize == n {
+                break;
+            }
+            assert!(Instant::now() < deadline, "claims did not finish: {done}/{n}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let ours = t.elapsed();
+        handles.iter().for_each(|h| h.abort());
+        let twice = count(
+            &b.ctx.db.conn,
+            "SELECT COUNT(*) AS n FROM task_resource_cleanup_jobs WHERE node_id = 'bench-bare' AND attempts <> 1",
+        )
+        .await;
+        exec(
+            &b.ctx.db.conn,
+            "DELETE FROM task_resource_cleanup_jobs WHERE node_id = 'bench-bare'",
+        )
+        .await;
+
+        insert_jobs(b, n).await;
+        let t = Instant::now();
+        let loops: Vec<_> = (0..workers)
+            .map(|_| {
+                let ctx = b.ctx.clone();
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    while let Some(id) = bare_claim(&ctx).await {
+                        got.push(id);
+                    }
+                    got
+                })
+            })
+            .collect();
+        let mut ids = Vec::new();
+        for l in loops {
+            ids.extend(l.await.unwrap());
+        }
+        let bare = t.elapsed();
+        let unique: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(unique.len(), n);
+        exec(
+            &b.ctx.db.conn,
+            "DELETE FROM task_resource_cleanup_jobs WHERE node_id = 'bench-bare'",
+        )
+        .await;
+
+        let (ours_rate, bare_rate) = (n as f64 / ours.as_secs_f64(), n as f64 / bare.as_secs_f64());
+        let ratio = ours_rate / bare_rate;
+        table.add(
+            b.backend,
+            &format!("cleanup claims, {n} no-op jobs, {workers} worker(s)"),
+            format!("{ours_rate:.0} jobs/s (claim, run, record); claimed twice: {twice}"),
+            format!(
+                "{bare_rate:.0} claims/s (same SQL, no job logic); claimed twice: {}",
+                ids.len() - unique.len()
+            ),
+            format!("{:.0}%", ratio * 100.0),
+            ">= 50% of bare, none twice",
+            Some(ratio >= 0.5 && twice == 0 && ids.len() == unique.len()),
+        );
+    }
+}
+
+pub(crate) async fn insert_jobs(b: &Bench, n: usize) {
+    let now = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let snapshot = json!({"task_id": Uuid::nil(), "workspace_id": b.workspace, "environment": null, "sessions": [], "discard_worktree_changes": false, "keep_branches": true});
+    let mut i = 0;
+    while i < n {
+        let end = (i + 500).min(n);
+        let rows = (i..end).map(|_| job::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            operation_id: Set(Uuid::now_v7()),
+            task_id: Set(Uuid::now_v7()),
+            workspace_id: Set(b.workspace),
+            task_environment_id: Set(None),
+            trigger: Set("delete".into()),
+            state: Set("pending".into()),
+            attempts: Set(0),
+            max_attempts: Set(8),
+            next_attempt_at: Set(Some(now)),
+            last_error: Set(None),
+            resource_snapshot: Set(snapshot.clone()),
+            node_id: Set("bench-bare".into()),
+            lease_owner: Set(None),
+            lease_expires_at: Set(None),
+            created_at: Set(now),
+            updated_at: Set(now),
+            completed_at: Set(None),
+        });
+        job::Entity::insert_many(rows)
+            .exec_without_returning(&b.ctx.db.conn)
+            .await
+            .unwrap();
+        i = end;
+    }
+    analyze(&b.ctx.db.conn).await;
+}
+
+/// The claim's SQL (the same `next_claimable` queries and update as `worker::cleanup::claim`), nothing else.
+pub(crate) async fn bare_claim(ctx: &Ctx) -> Option<Uuid> {
+    let now = chrono::Utc::now();
+    let txn = ctx.db.begin_write().await.unwrap();
+    let found = berth::worker::cleanup::next_claimable(&txn, "bench-bare", now)
+        .await
+        .unwrap()?;
+    job::Entity::update(job::ActiveModel {
+        id: Set(found.id),
+        state: Set("succeeded".into()),
+        attempts: Set(found.attempts + 1),
+        lease_owner: Set(Some("bare".into())),
+        lease_expires_at: Set(Some(now)),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(&txn)
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+    Some(found.id)
+}

@@ -1,0 +1,122 @@
+//! The vocabulary of the event log (`design/api.md` "Events"): what `events::append` takes and what the
+//! spec's `Event.type` lists. Stored as today's strings (no data migration).
+use sea_orm::entity::prelude::*;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+pub enum EventType {
+    #[sea_orm(string_value = "workspace.created")]
+    #[serde(rename = "workspace.created")]
+    WorkspaceCreated,
+    #[sea_orm(string_value = "workspace.deleted")]
+    #[serde(rename = "workspace.deleted")]
+    WorkspaceDeleted,
+    #[sea_orm(string_value = "repository.created")]
+    #[serde(rename = "repository.created")]
+    RepositoryCreated,
+    #[sea_orm(string_value = "repository.deleted")]
+    #[serde(rename = "repository.deleted")]
+    RepositoryDeleted,
+    #[sea_orm(string_value = "task.created")]
+    #[serde(rename = "task.created")]
+    TaskCreated,
+    #[sea_orm(string_value = "task.updated")]
+    #[serde(rename = "task.updated")]
+    TaskUpdated,
+    #[sea_orm(string_value = "task.archived")]
+    #[serde(rename = "task.archived")]
+    TaskArchived,
+    #[sea_orm(string_value = "task.unarchived")]
+    #[serde(rename = "task.unarchived")]
+    TaskUnarchived,
+    #[sea_orm(string_value = "task.deleted")]
+    #[serde(rename = "task.deleted")]
+    TaskDeleted,
+    #[sea_orm(string_value = "environment.created")]
+    #[serde(rename = "environment.created")]
+    EnvironmentCreated,
+    #[sea_orm(string_value = "environment.ready")]
+    #[serde(rename = "environment.ready")]
+    EnvironmentReady,
+    #[sea_orm(string_value = "environment.failed")]
+    #[serde(rename = "environment.failed")]
+    EnvironmentFailed,
+    #[sea_orm(string_value = "environment.superseded")]
+    #[serde(rename = "environment.superseded")]
+    EnvironmentSuperseded,
+    #[sea_orm(string_value = "environment.reset")]
+    #[serde(rename = "environment.reset")]
+    EnvironmentReset,
+    #[sea_orm(string_value = "session.created")]
+    #[serde(rename = "session.created")]
+    SessionCreated,
+    #[sea_orm(string_value = "session.state_changed")]
+    #[serde(rename = "session.state_changed")]
+    SessionStateChanged,
+    #[sea_orm(string_value = "session.deleted")]
+    #[serde(rename = "session.deleted")]
+    SessionDeleted,
+    #[sea_orm(string_value = "session.primary_changed")]
+    #[serde(rename = "session.primary_changed")]
+    SessionPrimaryChanged,
+    #[sea_orm(string_value = "runtime.output")]
+    #[serde(rename = "runtime.output")]
+    RuntimeOutput,
+    #[sea_orm(string_value = "git_status.updated")]
+    #[serde(rename = "git_status.updated")]
+    GitStatusUpdated,
+    #[sea_orm(string_value = "cleanup_job.updated")]
+    #[serde(rename = "cleanup_job.updated")]
+    CleanupJobUpdated,
+}
+
+impl EventType {
+    /// The stored and serialized name, e.g. `session.state_changed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::WorkspaceCreated => "workspace.created",
+            EventType::WorkspaceDeleted => "workspace.deleted",
+            EventType::RepositoryCreated => "repository.created",
+            EventType::RepositoryDeleted => "repository.deleted",
+            EventType::TaskCreated => "task.created",
+            EventType::TaskUpdated => "task.updated",
+            EventType::TaskArchived => "task.archived",
+            EventType::TaskUnarchived => "task.unarchived",
+            EventType::TaskDeleted => "task.deleted",
+            EventType::EnvironmentCreated => "environment.created",
+            EventType::EnvironmentReady => "environment.ready",
+            EventType::EnvironmentFailed => "environment.failed",
+            EventType::EnvironmentSuperseded => "environment.superseded",
+            EventType::EnvironmentReset => "environment.reset",
+            EventType::SessionCreated => "session.created",
+            EventType::SessionStateChanged => "session.state_changed",
+            EventType::SessionDeleted => "session.deleted",
+            EventType::SessionPrimaryChanged => "session.primary_changed",
+            EventType::RuntimeOutput => "runtime.output",
+            EventType::GitStatusUpdated => "git_status.updated",
+            EventType::CleanupJobUpdated => "cleanup_job.updated",
+        }
+    }
+}
+
+impl std::fmt::Display for EventType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_serialized_and_displayed_names_agree() {
+        for t in EventType::iter() {
+            assert_eq!(t.to_value(), t.as_str());
+            assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
+            assert_eq!(EventType::try_from_value(&t.as_str().to_string()).unwrap(), t);
+        }
+    }
+}
