@@ -1091,7 +1091,7 @@ async fn insert_observations(conn: &DatabaseConnection, env_id: Uuid, repo: Uuid
             task_environment_id: Set(env_id),
             repository_id: Set(repo),
             session_id: Set(None),
-            kind: Set("archive".into()),
+            kind: Set(obs::ObservationKind::Archive),
             observed_at: Set(start + chrono::Duration::milliseconds(n as i64)),
             branch: Set(Some("berth/bench".into())),
             head_commit: Set(None),
