@@ -36,27 +36,7 @@ pub async fn register(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewRe
         None => RepositoryName::from_dir(&path),
     };
 
-    let inspect_path = path.clone();
-    let identity = tokio::task::spawn_blocking(move || git::inspect_repository(&inspect_path))
-        .await
-        .map_err(|e| Error::Internal(e.into()))?
-        .map_err(|e| match e {
-            InspectError::NotARepository => Error::NotAGitRepository("the path is not a git repository"),
-            InspectError::Bare => Error::NotAGitRepository("a bare repository has no work tree"),
-            InspectError::NotTheRoot => Error::NotAGitRepository("the path is not the root of a git work tree"),
-        })?;
-    // The repository itself (its common git directory) must be allowed too, not only the work tree: a
-    // linked worktree inside the roots may belong to a repository outside them.
-    if !under_roots(&identity.common_git_dir, ctx.config.repo_roots.as_deref()) {
-        return Err(Error::PathNotAllowed(
-            "the repository's git directory is outside the allowed repository roots",
-        ));
-    }
-    if identity.common_git_dir.starts_with(&ctx.config.worktree_root) {
-        return Err(Error::PathNotAllowed(
-            "the repository lives inside berth's worktree root",
-        ));
-    }
+    let identity = identity(ctx, path).await?;
     let default_branch = default_branch
         .map(|b| b.as_str().to_string())
         .or(identity.head_branch)
@@ -134,6 +114,31 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
     .await?;
     ctx.commit(txn).await?;
     Ok(())
+}
+
+/// The git identity of an allowed path, read-only; the repository itself must be allowed too.
+async fn identity(ctx: &Ctx, path: PathBuf) -> Result<git::RepositoryIdentity> {
+    let identity = tokio::task::spawn_blocking(move || git::inspect_repository(&path))
+        .await
+        .map_err(|e| Error::Internal(e.into()))?
+        .map_err(|e| match e {
+            InspectError::NotARepository => Error::NotAGitRepository("the path is not a git repository"),
+            InspectError::Bare => Error::NotAGitRepository("a bare repository has no work tree"),
+            InspectError::NotTheRoot => Error::NotAGitRepository("the path is not the root of a git work tree"),
+        })?;
+    // The repository itself (its common git directory) must be allowed too, not only the work tree: a
+    // linked worktree inside the roots may belong to a repository outside them.
+    if !under_roots(&identity.common_git_dir, ctx.config.repo_roots.as_deref()) {
+        return Err(Error::PathNotAllowed(
+            "the repository's git directory is outside the allowed repository roots",
+        ));
+    }
+    if identity.common_git_dir.starts_with(&ctx.config.worktree_root) {
+        return Err(Error::PathNotAllowed(
+            "the repository lives inside berth's worktree root",
+        ));
+    }
+    Ok(identity)
 }
 
 /// A registered repository the token may see; otherwise `not_found`.

@@ -54,11 +54,77 @@ pub struct TaskFilter {
     pub parent_task_id: Option<Uuid>,
 }
 
+/// A requested slot, parsed: (repository, branch slug, base branch, branch).
+type Slot = (Uuid, String, Option<String>, Option<String>);
+
 pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask) -> Result<TaskView> {
     p.require_unbound()?;
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let title = super::required_text("title", &input.title, 500)?;
     let description = description(input.description.as_deref())?;
+    let slots = parse_slots(&input)?;
+
+    let txn = ctx.db.begin_write().await?;
+    // A workspace being deleted takes no new task (its cleanup has listed the tasks it removes).
+    let ws = crate::store::workspaces::lock_shared(&txn, workspace_id)
+        .await?
+        .ok_or(Error::NotFound("workspace"))?;
+    if ws.status != WorkspaceStatus::Active {
+        return Err(Error::Conflict("the workspace is being deleted".into()));
+    }
+    let slots = resolve_slots(&txn, workspace_id, &input, slots).await?;
+    let now = crate::clock::now();
+    let id = Uuid::now_v7();
+    let model = task::Model {
+        id,
+        workspace_id,
+        parent_task_id: input.parent_task_id,
+        slug: crate::executor::task_dir_name(&title, id),
+        title,
+        description,
+        kind: input.kind,
+        workspace_mode: input.workspace_mode,
+        archived_at: None,
+        last_activity_at: now,
+        created_at: now,
+        updated_at: now,
+    };
+    let rows: Vec<task_repository::Model> = slots
+        .into_iter()
+        .enumerate()
+        .map(
+            |(position, (repository_id, branch_slug, base_branch, branch))| task_repository::Model {
+                id: Uuid::now_v7(),
+                task_id: model.id,
+                repository_id,
+                branch_slug,
+                base_branch,
+                branch,
+                position: position as i32,
+                created_at: now,
+            },
+        )
+        .collect();
+    store::insert_with_slots(&txn, &model, &rows).await?;
+    events::append(
+        &txn,
+        ctx.instance_id,
+        "task.created",
+        Subject::task(workspace_id, model.id),
+        json!({ "title": model.title, "kind": model.kind, "parent_task_id": model.parent_task_id }),
+    )
+    .await?;
+    ctx.commit(txn).await?;
+    Ok(TaskView {
+        task: model,
+        repositories: rows,
+        primary_session_id: None,
+        session_count: 0,
+    })
+}
+
+/// The requested slots, parsed and checked against each other and the workspace mode (no database).
+fn parse_slots(input: &NewTask) -> Result<Vec<Slot>> {
     if input.repositories.len() > MAX_REPOSITORIES {
         return Err(Error::invalid("repositories", format!("at most {MAX_REPOSITORIES}")));
     }
@@ -78,31 +144,28 @@ pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask
         slots.push((slot.repository_id, branch_slug, base_branch, branch));
     }
     match (input.workspace_mode, input.parent_task_id) {
-        (WorkspaceMode::InheritParent, None) => {
-            return Err(Error::invalid(
-                "workspace_mode",
-                "inherit_parent needs a parent_task_id",
-            ));
-        }
-        (WorkspaceMode::InheritParent, Some(_)) if !slots.is_empty() => {
-            return Err(Error::invalid(
-                "repositories",
-                "an inherit_parent subtask uses its parent's repositories",
-            ));
-        }
-        _ => {}
+        (WorkspaceMode::InheritParent, None) => Err(Error::invalid(
+            "workspace_mode",
+            "inherit_parent needs a parent_task_id",
+        )),
+        (WorkspaceMode::InheritParent, Some(_)) if !slots.is_empty() => Err(Error::invalid(
+            "repositories",
+            "an inherit_parent subtask uses its parent's repositories",
+        )),
+        _ => Ok(slots),
     }
+}
 
-    let txn = ctx.db.begin_write().await?;
-    // A workspace being deleted takes no new task (its cleanup has listed the tasks it removes).
-    let ws = crate::store::workspaces::lock_shared(&txn, workspace_id)
-        .await?
-        .ok_or(Error::NotFound("workspace"))?;
-    if ws.status != WorkspaceStatus::Active {
-        return Err(Error::Conflict("the workspace is being deleted".into()));
-    }
+/// Inside the creating transaction: checks the parent, takes an `inherit_parent` subtask's slots from it,
+/// and share-locks the slots' repositories (PostgreSQL) so a concurrent deregistration waits for this task.
+async fn resolve_slots(
+    txn: &sea_orm::DatabaseTransaction,
+    workspace_id: Uuid,
+    input: &NewTask,
+    mut slots: Vec<Slot>,
+) -> Result<Vec<Slot>> {
     if let Some(parent_id) = input.parent_task_id {
-        let parent = store::lock_shared(&txn, parent_id)
+        let parent = store::lock_shared(txn, parent_id)
             .await?
             .filter(|t| t.workspace_id == workspace_id)
             .ok_or_else(|| Error::invalid("parent_task_id", "no such task in this workspace"))?;
@@ -110,16 +173,15 @@ pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask
             return Err(Error::TaskArchived);
         }
         if input.workspace_mode == WorkspaceMode::InheritParent {
-            slots = store::slots_of(&txn, parent_id)
+            slots = store::slots_of(txn, parent_id)
                 .await?
                 .into_iter()
                 .map(|s| (s.repository_id, s.branch_slug, s.base_branch, s.branch))
                 .collect();
         }
     }
-    // Share-lock the repositories (PostgreSQL) so a concurrent deregistration waits for this task.
     let ids: Vec<Uuid> = slots.iter().map(|s| s.0).collect();
-    let live: HashSet<Uuid> = crate::store::repositories::lock_shared_registered_in(&txn, workspace_id, &ids)
+    let live: HashSet<Uuid> = crate::store::repositories::lock_shared_registered_in(txn, workspace_id, &ids)
         .await?
         .into_iter()
         .collect();
@@ -129,52 +191,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask
             "not a repository of this workspace",
         ));
     }
-
-    let now = crate::clock::now();
-    let id = Uuid::now_v7();
-    let model = task::Model {
-        id,
-        workspace_id,
-        parent_task_id: input.parent_task_id,
-        slug: crate::executor::task_dir_name(&title, id),
-        title,
-        description,
-        kind: input.kind,
-        workspace_mode: input.workspace_mode,
-        archived_at: None,
-        last_activity_at: now,
-        created_at: now,
-        updated_at: now,
-    };
-    let mut rows = Vec::with_capacity(slots.len());
-    for (position, (repository_id, branch_slug, base_branch, branch)) in slots.into_iter().enumerate() {
-        rows.push(task_repository::Model {
-            id: Uuid::now_v7(),
-            task_id: model.id,
-            repository_id,
-            branch_slug,
-            base_branch,
-            branch,
-            position: position as i32,
-            created_at: now,
-        });
-    }
-    store::insert_with_slots(&txn, &model, &rows).await?;
-    events::append(
-        &txn,
-        ctx.instance_id,
-        "task.created",
-        Subject::task(workspace_id, model.id),
-        json!({ "title": model.title, "kind": model.kind, "parent_task_id": model.parent_task_id }),
-    )
-    .await?;
-    ctx.commit(txn).await?;
-    Ok(TaskView {
-        task: model,
-        repositories: rows,
-        primary_session_id: None,
-        session_count: 0,
-    })
+    Ok(slots)
 }
 
 pub async fn list(

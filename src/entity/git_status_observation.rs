@@ -68,3 +68,22 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_monitor_reports_live_or_completion_only() {
+        assert_eq!(
+            ReportedKind::parse("live").map(ObservationKind::from),
+            Some(ObservationKind::Live)
+        );
+        assert_eq!(
+            ReportedKind::parse("completion").map(ObservationKind::from),
+            Some(ObservationKind::Completion)
+        );
+        assert_eq!(ReportedKind::parse("archive"), None);
+        assert_eq!(ReportedKind::parse("Live"), None);
+    }
+}

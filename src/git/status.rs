@@ -175,3 +175,50 @@ fn count(repo: &gix::Repository, from: gix::ObjectId, hidden: gix::ObjectId) -> 
         .map(|walk| walk.filter(|c| c.is_ok()).count() as i32)
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_statuses_keep_their_stored_strings() {
+        let f = FileStatus {
+            path: "a".into(),
+            index_status: IndexStatus::Added,
+            worktree_status: WorktreeStatus::Typechange,
+        };
+        let v = serde_json::to_value(&f).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"path": "a", "index_status": "added", "worktree_status": "typechange"})
+        );
+        assert_eq!(serde_json::from_value::<FileStatus>(v).unwrap(), f);
+    }
+
+    #[test]
+    fn reported_statuses_are_the_specs() {
+        for s in ["unmodified", "added", "modified", "deleted", "renamed"] {
+            assert!(IndexStatus::parse(s).is_some(), "{s}");
+        }
+        for s in [
+            "unmodified",
+            "modified",
+            "deleted",
+            "typechange",
+            "renamed",
+            "untracked",
+            "conflict",
+        ] {
+            assert!(WorktreeStatus::parse_reported(s).is_some(), "{s}");
+        }
+        assert_eq!(IndexStatus::parse("bogus"), None);
+        assert_eq!(IndexStatus::parse("Added"), None);
+        assert_eq!(WorktreeStatus::parse_reported("exploded"), None);
+        // berth's own inspection reports intent-to-add; a monitor may not (as before the enum existed).
+        assert_eq!(WorktreeStatus::parse_reported("added"), None);
+        assert_eq!(
+            serde_json::from_str::<WorktreeStatus>("\"added\"").unwrap(),
+            WorktreeStatus::Added
+        );
+    }
+}
