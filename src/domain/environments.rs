@@ -8,10 +8,12 @@
 //! Executor transitions (I18) live in `environment_transition`, the `creating` lease and the takeover of
 //! abandoned materializations in `environment_lease`, the status writes (settle, supersede) in
 //! `environment_state`; what other modules call is re-exported here.
+use sea_orm::{ConnectionTrait, DatabaseTransaction};
 use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
+use super::environment_state::{env_subject, settle, supersede_stale};
 use crate::auth::Principal;
 use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
@@ -22,11 +24,9 @@ use crate::executor::worktree;
 use crate::managed_path::ManagedRoot;
 use crate::store::environments::{self as store, NewRepoRow, Settle};
 use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
-use sea_orm::DatabaseTransaction;
 
 pub(crate) use super::environment_lease::{is_fresh_creating, recover_abandoned};
 pub(crate) use super::environment_state::supersede;
-use super::environment_state::{env_subject, settle, supersede_stale};
 pub(crate) use super::environment_transition::{abandon_transition, prepare_transition, promote_transition};
 pub(crate) use crate::store::environments::slots_with_repositories;
 
@@ -38,7 +38,7 @@ pub struct EnvironmentView {
 }
 
 /// The current (non-superseded) environment of an owner task.
-pub(crate) async fn current<C: sea_orm::ConnectionTrait>(conn: &C, owner_task_id: Uuid) -> Result<Option<env::Model>> {
+pub(crate) async fn current<C: ConnectionTrait>(conn: &C, owner_task_id: Uuid) -> Result<Option<env::Model>> {
     let mut envs = store::live_of(conn, owner_task_id).await?;
     // The ready one is current; without one, the one being made; else the newest failed attempt.
     let rank = |e: &env::Model| match e.status {
@@ -337,7 +337,7 @@ pub(super) async fn fail(
 }
 
 /// The slots of the owner task, resolved against their repositories, in workspace order.
-pub(crate) async fn plans<C: sea_orm::ConnectionTrait>(
+pub(crate) async fn plans<C: ConnectionTrait>(
     conn: &C,
     owner: &task::Model,
     task_dir: &str,
@@ -396,7 +396,7 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<EnvironmentView> 
     view(&ctx.db.conn, e).await
 }
 
-pub(crate) async fn view<C: sea_orm::ConnectionTrait>(conn: &C, e: env::Model) -> Result<EnvironmentView> {
+pub(crate) async fn view<C: ConnectionTrait>(conn: &C, e: env::Model) -> Result<EnvironmentView> {
     let repos = store::repos_of(conn, e.id).await?;
     Ok(EnvironmentView { env: e, repos })
 }
