@@ -108,8 +108,8 @@ pub async fn read_current(ctx: &Ctx, env_id: Uuid, repos: Vec<Uuid>) -> Result<V
     read_current_on(&ctx.db.conn, env_id, repos).await
 }
 
-pub async fn read_current_on(
-    conn: &sea_orm::DatabaseConnection,
+pub async fn read_current_on<C: sea_orm::ConnectionTrait>(
+    conn: &C,
     env_id: Uuid,
     mut repos: Vec<Uuid>,
 ) -> Result<Vec<obs::Model>> {
