@@ -9,8 +9,8 @@ use uuid::Uuid;
 use super::AppState;
 use super::extract::{Authorized, SessionsRead, SessionsWrite, TasksRead};
 use super::problem::Problem;
-use crate::domain::git_status::{self, Observation};
-use crate::entity::git_status_observation;
+use crate::domain::git_status::{self, Report, ReportedFile};
+use crate::entity::git_status_observation::{self, ObservationKind, ReportedKind};
 use crate::error::Error;
 use crate::git::status::FileStatus;
 
@@ -21,25 +21,6 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(session_status);
 }
 
-/// Where an observation came from.
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum ObservationKind {
-    Live,
-    Completion,
-    Archive,
-}
-
-/// The kinds a monitor may report.
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum ReportedKind {
-    Live,
-    Completion,
-}
-
 #[derive(Debug, Serialize, ToSchema)]
 pub struct GitStatus {
     /// The identity of a status is its environment and repository (I24).
@@ -48,8 +29,7 @@ pub struct GitStatus {
     /// Provenance only: which session captured it (null once that session is deleted).
     pub session_id: Option<Uuid>,
     /// `live`, `completion` or `archive`.
-    #[schema(value_type = ObservationKind)]
-    pub kind: String,
+    pub kind: ObservationKind,
     pub observed_at: DateTime<Utc>,
     pub branch: Option<String>,
     pub head_commit: Option<String>,
@@ -87,6 +67,7 @@ pub struct GitStatusList {
 #[serde(deny_unknown_fields)]
 pub struct ReportObservation {
     pub repository_id: Uuid,
+    // Parsed by the domain after the environment is found, so an unknown kind stays a 422 after a 404.
     /// `live` or `completion`.
     #[schema(value_type = ReportedKind)]
     pub kind: String,
@@ -99,9 +80,11 @@ pub struct ReportObservation {
     pub ahead: i32,
     #[serde(default)]
     pub behind: i32,
+    // The wire shape of `FileStatus`; its statuses are checked by the domain, like the kind.
     /// At most 2,000 entries.
     #[serde(default)]
-    pub files: Vec<FileStatus>,
+    #[schema(value_type = Vec<FileStatus>)]
+    pub files: Vec<ReportedFile>,
 }
 
 fn list(items: Vec<git_status_observation::Model>) -> web::Json<GitStatusList> {
@@ -148,7 +131,7 @@ async fn report_observation(
     body: web::Json<ReportObservation>,
 ) -> Result<HttpResponse, Error> {
     let b = body.into_inner();
-    let o = Observation {
+    let r = Report {
         repository_id: b.repository_id,
         session_id: b.session_id,
         kind: b.kind,
@@ -160,7 +143,7 @@ async fn report_observation(
         behind: b.behind,
         files: b.files,
     };
-    let stored = git_status::report(&state.ctx, &auth, *id, o).await?;
+    let stored = git_status::report(&state.ctx, &auth, *id, r).await?;
     Ok(HttpResponse::Created().json(GitStatus::from(stored)))
 }
 

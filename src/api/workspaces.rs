@@ -10,7 +10,7 @@ use super::extract::{Authorized, TasksRead, WorkspacesAdmin};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::workspaces;
-use crate::entity::workspace;
+use crate::entity::workspace::{self, WorkspaceStatus};
 use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
@@ -21,22 +21,12 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(workspace_summary);
 }
 
-/// A workspace's life: `deleting` while its cleanup runs.
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum WorkspaceStatus {
-    Active,
-    Deleting,
-}
-
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Workspace {
     pub id: Uuid,
     pub name: String,
     /// `active`, or `deleting` while its cleanup runs.
-    #[schema(value_type = WorkspaceStatus)]
-    pub status: String,
+    pub status: WorkspaceStatus,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }

@@ -791,7 +791,7 @@ pub async fn delete_workspace(
     }
     workspace::Entity::update(workspace::ActiveModel {
         id: Set(workspace_id),
-        status: Set("deleting".into()),
+        status: Set(crate::entity::workspace::WorkspaceStatus::Deleting),
         updated_at: Set(crate::clock::now()),
         ..Default::default()
     })

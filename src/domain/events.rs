@@ -1,5 +1,4 @@
 //! Who may read which events, and what a cursor means.
-use sea_orm::EntityTrait;
 use uuid::Uuid;
 
 use super::Ctx;
@@ -23,10 +22,7 @@ pub struct ReplayPage {
 /// session's environment.
 pub async fn filter_for(ctx: &Ctx, p: &Principal) -> Result<Filter> {
     let environment_id = match p.session_id {
-        Some(sid) => crate::entity::task_session::Entity::find_by_id(sid)
-            .one(&ctx.db.conn)
-            .await?
-            .and_then(|s| s.task_environment_id),
+        Some(sid) => crate::store::environments::of_session(&ctx.db.conn, sid).await?,
         None => None,
     };
     Ok(Filter {

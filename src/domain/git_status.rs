@@ -5,20 +5,18 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
 use crate::auth::Principal;
-use crate::entity::git_status_observation as obs;
+use crate::entity::git_status_observation::{self as obs, ObservationKind, ReportedKind};
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
-use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
-use crate::entity::task_session as session;
-use crate::entity::{repository, task};
+use crate::entity::task_environment_repo::EnvironmentRepoStatus;
 use crate::error::{Error, Result};
 use crate::events::{self, Subject};
-use crate::git::status::{self, FileStatus};
+use crate::git::status::{self, FileStatus, IndexStatus, WorktreeStatus};
+use crate::store::{environments as env_store, observations as store};
 
 pub const MAX_FILES: usize = 2_000;
 /// How far in the future an `observed_at` may lie (clock skew between an agent's host and berth).
@@ -28,7 +26,7 @@ pub const MAX_SKEW_SECS: i64 = 300;
 pub struct Observation {
     pub repository_id: Uuid,
     pub session_id: Option<Uuid>,
-    pub kind: String,
+    pub kind: ObservationKind,
     pub observed_at: chrono::DateTime<chrono::Utc>,
     pub branch: Option<String>,
     pub head_commit: Option<String>,
@@ -38,12 +36,51 @@ pub struct Observation {
     pub files: Vec<FileStatus>,
 }
 
+/// What a monitor reports, as it arrived: kind and file statuses are checked by `report`, after the
+/// environment is found, as they always were.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub repository_id: Uuid,
+    pub session_id: Option<Uuid>,
+    pub kind: String,
+    pub observed_at: chrono::DateTime<chrono::Utc>,
+    pub branch: Option<String>,
+    pub head_commit: Option<String>,
+    pub upstream: Option<String>,
+    pub ahead: i32,
+    pub behind: i32,
+    pub files: Vec<ReportedFile>,
+}
+
+/// A file of a report: the wire shape of `FileStatus`, statuses not yet checked.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportedFile {
+    pub path: String,
+    pub index_status: String,
+    pub worktree_status: String,
+}
+
+impl ReportedFile {
+    fn check(self) -> Result<FileStatus> {
+        let index_status = IndexStatus::parse(&self.index_status)
+            .ok_or_else(|| Error::invalid("files.index_status", "is not a known index status"))?;
+        let worktree_status = WorktreeStatus::parse_reported(&self.worktree_status)
+            .ok_or_else(|| Error::invalid("files.worktree_status", "is not a known worktree status"))?;
+        Ok(FileStatus {
+            path: self.path,
+            index_status,
+            worktree_status,
+        })
+    }
+}
+
 /// The environment's current status, one per repository that has an observation (I22).
 pub async fn current(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Vec<obs::Model>> {
     let view = super::environments::get(ctx, p, env_id).await?;
     if agent_live(ctx, env_id).await? {
         // I25: while an agent works here, a fresh inspection is authoritative (rate-limited).
-        inspect_and_record(ctx, &view.env, "live", None, true).await?;
+        inspect_and_record(ctx, &view.env, ObservationKind::Live, None, true).await?;
     }
     read_current(ctx, env_id, view.repos.iter().map(|r| r.repository_id).collect()).await
 }
@@ -52,8 +89,7 @@ pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Ve
     let s = super::sessions::visible(&ctx.db.conn, p, session_id).await?;
     // The task's current environment: every session of the task sees the same status, also one still
     // pointing at an environment an executor transition superseded.
-    let t = task::Entity::find_by_id(s.task_id)
-        .one(&ctx.db.conn)
+    let t = crate::store::tasks::find(&ctx.db.conn, s.task_id)
         .await?
         .ok_or(Error::NotFound("session"))?;
     let owner = crate::store::tasks::owner_of(&ctx.db.conn, &t).await?;
@@ -72,8 +108,8 @@ pub async fn read_current(ctx: &Ctx, env_id: Uuid, repos: Vec<Uuid>) -> Result<V
     read_current_on(&ctx.db.conn, env_id, repos).await
 }
 
-pub async fn read_current_on(
-    conn: &sea_orm::DatabaseConnection,
+pub async fn read_current_on<C: sea_orm::ConnectionTrait>(
+    conn: &C,
     env_id: Uuid,
     mut repos: Vec<Uuid>,
 ) -> Result<Vec<obs::Model>> {
@@ -81,16 +117,7 @@ pub async fn read_current_on(
     repos.dedup();
     let mut out = Vec::with_capacity(repos.len());
     for repo in repos {
-        // Newest first on (environment, repository, observed_at): one index probe, whatever the history.
-        if let Some(o) = obs::Entity::find()
-            .filter(obs::Column::TaskEnvironmentId.eq(env_id))
-            .filter(obs::Column::RepositoryId.eq(repo))
-            .order_by_desc(obs::Column::ObservedAt)
-            .order_by_desc(obs::Column::Id)
-            .limit(1)
-            .one(conn)
-            .await?
-        {
+        if let Some(o) = store::newest(conn, env_id, repo).await? {
             out.push(o);
         }
     }
@@ -98,20 +125,14 @@ pub async fn read_current_on(
 }
 
 async fn agent_live(ctx: &Ctx, env_id: Uuid) -> Result<bool> {
-    let ids: Vec<Uuid> = session::Entity::find()
-        .select_only()
-        .column(session::Column::Id)
-        .filter(session::Column::TaskEnvironmentId.eq(env_id))
-        .into_tuple()
-        .all(&ctx.db.conn)
-        .await?;
+    let ids = env_store::session_ids_of(&ctx.db.conn, env_id).await?;
     Ok(ids.into_iter().any(|id| ctx.runtime.is_live(id)))
 }
 
 /// Refresh: berth inspects the environment's worktrees itself and records live observations.
 pub async fn refresh(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Vec<obs::Model>> {
     let view = super::environments::get(ctx, p, env_id).await?;
-    inspect_and_record(ctx, &view.env, "live", None, false).await?;
+    inspect_and_record(ctx, &view.env, ObservationKind::Live, None, false).await?;
     read_current(ctx, env_id, view.repos.iter().map(|r| r.repository_id).collect()).await
 }
 
@@ -119,7 +140,7 @@ pub async fn refresh(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Vec<obs::
 pub(crate) async fn inspect_and_record(
     ctx: &Ctx,
     e: &env::Model,
-    kind: &str,
+    kind: ObservationKind,
     session_id: Option<Uuid>,
     rate_limited: bool,
 ) -> Result<()> {
@@ -128,24 +149,14 @@ pub(crate) async fn inspect_and_record(
             "only a ready environment's worktrees are inspected".into(),
         ));
     }
-    let rows = env_repo::Entity::find()
-        .filter(env_repo::Column::TaskEnvironmentId.eq(e.id))
-        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
-        .all(&ctx.db.conn)
-        .await?;
-    for row in rows {
+    let rows = env_store::active_repos_with_repository(&ctx.db.conn, e.id).await?;
+    for (row, repo) in rows {
         if rate_limited && !due(ctx, e.id, row.repository_id) {
             continue;
         }
-        let path = match (e.executor_type, &row.worktree_path) {
-            (ExecutorType::Worktree, Some(p)) => PathBuf::from(p),
-            (ExecutorType::Local, _) => match repository::Entity::find_by_id(row.repository_id)
-                .one(&ctx.db.conn)
-                .await?
-            {
-                Some(r) => PathBuf::from(r.path),
-                None => continue,
-            },
+        let path = match (e.executor_type, &row.worktree_path, repo) {
+            (ExecutorType::Worktree, Some(p), _) => PathBuf::from(p),
+            (ExecutorType::Local, _, Some(r)) => PathBuf::from(r.path),
             _ => continue,
         };
         let snap = tokio::task::spawn_blocking(move || status::inspect(&path))
@@ -155,7 +166,7 @@ pub(crate) async fn inspect_and_record(
         let o = Observation {
             repository_id: row.repository_id,
             session_id,
-            kind: kind.to_string(),
+            kind,
             observed_at: crate::clock::now(),
             branch: snap.branch,
             head_commit: snap.head_commit,
@@ -182,22 +193,26 @@ fn due(ctx: &Ctx, env_id: Uuid, repo: Uuid) -> bool {
 }
 
 /// An observation reported by an agent-side monitor.
-pub async fn report(ctx: &Ctx, p: &Principal, env_id: Uuid, o: Observation) -> Result<obs::Model> {
+pub async fn report(ctx: &Ctx, p: &Principal, env_id: Uuid, r: Report) -> Result<obs::Model> {
     let view = super::environments::get(ctx, p, env_id).await?;
-    if !matches!(o.kind.as_str(), "live" | "completion") {
-        return Err(Error::invalid("kind", "must be live or completion"));
-    }
-    for f in &o.files {
-        if !crate::git::status::INDEX_STATUSES.contains(&f.index_status.as_str()) {
-            return Err(Error::invalid("files.index_status", "is not a known index status"));
-        }
-        if !crate::git::status::WORKTREE_STATUSES.contains(&f.worktree_status.as_str()) {
-            return Err(Error::invalid(
-                "files.worktree_status",
-                "is not a known worktree status",
-            ));
-        }
-    }
+    let kind = ReportedKind::parse(&r.kind).ok_or_else(|| Error::invalid("kind", "must be live or completion"))?;
+    let files = r
+        .files
+        .into_iter()
+        .map(ReportedFile::check)
+        .collect::<Result<Vec<_>>>()?;
+    let o = Observation {
+        repository_id: r.repository_id,
+        session_id: r.session_id,
+        kind: kind.into(),
+        observed_at: r.observed_at,
+        branch: r.branch,
+        head_commit: r.head_commit,
+        upstream: r.upstream,
+        ahead: r.ahead,
+        behind: r.behind,
+        files,
+    };
     if o.files.len() > MAX_FILES {
         return Err(Error::invalid(
             "files",
@@ -215,10 +230,7 @@ pub async fn report(ctx: &Ctx, p: &Principal, env_id: Uuid, o: Observation) -> R
         return Err(Error::invalid("repository_id", "not a repository of this environment"));
     }
     if let Some(sid) = o.session_id {
-        let ok = session::Entity::find_by_id(sid)
-            .one(&ctx.db.conn)
-            .await?
-            .is_some_and(|s| s.task_environment_id == Some(env_id));
+        let ok = env_store::of_session(&ctx.db.conn, sid).await? == Some(env_id);
         if !ok || p.session_id.is_some_and(|bound| bound != sid) {
             return Err(Error::invalid("session_id", "not a session of this environment"));
         }
@@ -248,9 +260,7 @@ async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model
     let txn = ctx.db.begin_write().await?;
     // The environment's row serializes writers of its status (PostgreSQL), and a superseded environment
     // takes nothing: its status must never become current (I20).
-    let locked = env::Entity::find_by_id(e.id)
-        .lock_exclusive()
-        .one(&txn)
+    let locked = env_store::lock(&txn, e.id)
         .await?
         .ok_or(Error::NotFound("environment"))?;
     if !matches!(locked.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) {
@@ -259,78 +269,14 @@ async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model
     // A clock running ahead must not outrank every later observation.
     let mut o = o.clone();
     o.observed_at = o.observed_at.min(crate::clock::now());
-    let o = &o;
-    let pair = |q: sea_orm::Select<obs::Entity>| {
-        q.filter(obs::Column::TaskEnvironmentId.eq(e.id))
-            .filter(obs::Column::RepositoryId.eq(o.repository_id))
-    };
-    let current = pair(obs::Entity::find())
-        .order_by_desc(obs::Column::ObservedAt)
-        .order_by_desc(obs::Column::Id)
-        .lock_exclusive()
-        .one(&txn)
-        .await?;
+    let current = store::newest_locked(&txn, e.id, o.repository_id).await?;
     let becomes_current = current.as_ref().is_none_or(|c| o.observed_at >= c.observed_at);
-    let now = crate::clock::now();
-    let files = serde_json::to_value(&o.files).map_err(|e| Error::Internal(e.into()))?;
-    let model = obs::Model {
-        id: Uuid::now_v7(),
-        task_environment_id: e.id,
-        repository_id: o.repository_id,
-        session_id: o.session_id,
-        kind: o.kind.clone(),
-        observed_at: o.observed_at,
-        branch: o.branch.clone(),
-        head_commit: o.head_commit.clone(),
-        upstream: o.upstream.clone(),
-        ahead: o.ahead,
-        behind: o.behind,
-        files,
-        created_at: now,
-    };
-    match o.kind.as_str() {
-        "live" => {
-            let existing = pair(obs::Entity::find())
-                .filter(obs::Column::Kind.eq("live"))
-                .one(&txn)
-                .await?;
-            match existing {
-                // I23: one live row per pair; an older live report changes nothing.
-                Some(live) if live.observed_at > o.observed_at => {
-                    txn.rollback().await?;
-                    return Ok(live);
-                }
-                Some(live) => {
-                    // One live row: the old one goes, the new one (a fresh, larger id) takes its place.
-                    obs::Entity::delete_by_id(live.id).exec(&txn).await?;
-                    obs::Entity::insert(obs::ActiveModel::from(model.clone()))
-                        .exec_without_returning(&txn)
-                        .await?;
-                }
-                None => {
-                    obs::Entity::insert(obs::ActiveModel::from(model.clone()))
-                        .exec_without_returning(&txn)
-                        .await?;
-                }
-            }
-        }
-        _ => {
-            if o.kind == "completion" && becomes_current {
-                // I23: a completion capture supersedes earlier live and completion observations.
-                obs::Entity::delete_many()
-                    .filter(obs::Column::TaskEnvironmentId.eq(e.id))
-                    .filter(obs::Column::RepositoryId.eq(o.repository_id))
-                    .filter(obs::Column::Kind.is_in(["live", "completion"]))
-                    .filter(obs::Column::ObservedAt.lte(o.observed_at))
-                    .exec(&txn)
-                    .await?;
-            }
-            obs::Entity::insert(obs::ActiveModel::from(model.clone()))
-                .exec_without_returning(&txn)
-                .await?;
-        }
+    let model = row(e, &o)?;
+    if let Some(kept) = write(&txn, &model, becomes_current).await? {
+        txn.rollback().await?;
+        return Ok(kept);
     }
-    if becomes_current && let Some(owner) = task::Entity::find_by_id(e.task_id).one(&txn).await? {
+    if becomes_current && let Some(owner) = crate::store::tasks::find(&txn, e.task_id).await? {
         // I24: the identity is the environment's and the repository's.
         let subject = Subject {
             task_environment_id: Some(e.id),
@@ -350,20 +296,62 @@ async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model
     Ok(model)
 }
 
+fn row(e: &env::Model, o: &Observation) -> Result<obs::Model> {
+    let files = serde_json::to_value(&o.files).map_err(|e| Error::Internal(e.into()))?;
+    Ok(obs::Model {
+        id: Uuid::now_v7(),
+        task_environment_id: e.id,
+        repository_id: o.repository_id,
+        session_id: o.session_id,
+        kind: o.kind,
+        observed_at: o.observed_at,
+        branch: o.branch.clone(),
+        head_commit: o.head_commit.clone(),
+        upstream: o.upstream.clone(),
+        ahead: o.ahead,
+        behind: o.behind,
+        files,
+        created_at: crate::clock::now(),
+    })
+}
+
+/// Stores `model` by I23's rules. Returns the live row that stays instead when the report is older.
+async fn write(
+    txn: &sea_orm::DatabaseTransaction,
+    model: &obs::Model,
+    becomes_current: bool,
+) -> Result<Option<obs::Model>> {
+    let (env_id, repo) = (model.task_environment_id, model.repository_id);
+    match model.kind {
+        ObservationKind::Live => match store::live_row(txn, env_id, repo).await? {
+            // I23: one live row per pair; an older live report changes nothing.
+            Some(live) if live.observed_at > model.observed_at => return Ok(Some(live)),
+            // One live row: the old one goes, the new one (a fresh, larger id) takes its place.
+            Some(live) => store::delete(txn, live.id).await?,
+            None => {}
+        },
+        ObservationKind::Completion if becomes_current => {
+            // I23: a completion capture supersedes earlier live and completion observations.
+            let kinds = [ObservationKind::Live, ObservationKind::Completion];
+            store::delete_kinds_up_to(txn, env_id, repo, &kinds, model.observed_at).await?;
+        }
+        ObservationKind::Completion | ObservationKind::Archive => {}
+    }
+    store::insert(txn, model).await?;
+    Ok(None)
+}
+
 /// After an agent finishes a turn: berth captures a completion observation itself (seed 004).
 pub(crate) async fn capture_completion(ctx: &Ctx, session_id: Uuid) {
     let result: Result<()> = async {
-        let Some(s) = session::Entity::find_by_id(session_id).one(&ctx.db.conn).await? else {
+        let Some(env_id) = env_store::of_session(&ctx.db.conn, session_id).await? else {
             return Ok(());
         };
-        let Some(env_id) = s.task_environment_id else {
-            return Ok(());
-        };
-        let Some(e) = env::Entity::find_by_id(env_id).one(&ctx.db.conn).await? else {
+        let Some(e) = env_store::find(&ctx.db.conn, env_id).await? else {
             return Ok(());
         };
         if matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) {
-            inspect_and_record(ctx, &e, "completion", Some(session_id), false).await?;
+            inspect_and_record(ctx, &e, ObservationKind::Completion, Some(session_id), false).await?;
         }
         Ok(())
     }

@@ -1,6 +1,9 @@
 //! The rules. Handlers call one function here; nothing here knows about HTTP.
 pub mod agents;
 pub mod cleanup;
+pub mod environment_lease;
+pub mod environment_state;
+pub mod environment_transition;
 pub mod environments;
 pub mod events;
 pub mod git_status;

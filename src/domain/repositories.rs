@@ -3,9 +3,7 @@
 //! uses it and otherwise only hides the row (archived tasks keep their slots).
 use std::path::{Component, Path, PathBuf};
 
-use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
-};
+use sea_orm::ConnectionTrait;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -16,6 +14,7 @@ use crate::entity::repository;
 use crate::error::{Error, Result, is_unique_violation};
 use crate::events::{self, Subject};
 use crate::git::{self, BranchName, InspectError};
+use crate::store::repositories as store;
 
 pub struct NewRepository {
     pub path: String,
@@ -37,27 +36,7 @@ pub async fn register(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewRe
         None => RepositoryName::from_dir(&path),
     };
 
-    let inspect_path = path.clone();
-    let identity = tokio::task::spawn_blocking(move || git::inspect_repository(&inspect_path))
-        .await
-        .map_err(|e| Error::Internal(e.into()))?
-        .map_err(|e| match e {
-            InspectError::NotARepository => Error::NotAGitRepository("the path is not a git repository"),
-            InspectError::Bare => Error::NotAGitRepository("a bare repository has no work tree"),
-            InspectError::NotTheRoot => Error::NotAGitRepository("the path is not the root of a git work tree"),
-        })?;
-    // The repository itself (its common git directory) must be allowed too, not only the work tree: a
-    // linked worktree inside the roots may belong to a repository outside them.
-    if !under_roots(&identity.common_git_dir, ctx.config.repo_roots.as_deref()) {
-        return Err(Error::PathNotAllowed(
-            "the repository's git directory is outside the allowed repository roots",
-        ));
-    }
-    if identity.common_git_dir.starts_with(&ctx.config.worktree_root) {
-        return Err(Error::PathNotAllowed(
-            "the repository lives inside berth's worktree root",
-        ));
-    }
+    let identity = identity(ctx, path).await?;
     let default_branch = default_branch
         .map(|b| b.as_str().to_string())
         .or(identity.head_branch)
@@ -76,8 +55,7 @@ pub async fn register(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewRe
         deleted_at: None,
     };
     let txn = ctx.db.begin_write().await?;
-    let am: repository::ActiveModel = model.clone().into();
-    match repository::Entity::insert(am).exec_without_returning(&txn).await {
+    match store::insert(&txn, &model).await {
         Err(e) if is_unique_violation(&e) => {
             return Err(Error::Conflict(
                 "a repository with this path or name is already registered in this workspace".into(),
@@ -104,17 +82,7 @@ pub async fn register(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewRe
 pub async fn list(ctx: &Ctx, p: &Principal, workspace_id: Uuid, page: PageRequest) -> Result<Page<repository::Model>> {
     p.require_unbound()?;
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
-    let mut q = repository::Entity::find()
-        .filter(repository::Column::WorkspaceId.eq(workspace_id))
-        .filter(repository::Column::DeletedAt.is_null());
-    if let Some(before) = page.before {
-        q = q.filter(repository::Column::Id.lt(before));
-    }
-    let rows = q
-        .order_by_desc(repository::Column::Id)
-        .limit(page.fetch())
-        .all(&ctx.db.conn)
-        .await?;
+    let rows = store::page_of_workspace(&ctx.db.conn, workspace_id, page.before, page.fetch()).await?;
     Ok(Page::from_rows(rows, &page, |r| r.id))
 }
 
@@ -127,37 +95,15 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
     p.require_unbound()?;
     let txn = ctx.db.begin_write().await?;
     // The row lock (PostgreSQL) orders this against task creation, which share-locks the repository.
-    let repo = repository::Entity::find_by_id(id)
-        .filter(repository::Column::DeletedAt.is_null())
-        .lock_exclusive()
-        .one(&txn)
+    let repo = store::lock_registered(&txn, id)
         .await?
         .filter(|r| p.sees_workspace(r.workspace_id))
         .ok_or(Error::NotFound("repository"))?;
-    let backend = txn.get_database_backend();
-    let row = txn
-        .query_one_raw(Statement::from_sql_and_values(
-            backend,
-            "SELECT COUNT(*) AS n FROM task_repositories tr JOIN tasks t ON t.id = tr.task_id \
-             WHERE tr.repository_id = $1 AND t.archived_at IS NULL",
-            [id.into()],
-        ))
-        .await?;
-    let live_tasks: i64 = row.map(|r| r.try_get("", "n")).transpose()?.unwrap_or(0);
+    let live_tasks = store::live_task_slots(&txn, id).await?;
     if live_tasks > 0 {
-        return Err(Error::RepositoryInUse {
-            task_count: live_tasks as u64,
-        });
+        return Err(Error::RepositoryInUse { task_count: live_tasks });
     }
-    let now = crate::clock::now();
-    repository::Entity::update(repository::ActiveModel {
-        id: Set(id),
-        deleted_at: Set(Some(now)),
-        updated_at: Set(now),
-        ..Default::default()
-    })
-    .exec(&txn)
-    .await?;
+    store::mark_deleted(&txn, id, crate::clock::now()).await?;
     events::append(
         &txn,
         ctx.instance_id,
@@ -170,11 +116,34 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
     Ok(())
 }
 
+/// The git identity of an allowed path, read-only; the repository itself must be allowed too.
+async fn identity(ctx: &Ctx, path: PathBuf) -> Result<git::RepositoryIdentity> {
+    let identity = tokio::task::spawn_blocking(move || git::inspect_repository(&path))
+        .await
+        .map_err(|e| Error::Internal(e.into()))?
+        .map_err(|e| match e {
+            InspectError::NotARepository => Error::NotAGitRepository("the path is not a git repository"),
+            InspectError::Bare => Error::NotAGitRepository("a bare repository has no work tree"),
+            InspectError::NotTheRoot => Error::NotAGitRepository("the path is not the root of a git work tree"),
+        })?;
+    // The repository itself (its common git directory) must be allowed too, not only the work tree: a
+    // linked worktree inside the roots may belong to a repository outside them.
+    if !under_roots(&identity.common_git_dir, ctx.config.repo_roots.as_deref()) {
+        return Err(Error::PathNotAllowed(
+            "the repository's git directory is outside the allowed repository roots",
+        ));
+    }
+    if identity.common_git_dir.starts_with(&ctx.config.worktree_root) {
+        return Err(Error::PathNotAllowed(
+            "the repository lives inside berth's worktree root",
+        ));
+    }
+    Ok(identity)
+}
+
 /// A registered repository the token may see; otherwise `not_found`.
 pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<repository::Model> {
-    repository::Entity::find_by_id(id)
-        .filter(repository::Column::DeletedAt.is_null())
-        .one(conn)
+    store::find_registered(conn, id)
         .await?
         .filter(|r| p.sees_workspace(r.workspace_id))
         .ok_or(Error::NotFound("repository"))

@@ -2,10 +2,7 @@
 //! lifecycle (archive, delete, cleanup) arrives with its own issue.
 use std::collections::{HashMap, HashSet};
 
-use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect,
-};
+use sea_orm::ConnectionTrait;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -13,10 +10,12 @@ use super::Ctx;
 use super::pagination::{Page, PageRequest};
 use crate::auth::Principal;
 use crate::entity::task::{self, TaskKind, WorkspaceMode};
-use crate::entity::{repository, task_repository, task_session};
+use crate::entity::task_repository;
+use crate::entity::workspace::WorkspaceStatus;
 use crate::error::{Error, Result};
 use crate::events::{self, Subject};
 use crate::git::BranchName;
+use crate::store::tasks::{self as store, TaskQuery};
 
 pub const MAX_REPOSITORIES: usize = 20;
 
@@ -55,11 +54,77 @@ pub struct TaskFilter {
     pub parent_task_id: Option<Uuid>,
 }
 
+/// A requested slot, parsed: (repository, branch slug, base branch, branch).
+type Slot = (Uuid, String, Option<String>, Option<String>);
+
 pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask) -> Result<TaskView> {
     p.require_unbound()?;
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let title = super::required_text("title", &input.title, 500)?;
     let description = description(input.description.as_deref())?;
+    let slots = parse_slots(&input)?;
+
+    let txn = ctx.db.begin_write().await?;
+    // A workspace being deleted takes no new task (its cleanup has listed the tasks it removes).
+    let ws = crate::store::workspaces::lock_shared(&txn, workspace_id)
+        .await?
+        .ok_or(Error::NotFound("workspace"))?;
+    if ws.status != WorkspaceStatus::Active {
+        return Err(Error::Conflict("the workspace is being deleted".into()));
+    }
+    let slots = resolve_slots(&txn, workspace_id, &input, slots).await?;
+    let now = crate::clock::now();
+    let id = Uuid::now_v7();
+    let model = task::Model {
+        id,
+        workspace_id,
+        parent_task_id: input.parent_task_id,
+        slug: crate::executor::task_dir_name(&title, id),
+        title,
+        description,
+        kind: input.kind,
+        workspace_mode: input.workspace_mode,
+        archived_at: None,
+        last_activity_at: now,
+        created_at: now,
+        updated_at: now,
+    };
+    let rows: Vec<task_repository::Model> = slots
+        .into_iter()
+        .enumerate()
+        .map(
+            |(position, (repository_id, branch_slug, base_branch, branch))| task_repository::Model {
+                id: Uuid::now_v7(),
+                task_id: model.id,
+                repository_id,
+                branch_slug,
+                base_branch,
+                branch,
+                position: position as i32,
+                created_at: now,
+            },
+        )
+        .collect();
+    store::insert_with_slots(&txn, &model, &rows).await?;
+    events::append(
+        &txn,
+        ctx.instance_id,
+        "task.created",
+        Subject::task(workspace_id, model.id),
+        json!({ "title": model.title, "kind": model.kind, "parent_task_id": model.parent_task_id }),
+    )
+    .await?;
+    ctx.commit(txn).await?;
+    Ok(TaskView {
+        task: model,
+        repositories: rows,
+        primary_session_id: None,
+        session_count: 0,
+    })
+}
+
+/// The requested slots, parsed and checked against each other and the workspace mode (no database).
+fn parse_slots(input: &NewTask) -> Result<Vec<Slot>> {
     if input.repositories.len() > MAX_REPOSITORIES {
         return Err(Error::invalid("repositories", format!("at most {MAX_REPOSITORIES}")));
     }
@@ -79,35 +144,28 @@ pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask
         slots.push((slot.repository_id, branch_slug, base_branch, branch));
     }
     match (input.workspace_mode, input.parent_task_id) {
-        (WorkspaceMode::InheritParent, None) => {
-            return Err(Error::invalid(
-                "workspace_mode",
-                "inherit_parent needs a parent_task_id",
-            ));
-        }
-        (WorkspaceMode::InheritParent, Some(_)) if !slots.is_empty() => {
-            return Err(Error::invalid(
-                "repositories",
-                "an inherit_parent subtask uses its parent's repositories",
-            ));
-        }
-        _ => {}
+        (WorkspaceMode::InheritParent, None) => Err(Error::invalid(
+            "workspace_mode",
+            "inherit_parent needs a parent_task_id",
+        )),
+        (WorkspaceMode::InheritParent, Some(_)) if !slots.is_empty() => Err(Error::invalid(
+            "repositories",
+            "an inherit_parent subtask uses its parent's repositories",
+        )),
+        _ => Ok(slots),
     }
+}
 
-    let txn = ctx.db.begin_write().await?;
-    // A workspace being deleted takes no new task (its cleanup has listed the tasks it removes).
-    let ws = crate::entity::workspace::Entity::find_by_id(workspace_id)
-        .lock_shared()
-        .one(&txn)
-        .await?
-        .ok_or(Error::NotFound("workspace"))?;
-    if ws.status != "active" {
-        return Err(Error::Conflict("the workspace is being deleted".into()));
-    }
+/// Inside the creating transaction: checks the parent, takes an `inherit_parent` subtask's slots from it,
+/// and share-locks the slots' repositories (PostgreSQL) so a concurrent deregistration waits for this task.
+async fn resolve_slots(
+    txn: &sea_orm::DatabaseTransaction,
+    workspace_id: Uuid,
+    input: &NewTask,
+    mut slots: Vec<Slot>,
+) -> Result<Vec<Slot>> {
     if let Some(parent_id) = input.parent_task_id {
-        let parent = task::Entity::find_by_id(parent_id)
-            .lock_shared()
-            .one(&txn)
+        let parent = store::lock_shared(txn, parent_id)
             .await?
             .filter(|t| t.workspace_id == workspace_id)
             .ok_or_else(|| Error::invalid("parent_task_id", "no such task in this workspace"))?;
@@ -115,91 +173,25 @@ pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask
             return Err(Error::TaskArchived);
         }
         if input.workspace_mode == WorkspaceMode::InheritParent {
-            let parent_slots = task_repository::Entity::find()
-                .filter(task_repository::Column::TaskId.eq(parent_id))
-                .order_by_asc(task_repository::Column::Position)
-                .all(&txn)
-                .await?;
-            slots = parent_slots
+            slots = store::slots_of(txn, parent_id)
+                .await?
                 .into_iter()
                 .map(|s| (s.repository_id, s.branch_slug, s.base_branch, s.branch))
                 .collect();
         }
     }
-    // Share-lock the repositories (PostgreSQL) so a concurrent deregistration waits for this task.
     let ids: Vec<Uuid> = slots.iter().map(|s| s.0).collect();
-    let live: HashSet<Uuid> = if ids.is_empty() {
-        HashSet::new()
-    } else {
-        repository::Entity::find()
-            .filter(repository::Column::Id.is_in(ids.iter().copied()))
-            .filter(repository::Column::WorkspaceId.eq(workspace_id))
-            .filter(repository::Column::DeletedAt.is_null())
-            .lock_shared()
-            .all(&txn)
-            .await?
-            .into_iter()
-            .map(|r| r.id)
-            .collect()
-    };
+    let live: HashSet<Uuid> = crate::store::repositories::lock_shared_registered_in(txn, workspace_id, &ids)
+        .await?
+        .into_iter()
+        .collect();
     if let Some(i) = ids.iter().position(|id| !live.contains(id)) {
         return Err(Error::invalid(
             &format!("repositories[{i}].repository_id"),
             "not a repository of this workspace",
         ));
     }
-
-    let now = crate::clock::now();
-    let id = Uuid::now_v7();
-    let model = task::Model {
-        id,
-        workspace_id,
-        parent_task_id: input.parent_task_id,
-        slug: crate::executor::task_dir_name(&title, id),
-        title,
-        description,
-        kind: input.kind,
-        workspace_mode: input.workspace_mode,
-        archived_at: None,
-        last_activity_at: now,
-        created_at: now,
-        updated_at: now,
-    };
-    let am: task::ActiveModel = model.clone().into();
-    task::Entity::insert(am).exec_without_returning(&txn).await?;
-    let mut rows = Vec::with_capacity(slots.len());
-    for (position, (repository_id, branch_slug, base_branch, branch)) in slots.into_iter().enumerate() {
-        rows.push(task_repository::Model {
-            id: Uuid::now_v7(),
-            task_id: model.id,
-            repository_id,
-            branch_slug,
-            base_branch,
-            branch,
-            position: position as i32,
-            created_at: now,
-        });
-    }
-    if !rows.is_empty() {
-        task_repository::Entity::insert_many(rows.iter().cloned().map(task_repository::ActiveModel::from))
-            .exec_without_returning(&txn)
-            .await?;
-    }
-    events::append(
-        &txn,
-        ctx.instance_id,
-        "task.created",
-        Subject::task(workspace_id, model.id),
-        json!({ "title": model.title, "kind": model.kind, "parent_task_id": model.parent_task_id }),
-    )
-    .await?;
-    ctx.commit(txn).await?;
-    Ok(TaskView {
-        task: model,
-        repositories: rows,
-        primary_session_id: None,
-        session_count: 0,
-    })
+    Ok(slots)
 }
 
 pub async fn list(
@@ -211,23 +203,14 @@ pub async fn list(
 ) -> Result<Page<TaskView>> {
     p.require_unbound()?;
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
-    let mut q = task::Entity::find().filter(task::Column::WorkspaceId.eq(workspace_id));
-    q = if filter.archived {
-        q.filter(task::Column::ArchivedAt.is_not_null())
-    } else {
-        q.filter(task::Column::ArchivedAt.is_null())
+    let query = TaskQuery {
+        workspace_id,
+        archived: filter.archived,
+        parent_task_id: filter.parent_task_id,
+        before: page.before,
+        limit: page.fetch(),
     };
-    if let Some(parent) = filter.parent_task_id {
-        q = q.filter(task::Column::ParentTaskId.eq(parent));
-    }
-    if let Some(before) = page.before {
-        q = q.filter(task::Column::Id.lt(before));
-    }
-    let rows = q
-        .order_by_desc(task::Column::Id)
-        .limit(page.fetch())
-        .all(&ctx.db.conn)
-        .await?;
+    let rows = store::page(&ctx.db.conn, query).await?;
     let page = Page::from_rows(rows, &page, |t| t.id);
     let views = views(&ctx.db.conn, page.items).await?;
     Ok(Page {
@@ -250,34 +233,27 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: TaskPatch) -> Res
         .transpose()?;
     let description = patch.description.as_deref().map(|d| description(Some(d))).transpose()?;
     let txn = ctx.db.begin_write().await?;
-    let task = task::Entity::find_by_id(id)
-        .lock_exclusive()
-        .one(&txn)
-        .await?
-        .filter(|t| p.sees_workspace(t.workspace_id))
-        .ok_or(Error::NotFound("task"))?;
+    let task = store::lock_task(&txn, id).await?;
+    if !p.sees_workspace(task.workspace_id) {
+        return Err(Error::NotFound("task"));
+    }
     if task.archived_at.is_some() {
         return Err(Error::TaskArchived);
     }
+    let title = title.filter(|t| *t != task.title);
+    let description = description.filter(|d| *d != task.description);
     let mut changed = serde_json::Map::new();
-    let mut am = task::ActiveModel {
-        id: Set(id),
-        ..Default::default()
-    };
-    if let Some(title) = title.filter(|t| *t != task.title) {
+    if let Some(title) = &title {
         changed.insert("title".into(), json!(title));
-        am.title = Set(title);
     }
-    if let Some(description) = description.filter(|d| *d != task.description) {
+    if let Some(description) = &description {
         changed.insert("description".into(), json!(description));
-        am.description = Set(description);
     }
     if changed.is_empty() {
         txn.rollback().await?;
         return get(ctx, p, id).await;
     }
-    am.updated_at = Set(crate::clock::now());
-    task::Entity::update(am).exec(&txn).await?;
+    store::update_text(&txn, id, title, description, crate::clock::now()).await?;
     events::append(
         &txn,
         ctx.instance_id,
@@ -293,19 +269,14 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: TaskPatch) -> Res
 /// A task the principal may read: in a visible workspace and, for a session-bound token, the task of
 /// its session. Anything else is `not_found` (I33).
 pub(crate) async fn readable<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<task::Model> {
-    let task = task::Entity::find_by_id(id)
-        .one(conn)
+    let task = store::find(conn, id)
         .await?
         .filter(|t| p.sees_workspace(t.workspace_id))
         .ok_or(Error::NotFound("task"))?;
-    if let Some(session_id) = p.session_id {
-        let bound = task_session::Entity::find_by_id(session_id)
-            .filter(task_session::Column::TaskId.eq(id))
-            .count(conn)
-            .await?;
-        if bound == 0 {
-            return Err(Error::NotFound("task"));
-        }
+    if let Some(session_id) = p.session_id
+        && !store::session_belongs(conn, session_id, id).await?
+    {
+        return Err(Error::NotFound("task"));
     }
     Ok(task)
 }
@@ -316,24 +287,8 @@ async fn views<C: ConnectionTrait>(conn: &C, tasks: Vec<task::Model>) -> Result<
         return Ok(Vec::new());
     }
     let ids: Vec<Uuid> = tasks.iter().map(|t| t.id).collect();
-    let mut slots: HashMap<Uuid, Vec<task_repository::Model>> = HashMap::new();
-    for slot in task_repository::Entity::find()
-        .filter(task_repository::Column::TaskId.is_in(ids.iter().copied()))
-        .order_by_asc(task_repository::Column::Position)
-        .all(conn)
-        .await?
-    {
-        slots.entry(slot.task_id).or_default().push(slot);
-    }
-    let sessions: Vec<(Uuid, Uuid, bool)> = task_session::Entity::find()
-        .select_only()
-        .column(task_session::Column::TaskId)
-        .column(task_session::Column::Id)
-        .column(task_session::Column::IsPrimary)
-        .filter(Condition::all().add(task_session::Column::TaskId.is_in(ids.iter().copied())))
-        .into_tuple()
-        .all(conn)
-        .await?;
+    let slots = store::slots_of_each(conn, &tasks).await?;
+    let sessions = store::session_facts(conn, &ids).await?;
     let mut counts: HashMap<Uuid, u64> = HashMap::new();
     let mut primaries: HashMap<Uuid, Uuid> = HashMap::new();
     for (task_id, session_id, is_primary) in sessions {
@@ -344,8 +299,9 @@ async fn views<C: ConnectionTrait>(conn: &C, tasks: Vec<task::Model>) -> Result<
     }
     Ok(tasks
         .into_iter()
-        .map(|task| TaskView {
-            repositories: slots.remove(&task.id).unwrap_or_default(),
+        .zip(slots)
+        .map(|(task, repositories)| TaskView {
+            repositories,
             primary_session_id: primaries.get(&task.id).copied(),
             session_count: counts.get(&task.id).copied().unwrap_or(0),
             task,

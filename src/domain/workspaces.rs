@@ -1,14 +1,15 @@
 //! Workspaces: the tenancy boundary. Deletion arrives with the cleanup issue (it is a cleanup job).
-use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::ConnectionTrait;
 use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
 use super::pagination::{Page, PageRequest};
 use crate::auth::Principal;
-use crate::entity::workspace;
+use crate::entity::workspace::{self, WorkspaceStatus};
 use crate::error::{Error, Result, is_unique_violation};
 use crate::events::{self, Subject};
+use crate::store::workspaces as store;
 
 pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::Model> {
     p.require_unbound()?;
@@ -23,21 +24,12 @@ pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::M
     let model = workspace::Model {
         id: Uuid::now_v7(),
         name,
-        status: "active".into(),
+        status: WorkspaceStatus::Active,
         created_at: now,
         updated_at: now,
     };
     let txn = ctx.db.begin_write().await?;
-    let inserted = workspace::Entity::insert(workspace::ActiveModel {
-        id: Set(model.id),
-        name: Set(model.name.clone()),
-        status: Set(model.status.clone()),
-        created_at: Set(now),
-        updated_at: Set(now),
-    })
-    .exec_without_returning(&txn)
-    .await;
-    match inserted {
+    match store::insert(&txn, &model).await {
         Err(e) if is_unique_violation(&e) => {
             return Err(Error::Conflict("a workspace with this name exists".into()));
         }
@@ -57,18 +49,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::M
 
 pub async fn list(ctx: &Ctx, p: &Principal, page: PageRequest) -> Result<Page<workspace::Model>> {
     p.require_unbound()?;
-    let mut q = workspace::Entity::find();
-    if let Some(ids) = p.workspace_filter() {
-        q = q.filter(workspace::Column::Id.is_in(ids.iter().copied()));
-    }
-    if let Some(before) = page.before {
-        q = q.filter(workspace::Column::Id.lt(before));
-    }
-    let rows = q
-        .order_by_desc(workspace::Column::Id)
-        .limit(page.fetch())
-        .all(&ctx.db.conn)
-        .await?;
+    let rows = store::page(&ctx.db.conn, p.workspace_filter(), page.before, page.fetch()).await?;
     Ok(Page::from_rows(rows, &page, |w| w.id))
 }
 
@@ -82,10 +63,7 @@ pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uui
     if !p.sees_workspace(id) {
         return Err(Error::NotFound("workspace"));
     }
-    workspace::Entity::find_by_id(id)
-        .one(conn)
-        .await?
-        .ok_or(Error::NotFound("workspace"))
+    store::find(conn, id).await?.ok_or(Error::NotFound("workspace"))
 }
 
 /// Counts of one directory (or the whole workspace).
@@ -118,23 +96,12 @@ pub struct WorkspaceSummary {
 
 /// The workspace's summary, from stored state only (it is polled): no per-session process queries.
 pub async fn summary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<WorkspaceSummary> {
-    use crate::entity::task_session::{self as session, SessionState};
-    use crate::entity::{task, task_environment as env};
+    use crate::entity::task_session::SessionState;
     p.require_unbound()?;
     visible(&ctx.db.conn, p, id).await?;
-    let tasks: Vec<(Uuid, Option<chrono::DateTime<chrono::Utc>>)> = task::Entity::find()
-        .select_only()
-        .column(task::Column::Id)
-        .column(task::Column::ArchivedAt)
-        .filter(task::Column::WorkspaceId.eq(id))
-        .into_tuple()
-        .all(&ctx.db.conn)
-        .await?;
+    let tasks = store::task_archival(&ctx.db.conn, id).await?;
     let archived = tasks.iter().filter(|t| t.1.is_some()).count() as u64;
-    let sessions = session::Entity::find()
-        .filter(session::Column::TaskId.is_in(tasks.iter().map(|t| t.0)))
-        .all(&ctx.db.conn)
-        .await?;
+    let sessions = store::sessions_of(&ctx.db.conn, id).await?;
     let mut total = SessionCounts::default();
     let mut dirs: std::collections::BTreeMap<Uuid, SessionCounts> = Default::default();
     for s in &sessions {
@@ -155,18 +122,16 @@ pub async fn summary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<WorkspaceSumm
             count(dirs.entry(env_id).or_default());
         }
     }
-    let envs: std::collections::HashMap<Uuid, env::Model> = env::Entity::find()
-        .filter(env::Column::Id.is_in(dirs.keys().copied()))
-        .all(&ctx.db.conn)
-        .await?
-        .into_iter()
-        .map(|e| (e.id, e))
-        .collect();
+    let paths: std::collections::HashMap<Uuid, Option<String>> =
+        crate::store::environments::workspace_paths(&ctx.db.conn, dirs.keys().copied())
+            .await?
+            .into_iter()
+            .collect();
     let directories = dirs
         .into_iter()
         .map(|(env_id, counts)| DirectorySummary {
             task_environment_id: env_id,
-            workspace_path: envs.get(&env_id).and_then(|e| e.workspace_path.clone()),
+            workspace_path: paths.get(&env_id).cloned().flatten(),
             warning: (counts.open >= 6).then(|| {
                 format!(
                     "{} sessions are open in this directory; they share its files and git state",

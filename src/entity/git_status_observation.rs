@@ -1,4 +1,47 @@
 use sea_orm::entity::prelude::*;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Where an observation came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+pub enum ObservationKind {
+    #[sea_orm(string_value = "live")]
+    Live,
+    #[sea_orm(string_value = "completion")]
+    Completion,
+    #[sea_orm(string_value = "archive")]
+    Archive,
+}
+
+/// The kinds a monitor may report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportedKind {
+    Live,
+    Completion,
+}
+
+impl ReportedKind {
+    /// The wire value, checked where today's rules check it (after the environment is found).
+    pub fn parse(raw: &str) -> Option<ReportedKind> {
+        match raw {
+            "live" => Some(ReportedKind::Live),
+            "completion" => Some(ReportedKind::Completion),
+            _ => None,
+        }
+    }
+}
+
+impl From<ReportedKind> for ObservationKind {
+    fn from(k: ReportedKind) -> Self {
+        match k {
+            ReportedKind::Live => ObservationKind::Live,
+            ReportedKind::Completion => ObservationKind::Completion,
+        }
+    }
+}
 
 /// I21: keyed by environment and repository; the session is nullable provenance.
 #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
@@ -9,14 +52,14 @@ pub struct Model {
     pub task_environment_id: Uuid,
     pub repository_id: Uuid,
     pub session_id: Option<Uuid>,
-    /// `live`, `completion` or `archive`.
-    pub kind: String,
+    pub kind: ObservationKind,
     pub observed_at: DateTimeUtc,
     pub branch: Option<String>,
     pub head_commit: Option<String>,
     pub upstream: Option<String>,
     pub ahead: i32,
     pub behind: i32,
+    /// `Vec<crate::git::status::FileStatus>` as JSON.
     pub files: Json,
     pub created_at: DateTimeUtc,
 }
@@ -25,3 +68,22 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_monitor_reports_live_or_completion_only() {
+        assert_eq!(
+            ReportedKind::parse("live").map(ObservationKind::from),
+            Some(ObservationKind::Live)
+        );
+        assert_eq!(
+            ReportedKind::parse("completion").map(ObservationKind::from),
+            Some(ObservationKind::Completion)
+        );
+        assert_eq!(ReportedKind::parse("archive"), None);
+        assert_eq!(ReportedKind::parse("Live"), None);
+    }
+}

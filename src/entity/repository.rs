@@ -17,6 +17,15 @@ pub struct Model {
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub enum Relation {
+    #[sea_orm(has_many = "super::task_repository::Entity")]
+    Slots,
+}
+
+impl Related<super::task_repository::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Slots.def()
+    }
+}
 
 impl ActiveModelBehavior for ActiveModel {}

@@ -42,6 +42,23 @@ pub struct Model {
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub enum Relation {
+    #[sea_orm(has_many = "super::task_repository::Entity")]
+    Repositories,
+    #[sea_orm(has_many = "super::task_environment::Entity")]
+    Environments,
+}
+
+impl Related<super::task_repository::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Repositories.def()
+    }
+}
+
+impl Related<super::task_environment::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Environments.def()
+    }
+}
 
 impl ActiveModelBehavior for ActiveModel {}

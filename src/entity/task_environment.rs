@@ -51,6 +51,27 @@ pub struct Model {
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub enum Relation {
+    #[sea_orm(
+        belongs_to = "super::task::Entity",
+        from = "Column::TaskId",
+        to = "super::task::Column::Id"
+    )]
+    Task,
+    #[sea_orm(has_many = "super::task_environment_repo::Entity")]
+    Repos,
+}
+
+impl Related<super::task::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Task.def()
+    }
+}
+
+impl Related<super::task_environment_repo::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Repos.def()
+    }
+}
 
 impl ActiveModelBehavior for ActiveModel {}

@@ -39,6 +39,31 @@ pub struct Model {
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub enum Relation {
+    #[sea_orm(
+        belongs_to = "super::task_environment::Entity",
+        from = "Column::TaskEnvironmentId",
+        to = "super::task_environment::Column::Id"
+    )]
+    Environment,
+    #[sea_orm(
+        belongs_to = "super::repository::Entity",
+        from = "Column::RepositoryId",
+        to = "super::repository::Column::Id"
+    )]
+    Repository,
+}
+
+impl Related<super::task_environment::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Environment.def()
+    }
+}
+
+impl Related<super::repository::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Repository.def()
+    }
+}
 
 impl ActiveModelBehavior for ActiveModel {}

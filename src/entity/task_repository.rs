@@ -16,6 +16,31 @@ pub struct Model {
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub enum Relation {
+    #[sea_orm(
+        belongs_to = "super::task::Entity",
+        from = "Column::TaskId",
+        to = "super::task::Column::Id"
+    )]
+    Task,
+    #[sea_orm(
+        belongs_to = "super::repository::Entity",
+        from = "Column::RepositoryId",
+        to = "super::repository::Column::Id"
+    )]
+    Repository,
+}
+
+impl Related<super::task::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Task.def()
+    }
+}
+
+impl Related<super::repository::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Repository.def()
+    }
+}
 
 impl ActiveModelBehavior for ActiveModel {}

@@ -6,36 +6,20 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileStatus {
     pub path: String,
     /// HEAD → index: `unmodified`, `added`, `modified`, `deleted`, `renamed`.
-    #[schema(value_type = IndexStatus)]
-    pub index_status: String,
+    pub index_status: IndexStatus,
     /// index → worktree: `unmodified`, `modified`, `deleted`, `typechange`, `renamed`, `untracked`,
     /// `conflict`.
-    #[schema(value_type = WorktreeStatus)]
-    pub worktree_status: String,
+    pub worktree_status: WorktreeStatus,
 }
 
-/// The values of `FileStatus.index_status` (the spec's enum; the field stays a string).
-pub const INDEX_STATUSES: &[&str] = &["unmodified", "added", "modified", "deleted", "renamed"];
-/// The values of `FileStatus.worktree_status`.
-pub const WORKTREE_STATUSES: &[&str] = &[
-    "unmodified",
-    "modified",
-    "deleted",
-    "typechange",
-    "renamed",
-    "untracked",
-    "conflict",
-];
-
 /// HEAD → index change of a file.
-#[derive(utoipa::ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum IndexStatus {
     Unmodified,
     Added,
@@ -45,9 +29,8 @@ pub enum IndexStatus {
 }
 
 /// Index → worktree change of a file.
-#[derive(utoipa::ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum WorktreeStatus {
     Unmodified,
     Modified,
@@ -56,6 +39,24 @@ pub enum WorktreeStatus {
     Renamed,
     Untracked,
     Conflict,
+    /// Intent to add (`git add -N`): berth's own inspection reports it; a monitor may not.
+    Added,
+}
+
+impl IndexStatus {
+    /// The wire value, or `None` for a status berth does not know.
+    pub fn parse(raw: &str) -> Option<IndexStatus> {
+        serde_json::from_value(serde_json::Value::String(raw.to_string())).ok()
+    }
+}
+
+impl WorktreeStatus {
+    /// A monitor's wire value, or `None` for a status it may not report (`added` is berth's own).
+    pub fn parse_reported(raw: &str) -> Option<WorktreeStatus> {
+        serde_json::from_value(serde_json::Value::String(raw.to_string()))
+            .ok()
+            .filter(|s| *s != WorktreeStatus::Added)
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -121,12 +122,12 @@ pub fn inspect(path: &Path) -> Result<StatusSnapshot, String> {
             gix::status::Item::TreeIndex(change) => {
                 use gix::diff::index::ChangeRef;
                 let (loc, status) = match &change {
-                    ChangeRef::Addition { location, .. } => (location.to_string(), "added"),
-                    ChangeRef::Deletion { location, .. } => (location.to_string(), "deleted"),
-                    ChangeRef::Modification { location, .. } => (location.to_string(), "modified"),
-                    ChangeRef::Rewrite { location, .. } => (location.to_string(), "renamed"),
+                    ChangeRef::Addition { location, .. } => (location.to_string(), IndexStatus::Added),
+                    ChangeRef::Deletion { location, .. } => (location.to_string(), IndexStatus::Deleted),
+                    ChangeRef::Modification { location, .. } => (location.to_string(), IndexStatus::Modified),
+                    ChangeRef::Rewrite { location, .. } => (location.to_string(), IndexStatus::Renamed),
                 };
-                slot(&mut files, &loc).index_status = status.into();
+                slot(&mut files, &loc).index_status = status;
             }
             gix::status::Item::IndexWorktree(change) => {
                 use gix::status::index_worktree::Item as W;
@@ -134,23 +135,23 @@ pub fn inspect(path: &Path) -> Result<StatusSnapshot, String> {
                 let (loc, status) = match &change {
                     W::Modification { rela_path, status, .. } => {
                         let s = match status {
-                            EntryStatus::Conflict { .. } => "conflict",
-                            EntryStatus::Change(Change::Removed) => "deleted",
-                            EntryStatus::Change(Change::Type { .. }) => "typechange",
-                            EntryStatus::Change(Change::Modification { .. }) => "modified",
-                            EntryStatus::Change(Change::SubmoduleModification(_)) => "modified",
-                            EntryStatus::IntentToAdd => "added",
+                            EntryStatus::Conflict { .. } => WorktreeStatus::Conflict,
+                            EntryStatus::Change(Change::Removed) => WorktreeStatus::Deleted,
+                            EntryStatus::Change(Change::Type { .. }) => WorktreeStatus::Typechange,
+                            EntryStatus::Change(Change::Modification { .. }) => WorktreeStatus::Modified,
+                            EntryStatus::Change(Change::SubmoduleModification(_)) => WorktreeStatus::Modified,
+                            EntryStatus::IntentToAdd => WorktreeStatus::Added,
                             EntryStatus::NeedsUpdate(_) => continue,
                         };
                         (rela_path.to_string(), s)
                     }
                     W::DirectoryContents { entry, .. } => match entry.status {
-                        gix::dir::entry::Status::Untracked => (entry.rela_path.to_string(), "untracked"),
+                        gix::dir::entry::Status::Untracked => (entry.rela_path.to_string(), WorktreeStatus::Untracked),
                         _ => continue,
                     },
-                    W::Rewrite { dirwalk_entry, .. } => (dirwalk_entry.rela_path.to_string(), "renamed"),
+                    W::Rewrite { dirwalk_entry, .. } => (dirwalk_entry.rela_path.to_string(), WorktreeStatus::Renamed),
                 };
-                slot(&mut files, &loc).worktree_status = status.into();
+                slot(&mut files, &loc).worktree_status = status;
             }
         }
     }
@@ -161,8 +162,8 @@ pub fn inspect(path: &Path) -> Result<StatusSnapshot, String> {
 fn slot<'a>(files: &'a mut BTreeMap<String, FileStatus>, path: &str) -> &'a mut FileStatus {
     files.entry(path.to_string()).or_insert_with(|| FileStatus {
         path: path.to_string(),
-        index_status: "unmodified".into(),
-        worktree_status: "unmodified".into(),
+        index_status: IndexStatus::Unmodified,
+        worktree_status: WorktreeStatus::Unmodified,
     })
 }
 
@@ -173,4 +174,51 @@ fn count(repo: &gix::Repository, from: gix::ObjectId, hidden: gix::ObjectId) -> 
         .all()
         .map(|walk| walk.filter(|c| c.is_ok()).count() as i32)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_statuses_keep_their_stored_strings() {
+        let f = FileStatus {
+            path: "a".into(),
+            index_status: IndexStatus::Added,
+            worktree_status: WorktreeStatus::Typechange,
+        };
+        let v = serde_json::to_value(&f).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"path": "a", "index_status": "added", "worktree_status": "typechange"})
+        );
+        assert_eq!(serde_json::from_value::<FileStatus>(v).unwrap(), f);
+    }
+
+    #[test]
+    fn reported_statuses_are_the_specs() {
+        for s in ["unmodified", "added", "modified", "deleted", "renamed"] {
+            assert!(IndexStatus::parse(s).is_some(), "{s}");
+        }
+        for s in [
+            "unmodified",
+            "modified",
+            "deleted",
+            "typechange",
+            "renamed",
+            "untracked",
+            "conflict",
+        ] {
+            assert!(WorktreeStatus::parse_reported(s).is_some(), "{s}");
+        }
+        assert_eq!(IndexStatus::parse("bogus"), None);
+        assert_eq!(IndexStatus::parse("Added"), None);
+        assert_eq!(WorktreeStatus::parse_reported("exploded"), None);
+        // berth's own inspection reports intent-to-add; a monitor may not (as before the enum existed).
+        assert_eq!(WorktreeStatus::parse_reported("added"), None);
+        assert_eq!(
+            serde_json::from_str::<WorktreeStatus>("\"added\"").unwrap(),
+            WorktreeStatus::Added
+        );
+    }
 }

@@ -3,8 +3,12 @@
 //! SQLite: WAL, busy timeout, foreign keys, a pool of several connections, and `BEGIN IMMEDIATE` for
 //! every write transaction, because a deferred transaction that reads then writes fails with "database
 //! is locked" under concurrency and sea-orm drops `FOR UPDATE` there. PostgreSQL: a pool, and row locks.
+pub mod environments;
 pub mod migrate;
+pub mod observations;
+pub mod repositories;
 pub mod tasks;
+pub mod workspaces;
 
 use std::time::Duration;
 

@@ -1,0 +1,93 @@
+//! Environment status writes: a `creating` row settles (ready or failed) only through `settle`, a
+//! compare-and-set on the row its materializer still holds followed by its event; earlier environments
+//! are superseded (kept for diagnostics, untouched on disk) with theirs.
+use sea_orm::DatabaseTransaction;
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Ctx;
+use crate::entity::task;
+use crate::entity::task_environment::{self as env, EnvironmentStatus};
+use crate::error::Result;
+use crate::events::{self, Subject};
+use crate::store::environments::{self as store, Settle};
+
+/// Supersedes what is left of earlier attempts (failed, or creating with an expired lease), keeping
+/// them recorded for diagnostics; a new attempt adopts any worktree they left in place.
+pub(super) async fn supersede_stale(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    owner: &task::Model,
+    envs: &[env::Model],
+) -> Result<()> {
+    for stale in envs
+        .iter()
+        .filter(|e| matches!(e.status, EnvironmentStatus::Failed | EnvironmentStatus::Creating))
+    {
+        supersede(txn, ctx, owner, stale.id, "retry").await?;
+    }
+    Ok(())
+}
+
+/// Records an environment as superseded (kept for diagnostics, untouched on disk), with its event.
+pub(crate) async fn supersede(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    owner: &task::Model,
+    env_id: Uuid,
+    reason: &str,
+) -> Result<()> {
+    store::mark_superseded(txn, env_id, crate::clock::now()).await?;
+    events::append(
+        txn,
+        ctx.instance_id,
+        "environment.superseded",
+        env_subject(owner, env_id),
+        json!({ "reason": reason }),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A `creating` environment as its materializer holds it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held {
+    pub id: Uuid,
+    pub materializer_id: Option<Uuid>,
+}
+
+impl From<&env::Model> for Held {
+    fn from(e: &env::Model) -> Self {
+        Held {
+            id: e.id,
+            materializer_id: e.materializer_id,
+        }
+    }
+}
+
+/// The one way a `creating` environment settles (ready or failed): compare-and-set on the row its
+/// materializer still holds, then the event, in the caller's transaction. False when it was taken over
+/// or settled meanwhile (nothing written).
+pub(super) async fn settle(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    owner: &task::Model,
+    held: Held,
+    to: Settle,
+    now: chrono::DateTime<chrono::Utc>,
+    event: (&str, serde_json::Value),
+) -> Result<bool> {
+    let (event_type, payload) = event;
+    if !store::settle_held(txn, held.id, held.materializer_id, to, now).await? {
+        return Ok(false);
+    }
+    events::append(txn, ctx.instance_id, event_type, env_subject(owner, held.id), payload).await?;
+    Ok(true)
+}
+
+pub(super) fn env_subject(owner: &task::Model, env_id: Uuid) -> Subject {
+    Subject {
+        task_environment_id: Some(env_id),
+        ..Subject::task(owner.workspace_id, owner.id)
+    }
+}

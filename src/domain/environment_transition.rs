@@ -1,0 +1,136 @@
+//! Executor transitions (I18): a new environment for another executor is materialized beside the
+//! current one, and becomes current only once a launch in it succeeded; otherwise it is abandoned and the
+//! previous environment stays current, untouched on disk.
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Ctx;
+use super::environment_state::{Held, settle, supersede, supersede_stale};
+use super::environments::{fail, materialize, new_candidate, record_failure};
+use crate::entity::task;
+use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
+use crate::error::{Error, Result};
+use crate::executor::worktree;
+use crate::store::environments::{self as store, Settle};
+use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
+
+/// A transition candidate (I18): a new environment for `executor`, materialized with its complete
+/// inventory but still `creating`, beside the current one. `promote_transition` makes it current once the
+/// launch in it succeeded; `abandon_transition` records it failed otherwise.
+pub(crate) async fn prepare_transition(
+    ctx: &Ctx,
+    task: &task::Model,
+    executor: ExecutorType,
+) -> Result<(env::Model, Vec<worktree::Materialized>)> {
+    let owner = owner_of(&ctx.db.conn, task).await?;
+    let candidate = elect_candidate(ctx, task, &owner, executor).await?;
+    let (rows, path, made) = match materialize(ctx, &owner, &candidate, &transition_dir(&owner, &candidate)).await {
+        Ok(m) => m,
+        Err(failed) => return Err(record_failure(ctx, &owner, &candidate, failed).await?),
+    };
+    let staged: Result<()> = async {
+        let txn = ctx.db.begin_write().await?;
+        lock_task(&txn, owner.id).await?;
+        ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+        store::insert_repo_rows(&txn, candidate.id, rows).await?;
+        store::set_workspace_path(&txn, candidate.id, path.clone()).await?;
+        ctx.commit(txn).await
+    }
+    .await;
+    if let Err(e) = staged {
+        abandon_transition(ctx, task, &candidate, &made, "staging the new environment failed").await;
+        return Err(e);
+    }
+    Ok((
+        env::Model {
+            workspace_path: path,
+            ..candidate
+        },
+        made,
+    ))
+}
+
+/// Under the owner's lock: supersedes stale attempts (never the current environment) and inserts the
+/// `creating` candidate.
+async fn elect_candidate(
+    ctx: &Ctx,
+    task: &task::Model,
+    owner: &task::Model,
+    executor: ExecutorType,
+) -> Result<env::Model> {
+    let txn = ctx.db.begin_write().await?;
+    lock_task(&txn, owner.id).await?;
+    ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+    let envs = store::live_of(&txn, owner.id).await?;
+    if envs.iter().any(|e| super::environments::is_fresh_creating(ctx, e)) {
+        return Err(Error::WorkspacePreparing);
+    }
+    let stale: Vec<env::Model> = envs
+        .into_iter()
+        .filter(|e| !matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped))
+        .collect();
+    supersede_stale(&txn, ctx, owner, &stale).await?;
+    let candidate = new_candidate(&txn, ctx, owner, executor).await?;
+    ctx.commit(txn).await?;
+    Ok(candidate)
+}
+
+/// A transition's directory is its own (I18): never the one an earlier environment of the task left on
+/// disk, which must stay untouched and must not be adopted.
+fn transition_dir(owner: &task::Model, candidate: &env::Model) -> String {
+    let hex = candidate.id.simple().to_string();
+    format!("{}-{}", owner.slug, &hex[hex.len() - 8..])
+}
+
+/// The launch in the candidate succeeded: it becomes current; the previous one is kept, superseded and
+/// untouched on disk (I18). Runs inside the caller's transaction.
+pub(crate) async fn promote_transition(
+    txn: &sea_orm::DatabaseTransaction,
+    ctx: &Ctx,
+    task: &task::Model,
+    candidate_id: Uuid,
+    materializer_id: Option<Uuid>,
+) -> Result<()> {
+    let owner = owner_of(txn, task).await?;
+    for old in store::live_of(txn, owner.id)
+        .await?
+        .into_iter()
+        .filter(|e| e.id != candidate_id)
+    {
+        supersede(txn, ctx, &owner, old.id, "executor_transition").await?;
+    }
+    let held = Held {
+        id: candidate_id,
+        materializer_id,
+    };
+    let ready = Settle {
+        status: EnvironmentStatus::Ready,
+        workspace_path: None,
+        error_message: None,
+    };
+    let event = ("environment.ready", json!({ "reason": "executor_transition" }));
+    // Still ours: a candidate taken over (its lease expired) is not brought back.
+    if !settle(txn, ctx, &owner, held, ready, crate::clock::now(), event).await? {
+        return Err(Error::Conflict(
+            "the new environment was taken over while the agent started; retry".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The launch in the candidate failed: remove what the candidate's attempt created, record it failed; the
+/// previous environment stays current.
+pub(crate) async fn abandon_transition(
+    ctx: &Ctx,
+    task: &task::Model,
+    candidate: &env::Model,
+    made: &[worktree::Materialized],
+    why: &str,
+) {
+    worktree::compensate(ctx.git.as_ref(), made).await;
+    if let Ok(owner) = owner_of(&ctx.db.conn, task).await
+        && let Err(e) = fail(ctx, &owner, candidate, None, why).await
+    {
+        tracing::warn!(environment = %candidate.id, error = %e, "could not record an abandoned transition");
+    }
+}

@@ -1,0 +1,299 @@
+//! Environment rows and their inventory: queries only; which environment is current, and when a
+//! materializer may write, are the domain's rules (`domain::environments`).
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
+};
+use uuid::Uuid;
+
+use crate::entity::task_environment::{self as env, EnvironmentStatus};
+use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
+use crate::entity::{repository, task, task_repository, task_session};
+use crate::error::Result;
+
+/// One inventory row to insert.
+#[derive(Debug, Clone)]
+pub struct NewRepoRow {
+    pub repository_id: Uuid,
+    pub branch_slug: String,
+    pub position: i32,
+    pub worktree_id: Option<String>,
+    pub worktree_path: Option<String>,
+    pub worktree_branch: Option<String>,
+    pub status: EnvironmentRepoStatus,
+    pub error_message: Option<String>,
+}
+
+pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<env::Model>> {
+    Ok(env::Entity::find_by_id(id).one(conn).await?)
+}
+
+/// The environment with its owner task, in one query.
+pub async fn find_with_owner<C: ConnectionTrait>(
+    conn: &C,
+    id: Uuid,
+) -> Result<Option<(env::Model, Option<task::Model>)>> {
+    Ok(env::Entity::find_by_id(id)
+        .find_also_related(task::Entity)
+        .one(conn)
+        .await?)
+}
+
+/// Locks an environment row for the rest of the transaction (PostgreSQL).
+pub async fn lock(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<env::Model>> {
+    Ok(env::Entity::find_by_id(id).lock_exclusive().one(txn).await?)
+}
+
+/// The owner's environments that are not superseded, newest first.
+pub async fn live_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec<env::Model>> {
+    Ok(env::Entity::find()
+        .filter(env::Column::TaskId.eq(owner_id))
+        .filter(env::Column::Status.ne(EnvironmentStatus::Superseded))
+        .order_by_desc(env::Column::CreatedAt)
+        .all(conn)
+        .await?)
+}
+
+/// `creating` environments of `node_id` last touched before `before`.
+pub async fn creating_untouched_since<C: ConnectionTrait>(
+    conn: &C,
+    node_id: &str,
+    before: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<env::Model>> {
+    Ok(env::Entity::find()
+        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+        .filter(env::Column::NodeId.eq(node_id))
+        .filter(env::Column::UpdatedAt.lt(before))
+        .all(conn)
+        .await?)
+}
+
+/// Inserts an environment row; the caller maps a unique violation (I14's backstop).
+pub async fn insert(txn: &DatabaseTransaction, model: &env::Model) -> std::result::Result<(), sea_orm::DbErr> {
+    let am: env::ActiveModel = model.clone().into();
+    env::Entity::insert(am).exec_without_returning(txn).await?;
+    Ok(())
+}
+
+/// Marks an environment superseded (kept for diagnostics).
+pub async fn mark_superseded(txn: &DatabaseTransaction, id: Uuid, now: chrono::DateTime<chrono::Utc>) -> Result<()> {
+    env::Entity::update(env::ActiveModel {
+        id: Set(id),
+        status: Set(EnvironmentStatus::Superseded),
+        materializer_id: Set(None),
+        superseded_at: Set(Some(now)),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    Ok(())
+}
+
+/// Sets the effective workspace path of an environment.
+pub async fn set_workspace_path(txn: &DatabaseTransaction, id: Uuid, path: Option<String>) -> Result<()> {
+    env::Entity::update(env::ActiveModel {
+        id: Set(id),
+        workspace_path: Set(path),
+        updated_at: Set(crate::clock::now()),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    Ok(())
+}
+
+/// The `creating` row held by `materializer_id`, if it still is.
+pub async fn find_held<C: ConnectionTrait>(
+    conn: &C,
+    id: Uuid,
+    materializer_id: Option<Uuid>,
+) -> Result<Option<env::Model>> {
+    Ok(env::Entity::find_by_id(id)
+        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+        .filter(env::Column::MaterializerId.eq(materializer_id))
+        .one(conn)
+        .await?)
+}
+
+/// What a settled materialization writes over its `creating` row.
+pub struct Settle {
+    pub status: EnvironmentStatus,
+    pub workspace_path: Option<Option<String>>,
+    pub error_message: Option<String>,
+}
+
+/// Compare-and-set on a `creating` row still held by `materializer_id`: `settle` replaces it (and
+/// releases the materializer). Returns whether the row was still held.
+pub async fn settle_held(
+    txn: &DatabaseTransaction,
+    id: Uuid,
+    materializer_id: Option<Uuid>,
+    settle: Settle,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<bool> {
+    let mut q = env::Entity::update_many()
+        .col_expr(env::Column::Status, Expr::value(settle.status))
+        .col_expr(env::Column::MaterializerId, Expr::value(Option::<Uuid>::None))
+        .col_expr(env::Column::UpdatedAt, Expr::value(now));
+    if let Some(path) = settle.workspace_path {
+        q = q.col_expr(env::Column::WorkspacePath, Expr::value(path));
+    }
+    if let Some(message) = settle.error_message {
+        q = q.col_expr(env::Column::ErrorMessage, Expr::value(message));
+    }
+    let res = q
+        .filter(env::Column::Id.eq(id))
+        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+        .filter(env::Column::MaterializerId.eq(materializer_id))
+        .exec(txn)
+        .await?;
+    Ok(res.rows_affected == 1)
+}
+
+/// Refreshes the lease of a `creating` row still held by `materializer_id`; false once it is not.
+pub async fn touch_held<C: ConnectionTrait>(conn: &C, id: Uuid, materializer_id: Option<Uuid>) -> Result<bool> {
+    let res = env::Entity::update_many()
+        .col_expr(env::Column::UpdatedAt, Expr::value(crate::clock::now()))
+        .filter(env::Column::Id.eq(id))
+        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
+        .filter(env::Column::MaterializerId.eq(materializer_id))
+        .exec(conn)
+        .await?;
+    Ok(res.rows_affected == 1)
+}
+
+/// Inserts inventory rows for an environment.
+pub async fn insert_repo_rows(txn: &DatabaseTransaction, env_id: Uuid, rows: Vec<NewRepoRow>) -> Result<()> {
+    let now = crate::clock::now();
+    let models: Vec<env_repo::ActiveModel> = rows
+        .into_iter()
+        .map(|r| env_repo::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            task_environment_id: Set(env_id),
+            repository_id: Set(r.repository_id),
+            branch_slug: Set(r.branch_slug),
+            worktree_id: Set(r.worktree_id),
+            worktree_path: Set(r.worktree_path),
+            worktree_branch: Set(r.worktree_branch),
+            base_commit: Set(None),
+            position: Set(r.position),
+            status: Set(r.status),
+            error_message: Set(r.error_message),
+            created_at: Set(now),
+            updated_at: Set(now),
+            merged_at: Set(None),
+            deleted_at: Set(None),
+        })
+        .collect();
+    if !models.is_empty() {
+        env_repo::Entity::insert_many(models)
+            .exec_without_returning(txn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// An environment's inventory in workspace order.
+pub async fn repos_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<env_repo::Model>> {
+    Ok(env_repo::Entity::find()
+        .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
+        .order_by_asc(env_repo::Column::Position)
+        .order_by_asc(env_repo::Column::Id)
+        .all(conn)
+        .await?)
+}
+
+/// An environment's active inventory rows, each with its repository (if still registered).
+pub async fn active_repos_with_repository<C: ConnectionTrait>(
+    conn: &C,
+    env_id: Uuid,
+) -> Result<Vec<(env_repo::Model, Option<repository::Model>)>> {
+    Ok(env_repo::Entity::find()
+        .find_also_related(repository::Entity)
+        .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .all(conn)
+        .await?)
+}
+
+/// A task's repository slots in workspace order, each with its repository (if still registered).
+pub async fn slots_with_repositories<C: ConnectionTrait>(
+    conn: &C,
+    task_id: Uuid,
+) -> Result<Vec<(task_repository::Model, Option<repository::Model>)>> {
+    Ok(task_repository::Entity::find()
+        .find_also_related(repository::Entity)
+        .filter(task_repository::Column::TaskId.eq(task_id))
+        .order_by_asc(task_repository::Column::Position)
+        .all(conn)
+        .await?)
+}
+
+/// How many repository slots a task has.
+pub async fn slot_count<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<u64> {
+    Ok(task_repository::Entity::find()
+        .filter(task_repository::Column::TaskId.eq(task_id))
+        .count(conn)
+        .await?)
+}
+
+/// A task's slot at `position`.
+pub async fn slot_at<C: ConnectionTrait>(
+    conn: &C,
+    task_id: Uuid,
+    position: i32,
+) -> Result<Option<task_repository::Model>> {
+    Ok(task_repository::Entity::find()
+        .filter(task_repository::Column::TaskId.eq(task_id))
+        .filter(task_repository::Column::Position.eq(position))
+        .one(conn)
+        .await?)
+}
+
+/// Whether the session is attached to the environment (a session-bound token's reach).
+pub async fn session_attached<C: ConnectionTrait>(conn: &C, session_id: Uuid, env_id: Uuid) -> Result<bool> {
+    Ok(task_session::Entity::find_by_id(session_id)
+        .filter(task_session::Column::TaskEnvironmentId.eq(env_id))
+        .count(conn)
+        .await?
+        > 0)
+}
+
+/// The ids of the sessions attached to an environment.
+pub async fn session_ids_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<Uuid>> {
+    Ok(task_session::Entity::find()
+        .select_only()
+        .column(task_session::Column::Id)
+        .filter(task_session::Column::TaskEnvironmentId.eq(env_id))
+        .into_tuple()
+        .all(conn)
+        .await?)
+}
+
+/// The environment a session is attached to, if it exists and is attached.
+pub async fn of_session<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Option<Uuid>> {
+    let env: Option<Option<Uuid>> = task_session::Entity::find_by_id(session_id)
+        .select_only()
+        .column(task_session::Column::TaskEnvironmentId)
+        .into_tuple()
+        .one(conn)
+        .await?;
+    Ok(env.flatten())
+}
+
+/// Effective workspace paths of the given environments.
+pub async fn workspace_paths<C: ConnectionTrait>(
+    conn: &C,
+    ids: impl IntoIterator<Item = Uuid>,
+) -> Result<Vec<(Uuid, Option<String>)>> {
+    Ok(env::Entity::find()
+        .select_only()
+        .column(env::Column::Id)
+        .column(env::Column::WorkspacePath)
+        .filter(env::Column::Id.is_in(ids))
+        .into_tuple()
+        .all(conn)
+        .await?)
+}
