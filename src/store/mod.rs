@@ -3,7 +3,10 @@
 //! SQLite: WAL, busy timeout, foreign keys, a pool of several connections, and `BEGIN IMMEDIATE` for
 //! every write transaction, because a deferred transaction that reads then writes fails with "database
 //! is locked" under concurrency and sea-orm drops `FOR UPDATE` there. PostgreSQL: a pool, and row locks.
+pub mod executions;
+pub mod messages;
 pub mod migrate;
+pub mod sessions;
 pub mod tasks;
 
 use std::time::Duration;

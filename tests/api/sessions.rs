@@ -809,8 +809,8 @@ async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app
     let ws = app.workspace("ws").await;
     let (repo, source) = app.repository(ws, "svc").await;
     let task = app.task(ws, "Abandoned", &[repo]).await;
-    let stale = insert_creating(&app, task, chrono::Utc::now() - chrono::Duration::hours(1)).await;
-    // What the dead attempt had made: the slot's worktree on the task's branch, with a file in it.
+    // What the dead attempt had made: the slot's worktree on the task's branch, with a file in it. Made
+    // before its stale row exists: the server's sweep may take the row over as soon as it is inserted.
     let dir = slot_dir(&app, "Abandoned", task, "svc");
     std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
     let branch = format!("berth/{}", berth::executor::task_dir_name("Abandoned", task));
@@ -819,6 +819,7 @@ async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app
         &["worktree", "add", "-q", "-b", &branch, dir.to_str().unwrap(), "main"],
     );
     std::fs::write(dir.join("MARKER.txt"), "made before the crash").unwrap();
+    let stale = insert_creating(&app, task, chrono::Utc::now() - chrono::Duration::hours(1)).await;
 
     let s = app.session(task, "worktree").await;
     assert_eq!(path_of(&s["workspace_path"]), dir);
