@@ -401,8 +401,7 @@ pub struct SessionStatistics {
 
 /// A question an agent asked (Pi RPC `extension_ui_request`), answered with
 /// `POST /sessions/{id}/attention/{request_id}`. Fields are as the agent sent them.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct AttentionRequest {
     /// The request id to answer.
     id: serde_json::Value,
@@ -411,6 +410,18 @@ pub struct AttentionRequest {
     title: serde_json::Value,
     message: serde_json::Value,
     options: serde_json::Value,
+}
+
+impl From<serde_json::Value> for AttentionRequest {
+    fn from(r: serde_json::Value) -> Self {
+        AttentionRequest {
+            id: r["id"].clone(),
+            method: r["method"].clone(),
+            title: r["title"].clone(),
+            message: r["message"].clone(),
+            options: r["options"].clone(),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -427,8 +438,7 @@ pub struct SessionSnapshot {
     pub queue_length: u64,
     pub last_activity_at: DateTime<Utc>,
     /// Pending requests: `{id, method, title, message, options}` as the agent sent them.
-    #[schema(value_type = Vec<AttentionRequest>)]
-    pub attention_requests: Vec<serde_json::Value>,
+    pub attention_requests: Vec<AttentionRequest>,
     pub instance_id: Uuid,
     /// Follow the event stream from here: nothing after it is missing from this snapshot's sources.
     pub latest_seq: i64,
@@ -450,11 +460,7 @@ async fn session_snapshot(
     id: web::Path<Uuid>,
 ) -> Result<web::Json<SessionSnapshot>, Error> {
     let snap = sessions::snapshot(&state.ctx, &auth, *id).await?;
-    let attention_requests = snap
-        .attention_requests
-        .into_iter()
-        .map(|r| serde_json::json!({"id": r["id"], "method": r["method"], "title": r["title"], "message": r["message"], "options": r["options"]}))
-        .collect();
+    let attention_requests = snap.attention_requests.into_iter().map(Into::into).collect();
     Ok(web::Json(SessionSnapshot {
         state: snap.view.session.state,
         session: snap.view.into(),
