@@ -221,6 +221,8 @@ pub async fn compare_and_set_state(
     Ok(res.rows_affected == 1)
 }
 
+// The environment rows a session attaches to and launches in (to join `store::environments` at merge).
+
 /// An environment a session may attach to: ready or stopped.
 pub async fn attachable_environment(txn: &DatabaseTransaction, env_id: Uuid) -> Result<Option<env::Model>> {
     Ok(env::Entity::find_by_id(env_id)
