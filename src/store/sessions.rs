@@ -1,6 +1,6 @@
 //! Session rows (`task_sessions`), with the task and environment rows a session is read with.
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::Expr;
+use sea_orm::sea_query::{Expr, LockType};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect,
@@ -15,6 +15,14 @@ use crate::error::Result;
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<session::Model>> {
     Ok(session::Entity::find_by_id(id).one(conn).await?)
+}
+
+/// A session, its row locked for the rest of the transaction as an UPDATE would (PostgreSQL).
+pub async fn find_locked(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<session::Model>> {
+    Ok(session::Entity::find_by_id(id)
+        .lock(LockType::NoKeyUpdate)
+        .one(txn)
+        .await?)
 }
 
 /// A session with its task, in one query.

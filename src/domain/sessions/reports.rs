@@ -51,7 +51,10 @@ fn session_event(output: &serde_json::Value) -> Option<SessionEvent> {
 
 async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde_json::Value) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
-    let Some(s) = store::find(&txn, session_id).await? else {
+    // The row first, as every session writer takes it before the event sequence; and it is written once:
+    // a second UPDATE of a row this transaction wrote re-checks its foreign keys on PostgreSQL (a
+    // key-share lock on the task), which deadlocked against launches.
+    let Some(s) = store::find_locked(&txn, session_id).await? else {
         return Ok(());
     };
     if s.execution_id != Some(execution_id) {
@@ -64,20 +67,10 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     if event["type"] == "message_end" && event["message"]["role"] == "assistant" {
         crate::store::messages::append(&txn, session_id, MessageRole::Assistant, event["message"].clone(), now).await?;
     }
-    // One write of the row: a second UPDATE of a row this transaction already wrote re-checks its foreign
-    // keys on PostgreSQL (a key-share lock on the task), which deadlocked against launches.
-    match session_event(&event).filter(|e| s.state.on(*e).is_ok()) {
-        Some(e) => {
-            let patch = StatePatch {
-                last_activity_at: Some(now),
-                ..Default::default()
-            };
-            if transition(&txn, ctx, &task, &s, e, patch).await?.is_none() {
-                store::touch(&txn, session_id, now).await?;
-            }
-        }
-        // Outside running/idle/attention, or already there, a report changes no state.
-        None => store::touch(&txn, session_id, now).await?,
+    // Outside running/idle/attention, or already there, a report changes no state.
+    let moves = session_event(&event).filter(|e| s.state.on(*e).is_ok());
+    if moves.is_none() {
+        store::touch(&txn, session_id, now).await?;
     }
     let subject = Subject {
         session_id: Some(session_id),
@@ -93,6 +86,13 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
         json!({ "event": event }),
     )
     .await?;
+    if let Some(e) = moves {
+        let patch = StatePatch {
+            last_activity_at: Some(now),
+            ..Default::default()
+        };
+        transition(&txn, ctx, &task, &s, e, patch).await?;
+    }
     ctx.commit(txn).await?;
     if matches!(event["type"].as_str(), Some("agent_end" | "agent_settled")) {
         // Seed 004: a finished turn is captured as a completion observation of the environment.
