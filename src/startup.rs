@@ -70,11 +70,11 @@ impl Application {
             tokio::spawn(ctx.events.clone().tail(ctx.db.conn.clone(), ctx.config.event_poll)).abort_handle(),
             tokio::spawn(crate::worker::sweep(ctx.clone(), ctx.config.sweep_interval)).abort_handle(),
         ];
-        background.push(tokio::spawn(crate::domain::agents::consume(ctx.clone(), runtime_reports)).abort_handle());
+        background.push(tokio::spawn(crate::domain::sessions::consume(ctx.clone(), runtime_reports)).abort_handle());
         // I35: workers start only now, after the schema committed.
         background.extend(crate::worker::cleanup::start(&ctx));
         // I29: sessions that were open are relaunched through admission before the server serves.
-        let restored = crate::domain::agents::restore(&ctx)
+        let restored = crate::domain::sessions::restore(&ctx)
             .await
             .map_err(|e| anyhow::anyhow!("restoring sessions: {e}"))?;
         if restored > 0 {

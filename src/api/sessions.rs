@@ -10,6 +10,7 @@ use super::extract::{Authorized, SessionsDelete, SessionsRead, SessionsWrite};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::sessions::{self, NewSession, SessionView};
+use crate::entity::session_message::MessageRole;
 use crate::entity::task_session::{ExecutorType, SessionState};
 use crate::error::Error;
 
@@ -83,9 +84,7 @@ async fn launch_session(
 ) -> Result<web::Json<Session>, Error> {
     let body: LaunchSession = optional_body(&body)?;
     Ok(web::Json(
-        crate::domain::agents::launch(&state.ctx, &auth, *id, body.prompt)
-            .await?
-            .into(),
+        sessions::launch(&state.ctx, &auth, *id, body.prompt).await?.into(),
     ))
 }
 
@@ -109,9 +108,7 @@ async fn resume_session(
 ) -> Result<web::Json<Session>, Error> {
     let body: LaunchSession = optional_body(&body)?;
     Ok(web::Json(
-        crate::domain::agents::launch(&state.ctx, &auth, *id, body.prompt)
-            .await?
-            .into(),
+        sessions::launch(&state.ctx, &auth, *id, body.prompt).await?.into(),
     ))
 }
 
@@ -130,9 +127,7 @@ async fn stop_session(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Session>, Error> {
-    Ok(web::Json(
-        crate::domain::agents::stop(&state.ctx, &auth, *id).await?.into(),
-    ))
+    Ok(web::Json(sessions::stop(&state.ctx, &auth, *id).await?.into()))
 }
 
 #[utoipa::path(
@@ -153,7 +148,7 @@ async fn send_message(
     id: web::Path<Uuid>,
     body: web::Json<SendMessage>,
 ) -> Result<HttpResponse, Error> {
-    crate::domain::agents::send_message(&state.ctx, &auth, *id, &body.text).await?;
+    sessions::send_message(&state.ctx, &auth, *id, &body.text).await?;
     Ok(HttpResponse::Accepted().json(Accepted { accepted: true }))
 }
 
@@ -382,20 +377,14 @@ async fn answer_attention(
     if let Some(c) = b.cancelled {
         response.insert("cancelled".into(), c.into());
     }
-    let view = crate::domain::agents::answer_attention(
-        &state.ctx,
-        &auth,
-        id,
-        &request_id,
-        serde_json::Value::Object(response),
-    )
-    .await?;
+    let view =
+        sessions::answer_attention(&state.ctx, &auth, id, &request_id, serde_json::Value::Object(response)).await?;
     Ok(web::Json(view.into()))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TranscriptEntry {
-    pub role: String,
+    pub role: MessageRole,
     pub content: serde_json::Value,
     pub created_at: DateTime<Utc>,
 }
@@ -412,8 +401,7 @@ pub struct SessionStatistics {
 
 /// A question an agent asked (Pi RPC `extension_ui_request`), answered with
 /// `POST /sessions/{id}/attention/{request_id}`. Fields are as the agent sent them.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct AttentionRequest {
     /// The request id to answer.
     id: serde_json::Value,
@@ -422,6 +410,18 @@ pub struct AttentionRequest {
     title: serde_json::Value,
     message: serde_json::Value,
     options: serde_json::Value,
+}
+
+impl From<serde_json::Value> for AttentionRequest {
+    fn from(r: serde_json::Value) -> Self {
+        AttentionRequest {
+            id: r["id"].clone(),
+            method: r["method"].clone(),
+            title: r["title"].clone(),
+            message: r["message"].clone(),
+            options: r["options"].clone(),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -438,8 +438,7 @@ pub struct SessionSnapshot {
     pub queue_length: u64,
     pub last_activity_at: DateTime<Utc>,
     /// Pending requests: `{id, method, title, message, options}` as the agent sent them.
-    #[schema(value_type = Vec<AttentionRequest>)]
-    pub attention_requests: Vec<serde_json::Value>,
+    pub attention_requests: Vec<AttentionRequest>,
     pub instance_id: Uuid,
     /// Follow the event stream from here: nothing after it is missing from this snapshot's sources.
     pub latest_seq: i64,
@@ -460,12 +459,8 @@ async fn session_snapshot(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<SessionSnapshot>, Error> {
-    let snap = crate::domain::agents::snapshot(&state.ctx, &auth, *id).await?;
-    let attention_requests = snap
-        .attention_requests
-        .into_iter()
-        .map(|r| serde_json::json!({"id": r["id"], "method": r["method"], "title": r["title"], "message": r["message"], "options": r["options"]}))
-        .collect();
+    let snap = sessions::snapshot(&state.ctx, &auth, *id).await?;
+    let attention_requests = snap.attention_requests.into_iter().map(Into::into).collect();
     Ok(web::Json(SessionSnapshot {
         state: snap.view.session.state,
         session: snap.view.into(),

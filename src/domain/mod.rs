@@ -1,5 +1,4 @@
 //! The rules. Handlers call one function here; nothing here knows about HTTP.
-pub mod agents;
 pub mod cleanup;
 pub mod environment_lease;
 pub mod environment_state;

@@ -59,6 +59,31 @@ pub struct Model {
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub enum Relation {
+    #[sea_orm(
+        belongs_to = "super::task::Entity",
+        from = "Column::TaskId",
+        to = "super::task::Column::Id"
+    )]
+    Task,
+    #[sea_orm(
+        belongs_to = "super::task_environment::Entity",
+        from = "Column::TaskEnvironmentId",
+        to = "super::task_environment::Column::Id"
+    )]
+    Environment,
+}
+
+impl Related<super::task::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Task.def()
+    }
+}
+
+impl Related<super::task_environment::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::Environment.def()
+    }
+}
 
 impl ActiveModelBehavior for ActiveModel {}

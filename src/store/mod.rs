@@ -4,9 +4,12 @@
 //! every write transaction, because a deferred transaction that reads then writes fails with "database
 //! is locked" under concurrency and sea-orm drops `FOR UPDATE` there. PostgreSQL: a pool, and row locks.
 pub mod environments;
+pub mod executions;
+pub mod messages;
 pub mod migrate;
 pub mod observations;
 pub mod repositories;
+pub mod sessions;
 pub mod tasks;
 pub mod workspaces;
 

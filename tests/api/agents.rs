@@ -30,6 +30,7 @@ both_backends!(
     restore_relaunches_two_at_a_time,
     a_snapshot_then_the_stream_loses_nothing_while_an_agent_streams,
     a_launch_cut_off_by_a_crash_is_restored,
+    a_restore_that_moves_a_session_to_recovering_reports_it,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -1015,6 +1016,55 @@ async fn a_launch_cut_off_by_a_crash_is_restored(app: TestApp) {
     let after = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
     assert_eq!(after["state"], "idle");
     assert_ne!(after["execution_id"], s["execution_id"]);
+    ctx.runtime.stop_all().await;
+    restarted.background().iter().for_each(|h| h.abort());
+}
+
+// I29, I32: restore moves an open session to `recovering` before relaunching it, and that move is an
+// event like every other state change (it used to be written with none).
+async fn a_restore_that_moves_a_session_to_recovering_reports_it(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Recover", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    app.app_state.ctx.runtime.stop_all().await;
+    let before = all_events(&app).await.last().unwrap()["seq"].as_i64().unwrap();
+    let restarted = berth::startup::Application::build(app.config.clone()).await.unwrap();
+    let ctx = restarted.state.ctx.clone();
+    assert_eq!(ctx.runtime.live_count(), 1, "relaunched");
+    let states: Vec<(String, String)> = all_events(&app)
+        .await
+        .into_iter()
+        .filter(|e| {
+            e["seq"].as_i64().unwrap() > before
+                && e["type"] == "session.state_changed"
+                && e["session_id"] == id.to_string()
+        })
+        .map(|e| {
+            (
+                e["data"]["state"].as_str().unwrap().to_string(),
+                e["instance_id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let new_instance = ctx.instance_id.to_string();
+    assert_eq!(
+        states,
+        [
+            ("recovering".to_string(), new_instance.clone()),
+            ("starting".to_string(), new_instance.clone()),
+            ("idle".to_string(), new_instance),
+        ],
+        "the move to recovering is reported, then the relaunch"
+    );
     ctx.runtime.stop_all().await;
     restarted.background().iter().for_each(|h| h.abort());
 }

@@ -779,6 +779,27 @@ async fn insert_creating(app: &TestApp, task: Uuid, updated_at: chrono::DateTime
     id
 }
 
+/// A first session, retried as clients do while another materializer prepares the workspace.
+async fn session_retrying_while_preparing(app: &TestApp, task: Uuid) -> Value {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = app
+            .post(
+                &format!("/api/v1/tasks/{task}/sessions"),
+                json!({"executor_type": "worktree", "start": false}),
+            )
+            .await;
+        if r.status.as_u16() != 409 || r.json()["code"] != "workspace_preparing" {
+            return r.ok(201);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the workspace never became ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// Where berth puts a task's worktree for a repository (the same function berth uses).
 fn slot_dir(app: &TestApp, title: &str, task: Uuid, repo_name: &str) -> PathBuf {
     app.config
@@ -809,8 +830,8 @@ async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app
     let ws = app.workspace("ws").await;
     let (repo, source) = app.repository(ws, "svc").await;
     let task = app.task(ws, "Abandoned", &[repo]).await;
-    let stale = insert_creating(&app, task, chrono::Utc::now() - chrono::Duration::hours(1)).await;
-    // What the dead attempt had made: the slot's worktree on the task's branch, with a file in it.
+    // What the dead attempt had made: the slot's worktree on the task's branch, with a file in it. Made
+    // before its stale row exists: the server's sweep may take the row over as soon as it is inserted.
     let dir = slot_dir(&app, "Abandoned", task, "svc");
     std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
     let branch = format!("berth/{}", berth::executor::task_dir_name("Abandoned", task));
@@ -819,8 +840,11 @@ async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app
         &["worktree", "add", "-q", "-b", &branch, dir.to_str().unwrap(), "main"],
     );
     std::fs::write(dir.join("MARKER.txt"), "made before the crash").unwrap();
+    let stale = insert_creating(&app, task, chrono::Utc::now() - chrono::Duration::hours(1)).await;
 
-    let s = app.session(task, "worktree").await;
+    // Whoever takes the stale row over, this request or the sweep, adopts the worktree; while the sweep
+    // holds it, the request is told to retry.
+    let s = session_retrying_while_preparing(&app, task).await;
     assert_eq!(path_of(&s["workspace_path"]), dir);
     assert_eq!(
         std::fs::read_to_string(dir.join("MARKER.txt")).unwrap(),

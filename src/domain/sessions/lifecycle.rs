@@ -1,42 +1,22 @@
-//! Sessions: agent conversations that use their task's environment and own nothing physical.
+//! Creating, listing, deleting sessions and choosing the primary.
 //!
 //! The rule for deleting a session lives here: it removes the session row and its conversation history,
 //! and nothing else — no directory, worktree registration, branch or cleanup job (I2, I3) — and it is
 //! refused while the session is busy (I4).
-use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect,
-};
+use sea_orm::DatabaseTransaction;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::Ctx;
-use super::environments;
-use super::pagination::{Page, PageRequest};
+use super::access::{SessionView, project, reload, subject, visible};
+use super::{Ctx, environments};
 use crate::auth::Principal;
-use crate::entity::task;
-use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
+use crate::domain::pagination::{Page, PageRequest};
+use crate::entity::task_environment::ExecutorType;
 use crate::entity::task_session::{self as session, SessionState};
 use crate::error::{Error, Result};
-use crate::events::{self, Subject};
+use crate::events;
+use crate::store::sessions as store;
 use crate::store::tasks::{ensure_no_cleanup, lock_task};
-
-impl SessionState {
-    /// I4: a session in these states has a process being started, working, recovering or stopping.
-    pub fn is_busy(self) -> bool {
-        matches!(
-            self,
-            SessionState::Starting | SessionState::Running | SessionState::Recovering | SessionState::Stopping
-        )
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            SessionState::Stopped | SessionState::Failed | SessionState::Cancelled
-        )
-    }
-}
 
 pub struct NewSession {
     pub executor_type: ExecutorType,
@@ -47,15 +27,15 @@ pub struct NewSession {
     pub start: Option<bool>,
 }
 
-/// A session as readers see it: the workspace path is the environment's, never a copy (I20).
-#[derive(Debug, Clone)]
-pub struct SessionView {
-    pub session: session::Model,
-    pub workspace_path: Option<String>,
+/// What a valid [`NewSession`] asks for.
+struct Request {
+    name: String,
+    agent_profile: Option<String>,
+    start: bool,
+    prompt: Option<String>,
 }
 
-pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) -> Result<SessionView> {
-    p.require_unbound()?;
+fn validate(ctx: &Ctx, input: &NewSession) -> Result<Request> {
     let name = match input.name.as_deref() {
         Some(n) if n.chars().count() > 200 => {
             return Err(Error::invalid("name", "must be at most 200 characters"));
@@ -64,8 +44,8 @@ pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) 
         None => String::new(),
     };
     // The profile named, else the only one configured.
-    let agent_profile = match input.agent_profile {
-        Some(name) if ctx.config.agents.contains_key(&name) => Some(name),
+    let agent_profile = match &input.agent_profile {
+        Some(name) if ctx.config.agents.contains_key(name) => Some(name.clone()),
         Some(_) => {
             return Err(Error::invalid("agent_profile", "no such agent profile is configured"));
         }
@@ -82,14 +62,25 @@ pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) 
         Some(start) => start,
         None => agent_profile.is_some(),
     };
-    let prompt = input.prompt.filter(|p| !p.trim().is_empty());
+    let prompt = input.prompt.clone().filter(|p| !p.trim().is_empty());
     if prompt.is_some() && !start {
         return Err(Error::invalid(
             "prompt",
             "a prompt is delivered only to a started agent",
         ));
     }
-    let task = super::tasks::readable(&ctx.db.conn, p, task_id).await?;
+    Ok(Request {
+        name,
+        agent_profile,
+        start,
+        prompt,
+    })
+}
+
+pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) -> Result<SessionView> {
+    p.require_unbound()?;
+    let request = validate(ctx, &input)?;
+    let task = crate::domain::tasks::readable(&ctx.db.conn, p, task_id).await?;
     if task.archived_at.is_some() {
         return Err(Error::TaskArchived);
     }
@@ -106,25 +97,18 @@ pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) 
     }
     // I7: either this session commits before a cleanup barrier, or it is refused.
     ensure_no_cleanup(&txn, &[task.id, environment.task_id]).await?;
-    let environment = env::Entity::find_by_id(environment.id)
-        .filter(env::Column::Status.is_in([EnvironmentStatus::Ready, EnvironmentStatus::Stopped]))
-        .one(&txn)
+    let environment = store::attachable_environment(&txn, environment.id)
         .await?
         .ok_or_else(|| Error::Conflict("the task's environment changed meanwhile; retry".into()))?;
-    let has_primary = session::Entity::find()
-        .filter(session::Column::TaskId.eq(task.id))
-        .filter(session::Column::IsPrimary.eq(true))
-        .one(&txn)
-        .await?
-        .is_some();
+    let has_primary = store::primary_of(&txn, task.id).await?.is_some();
     let now = crate::clock::now();
     let model = session::Model {
         id: Uuid::now_v7(),
         task_id: task.id,
         task_environment_id: Some(environment.id),
-        name,
+        name: request.name,
         executor_type: input.executor_type,
-        agent_profile,
+        agent_profile: request.agent_profile,
         state: SessionState::Created,
         is_primary: !has_primary,
         desired_open: false,
@@ -138,9 +122,8 @@ pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) 
         started_at: None,
         ended_at: None,
     };
-    let am: session::ActiveModel = model.clone().into();
-    session::Entity::insert(am).exec_without_returning(&txn).await?;
-    touch_task(&txn, task.id, now).await?;
+    store::insert(&txn, model.clone()).await?;
+    store::touch_task(&txn, task.id, now).await?;
     events::append(
         &txn,
         ctx.instance_id,
@@ -150,8 +133,8 @@ pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) 
     )
     .await?;
     ctx.commit(txn).await?;
-    if start {
-        return super::agents::launch_session(ctx, model, prompt).await;
+    if request.start {
+        return super::launch::launch_session(ctx, model, request.prompt).await;
     }
     Ok(SessionView {
         session: model,
@@ -161,25 +144,13 @@ pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) 
 
 pub async fn list(ctx: &Ctx, p: &Principal, task_id: Uuid, page: PageRequest) -> Result<Page<SessionView>> {
     p.require_unbound()?;
-    super::tasks::readable(&ctx.db.conn, p, task_id).await?;
-    let mut q = session::Entity::find().filter(session::Column::TaskId.eq(task_id));
-    if let Some(before) = page.before {
-        q = q.filter(session::Column::Id.lt(before));
-    }
-    let rows = q
-        .order_by_desc(session::Column::Id)
-        .limit(page.fetch())
-        .all(&ctx.db.conn)
-        .await?;
-    let page = Page::from_rows(rows, &page, |s| s.id);
-    let mut items = Vec::with_capacity(page.items.len());
-    for s in page.items {
-        items.push(project(&ctx.db.conn, s).await?);
-    }
-    Ok(Page {
-        items,
-        next_cursor: page.next_cursor,
-    })
+    crate::domain::tasks::readable(&ctx.db.conn, p, task_id).await?;
+    let rows = store::page_of_task(&ctx.db.conn, task_id, page.before, page.fetch()).await?;
+    // I19/I20: each with its environment's effective workspace path.
+    Ok(Page::from_rows(rows, &page, |(s, _)| s.id).map(|(s, e)| SessionView {
+        session: s,
+        workspace_path: e.and_then(|e| e.workspace_path),
+    }))
 }
 
 pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionView> {
@@ -193,20 +164,17 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     let task = lock_task(&txn, s.task_id).await?;
     // Re-read under the task's lock: the state may have moved since.
-    let s = session::Entity::find_by_id(id)
-        .one(&txn)
-        .await?
-        .ok_or(Error::NotFound("session"))?;
+    let s = reload(&txn, id).await?;
     if s.state.is_busy() {
         return Err(Error::SessionBusy);
     }
     if ctx.runtime.is_live(id) {
         // I4: an idle or attention session has its process stopped first (outside the transaction).
         drop(txn);
-        super::agents::stop_session(ctx, &s).await?;
+        super::control::stop_session(ctx, &s).await?;
         return Box::pin(delete(ctx, p, id)).await;
     }
-    session::Entity::delete_by_id(id).exec(&txn).await?;
+    store::delete(&txn, id).await?;
     events::append(
         &txn,
         ctx.instance_id,
@@ -236,24 +204,12 @@ pub async fn make_primary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionV
     let s = visible(&ctx.db.conn, p, id).await?;
     let txn = ctx.db.begin_write().await?;
     let task = lock_task(&txn, s.task_id).await?;
-    let s = session::Entity::find_by_id(id)
-        .one(&txn)
-        .await?
-        .ok_or(Error::NotFound("session"))?;
+    let s = reload(&txn, id).await?;
     if !s.is_primary {
-        let previous = session::Entity::find()
-            .filter(session::Column::TaskId.eq(task.id))
-            .filter(session::Column::IsPrimary.eq(true))
-            .one(&txn)
-            .await?;
+        let previous = store::primary_of(&txn, task.id).await?;
         // Clear first: the database allows at most one primary per task.
-        session::Entity::update_many()
-            .col_expr(session::Column::IsPrimary, sea_orm::sea_query::Expr::value(false))
-            .filter(session::Column::TaskId.eq(task.id))
-            .filter(session::Column::IsPrimary.eq(true))
-            .exec(&txn)
-            .await?;
-        set_primary(&txn, id).await?;
+        store::clear_primary(&txn, task.id).await?;
+        store::set_primary(&txn, id, crate::clock::now()).await?;
         events::append(
             &txn,
             ctx.instance_id,
@@ -269,12 +225,7 @@ pub async fn make_primary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionV
 
 /// I4: a running session first, then the most recently active non-terminal one, then any.
 async fn promote(txn: &DatabaseTransaction, task_id: Uuid) -> Result<Option<session::Model>> {
-    let candidates = session::Entity::find()
-        .filter(session::Column::TaskId.eq(task_id))
-        .order_by_desc(session::Column::LastActivityAt)
-        .order_by_desc(session::Column::Id)
-        .all(txn)
-        .await?;
+    let candidates = store::by_activity(txn, task_id).await?;
     let chosen = candidates
         .iter()
         .find(|s| s.state == SessionState::Running)
@@ -282,73 +233,7 @@ async fn promote(txn: &DatabaseTransaction, task_id: Uuid) -> Result<Option<sess
         .or_else(|| candidates.first())
         .cloned();
     if let Some(s) = &chosen {
-        set_primary(txn, s.id).await?;
+        store::set_primary(txn, s.id, crate::clock::now()).await?;
     }
     Ok(chosen)
-}
-
-async fn set_primary(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
-    session::Entity::update(session::ActiveModel {
-        id: Set(id),
-        is_primary: Set(true),
-        updated_at: Set(crate::clock::now()),
-        ..Default::default()
-    })
-    .exec(txn)
-    .await?;
-    Ok(())
-}
-
-async fn touch_task(txn: &DatabaseTransaction, task_id: Uuid, now: chrono::DateTime<chrono::Utc>) -> Result<()> {
-    task::Entity::update(task::ActiveModel {
-        id: Set(task_id),
-        last_activity_at: Set(now),
-        ..Default::default()
-    })
-    .exec(txn)
-    .await?;
-    Ok(())
-}
-
-/// A session the principal may act on: in a visible workspace and, for a session-bound token, itself.
-pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<session::Model> {
-    if p.session_id.is_some_and(|bound| bound != id) {
-        return Err(Error::NotFound("session"));
-    }
-    let s = session::Entity::find_by_id(id)
-        .one(conn)
-        .await?
-        .ok_or(Error::NotFound("session"))?;
-    let task = task::Entity::find_by_id(s.task_id)
-        .one(conn)
-        .await?
-        .ok_or(Error::NotFound("session"))?;
-    if !p.sees_workspace(task.workspace_id) {
-        return Err(Error::NotFound("session"));
-    }
-    Ok(s)
-}
-
-/// I19/I20: the session shows its environment's effective workspace path.
-pub(crate) async fn project<C: ConnectionTrait>(conn: &C, s: session::Model) -> Result<SessionView> {
-    let workspace_path = match s.task_environment_id {
-        Some(env_id) => env::Entity::find_by_id(env_id)
-            .one(conn)
-            .await?
-            .and_then(|e| e.workspace_path),
-        None => None,
-    };
-    Ok(SessionView {
-        session: s,
-        workspace_path,
-    })
-}
-
-fn subject(task: &task::Model, s: &session::Model) -> Subject {
-    Subject {
-        session_id: Some(s.id),
-        task_environment_id: s.task_environment_id,
-        execution_id: s.execution_id,
-        ..Subject::task(task.workspace_id, task.id)
-    }
 }

@@ -1,0 +1,64 @@
+//! Which sessions a principal may act on, and how a session is shown.
+use sea_orm::ConnectionTrait;
+use uuid::Uuid;
+
+use crate::auth::Principal;
+use crate::entity::task;
+use crate::entity::task_session as session;
+use crate::error::{Error, Result};
+use crate::events::Subject;
+use crate::store::sessions as store;
+
+/// A session as readers see it: the workspace path is the environment's, never a copy (I20).
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    pub session: session::Model,
+    pub workspace_path: Option<String>,
+}
+
+/// A session the principal may act on: in a visible workspace and, for a session-bound token, itself.
+pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<session::Model> {
+    Ok(visible_with_task(conn, p, id).await?.0)
+}
+
+/// As [`visible`], with the session's task.
+pub(crate) async fn visible_with_task<C: ConnectionTrait>(
+    conn: &C,
+    p: &Principal,
+    id: Uuid,
+) -> Result<(session::Model, task::Model)> {
+    if p.session_id.is_some_and(|bound| bound != id) {
+        return Err(Error::NotFound("session"));
+    }
+    let Some((s, Some(task))) = store::find_with_task(conn, id).await? else {
+        return Err(Error::NotFound("session"));
+    };
+    if !p.sees_workspace(task.workspace_id) {
+        return Err(Error::NotFound("session"));
+    }
+    Ok((s, task))
+}
+
+/// I19/I20: the session shows its environment's effective workspace path.
+pub(crate) async fn project<C: ConnectionTrait>(conn: &C, s: session::Model) -> Result<SessionView> {
+    let workspace_path = store::environment_path(conn, &s).await?;
+    Ok(SessionView {
+        session: s,
+        workspace_path,
+    })
+}
+
+/// The session, as it is now.
+pub(crate) async fn reload<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<session::Model> {
+    store::find(conn, id).await?.ok_or(Error::NotFound("session"))
+}
+
+/// What a session's events are about.
+pub(crate) fn subject(task: &task::Model, s: &session::Model) -> Subject {
+    Subject {
+        session_id: Some(s.id),
+        task_environment_id: s.task_environment_id,
+        execution_id: s.execution_id,
+        ..Subject::task(task.workspace_id, task.id)
+    }
+}

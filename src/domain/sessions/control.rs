@@ -1,0 +1,125 @@
+//! Driving a running agent: messages, stop (I28), answers to its questions (I31).
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Ctx;
+use super::access::{SessionView, project, reload, visible, visible_with_task};
+use super::state::{SessionEvent, transition};
+use crate::auth::Principal;
+use crate::entity::session_message::MessageRole;
+use crate::entity::task;
+use crate::entity::task_session::{self as session, SessionState};
+use crate::error::{Error, Result};
+use crate::store::sessions::{self as store, StatePatch};
+
+/// Sends a prompt, recording it in the transcript first.
+pub(super) async fn deliver(ctx: &Ctx, session_id: Uuid, text: &str) -> Result<()> {
+    crate::store::messages::append(
+        &ctx.db.conn,
+        session_id,
+        MessageRole::User,
+        json!({ "text": text }),
+        crate::clock::now(),
+    )
+    .await?;
+    if !ctx
+        .runtime
+        .send(session_id, json!({ "type": "prompt", "message": text }))
+    {
+        return Err(Error::Conflict(
+            "the session has no running agent; launch or resume it".into(),
+        ));
+    }
+    Ok(())
+}
+
+pub async fn send_message(ctx: &Ctx, p: &Principal, session_id: Uuid, text: &str) -> Result<()> {
+    if text.trim().is_empty() || text.len() > 200_000 {
+        return Err(Error::invalid("text", "must be 1 to 200000 bytes"));
+    }
+    let s = visible(&ctx.db.conn, p, session_id).await?;
+    if !ctx.runtime.is_live(s.id) {
+        return Err(Error::Conflict(
+            "the session has no running agent; launch or resume it".into(),
+        ));
+    }
+    deliver(ctx, s.id, text).await
+}
+
+/// I28: clear `desired_open` first, then stop the process with escalation; the transcript stays.
+pub async fn stop(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionView> {
+    let s = visible(&ctx.db.conn, p, session_id).await?;
+    stop_session(ctx, &s).await?;
+    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+}
+
+pub(crate) async fn stop_session(ctx: &Ctx, s: &session::Model) -> Result<()> {
+    let task = store::task_of(&ctx.db.conn, s)
+        .await?
+        .ok_or(Error::NotFound("session"))?;
+    let live = ctx.runtime.is_live(s.id);
+    let txn = ctx.db.begin_write().await?;
+    let current = reload(&txn, s.id).await?;
+    let event = SessionEvent::Stop { live };
+    if current.state.on(event).is_ok() {
+        let patch = StatePatch {
+            desired_open: Some(false),
+            ..Default::default()
+        };
+        transition(&txn, ctx, &task, &current, event, patch).await?;
+    } else {
+        // Already stopping, or over: only the wish to keep it open goes.
+        store::clear_desired_open(&txn, s.id, crate::clock::now()).await?;
+    }
+    ctx.commit(txn).await?;
+    if live {
+        ctx.runtime.stop(s.id).await;
+        settle_stopped(ctx, &task, s.id).await?;
+    }
+    Ok(())
+}
+
+/// `stopping` → `stopped`, once (the exit report may get there first).
+async fn settle_stopped(ctx: &Ctx, task: &task::Model, session_id: Uuid) -> Result<()> {
+    let txn = ctx.db.begin_write().await?;
+    let current = reload(&txn, session_id).await?;
+    if current.state == SessionState::Stopping {
+        let patch = StatePatch {
+            ended_at: Some(crate::clock::now()),
+            ..Default::default()
+        };
+        transition(&txn, ctx, task, &current, SessionEvent::Settled, patch).await?;
+    }
+    ctx.commit(txn).await
+}
+
+/// I31: answers an attention request pending on this session (and no other); the agent works on.
+pub async fn answer_attention(
+    ctx: &Ctx,
+    p: &Principal,
+    session_id: Uuid,
+    request_id: &str,
+    response: serde_json::Value,
+) -> Result<SessionView> {
+    let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
+    if !ctx.runtime.answer(s.id, request_id, response) {
+        return Err(Error::NotFound("attention request"));
+    }
+    if ctx.runtime.attention(s.id).is_empty() {
+        let txn = ctx.db.begin_write().await?;
+        let current = reload(&txn, s.id).await?;
+        if current.state == SessionState::Attention {
+            transition(
+                &txn,
+                ctx,
+                &task,
+                &current,
+                SessionEvent::Answered,
+                StatePatch::default(),
+            )
+            .await?;
+        }
+        ctx.commit(txn).await?;
+    }
+    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+}

@@ -1,0 +1,401 @@
+//! Launching (or resuming) a session's agent through admission (I15-I17), in named steps: resolve the
+//! profile, admit the workspace, record the durable handle, spawn, record it running.
+use std::path::PathBuf;
+
+use uuid::Uuid;
+
+use super::access::{SessionView, project, reload, visible};
+use super::control::deliver;
+use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
+use super::{Ctx, environments};
+use crate::auth::Principal;
+use crate::config::AgentProfile;
+use crate::entity::agent_execution::{self as execution, ExecutionState};
+use crate::entity::task;
+use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
+use crate::entity::task_session::{self as session, SessionState};
+use crate::error::{Error, Result, ReuseCategory};
+use crate::executor::admission::{self, AdmittedWorkspace, Candidate, Refusal};
+use crate::executor::worktree::Materialized;
+use crate::runtime::SpawnError;
+use crate::store::executions::ExecutionPatch;
+use crate::store::sessions::{self as store, StatePatch};
+use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
+
+impl From<Refusal> for ReuseCategory {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::ExecutorMismatch => ReuseCategory::ExecutorMismatch,
+            Refusal::InventoryIncomplete => ReuseCategory::InventoryIncomplete,
+            Refusal::InventoryAmbiguous => ReuseCategory::InventoryAmbiguous,
+            Refusal::WorkspaceMissing => ReuseCategory::WorkspaceMissing,
+            Refusal::NotAGitWorktree => ReuseCategory::NotAGitWorktree,
+            Refusal::RepositoryMismatch => ReuseCategory::RepositoryMismatch,
+            Refusal::EnvironmentNotReady => ReuseCategory::EnvironmentNotReady,
+        }
+    }
+}
+
+/// Launches (or resumes) a session's agent. A session with a live agent is returned as it is (I27).
+pub async fn launch(ctx: &Ctx, p: &Principal, session_id: Uuid, prompt: Option<String>) -> Result<SessionView> {
+    let s = visible(&ctx.db.conn, p, session_id).await?;
+    launch_session(ctx, s, prompt).await
+}
+
+pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<String>) -> Result<SessionView> {
+    let prompt = prompt.filter(|t| !t.trim().is_empty());
+    if ctx.runtime.is_live(s.id) {
+        if let Some(text) = prompt {
+            deliver(ctx, s.id, &text).await?;
+        }
+        return project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await;
+    }
+    let (profile_name, profile) = resolve_profile(ctx, &s)?;
+    let task = store::task_of(&ctx.db.conn, &s)
+        .await?
+        .ok_or(Error::NotFound("session"))?;
+    if task.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    let owner = owner_of(&ctx.db.conn, &task).await?;
+
+    // Admission: read-only, before anything changes or any process exists.
+    let (admitted, transition) = match admit_for_launch(ctx, &task, &owner, s.executor_type).await? {
+        Ok(admitted) => admitted,
+        Err(refusal) => {
+            let message = format!("workspace admission refused: {:?}", ReuseCategory::from(refusal));
+            record_failure(ctx, &task, s.id, "workspace_reuse_unsafe", &message).await?;
+            return Err(Error::WorkspaceReuseUnsafe(refusal.into()));
+        }
+    };
+    let launch = Launch {
+        ctx,
+        task: &task,
+        owner: &owner,
+        session_id: s.id,
+        execution_id: Uuid::now_v7(),
+        admitted,
+        transition,
+    };
+
+    match launch.record_handle().await {
+        Ok(None) => {}
+        Ok(Some(current)) => {
+            launch.abandon("another launch of the session is under way").await;
+            return project(&ctx.db.conn, current).await;
+        }
+        Err(e) => {
+            launch.abandon("the launch could not be recorded").await;
+            return Err(e);
+        }
+    }
+    let pid = match ctx.runtime.spawn(&launch.admitted, &profile, s.id, launch.execution_id) {
+        Ok(pid) => pid,
+        Err(SpawnError::AlreadyRunning) => {
+            return project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await;
+        }
+        Err(SpawnError::Spawn(e)) => {
+            tracing::warn!(session = %s.id, profile = %profile_name, error = %e, "agent did not start");
+            launch.abandon("the agent did not start").await;
+            transition_execution(
+                &ctx.db.conn,
+                launch.execution_id,
+                ExecutionEvent::SpawnFailed,
+                ExecutionPatch {
+                    ended_at: Some(crate::clock::now()),
+                    ..Default::default()
+                },
+            )
+            .await?;
+            record_failure(
+                ctx,
+                &task,
+                s.id,
+                "agent_start_failed",
+                &format!("could not start the command of agent profile {profile_name}"),
+            )
+            .await?;
+            return Err(Error::AgentStartFailed);
+        }
+    };
+    launch.record_running(pid, prompt.is_some()).await?;
+    if let Some(text) = prompt {
+        deliver(ctx, s.id, &text).await?;
+    }
+    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+}
+
+/// The session's agent profile, from the config file only.
+fn resolve_profile(ctx: &Ctx, s: &session::Model) -> Result<(String, AgentProfile)> {
+    let name = s
+        .agent_profile
+        .clone()
+        .ok_or_else(|| Error::invalid("agent_profile", "the session has no agent profile to launch"))?;
+    let profile = ctx
+        .config
+        .agents
+        .get(&name)
+        .cloned()
+        .ok_or_else(|| Error::invalid("agent_profile", "the session's agent profile is no longer configured"))?;
+    Ok((name, profile))
+}
+
+/// A fresh environment for another executor than the current one's (I18), and what was made for it.
+type Transition = (env::Model, Vec<Materialized>);
+
+/// Admits the current environment; for another executor, a fresh transition candidate beside it.
+async fn admit_for_launch(
+    ctx: &Ctx,
+    task: &task::Model,
+    owner: &task::Model,
+    requested: ExecutorType,
+) -> Result<std::result::Result<(AdmittedWorkspace, Option<Transition>), Refusal>> {
+    let Some(current) = environments::current(&ctx.db.conn, owner.id).await? else {
+        return Ok(Err(Refusal::EnvironmentNotReady));
+    };
+    match admit(ctx, owner, &current, requested, false).await? {
+        Ok(ws) => Ok(Ok((ws, None))),
+        // I18: another executor than the environment's: a fresh environment for it, beside the current one.
+        Err(Refusal::ExecutorMismatch) => {
+            let (candidate, made) = environments::prepare_transition(ctx, task, requested).await?;
+            match admit(ctx, owner, &candidate, requested, true).await? {
+                Ok(ws) => Ok(Ok((ws, Some((candidate, made))))),
+                Err(refusal) => {
+                    environments::abandon_transition(
+                        ctx,
+                        task,
+                        &candidate,
+                        &made,
+                        "admission refused the new environment",
+                    )
+                    .await;
+                    Ok(Err(refusal))
+                }
+            }
+        }
+        Err(refusal) => Ok(Err(refusal)),
+    }
+}
+
+/// A launch past admission.
+struct Launch<'a> {
+    ctx: &'a Ctx,
+    task: &'a task::Model,
+    owner: &'a task::Model,
+    session_id: Uuid,
+    execution_id: Uuid,
+    admitted: AdmittedWorkspace,
+    transition: Option<Transition>,
+}
+
+impl Launch<'_> {
+    /// Gives up a transition candidate, if the launch made one.
+    async fn abandon(&self, why: &str) {
+        if let Some((candidate, made)) = &self.transition {
+            environments::abandon_transition(self.ctx, self.task, candidate, made, why).await;
+        }
+    }
+
+    fn workspace_path(&self) -> String {
+        self.admitted.path().to_string_lossy().into_owned()
+    }
+
+    /// The durable handle first: a crash after this leaves a record to reap (issue 5: agent_executions).
+    /// `Some(session)`: another launch is under way, answer with it.
+    async fn record_handle(&self) -> Result<Option<session::Model>> {
+        let (ctx, task, owner) = (self.ctx, self.task, self.owner);
+        let now = crate::clock::now();
+        let txn = ctx.db.begin_write().await?;
+        if owner.id != task.id {
+            lock_task(&txn, owner.id).await?;
+        }
+        lock_task(&txn, task.id).await?;
+        ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+        let current = reload(&txn, self.session_id).await?;
+        match current.state {
+            // Another launch is under way (I27: one process): answer with it.
+            SessionState::Starting => return Ok(Some(current)),
+            SessionState::Stopping => return Err(Error::SessionBusy),
+            _ => {}
+        }
+        // The admitted environment must still be the one to run in, now that the task is locked.
+        let still = store::environment(&txn, self.admitted.environment_id()).await?;
+        let valid = match (&still, &self.transition) {
+            (Some(e), None) => matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped),
+            (Some(e), Some((c, _))) => {
+                e.status == EnvironmentStatus::Creating && e.materializer_id == c.materializer_id
+            }
+            (None, _) => false,
+        };
+        if !valid {
+            return Err(Error::Conflict(
+                "the task's environment changed while the launch was admitted; retry".into(),
+            ));
+        }
+        crate::store::executions::insert(
+            &txn,
+            execution::Model {
+                id: self.execution_id,
+                session_id: self.session_id,
+                task_environment_id: Some(self.admitted.environment_id()),
+                instance_id: ctx.instance_id,
+                node_id: ctx.config.node_id.clone(),
+                pid: None,
+                state: ExecutionState::Starting,
+                workspace_path: self.workspace_path(),
+                exit_code: None,
+                started_at: now,
+                ended_at: None,
+                updated_at: now,
+            },
+        )
+        .await?;
+        let patch = StatePatch {
+            desired_open: Some(true),
+            execution_id: Some(Some(self.execution_id)),
+            task_environment_id: Some(Some(self.admitted.environment_id())),
+            last_error: Some(None),
+            last_activity_at: Some(now),
+            ..Default::default()
+        };
+        if transition(&txn, ctx, task, &current, SessionEvent::Launch, patch)
+            .await?
+            .is_none()
+        {
+            return Err(Error::Conflict("the session changed meanwhile; retry".into()));
+        }
+        ctx.commit(txn).await?;
+        Ok(None)
+    }
+
+    /// The process is up: the execution runs, a transition's environment becomes current, and the session
+    /// runs.
+    async fn record_running(&self, pid: u32, working: bool) -> Result<()> {
+        let ctx = self.ctx;
+        let txn = ctx.db.begin_write().await?;
+        if self.transition.is_some() {
+            // Promotion supersedes environments: serialize with other launches and session creation.
+            lock_task(&txn, self.owner.id).await?;
+        }
+        transition_execution(
+            &txn,
+            self.execution_id,
+            ExecutionEvent::Spawned,
+            ExecutionPatch {
+                pid: Some(pid as i32),
+                ..Default::default()
+            },
+        )
+        .await?;
+        if let Some((candidate, _)) = &self.transition {
+            // I18: only now, with the agent running in it, does the new environment become current.
+            if let Err(e) =
+                environments::promote_transition(&txn, ctx, self.task, candidate.id, candidate.materializer_id).await
+            {
+                drop(txn);
+                ctx.runtime.stop(self.session_id).await;
+                self.abandon("the new environment was taken over").await;
+                return Err(e);
+            }
+        }
+        // I19: a successful launch writes the effective workspace back (healing an earlier wrong value).
+        store::heal_workspace_path(&txn, self.admitted.environment_id(), &self.workspace_path()).await?;
+        // Only if nothing (an exit already reported) moved the session on meanwhile.
+        let current = reload(&txn, self.session_id).await?;
+        if current.execution_id == Some(self.execution_id) && current.state == SessionState::Starting {
+            let patch = StatePatch {
+                started_at: Some(crate::clock::now()),
+                ..Default::default()
+            };
+            transition(&txn, ctx, self.task, &current, SessionEvent::Spawned { working }, patch).await?;
+        }
+        ctx.commit(txn).await
+    }
+}
+
+/// A launch or an agent failed: the session is `failed` with `last_error`; nothing else changes.
+pub(super) async fn record_failure(
+    ctx: &Ctx,
+    task: &task::Model,
+    session_id: Uuid,
+    code: &str,
+    message: &str,
+) -> Result<()> {
+    let txn = ctx.db.begin_write().await?;
+    let current = reload(&txn, session_id).await?;
+    let patch = StatePatch {
+        last_error: Some(Some((code.to_string(), message.to_string()))),
+        ended_at: Some(crate::clock::now()),
+        ..Default::default()
+    };
+    transition(&txn, ctx, task, &current, SessionEvent::Fail, patch).await?;
+    ctx.commit(txn).await
+}
+
+/// Builds the admission candidate from the canonical inventory (never from a session's copy) and
+/// validates it off the async threads.
+async fn admit(
+    ctx: &Ctx,
+    owner: &task::Model,
+    current: &env::Model,
+    requested: ExecutorType,
+    // A transition candidate is admitted while still `creating` (it becomes current only after its launch).
+    candidate: bool,
+) -> Result<std::result::Result<AdmittedWorkspace, Refusal>> {
+    let rows = store::active_environment_repos(&ctx.db.conn, current.id).await?;
+    let slots: Vec<admission::Slot> = environments::slots_with_repositories(&ctx.db.conn, owner.id)
+        .await?
+        .iter()
+        .filter_map(|(slot, repo)| {
+            repo.as_ref().map(|r| admission::Slot {
+                repository_id: slot.repository_id,
+                branch_slug: slot.branch_slug.clone(),
+                common_git_dir: PathBuf::from(&r.common_git_dir),
+                source_path: PathBuf::from(&r.path),
+            })
+        })
+        .collect();
+    let rows: Vec<admission::Row> = rows
+        .into_iter()
+        .map(|r| admission::Row {
+            repository_id: r.repository_id,
+            branch_slug: r.branch_slug,
+            worktree_path: r.worktree_path.map(PathBuf::from),
+            worktree_id: r.worktree_id,
+        })
+        .collect();
+    // This environment's own directory: the one its rows live in (a transition has its own), which must
+    // be a directory of this task directly under the managed root.
+    let root = &ctx.config.worktree_root;
+    let task_root = rows
+        .iter()
+        .filter_map(|r| r.worktree_path.as_ref().and_then(|p| p.parent()).map(PathBuf::from))
+        .next()
+        .filter(|dir| {
+            dir.parent() == Some(root.as_path())
+                && dir
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n == owner.slug || n.starts_with(&format!("{}-", owner.slug)))
+        })
+        .unwrap_or_else(|| root.join(&owner.slug));
+    let environment_id = current.id;
+    let executor = current.executor_type;
+    let ready = matches!(current.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped)
+        || (candidate && current.status == EnvironmentStatus::Creating);
+    tokio::task::spawn_blocking(move || {
+        admission::admit(
+            &Candidate {
+                environment_id,
+                executor,
+                ready,
+                task_root: &task_root,
+                slots: &slots,
+                rows: &rows,
+            },
+            requested,
+        )
+    })
+    .await
+    .map_err(|e| Error::Internal(e.into()))
+}

@@ -1,0 +1,217 @@
+//! What the runtime's reports about an agent (its output, its exit) do to its session.
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Ctx;
+use super::launch::record_failure;
+use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
+use crate::entity::session_message::MessageRole;
+use crate::error::Result;
+use crate::events::{self, Subject};
+use crate::runtime::RuntimeEvent;
+use crate::store::executions::ExecutionPatch;
+use crate::store::sessions::{self as store, StatePatch};
+
+/// Applies the runtime's reports, in order, forever.
+pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>) {
+    while let Some(report) = rx.recv().await {
+        let result = match report {
+            RuntimeEvent::Output {
+                session_id,
+                execution_id,
+                event,
+            } => on_output(&ctx, session_id, execution_id, event).await,
+            RuntimeEvent::Exited {
+                session_id,
+                execution_id,
+                code,
+                expected,
+                stderr_tail,
+            } => {
+                let r = on_exit(&ctx, session_id, execution_id, code, expected, &stderr_tail).await;
+                ctx.runtime.forget(session_id, execution_id);
+                r
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "could not record an agent report");
+        }
+    }
+}
+
+/// The session event an agent's output line means, if any.
+fn session_event(output: &serde_json::Value) -> Option<SessionEvent> {
+    match output["type"].as_str() {
+        Some("agent_start") => Some(SessionEvent::AgentStart),
+        Some("agent_end" | "agent_settled") => Some(SessionEvent::AgentEnd),
+        Some("extension_ui_request") => Some(SessionEvent::UiRequest),
+        _ => None,
+    }
+}
+
+async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde_json::Value) -> Result<()> {
+    let txn = ctx.db.begin_write().await?;
+    // The row first, as every session writer takes it before the event sequence; and it is written once:
+    // a second UPDATE of a row this transaction wrote re-checks its foreign keys on PostgreSQL (a
+    // key-share lock on the task), which deadlocked against launches.
+    let Some(s) = store::find_locked(&txn, session_id).await? else {
+        return Ok(());
+    };
+    if s.execution_id != Some(execution_id) {
+        return Ok(());
+    }
+    let Some(task) = store::task_of(&txn, &s).await? else {
+        return Ok(());
+    };
+    let now = crate::clock::now();
+    if event["type"] == "message_end" && event["message"]["role"] == "assistant" {
+        crate::store::messages::append(&txn, session_id, MessageRole::Assistant, event["message"].clone(), now).await?;
+    }
+    // Outside running/idle/attention, or already there, a report changes no state.
+    let moves = session_event(&event).filter(|e| s.state.on(*e).is_ok());
+    if moves.is_none() {
+        store::touch(&txn, session_id, now).await?;
+    }
+    let subject = Subject {
+        session_id: Some(session_id),
+        task_environment_id: s.task_environment_id,
+        execution_id: Some(execution_id),
+        ..Subject::task(task.workspace_id, task.id)
+    };
+    events::append(
+        &txn,
+        ctx.instance_id,
+        "runtime.output",
+        subject,
+        json!({ "event": event }),
+    )
+    .await?;
+    if let Some(e) = moves {
+        let patch = StatePatch {
+            last_activity_at: Some(now),
+            ..Default::default()
+        };
+        transition(&txn, ctx, &task, &s, e, patch).await?;
+    }
+    ctx.commit(txn).await?;
+    if matches!(event["type"].as_str(), Some("agent_end" | "agent_settled")) {
+        // Seed 004: a finished turn is captured as a completion observation of the environment.
+        let ctx = ctx.clone();
+        tokio::spawn(async move { crate::domain::git_status::capture_completion(&ctx, session_id).await });
+    }
+    Ok(())
+}
+
+async fn on_exit(
+    ctx: &Ctx,
+    session_id: Uuid,
+    execution_id: Uuid,
+    code: Option<i32>,
+    expected: bool,
+    stderr_tail: &str,
+) -> Result<()> {
+    transition_execution(
+        &ctx.db.conn,
+        execution_id,
+        ExecutionEvent::Exited { expected },
+        ExecutionPatch {
+            exit_code: Some(code),
+            ended_at: Some(crate::clock::now()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    if expected {
+        return Ok(());
+    }
+    let Some(s) = store::find(&ctx.db.conn, session_id).await? else {
+        return Ok(());
+    };
+    if s.execution_id != Some(execution_id) || s.state.is_terminal() {
+        return Ok(());
+    }
+    let Some(task) = store::task_of(&ctx.db.conn, &s).await? else {
+        return Ok(());
+    };
+    let message = exit_message(code, stderr_tail);
+    // I30: an open session whose agent died is restarted in the same workspace, with backoff, a bounded
+    // number of times in a window; past that it is failed with the reason.
+    let window = chrono::Duration::from_std(ctx.config.agent_restart_window).unwrap_or(chrono::Duration::minutes(10));
+    let recent_failures =
+        crate::store::executions::failures_since(&ctx.db.conn, session_id, crate::clock::now() - window).await?;
+    if !s.desired_open || recent_failures > u64::from(ctx.config.agent_restart_max) {
+        let message = if s.desired_open {
+            format!("{message}; {recent_failures} failures in the restart window")
+        } else {
+            message
+        };
+        return record_failure(ctx, &task, s.id, "agent_exited", &message).await;
+    }
+    let txn = ctx.db.begin_write().await?;
+    if let Some(current) = store::find(&txn, session_id).await?
+        && current.execution_id == Some(execution_id)
+        && current.state.on(SessionEvent::Crashed).is_ok()
+    {
+        let patch = StatePatch {
+            last_error: Some(Some(("agent_exited".to_string(), message))),
+            ..Default::default()
+        };
+        transition(&txn, ctx, &task, &current, SessionEvent::Crashed, patch).await?;
+    }
+    ctx.commit(txn).await?;
+    super::restore::restart_after_crash(ctx, session_id, execution_id, recent_failures);
+    Ok(())
+}
+
+/// The reason an agent exited unasked, with the last line it wrote to stderr.
+fn exit_message(code: Option<i32>, stderr_tail: &str) -> String {
+    let last_line = stderr_tail
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .chars()
+        .take(300)
+        .collect::<String>();
+    let status = code.map(|c| format!("status {c}")).unwrap_or_else(|| "a signal".into());
+    if last_line.is_empty() {
+        format!("the agent exited unexpectedly with {status}")
+    } else {
+        format!("the agent exited unexpectedly with {status}: {last_line}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_lines_that_move_a_session() {
+        assert_eq!(
+            session_event(&json!({"type": "agent_start"})),
+            Some(SessionEvent::AgentStart)
+        );
+        assert_eq!(
+            session_event(&json!({"type": "agent_end"})),
+            Some(SessionEvent::AgentEnd)
+        );
+        assert_eq!(
+            session_event(&json!({"type": "agent_settled"})),
+            Some(SessionEvent::AgentEnd)
+        );
+        assert_eq!(
+            session_event(&json!({"type": "extension_ui_request"})),
+            Some(SessionEvent::UiRequest)
+        );
+        assert_eq!(session_event(&json!({"type": "message_end"})), None);
+    }
+
+    #[test]
+    fn exit_messages_carry_the_last_stderr_line() {
+        assert_eq!(
+            exit_message(Some(3), "first\nlast words\n\n"),
+            "the agent exited unexpectedly with status 3: last words"
+        );
+        assert_eq!(exit_message(None, ""), "the agent exited unexpectedly with a signal");
+    }
+}

@@ -1,0 +1,77 @@
+//! What a client loads before following the stream (seed 002 "Snapshot").
+use uuid::Uuid;
+
+use super::Ctx;
+use super::access::{SessionView, project, visible};
+use crate::auth::Principal;
+use crate::entity::session_message::{self as message, MessageRole};
+use crate::error::Result;
+use crate::events;
+
+/// What a client loads before following the stream from `latest_seq`.
+pub struct SessionSnapshot {
+    pub view: SessionView,
+    pub label: String,
+    pub transcript: Vec<message::Model>,
+    pub turns: u64,
+    pub messages: u64,
+    /// Summed from the agent's `usage` reports, when it makes them.
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost: f64,
+    pub active_tool: Option<String>,
+    pub last_activity_at: chrono::DateTime<chrono::Utc>,
+    pub attention_requests: Vec<serde_json::Value>,
+    pub instance_id: Uuid,
+    pub latest_seq: i64,
+}
+
+pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionSnapshot> {
+    // The seq first: everything read after it is at least as new, so following from it loses nothing.
+    let (_, latest_seq) = events::bounds(&ctx.db.conn).await?;
+    let s = visible(&ctx.db.conn, p, session_id).await?;
+    let transcript = crate::store::messages::transcript(&ctx.db.conn, s.id).await?;
+    let first_prompt = transcript
+        .iter()
+        .find(|m| m.role == MessageRole::User)
+        .and_then(|m| m.content["text"].as_str().map(str::to_string));
+    let label = if !s.name.is_empty() {
+        s.name.clone()
+    } else {
+        first_prompt
+            .map(|t| t.chars().take(80).collect())
+            .unwrap_or_else(|| "New session".into())
+    };
+    let turns = transcript.iter().filter(|m| m.role == MessageRole::Assistant).count() as u64;
+    let usage = |key: &str| {
+        transcript
+            .iter()
+            .filter_map(|m| m.content["usage"][key].as_u64())
+            .sum::<u64>()
+    };
+    let (input_tokens, output_tokens) = (usage("input"), usage("output"));
+    let cost = transcript
+        .iter()
+        .filter_map(|m| m.content["usage"]["cost"]["total"].as_f64())
+        .sum::<f64>();
+    let active_tool = ctx.runtime.active_tool(s.id);
+    let last_activity_at = s.last_activity_at;
+    let messages = transcript.len() as u64;
+    let attention_requests = ctx.runtime.attention(s.id);
+    let view = project(&ctx.db.conn, s).await?;
+    Ok(SessionSnapshot {
+        view,
+        label,
+        transcript,
+        turns,
+        messages,
+        input_tokens,
+        output_tokens,
+        cost,
+        active_tool,
+        last_activity_at,
+        attention_requests,
+        instance_id: ctx.instance_id,
+        latest_seq,
+    })
+}

@@ -1,0 +1,85 @@
+//! Agent execution rows (`agent_executions`): the durable handle of one agent process.
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter};
+use uuid::Uuid;
+
+use crate::entity::agent_execution::{self as execution, ExecutionState};
+use crate::error::{Error, Result};
+
+/// Records a new execution; a second live one for the session is refused by the database (I27).
+pub async fn insert(txn: &DatabaseTransaction, model: execution::Model) -> Result<()> {
+    let am: execution::ActiveModel = model.into();
+    execution::Entity::insert(am)
+        .exec_without_returning(txn)
+        .await
+        .map_err(|e| {
+            if crate::error::is_unique_violation(&e) {
+                Error::SessionBusy
+            } else {
+                e.into()
+            }
+        })?;
+    Ok(())
+}
+
+/// The columns an execution transition writes besides `state` and `updated_at`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ExecutionPatch {
+    pub pid: Option<i32>,
+    pub exit_code: Option<Option<i32>>,
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// `UPDATE agent_executions SET state = next, .. WHERE id = ? AND state IN (from)`: true if it moved.
+pub async fn compare_and_set_state<C: ConnectionTrait>(
+    conn: &C,
+    id: Uuid,
+    from: &[ExecutionState],
+    next: ExecutionState,
+    patch: ExecutionPatch,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let mut q = execution::Entity::update_many()
+        .col_expr(execution::Column::State, Expr::value(next))
+        .col_expr(execution::Column::UpdatedAt, Expr::value(now));
+    if let Some(pid) = patch.pid {
+        q = q.col_expr(execution::Column::Pid, Expr::value(Some(pid)));
+    }
+    if let Some(code) = patch.exit_code {
+        q = q.col_expr(execution::Column::ExitCode, Expr::value(code));
+    }
+    if let Some(at) = patch.ended_at {
+        q = q.col_expr(execution::Column::EndedAt, Expr::value(Some(at)));
+    }
+    let res = q
+        .filter(execution::Column::Id.eq(id))
+        .filter(execution::Column::State.is_in(from.iter().copied()))
+        .exec(conn)
+        .await?;
+    Ok(res.rows_affected == 1)
+}
+
+/// How many of a session's executions failed since `since`.
+pub async fn failures_since<C: ConnectionTrait>(conn: &C, session_id: Uuid, since: DateTime<Utc>) -> Result<u64> {
+    Ok(execution::Entity::find()
+        .filter(execution::Column::SessionId.eq(session_id))
+        .filter(execution::Column::State.eq(ExecutionState::Failed))
+        .filter(execution::Column::EndedAt.gt(since))
+        .count(conn)
+        .await?)
+}
+
+/// Executions on this node, still starting or running, that another process generation recorded.
+pub async fn live_of_other_instances<C: ConnectionTrait>(
+    conn: &C,
+    node_id: &str,
+    instance_id: Uuid,
+) -> Result<Vec<execution::Model>> {
+    Ok(execution::Entity::find()
+        .filter(execution::Column::State.is_in([ExecutionState::Starting, ExecutionState::Running]))
+        .filter(execution::Column::NodeId.eq(node_id))
+        .filter(execution::Column::InstanceId.ne(instance_id))
+        .all(conn)
+        .await?)
+}

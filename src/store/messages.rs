@@ -1,0 +1,35 @@
+//! Transcript rows (`session_messages`).
+use chrono::{DateTime, Utc};
+use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
+use uuid::Uuid;
+
+use crate::entity::session_message::{self as message, MessageRole};
+use crate::error::Result;
+
+pub async fn append<C: ConnectionTrait>(
+    conn: &C,
+    session_id: Uuid,
+    role: MessageRole,
+    content: serde_json::Value,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    message::Entity::insert(message::ActiveModel {
+        session_id: Set(session_id),
+        role: Set(role),
+        content: Set(content),
+        created_at: Set(now),
+        ..Default::default()
+    })
+    .exec_without_returning(conn)
+    .await?;
+    Ok(())
+}
+
+/// A session's transcript, oldest first.
+pub async fn transcript<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Vec<message::Model>> {
+    Ok(message::Entity::find()
+        .filter(message::Column::SessionId.eq(session_id))
+        .order_by_asc(message::Column::Id)
+        .all(conn)
+        .await?)
+}
