@@ -81,6 +81,26 @@ impl ManagedRoot {
     }
 }
 
+/// I11: consent to destroy uncommitted or untracked work in a worktree (`git worktree remove --force`).
+/// Only a request's explicit `discard_worktree_changes=true` makes one, and a cleanup job's snapshot
+/// records it; the worker rebuilds it from that record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consent {
+    _recorded: (),
+}
+
+impl Consent {
+    /// The request said `discard_worktree_changes=true`; anything else is no consent.
+    pub fn from_discard_flag(discard_worktree_changes: Option<bool>) -> Option<Consent> {
+        (discard_worktree_changes == Some(true)).then_some(Consent { _recorded: () })
+    }
+
+    /// The consent a cleanup job's snapshot recorded when its request gave it.
+    pub fn recorded(discard_worktree_changes: bool) -> Option<Consent> {
+        discard_worktree_changes.then_some(Consent { _recorded: () })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

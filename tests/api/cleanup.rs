@@ -321,8 +321,8 @@ async fn claims_never_hand_a_job_out_twice(app: TestApp) {
             task_id: Set(Uuid::now_v7()),
             workspace_id: Set(Uuid::nil()),
             task_environment_id: Set(None),
-            trigger: Set("delete".into()),
-            state: Set("pending".into()),
+            trigger: Set(job::CleanupTrigger::Delete),
+            state: Set(job::CleanupJobState::Pending),
             attempts: Set(0),
             max_attempts: Set(8),
             next_attempt_at: Set(Some(now)),
@@ -678,7 +678,7 @@ async fn unarchive_cancels_pending_and_failed_archive_jobs(app: TestApp) {
         use sea_orm::{ActiveValue::Set, EntityTrait};
         job::Entity::update(job::ActiveModel {
             id: Set(id),
-            state: Set("failed".into()),
+            state: Set(job::CleanupJobState::Failed),
             ..Default::default()
         })
         .exec(app.db())
