@@ -211,20 +211,6 @@ pub async fn of_task<C: ConnectionTrait>(
         .await?)
 }
 
-/// How many of these tasks' jobs are in one of `states`.
-pub async fn count_of_tasks<C: ConnectionTrait>(
-    conn: &C,
-    task_ids: &[Uuid],
-    states: &[CleanupJobState],
-) -> Result<u64> {
-    use sea_orm::PaginatorTrait;
-    Ok(job::Entity::find()
-        .filter(job::Column::TaskId.is_in(task_ids.iter().copied()))
-        .filter(job::Column::State.is_in(states.iter().copied()))
-        .count(conn)
-        .await?)
-}
-
 /// Rewrites a job's snapshot (its environment passed to an heir, I8); not a state change.
 pub async fn set_snapshot(txn: &DatabaseTransaction, id: Uuid, snapshot: serde_json::Value) -> Result<()> {
     job::Entity::update_many()
