@@ -91,7 +91,7 @@ pub(crate) async fn prepare(
         workspace_id: t.workspace_id,
         environment: owned.as_ref().map(|(_, s)| s.clone()),
         sessions: lifecycle::session_ids_of_task(txn, t.id).await?,
-        discard_worktree_changes: consent.is_some(),
+        discard_worktree_changes: consent.cloned(),
     };
     let now = crate::clock::now();
     let model = job::Model {

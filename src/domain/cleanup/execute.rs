@@ -103,7 +103,6 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         Err(e) => return retry(e),
     }
     let root = ManagedRoot::from_config(&ctx.config);
-    let consent = snap.consent();
     for w in &env_snap.worktrees {
         if lost.load(Ordering::Acquire) {
             return Outcome::Retry(anyhow!("the lease was lost"));
@@ -114,7 +113,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             Ok(false) => {}
             Err(e) => return retry(e),
         }
-        match destroy_worktree(ctx, &root, w, consent.as_ref()).await {
+        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes.as_ref()).await {
             Outcome::Done => {}
             other => return other,
         }

@@ -30,15 +30,10 @@ pub struct Snapshot {
     pub environment: Option<EnvironmentSnapshot>,
     /// Sessions whose agents are stopped before anything is touched.
     pub sessions: Vec<Uuid>,
-    /// I11: consent to remove worktrees with uncommitted or untracked changes, as the request gave it.
-    pub discard_worktree_changes: bool,
-}
-
-impl Snapshot {
-    /// I11: the consent this job recorded, if its request gave one.
-    pub fn consent(&self) -> Option<Consent> {
-        Consent::recorded(self.discard_worktree_changes)
-    }
+    /// I11: consent to remove worktrees with uncommitted or untracked changes, as the request gave it
+    /// (stored as a boolean).
+    #[serde(with = "crate::managed_path::recorded_consent")]
+    pub discard_worktree_changes: Option<Consent>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
