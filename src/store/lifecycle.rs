@@ -1,13 +1,11 @@
 //! Queries of the task lifecycle and of cleanup execution over tables of other families (tasks,
 //! sessions, environments, inventory, workspaces): what a snapshot reads, what a lifecycle mutation
 //! writes, and what a cleanup re-checks before it destroys anything.
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, JoinType, QueryFilter,
+    QueryOrder, QuerySelect,
 };
 use uuid::Uuid;
 
@@ -150,29 +148,25 @@ pub async fn environment<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Optio
 }
 
 /// An environment's active inventory rows, each with its repository (rows whose repository is gone are
-/// left out).
+/// left out): one join.
 pub async fn active_worktrees<C: ConnectionTrait>(
     conn: &C,
     env_id: Uuid,
 ) -> Result<Vec<(env_repo::Model, repository::Model)>> {
-    let rows = env_repo::Entity::find()
+    // Declared here until the inventory entity declares its relation to repositories.
+    let to_repository = env_repo::Entity::belongs_to(repository::Entity)
+        .from(env_repo::Column::RepositoryId)
+        .to(repository::Column::Id)
+        .into();
+    Ok(env_repo::Entity::find()
+        .select_also(repository::Entity)
+        .join(JoinType::InnerJoin, to_repository)
         .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
         .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
         .all(conn)
-        .await?;
-    let repos: BTreeMap<Uuid, repository::Model> = repository::Entity::find()
-        .filter(repository::Column::Id.is_in(rows.iter().map(|r| r.repository_id)))
-        .all(conn)
         .await?
         .into_iter()
-        .map(|r| (r.id, r))
-        .collect();
-    Ok(rows
-        .into_iter()
-        .filter_map(|r| {
-            let repo = repos.get(&r.repository_id)?.clone();
-            Some((r, repo))
-        })
+        .filter_map(|(r, repo)| Some((r, repo?)))
         .collect())
 }
 

@@ -189,7 +189,10 @@ pub async fn expire_quick_chats(ctx: &Ctx) -> Result<usize> {
         match delete_tasks(ctx, std::slice::from_ref(&t), |_| CleanupTrigger::QuickChatExpire, None).await {
             Ok(_) => expired += 1,
             Err(Error::TaskCleanupInProgress) => {}
-            Err(e) => tracing::warn!(task = %t.id, error = %e, "could not expire a quick chat"),
+            Err(e) => {
+                let e = anyhow::Error::from(e);
+                tracing::warn!(task = %t.id, error = format!("{e:#}"), "could not expire a quick chat");
+            }
         }
     }
     Ok(expired)
