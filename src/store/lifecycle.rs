@@ -172,19 +172,21 @@ pub async fn active_worktrees<C: ConnectionTrait>(
 
 /// The environments, other than `env_id`, whose active inventory names `path`.
 pub async fn environments_naming<C: ConnectionTrait>(conn: &C, path: &str, env_id: Uuid) -> Result<Vec<env::Model>> {
-    let rows = env_repo::Entity::find()
+    let to_environment = env_repo::Entity::belongs_to(env::Entity)
+        .from(env_repo::Column::TaskEnvironmentId)
+        .to(env::Column::Id)
+        .into();
+    Ok(env_repo::Entity::find()
+        .select_also(env::Entity)
+        .join(JoinType::InnerJoin, to_environment)
         .filter(env_repo::Column::WorktreePath.eq(path))
         .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
         .filter(env_repo::Column::TaskEnvironmentId.ne(env_id))
         .all(conn)
-        .await?;
-    let mut out = Vec::new();
-    for r in rows {
-        if let Some(e) = env::Entity::find_by_id(r.task_environment_id).one(conn).await? {
-            out.push(e);
-        }
-    }
-    Ok(out)
+        .await?
+        .into_iter()
+        .filter_map(|(_, e)| e)
+        .collect())
 }
 
 /// Marks an environment superseded (an explicit reset).
