@@ -81,6 +81,36 @@ impl ManagedRoot {
     }
 }
 
+/// I11: consent to destroy uncommitted or untracked work in a worktree (`git worktree remove --force`).
+/// Two ways to one: a request's explicit `discard_worktree_changes=true`, and reading back the cleanup
+/// job snapshot that recorded it (`recorded_consent`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consent {
+    _given: (),
+}
+
+impl Consent {
+    /// The request said `discard_worktree_changes=true`; anything else is no consent.
+    pub fn from_discard_flag(discard_worktree_changes: Option<bool>) -> Option<Consent> {
+        (discard_worktree_changes == Some(true)).then_some(Consent { _given: () })
+    }
+}
+
+/// `#[serde(with)]` for a recorded consent: stored as the boolean `discard_worktree_changes`.
+pub mod recorded_consent {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::Consent;
+
+    pub fn serialize<S: Serializer>(consent: &Option<Consent>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bool(consent.is_some())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Consent>, D::Error> {
+        Ok(bool::deserialize(d)?.then_some(Consent { _given: () }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +137,27 @@ mod tests {
             root.adopt(&root.path().join("t/r")).unwrap().as_path(),
             root.path().join("t/r")
         );
+    }
+
+    #[test]
+    fn consent_comes_only_from_an_explicit_flag_and_survives_its_record() {
+        assert_eq!(Consent::from_discard_flag(None), None);
+        assert_eq!(Consent::from_discard_flag(Some(false)), None);
+        let given = Consent::from_discard_flag(Some(true));
+        assert!(given.is_some());
+        #[derive(serde::Serialize, serde::Deserialize)]
+        struct Record {
+            #[serde(with = "recorded_consent")]
+            discard_worktree_changes: Option<Consent>,
+        }
+        let stored = serde_json::to_value(Record {
+            discard_worktree_changes: given.clone(),
+        })
+        .unwrap();
+        assert_eq!(stored, serde_json::json!({"discard_worktree_changes": true}));
+        let back: Record = serde_json::from_value(stored).unwrap();
+        assert_eq!(back.discard_worktree_changes, given);
+        let none: Record = serde_json::from_value(serde_json::json!({"discard_worktree_changes": false})).unwrap();
+        assert_eq!(none.discard_worktree_changes, None);
     }
 }

@@ -87,8 +87,8 @@ pub(crate) async fn insert_jobs(b: &Bench, n: usize) {
             task_id: Set(Uuid::now_v7()),
             workspace_id: Set(b.workspace),
             task_environment_id: Set(None),
-            trigger: Set("delete".into()),
-            state: Set("pending".into()),
+            trigger: Set(job::CleanupTrigger::Delete),
+            state: Set(job::CleanupJobState::Pending),
             attempts: Set(0),
             max_attempts: Set(8),
             next_attempt_at: Set(Some(now)),
@@ -119,7 +119,7 @@ pub(crate) async fn bare_claim(ctx: &Ctx) -> Option<Uuid> {
         .unwrap()?;
     job::Entity::update(job::ActiveModel {
         id: Set(found.id),
-        state: Set("succeeded".into()),
+        state: Set(job::CleanupJobState::Succeeded),
         attempts: Set(found.attempts + 1),
         lease_owner: Set(Some("bare".into())),
         lease_expires_at: Set(Some(now)),

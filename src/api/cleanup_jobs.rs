@@ -9,8 +9,9 @@ use uuid::Uuid;
 use super::AppState;
 use super::extract::{Authorized, CleanupAdmin, CleanupRead};
 use super::problem::Problem;
+use crate::domain::cleanup::jobs::Filter;
 use crate::domain::cleanup::{self, JobFilter};
-use crate::entity::cleanup_job;
+use crate::entity::cleanup_job::{self, CleanupJobState, CleanupTrigger};
 use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
@@ -18,34 +19,6 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(get_job)
         .service(retry_job)
         .service(cancel_job);
-}
-
-/// Where a cleanup job is in its life (documents the `state` strings; generated clients get an enum).
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum CleanupJobState {
-    Prepared,
-    Pending,
-    Running,
-    RetryWait,
-    Succeeded,
-    Failed,
-    Cancelled,
-}
-
-/// The lifecycle operation that wrote a cleanup job.
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum CleanupJobTrigger {
-    Archive,
-    Delete,
-    CascadeArchive,
-    CascadeDelete,
-    WorkspaceDelete,
-    QuickChatExpire,
-    EnvironmentReset,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -57,11 +30,9 @@ pub struct CleanupJob {
     pub task_environment_id: Option<Uuid>,
     /// `archive`, `delete`, `cascade_archive`, `cascade_delete`, `workspace_delete`, `quick_chat_expire`,
     /// `environment_reset`.
-    #[schema(value_type = CleanupJobTrigger)]
-    pub trigger: String,
+    pub trigger: CleanupTrigger,
     /// `prepared`, `pending`, `running`, `retry_wait`, `succeeded`, `failed`, `cancelled`.
-    #[schema(value_type = CleanupJobState)]
-    pub state: String,
+    pub state: CleanupJobState,
     pub attempts: i32,
     pub max_attempts: i32,
     pub next_attempt_at: Option<DateTime<Utc>>,
@@ -115,7 +86,6 @@ fn redacted(snapshot: &serde_json::Value) -> serde_json::Value {
         "environment": if env.is_null() { serde_json::Value::Null } else { serde_json::json!({"id": env["id"], "worktrees": worktrees}) },
         "sessions": snapshot["sessions"],
         "discard_worktree_changes": snapshot["discard_worktree_changes"],
-        "keep_branches": snapshot["keep_branches"],
     })
 }
 
@@ -158,7 +128,7 @@ pub struct JobQuery {
     #[param(value_type = Option<CleanupJobState>)]
     pub state: Option<String>,
     pub task_id: Option<Uuid>,
-    #[param(value_type = Option<CleanupJobTrigger>)]
+    #[param(value_type = Option<CleanupTrigger>)]
     pub trigger: Option<String>,
     /// Page size, 1 to 500 (default 50).
     #[param(minimum = 1, maximum = 500)]
@@ -180,10 +150,11 @@ async fn list_jobs(
 ) -> Result<web::Json<CleanupJobList>, Error> {
     let q = query.into_inner();
     let page = crate::domain::pagination::PageRequest::parse(q.limit, q.cursor.as_deref())?;
+    // Parsed here, not by serde: a value outside the vocabulary answers an empty page, as it always has.
     let filter = JobFilter {
-        state: q.state,
+        state: q.state.as_deref().map(Filter::parse),
         task_id: q.task_id,
-        trigger: q.trigger,
+        trigger: q.trigger.as_deref().map(Filter::parse),
     };
     let page = cleanup::list(&state.ctx, &auth, filter, page).await?;
     Ok(web::Json(CleanupJobList {

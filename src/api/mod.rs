@@ -43,7 +43,7 @@ pub const PUBLIC_PATHS: [&str; 5] = ["/healthz", "/readyz", "/metrics", "/openap
         description = "Control plane for coding agents working in git worktrees. A task owns its environment and worktrees; sessions only use them.",
         license(name = "MIT")
     ),
-    components(schemas(problem::Problem, problem::ErrorCode, crate::error::FieldError, crate::error::ReuseCategory, cleanup_jobs::CleanupJobState, cleanup_jobs::CleanupJobTrigger)),
+    components(schemas(problem::Problem, problem::ErrorCode, crate::error::FieldError, crate::error::ReuseCategory, crate::entity::cleanup_job::CleanupJobState, crate::entity::cleanup_job::CleanupTrigger)),
     modifiers(&SecurityAddon),
     tags(
         (name = "workspaces", description = "Workspaces: the tenancy boundary"),

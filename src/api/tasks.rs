@@ -10,10 +10,11 @@ use super::cleanup_jobs::CleanupJob;
 use super::extract::{Authorized, TasksArchive, TasksDelete, TasksRead, TasksWrite};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
-use crate::domain::cleanup::{self, BranchRecovery};
+use crate::domain::task_lifecycle::{self as lifecycle, BranchRecovery};
 use crate::domain::tasks::{self, NewSlot, NewTask, TaskFilter, TaskPatch, TaskView};
 use crate::entity::task::{TaskKind, WorkspaceMode};
 use crate::error::Error;
+use crate::managed_path::Consent;
 
 pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(create_task)
@@ -312,7 +313,7 @@ async fn archive_task(
     id: web::Path<Uuid>,
     query: web::Query<CascadeQuery>,
 ) -> Result<HttpResponse, Error> {
-    let (task, jobs) = cleanup::archive(&state.ctx, &auth, *id, query.cascade.unwrap_or(false)).await?;
+    let (task, jobs) = lifecycle::archive(&state.ctx, &auth, *id, query.cascade.unwrap_or(false)).await?;
     Ok(HttpResponse::Accepted().json(ArchiveResult {
         task: task.into(),
         cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
@@ -335,7 +336,7 @@ async fn unarchive_task(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<UnarchiveResult>, Error> {
-    let (task, cancelled, recovery) = cleanup::unarchive(&state.ctx, &auth, *id).await?;
+    let (task, cancelled, recovery) = lifecycle::unarchive(&state.ctx, &auth, *id).await?;
     Ok(web::Json(UnarchiveResult {
         task: task.into(),
         cancelled_cleanup_jobs: cancelled,
@@ -360,14 +361,8 @@ async fn delete_task(
     id: web::Path<Uuid>,
     query: web::Query<DeleteQuery>,
 ) -> Result<HttpResponse, Error> {
-    let jobs = cleanup::delete(
-        &state.ctx,
-        &auth,
-        *id,
-        query.cascade.unwrap_or(false),
-        query.discard_worktree_changes.unwrap_or(false),
-    )
-    .await?;
+    let consent = Consent::from_discard_flag(query.discard_worktree_changes);
+    let jobs = lifecycle::delete(&state.ctx, &auth, *id, query.cascade.unwrap_or(false), consent).await?;
     Ok(HttpResponse::Accepted().json(CleanupJobs {
         cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
     }))
@@ -389,7 +384,7 @@ async fn reset_environment(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<HttpResponse, Error> {
-    let job = cleanup::reset_environment(&state.ctx, &auth, *id).await?;
+    let job = lifecycle::reset_environment(&state.ctx, &auth, *id).await?;
     Ok(HttpResponse::Accepted().json(ResetResult {
         cleanup_job: job.into(),
     }))

@@ -141,7 +141,8 @@ async fn delete_workspace(
     id: web::Path<Uuid>,
     query: web::Query<DeleteWorkspaceQuery>,
 ) -> Result<HttpResponse, Error> {
-    let jobs = crate::domain::cleanup::delete_workspace(&state.ctx, &auth, *id, query.confirm_name.as_deref()).await?;
+    let jobs =
+        crate::domain::task_lifecycle::delete_workspace(&state.ctx, &auth, *id, query.confirm_name.as_deref()).await?;
     Ok(HttpResponse::Accepted().json(super::tasks::CleanupJobs {
         cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
     }))

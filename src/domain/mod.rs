@@ -9,6 +9,7 @@ pub mod git_status;
 pub mod pagination;
 pub mod repositories;
 pub mod sessions;
+pub mod task_lifecycle;
 pub mod tasks;
 pub mod workspaces;
 

@@ -1,4 +1,58 @@
 use sea_orm::entity::prelude::*;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Where a cleanup job is in its life (documents the `state` strings; generated clients get an enum).
+// The transitions: `domain::cleanup::state` (one table, one helper that writes them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+pub enum CleanupJobState {
+    // Written before its mutation (the barrier, I6); nothing runs it yet.
+    #[sea_orm(string_value = "prepared")]
+    Prepared,
+    #[sea_orm(string_value = "pending")]
+    Pending,
+    #[sea_orm(string_value = "running")]
+    Running,
+    #[sea_orm(string_value = "retry_wait")]
+    RetryWait,
+    #[sea_orm(string_value = "succeeded")]
+    Succeeded,
+    #[sea_orm(string_value = "failed")]
+    Failed,
+    #[sea_orm(string_value = "cancelled")]
+    Cancelled,
+}
+
+/// The lifecycle operation that wrote a cleanup job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+#[schema(as = CleanupJobTrigger)]
+pub enum CleanupTrigger {
+    #[sea_orm(string_value = "archive")]
+    Archive,
+    #[sea_orm(string_value = "delete")]
+    Delete,
+    #[sea_orm(string_value = "cascade_archive")]
+    CascadeArchive,
+    #[sea_orm(string_value = "cascade_delete")]
+    CascadeDelete,
+    #[sea_orm(string_value = "workspace_delete")]
+    WorkspaceDelete,
+    #[sea_orm(string_value = "quick_chat_expire")]
+    QuickChatExpire,
+    #[sea_orm(string_value = "environment_reset")]
+    EnvironmentReset,
+}
+
+impl CleanupTrigger {
+    /// Archive jobs re-check that the task is still archived before they touch anything.
+    pub fn is_archive(self) -> bool {
+        matches!(self, CleanupTrigger::Archive | CleanupTrigger::CascadeArchive)
+    }
+}
 
 /// A durable cleanup job. No foreign key to its task: it outlives it (I9).
 #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
@@ -10,8 +64,8 @@ pub struct Model {
     pub task_id: Uuid,
     pub workspace_id: Uuid,
     pub task_environment_id: Option<Uuid>,
-    pub trigger: String,
-    pub state: String,
+    pub trigger: CleanupTrigger,
+    pub state: CleanupJobState,
     pub attempts: i32,
     pub max_attempts: i32,
     pub next_attempt_at: Option<DateTimeUtc>,
@@ -31,4 +85,9 @@ pub enum Relation {}
 impl ActiveModelBehavior for ActiveModel {}
 
 /// The states that hold the barrier (I7): sessions, environments and inventory rows cannot be created.
-pub const ACTIVE_STATES: [&str; 4] = ["prepared", "pending", "running", "retry_wait"];
+pub const ACTIVE_STATES: [CleanupJobState; 4] = [
+    CleanupJobState::Prepared,
+    CleanupJobState::Pending,
+    CleanupJobState::Running,
+    CleanupJobState::RetryWait,
+];

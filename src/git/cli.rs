@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio::sync::Semaphore;
 
-use crate::managed_path::ManagedPath;
+use crate::managed_path::{Consent, ManagedPath};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {
@@ -78,7 +78,12 @@ pub trait GitMutations: Send + Sync {
     /// `git worktree remove` without `--force`: git refuses a worktree with changes, which is the point.
     async fn worktree_remove(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError>;
     /// `git worktree remove --force`: only with consent recorded in a cleanup job's snapshot (I11).
-    async fn worktree_remove_consented(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError>;
+    async fn worktree_remove_consented(
+        &self,
+        repo: &Path,
+        target: &ManagedPath,
+        consent: &Consent,
+    ) -> Result<(), GitError>;
     /// `git worktree prune`, scoped to one repository.
     async fn worktree_prune(&self, repo: &Path) -> Result<(), GitError>;
     /// How many files differ from HEAD or are untracked, without taking the index lock or writing it.
@@ -122,7 +127,12 @@ impl GitMutations for GitCli {
     }
 
     /// `git worktree remove --force`: only with consent recorded in a cleanup job's snapshot (I11).
-    async fn worktree_remove_consented(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError> {
+    async fn worktree_remove_consented(
+        &self,
+        repo: &Path,
+        target: &ManagedPath,
+        _consent: &Consent,
+    ) -> Result<(), GitError> {
         let target = target.as_path().to_string_lossy().into_owned();
         self.run(
             "worktree remove",

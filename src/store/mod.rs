@@ -3,8 +3,10 @@
 //! SQLite: WAL, busy timeout, foreign keys, a pool of several connections, and `BEGIN IMMEDIATE` for
 //! every write transaction, because a deferred transaction that reads then writes fails with "database
 //! is locked" under concurrency and sea-orm drops `FOR UPDATE` there. PostgreSQL: a pool, and row locks.
+pub mod cleanup_jobs;
 pub mod environments;
 pub mod executions;
+pub mod lifecycle;
 pub mod messages;
 pub mod migrate;
 pub mod observations;

@@ -23,7 +23,7 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
             Ok(n) => tracing::info!(trimmed = n, "event retention"),
             Err(e) => tracing::warn!(error = %e, "event retention failed"),
         }
-        if let Err(e) = crate::domain::cleanup::expire_quick_chats(&ctx).await {
+        if let Err(e) = crate::domain::task_lifecycle::expire_quick_chats(&ctx).await {
             tracing::warn!(error = %e, "quick-chat expiry failed");
         }
         match crate::domain::environments::recover_abandoned(&ctx).await {

@@ -26,6 +26,7 @@ both_backends!(
     environment_reset_waits_for_idle_sessions_and_rematerializes,
     lifecycle_permissions_are_separate,
     unarchive_cancels_pending_and_failed_archive_jobs,
+    a_reconciled_prepared_job_reaches_live_streams_at_once,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -321,8 +322,8 @@ async fn claims_never_hand_a_job_out_twice(app: TestApp) {
             task_id: Set(Uuid::now_v7()),
             workspace_id: Set(Uuid::nil()),
             task_environment_id: Set(None),
-            trigger: Set("delete".into()),
-            state: Set("pending".into()),
+            trigger: Set(job::CleanupTrigger::Delete),
+            state: Set(job::CleanupJobState::Pending),
             attempts: Set(0),
             max_attempts: Set(8),
             next_attempt_at: Set(Some(now)),
@@ -678,7 +679,7 @@ async fn unarchive_cancels_pending_and_failed_archive_jobs(app: TestApp) {
         use sea_orm::{ActiveValue::Set, EntityTrait};
         job::Entity::update(job::ActiveModel {
             id: Set(id),
-            state: Set("failed".into()),
+            state: Set(job::CleanupJobState::Failed),
             ..Default::default()
         })
         .exec(app.db())
@@ -695,4 +696,64 @@ async fn unarchive_cancels_pending_and_failed_archive_jobs(app: TestApp) {
         .problem(409, "conflict");
     assert!(worktree.is_dir());
     app.session(task, "worktree").await;
+}
+
+// I6, I32: reconciliation settles a prepared job whose operation crashed, and its commit wakes the event
+// tailer: a live stream hears of it at once, not at the next slow poll (a minute here).
+async fn a_reconciled_prepared_job_reaches_live_streams_at_once(app: TestApp) {
+    use berth::entity::cleanup_job as job;
+    use sea_orm::{ActiveValue::Set, EntityTrait};
+    let backend = app.backend;
+    drop(app);
+    let Some(app) = TestApp::spawn_with(
+        backend,
+        &[
+            ("BERTH_EVENT_POLL_MS", "60000"),
+            ("BERTH_CLEANUP_PREPARED_GRACE_SECS", "0"),
+            ("BERTH_CLEANUP_POLL_MS", "100"),
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    let mut sse = crate::helpers::Sse::open(&app, &app.admin, "", None).await;
+    // An archive whose task row never changed (it does not exist): its mutation did not commit.
+    let id = Uuid::now_v7();
+    let created = chrono::Utc::now() - chrono::Duration::seconds(1);
+    job::Entity::insert(job::ActiveModel {
+        id: Set(id),
+        operation_id: Set(Uuid::now_v7()),
+        task_id: Set(Uuid::now_v7()),
+        workspace_id: Set(Uuid::nil()),
+        task_environment_id: Set(None),
+        trigger: Set(job::CleanupTrigger::Archive),
+        state: Set(job::CleanupJobState::Prepared),
+        attempts: Set(0),
+        max_attempts: Set(8),
+        next_attempt_at: Set(None),
+        last_error: Set(None),
+        resource_snapshot: Set(json!({"task_id": Uuid::nil(), "workspace_id": Uuid::nil(), "environment": null, "sessions": [], "discard_worktree_changes": false})),
+        node_id: Set(app.config.node_id.clone()),
+        lease_owner: Set(None),
+        lease_expires_at: Set(None),
+        created_at: Set(created),
+        updated_at: Set(created),
+        completed_at: Set(None),
+    })
+    .exec_without_returning(app.db())
+    .await
+    .unwrap();
+    loop {
+        let frame = sse.next(Duration::from_secs(10)).await.expect("the stream stays open");
+        let e: Value = serde_json::from_str(&frame.data).unwrap();
+        if e["type"] == "cleanup_job.updated" && e["data"]["cleanup_job_id"] == id.to_string() {
+            assert_eq!(e["data"]["state"], "cancelled", "{e}");
+            break;
+        }
+    }
+    assert_eq!(
+        app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200)["state"],
+        "cancelled"
+    );
 }

@@ -1,0 +1,226 @@
+//! The barrier (I6, I7): a `prepared` job with a complete snapshot is written before its mutation,
+//! activated in the mutation's own transaction, cancelled if the mutation did not commit, and settled by
+//! reconciliation if the operation crashed in between.
+use std::path::Path;
+
+use sea_orm::{ConnectionTrait, DatabaseTransaction};
+use uuid::Uuid;
+
+use super::state::{JobEvent, job_event, transition};
+use super::{EnvironmentSnapshot, Snapshot, WorktreeSnapshot, snapshot_of};
+use crate::domain::{Ctx, environments};
+use crate::entity::cleanup_job::{self as job, CleanupJobState, CleanupTrigger};
+use crate::entity::task::{self, WorkspaceMode};
+use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
+use crate::error::{Error, Result};
+use crate::managed_path::Consent;
+use crate::store::cleanup_jobs::{self as store, JobPatch};
+use crate::store::lifecycle;
+use crate::store::tasks::ensure_no_cleanup;
+
+/// The environment a task owns (not one it inherits), with its active worktrees.
+pub(crate) async fn owned_environment<C: ConnectionTrait>(
+    conn: &C,
+    ctx: &Ctx,
+    t: &task::Model,
+) -> Result<Option<(env::Model, EnvironmentSnapshot)>> {
+    if t.workspace_mode == WorkspaceMode::InheritParent {
+        return Ok(None);
+    }
+    let Some(e) = environments::current(conn, t.id).await? else {
+        return Ok(None);
+    };
+    if e.executor_type == ExecutorType::Local {
+        let snap = EnvironmentSnapshot {
+            id: e.id,
+            task_root: String::new(),
+            worktrees: Vec::new(),
+        };
+        return Ok(Some((e, snap)));
+    }
+    let mut worktrees: Vec<WorktreeSnapshot> = lifecycle::active_worktrees(conn, e.id)
+        .await?
+        .into_iter()
+        .filter_map(|(r, repo)| {
+            Some(WorktreeSnapshot {
+                repository_id: r.repository_id,
+                repository_path: repo.path,
+                common_git_dir: repo.common_git_dir,
+                worktree_path: r.worktree_path?,
+                worktree_id: r.worktree_id,
+                branch: r.worktree_branch,
+            })
+        })
+        .collect();
+    let task_root = ctx.config.worktree_root.join(&t.slug).to_string_lossy().into_owned();
+    if e.status == EnvironmentStatus::Creating {
+        // A materialization in flight, or one a crash abandoned: it may have made worktrees it has not
+        // recorded yet. Name where they would be. The worker waits while the materializer lives, and
+        // `git worktree remove` only ever removes a registered worktree of that repository.
+        for p in environments::plans(conn, t, &t.slug).await? {
+            worktrees.push(WorktreeSnapshot {
+                repository_id: p.repository_id,
+                repository_path: p.repository_path.to_string_lossy().into_owned(),
+                common_git_dir: p.common_git_dir.to_string_lossy().into_owned(),
+                worktree_path: Path::new(&task_root).join(&p.dir).to_string_lossy().into_owned(),
+                worktree_id: None,
+                branch: Some(p.branch),
+            });
+        }
+    }
+    let snap = EnvironmentSnapshot {
+        id: e.id,
+        task_root,
+        worktrees,
+    };
+    Ok(Some((e, snap)))
+}
+
+/// Writes the `prepared` barrier job for a task (I6); the caller holds the task's lock.
+pub(crate) async fn prepare(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    t: &task::Model,
+    trigger: CleanupTrigger,
+    consent: Option<&Consent>,
+) -> Result<job::Model> {
+    ensure_no_cleanup(txn, &[t.id]).await?;
+    let owned = owned_environment(txn, ctx, t).await?;
+    let snapshot = Snapshot {
+        task_id: t.id,
+        workspace_id: t.workspace_id,
+        environment: owned.as_ref().map(|(_, s)| s.clone()),
+        sessions: lifecycle::session_ids_of_task(txn, t.id).await?,
+        discard_worktree_changes: consent.cloned(),
+    };
+    let now = crate::clock::now();
+    let model = job::Model {
+        id: Uuid::now_v7(),
+        operation_id: Uuid::now_v7(),
+        task_id: t.id,
+        workspace_id: t.workspace_id,
+        task_environment_id: owned.as_ref().map(|(e, _)| e.id),
+        trigger,
+        state: CleanupJobState::Prepared,
+        attempts: 0,
+        max_attempts: ctx.config.cleanup_max_attempts as i32,
+        next_attempt_at: None,
+        last_error: None,
+        resource_snapshot: serde_json::to_value(&snapshot).map_err(|e| Error::Internal(e.into()))?,
+        node_id: owned
+            .as_ref()
+            .map(|(e, _)| e.node_id.clone())
+            .unwrap_or_else(|| ctx.config.node_id.clone()),
+        lease_owner: None,
+        lease_expires_at: None,
+        created_at: now,
+        updated_at: now,
+        completed_at: None,
+    };
+    store::insert(txn, &model).await?;
+    job_event(txn, ctx, &model).await?;
+    Ok(model)
+}
+
+/// `prepared` → `pending` (the mutation committed) in the mutation's own transaction.
+pub(crate) async fn activate(txn: &DatabaseTransaction, ctx: &Ctx, jobs: &mut [job::Model]) -> Result<()> {
+    let now = crate::clock::now();
+    for j in jobs.iter_mut() {
+        let patch = JobPatch {
+            next_attempt_at: Some(Some(now)),
+            ..Default::default()
+        };
+        let Some(activated) = transition(txn, ctx, j, JobEvent::Activate, None, patch).await? else {
+            // Cancelled meanwhile (an operator, or reconciliation): the barrier may have lifted, so the
+            // mutation must not commit against a snapshot that could now be incomplete.
+            return Err(Error::Conflict(
+                "the cleanup was cancelled before the task changed; nothing changed, retry".into(),
+            ));
+        };
+        *j = activated;
+    }
+    Ok(())
+}
+
+/// The mutation did not commit: its prepared jobs are cancelled (I6).
+async fn cancel_prepared(ctx: &Ctx, jobs: &[job::Model]) {
+    for j in jobs {
+        // As written: an activation the rolled-back mutation made in memory never reached the row.
+        let prepared = job::Model {
+            state: CleanupJobState::Prepared,
+            ..j.clone()
+        };
+        let r: Result<()> = async {
+            let txn = ctx.db.begin_write().await?;
+            transition(&txn, ctx, &prepared, JobEvent::Abandon, None, JobPatch::default()).await?;
+            ctx.commit(txn).await
+        }
+        .await;
+        if let Err(e) = r {
+            let e = anyhow::Error::from(e);
+            tracing::warn!(job = %j.id, error = format!("{e:#}"), "could not cancel a prepared job; reconciliation will settle it");
+        }
+    }
+}
+
+/// Stops the live agents of the jobs' sessions (before anything is touched, I8).
+pub(crate) async fn stop_agents(ctx: &Ctx, jobs: &[job::Model]) {
+    for j in jobs {
+        for id in snapshot_of(j).map(|s| s.sessions).unwrap_or_default() {
+            ctx.runtime.stop(id).await;
+        }
+    }
+}
+
+/// After the mutation: if it did not commit, its prepared jobs are cancelled (I6); if it did, the
+/// workers are woken for the now pending jobs.
+pub(crate) async fn settle(ctx: &Ctx, jobs: &[job::Model], mutation: Result<()>) -> Result<()> {
+    if let Err(e) = mutation {
+        cancel_prepared(ctx, jobs).await;
+        return Err(e);
+    }
+    ctx.cleanup_wake.notify_waiters();
+    Ok(())
+}
+
+/// I6: did the mutation of this `prepared` job commit? Read from what the mutation changes.
+async fn mutation_committed(ctx: &Ctx, j: &job::Model) -> Result<bool> {
+    let conn = &ctx.db.conn;
+    Ok(match j.trigger {
+        CleanupTrigger::Archive | CleanupTrigger::CascadeArchive => lifecycle::task(conn, j.task_id)
+            .await?
+            .is_some_and(|t| t.archived_at.is_some()),
+        CleanupTrigger::EnvironmentReset => match j.task_environment_id {
+            Some(id) => lifecycle::environment(conn, id)
+                .await?
+                .is_none_or(|e| e.status == EnvironmentStatus::Superseded),
+            None => true,
+        },
+        CleanupTrigger::Delete
+        | CleanupTrigger::CascadeDelete
+        | CleanupTrigger::WorkspaceDelete
+        | CleanupTrigger::QuickChatExpire => lifecycle::task(conn, j.task_id).await?.is_none(),
+    })
+}
+
+/// I6: a `prepared` job whose operation crashed is activated if its mutation committed, else cancelled.
+pub async fn reconcile_prepared(ctx: &Ctx) -> Result<()> {
+    let grace = chrono::Duration::from_std(ctx.config.cleanup_prepared_grace).unwrap_or(chrono::Duration::minutes(1));
+    for j in store::prepared_before(&ctx.db.conn, crate::clock::now() - grace).await? {
+        let (event, next) = if mutation_committed(ctx, &j).await? {
+            (JobEvent::Activate, Some(crate::clock::now()))
+        } else {
+            (JobEvent::Abandon, None)
+        };
+        let patch = JobPatch {
+            next_attempt_at: Some(next),
+            ..Default::default()
+        };
+        let txn = ctx.db.begin_write().await?;
+        if let Some(settled) = transition(&txn, ctx, &j, event, None, patch).await? {
+            tracing::info!(job = %j.id, state = ?settled.state, "reconciled a prepared cleanup job");
+        }
+        ctx.commit(txn).await?;
+    }
+    Ok(())
+}

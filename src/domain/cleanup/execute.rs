@@ -1,0 +1,235 @@
+//! What a claimed job destroys, and what it must not (I8, I11, I13): the snapshot names the resources;
+//! at destruction time a path another environment adopted, an environment passed to another task or
+//! still used by a live one, and a dirty worktree without recorded consent are all left alone.
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::anyhow;
+
+use super::state::JobEvent;
+use super::{Snapshot, WorktreeSnapshot, snapshot_of};
+use crate::domain::{Ctx, environments};
+use crate::entity::cleanup_job as job;
+use crate::entity::task_environment::EnvironmentStatus;
+use crate::error::Result;
+use crate::managed_path::{Consent, ManagedRoot};
+use crate::store::cleanup_jobs::JobPatch;
+use crate::store::lifecycle;
+use crate::store::tasks::live_inheritors;
+
+/// How an attempt ended. Errors keep their source chain until they are stored (`{:#}`).
+#[derive(Debug)]
+pub enum Outcome {
+    Done,
+    /// The reason for the job went away (the task was unarchived): nothing was removed.
+    Cancelled(&'static str),
+    /// Worth another attempt later.
+    Retry(anyhow::Error),
+    /// Retrying cannot help (for example a dirty worktree without consent): fail now, touch nothing.
+    Terminal(anyhow::Error),
+}
+
+fn retry(e: impl Into<anyhow::Error>) -> Outcome {
+    Outcome::Retry(e.into())
+}
+
+/// A job whose snapshot holds no session and no environment, and whose trigger needs no re-check
+/// (archive jobs first check that the task is still archived): executing it would change nothing.
+pub fn nothing_to_do(j: &job::Model) -> bool {
+    !j.trigger.is_archive() && snapshot_of(j).is_ok_and(|s| s.environment.is_none() && s.sessions.is_empty())
+}
+
+/// The transition that records an attempt's outcome, with the columns it sets: the retry schedule,
+/// then terminal `failed` once the attempts are spent.
+pub fn record_of(ctx: &Ctx, j: &job::Model, outcome: Outcome) -> (JobEvent, JobPatch) {
+    let now = crate::clock::now();
+    let (event, error, next) = match outcome {
+        Outcome::Done => (JobEvent::Succeed, None, None),
+        Outcome::Cancelled(why) => (JobEvent::ReasonGone, Some(why.to_string()), None),
+        Outcome::Terminal(e) => (JobEvent::Fail, Some(format!("{e:#}")), None),
+        Outcome::Retry(e) if j.attempts >= j.max_attempts => (JobEvent::Fail, Some(format!("{e:#}")), None),
+        Outcome::Retry(e) => {
+            let delays = &ctx.config.cleanup_retry_delays;
+            let delay = delays[((j.attempts - 1).max(0) as usize).min(delays.len() - 1)];
+            let at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::hours(1));
+            (JobEvent::RetryLater, Some(format!("{e:#}")), Some(at))
+        }
+    };
+    let finished = matches!(event, JobEvent::Succeed | JobEvent::Fail);
+    let patch = JobPatch {
+        last_error: Some(error),
+        next_attempt_at: Some(next),
+        lease_owner: Some(None),
+        lease_expires_at: Some(None),
+        completed_at: Some(finished.then_some(now)),
+        ..Default::default()
+    };
+    (event, patch)
+}
+
+/// Runs a job from its snapshot (the task row may be gone). `lost` turns true when the heartbeat finds
+/// the lease taken: stop before touching anything else.
+pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
+    let snap: Snapshot = match snapshot_of(j) {
+        Ok(s) => s,
+        Err(e) => return Outcome::Terminal(e.into()),
+    };
+    if j.trigger.is_archive() {
+        match lifecycle::task(&ctx.db.conn, snap.task_id).await {
+            Ok(Some(t)) if t.archived_at.is_none() => return Outcome::Cancelled("the task was unarchived"),
+            Ok(_) => {}
+            Err(e) => return retry(e),
+        }
+    }
+    // I8: processes first.
+    for s in &snap.sessions {
+        ctx.runtime.stop(*s).await;
+    }
+    let Some(env_snap) = &snap.environment else {
+        return Outcome::Done;
+    };
+    match lifecycle::environment(&ctx.db.conn, env_snap.id).await {
+        // Still being materialized: its publish will meet the barrier and remove what it made; wait.
+        // Abandoned by a crash (lease expired): nobody will publish it; its planned paths are in the snapshot.
+        Ok(Some(e)) if environments::is_fresh_creating(ctx, &e) => {
+            return Outcome::Retry(anyhow!("the environment is still being prepared"));
+        }
+        Ok(_) => {}
+        Err(e) => return retry(e),
+    }
+    match shared_elsewhere(ctx, &snap, env_snap.id).await {
+        Ok(true) => return Outcome::Done,
+        Ok(false) => {}
+        Err(e) => return retry(e),
+    }
+    let root = ManagedRoot::from_config(&ctx.config);
+    for w in &env_snap.worktrees {
+        if lost.load(Ordering::Acquire) {
+            return Outcome::Retry(anyhow!("the lease was lost"));
+        }
+        // A path that another environment's inventory now names (it adopted it) is not this job's.
+        match claimed_by_another(ctx, env_snap.id, &w.worktree_path).await {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(e) => return retry(e),
+        }
+        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes.as_ref()).await {
+            Outcome::Done => {}
+            other => return other,
+        }
+    }
+    if !env_snap.task_root.is_empty()
+        && let Ok(dir) = root.adopt(Path::new(&env_snap.task_root))
+    {
+        // Only if empty: berth never removes what the inventory does not name (I13).
+        let _ = std::fs::remove_dir(dir.as_path());
+    }
+    match retire_environment(ctx, &snap, env_snap.id).await {
+        Ok(()) => Outcome::Done,
+        Err(e) => retry(e),
+    }
+}
+
+/// Another live (not superseded) environment's inventory names this path.
+async fn claimed_by_another(ctx: &Ctx, env_id: uuid::Uuid, path: &str) -> Result<bool> {
+    Ok(lifecycle::environments_naming(&ctx.db.conn, path, env_id)
+        .await?
+        .iter()
+        .any(|e| e.status != EnvironmentStatus::Superseded))
+}
+
+/// Re-checked at destruction time (I8): the environment was transferred to another task, or a live task
+/// still works in it.
+async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Result<bool> {
+    let conn = &ctx.db.conn;
+    let Some(e) = lifecycle::environment(conn, env_id).await? else {
+        return Ok(false);
+    };
+    if e.task_id != snap.task_id {
+        return Ok(true);
+    }
+    if !live_inheritors(conn, snap.task_id).await?.is_empty() {
+        return Ok(true);
+    }
+    for b in lifecycle::live_borrowers(conn, env_id, snap.task_id).await? {
+        if lifecycle::task(conn, b.task_id)
+            .await?
+            .is_some_and(|t| t.archived_at.is_none())
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+async fn destroy_worktree(ctx: &Ctx, root: &ManagedRoot, w: &WorktreeSnapshot, consent: Option<&Consent>) -> Outcome {
+    // I13: only inside the managed root, never through a symlink.
+    let target = match root.adopt(Path::new(&w.worktree_path)) {
+        Ok(t) => t,
+        Err(e) => {
+            return Outcome::Terminal(
+                anyhow::Error::new(e).context("refusing a worktree path outside the managed root"),
+            );
+        }
+    };
+    let repo = Path::new(&w.repository_path);
+    let meta = std::fs::symlink_metadata(target.as_path());
+    if meta.is_err() {
+        // Already gone counts as done; forget its registration if the repository is still there.
+        if repo.is_dir() {
+            let _ = ctx.git.worktree_prune(repo).await;
+        }
+        return Outcome::Done;
+    }
+    if meta.is_ok_and(|m| m.file_type().is_symlink()) {
+        return Outcome::Terminal(anyhow!("the worktree path is a symlink; not following it"));
+    }
+    let dirty = match ctx.git.dirty_file_count(target.as_path()).await {
+        Ok(n) => n,
+        Err(e) => return retry(e),
+    };
+    let removed = match (dirty, consent) {
+        (0, _) => ctx.git.worktree_remove(repo, &target).await,
+        // I11: forced only with the consent the job recorded.
+        (_, Some(consent)) => ctx.git.worktree_remove_consented(repo, &target, consent).await,
+        (_, None) => {
+            return Outcome::Terminal(anyhow!(
+                "the worktree of repository {} has {dirty} changed files and removing them was not consented to",
+                w.repository_id
+            ));
+        }
+    };
+    if let Err(e) = removed {
+        // Exit code 128 is not proof of anything: look.
+        if std::fs::symlink_metadata(target.as_path()).is_err() {
+            let _ = ctx.git.worktree_prune(repo).await;
+            return Outcome::Done;
+        }
+        return retry(e);
+    }
+    let _ = ctx.git.worktree_prune(repo).await;
+    Outcome::Done
+}
+
+/// After destruction: the inventory rows are `deleted` and the environment superseded, if it still
+/// belongs to the job's task.
+async fn retire_environment(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Result<()> {
+    let now = crate::clock::now();
+    let txn = ctx.db.begin_write().await?;
+    let Some(e) = lifecycle::environment(&txn, env_id).await? else {
+        txn.rollback().await?;
+        return Ok(());
+    };
+    if e.task_id != snap.task_id {
+        txn.rollback().await?;
+        return Ok(());
+    }
+    lifecycle::delete_inventory(&txn, env_id, now).await?;
+    // The environment still belongs to the job's task, so the task row is there (it cascades).
+    if e.status != EnvironmentStatus::Superseded
+        && let Some(t) = lifecycle::task(&txn, snap.task_id).await?
+    {
+        environments::supersede(&txn, ctx, &t, env_id, "cleanup").await?;
+    }
+    ctx.commit(txn).await
+}

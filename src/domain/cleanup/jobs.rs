@@ -1,0 +1,122 @@
+//! What operators see and do with cleanup jobs: list, get, retry a failed one, cancel a waiting one.
+use sea_orm::ActiveEnum;
+use uuid::Uuid;
+
+use super::state::{JobEvent, transition};
+use crate::auth::Principal;
+use crate::domain::Ctx;
+use crate::domain::pagination::{Page, PageRequest};
+use crate::entity::cleanup_job::{self as job, CleanupJobState, CleanupTrigger};
+use crate::error::{Error, Result};
+use crate::store::cleanup_jobs::{self as store, JobPatch, ListQuery};
+use crate::store::lifecycle;
+
+/// A filter on a vocabulary. A value outside it matches no job (an empty page, as when the column held
+/// free strings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter<T> {
+    Is(T),
+    Unknown,
+}
+
+impl<T: ActiveEnum<Value = String>> Filter<T> {
+    pub fn parse(value: &str) -> Filter<T> {
+        T::try_from_value(&value.to_string()).map_or(Filter::Unknown, Filter::Is)
+    }
+}
+
+/// `None`: the filter names a value outside the vocabulary.
+fn known<T>(filter: Option<Filter<T>>) -> Option<Option<T>> {
+    match filter {
+        None => Some(None),
+        Some(Filter::Is(v)) => Some(Some(v)),
+        Some(Filter::Unknown) => None,
+    }
+}
+
+pub struct JobFilter {
+    pub state: Option<Filter<CleanupJobState>>,
+    pub task_id: Option<Uuid>,
+    pub trigger: Option<Filter<CleanupTrigger>>,
+}
+
+pub async fn list(ctx: &Ctx, p: &Principal, filter: JobFilter, page: PageRequest) -> Result<Page<job::Model>> {
+    p.require_unbound()?;
+    let (Some(state), Some(trigger)) = (known(filter.state), known(filter.trigger)) else {
+        return Ok(Page::from_rows(Vec::new(), &page, |j: &job::Model| j.id));
+    };
+    let rows = store::list(
+        &ctx.db.conn,
+        ListQuery {
+            workspaces: p.workspace_filter(),
+            state,
+            task_id: filter.task_id,
+            trigger,
+            before: page.before,
+            limit: page.fetch(),
+        },
+    )
+    .await?;
+    Ok(Page::from_rows(rows, &page, |j| j.id))
+}
+
+pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
+    p.require_unbound()?;
+    store::find(&ctx.db.conn, id)
+        .await?
+        .filter(|j| p.sees_workspace(j.workspace_id))
+        .ok_or(Error::NotFound("cleanup job"))
+}
+
+/// A `failed` job gets a fresh attempt budget, if what it would remove is still meant to go.
+pub async fn retry(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
+    let j = get(ctx, p, id).await?;
+    if j.trigger.is_archive() {
+        let archived = lifecycle::task(&ctx.db.conn, j.task_id)
+            .await?
+            .is_some_and(|t| t.archived_at.is_some());
+        if !archived {
+            return Err(Error::Conflict(
+                "the task is no longer archived; its worktrees are in use".into(),
+            ));
+        }
+    }
+    let now = crate::clock::now();
+    let patch = JobPatch {
+        attempts: Some(0),
+        next_attempt_at: Some(Some(now)),
+        lease_owner: Some(None),
+        completed_at: Some(None),
+        ..Default::default()
+    };
+    operate(ctx, p, id, JobEvent::OperatorRetry, patch).await
+}
+
+/// Only a waiting job can be cancelled; a running one finishes its attempt.
+pub async fn cancel(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
+    let patch = JobPatch {
+        completed_at: Some(Some(crate::clock::now())),
+        ..Default::default()
+    };
+    operate(ctx, p, id, JobEvent::OperatorCancel, patch).await
+}
+
+/// An operator's transition, on the job as it is now (locked).
+async fn operate(ctx: &Ctx, p: &Principal, id: Uuid, event: JobEvent, patch: JobPatch) -> Result<job::Model> {
+    get(ctx, p, id).await?;
+    let txn = ctx.db.begin_write().await?;
+    let j = store::find_locked(&txn, id)
+        .await?
+        .ok_or(Error::NotFound("cleanup job"))?;
+    if transition(&txn, ctx, &j, event, None, patch).await?.is_none() {
+        return Err(Error::Conflict(format!(
+            "the job is {}; it changed meanwhile, retry",
+            j.state.to_value()
+        )));
+    }
+    // As stored (timestamps at the database's precision).
+    let updated = store::find(&txn, id).await?.ok_or(Error::NotFound("cleanup job"))?;
+    ctx.commit(txn).await?;
+    ctx.cleanup_wake.notify_waiters();
+    Ok(updated)
+}

@@ -1,0 +1,59 @@
+//! Task lifecycle cleanup (seed 001, I5-I13): the only owners of physical cleanup are task archive,
+//! delete (and cascades), workspace delete, quick-chat expiry and environment reset
+//! (`domain::task_lifecycle`). Each writes a durable job `prepared` with a complete snapshot found
+//! through the task (never through sessions) before its mutation, and activates it (`pending`) only once
+//! the mutation committed (`barrier`). The worker (`worker::cleanup`) claims it and runs `execute`, which
+//! destroys what the snapshot names, re-checking sharing at that moment. Every state write of a job is
+//! one transition of `state`'s table; operators list, retry and cancel through `jobs`.
+pub mod barrier;
+pub mod execute;
+pub mod jobs;
+pub mod state;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::entity::cleanup_job as job;
+use crate::error::{Error, Result};
+use crate::managed_path::Consent;
+
+pub use crate::entity::cleanup_job::{CleanupJobState, CleanupTrigger};
+pub use jobs::{JobFilter, cancel, get, list, retry};
+pub use state::{InvalidTransition, JobEvent};
+
+/// What a job destroys, captured before the mutation (I6). Survives the task row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub task_id: Uuid,
+    pub workspace_id: Uuid,
+    /// The environment the task owns, if it owns one with anything on disk.
+    pub environment: Option<EnvironmentSnapshot>,
+    /// Sessions whose agents are stopped before anything is touched.
+    pub sessions: Vec<Uuid>,
+    /// I11: consent to remove worktrees with uncommitted or untracked changes, as the request gave it
+    /// (stored as a boolean).
+    #[serde(with = "crate::managed_path::recorded_consent")]
+    pub discard_worktree_changes: Option<Consent>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EnvironmentSnapshot {
+    pub id: Uuid,
+    pub task_root: String,
+    pub worktrees: Vec<WorktreeSnapshot>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorktreeSnapshot {
+    pub repository_id: Uuid,
+    pub repository_path: String,
+    pub common_git_dir: String,
+    pub worktree_path: String,
+    pub worktree_id: Option<String>,
+    pub branch: Option<String>,
+}
+
+pub fn snapshot_of(j: &job::Model) -> Result<Snapshot> {
+    serde_json::from_value(j.resource_snapshot.clone())
+        .map_err(|e| Error::Internal(anyhow::anyhow!("job {} has an unreadable snapshot: {e}", j.id)))
+}

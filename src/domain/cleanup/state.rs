@@ -1,0 +1,229 @@
+//! The cleanup job's state machine: one transition table (`CleanupJobState::on`) and one helper
+//! (`transition`) that performs a transition, a compare-and-set on the current state then its
+//! `cleanup_job.updated` event, in the caller's transaction. Every job state write goes through it.
+use sea_orm::{ActiveEnum, DatabaseTransaction, Iterable};
+use serde_json::json;
+
+use crate::domain::Ctx;
+use crate::entity::cleanup_job::{self as job, CleanupJobState};
+use crate::error::{Error, Result};
+use crate::events::{self, Subject};
+use crate::store::cleanup_jobs::{self as store, JobPatch, LeaseGuard};
+
+/// What happens to a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobEvent {
+    /// Its mutation committed (in the mutation's transaction, or found so by reconciliation, I6).
+    Activate,
+    /// Its mutation did not commit (it failed, or reconciliation found it never did, I6).
+    Abandon,
+    /// A worker claims it when due, or rescues it from a worker whose lease expired.
+    Claim,
+    /// A worker claims it and finds nothing physical to do: done in the claim's transaction.
+    ClaimNothingToDo,
+    /// The worker's attempt destroyed what the snapshot names.
+    Succeed,
+    /// The attempt failed in a way another attempt may fix.
+    RetryLater,
+    /// Retrying cannot help, or the attempts are spent.
+    Fail,
+    /// The attempt found its reason gone (the task was unarchived) and touched nothing.
+    ReasonGone,
+    /// The task was unarchived (I10): a job not running is cancelled, a failed one included.
+    Unarchive,
+    /// An operator gives a failed job a fresh attempt budget.
+    OperatorRetry,
+    /// An operator cancels a job that is waiting.
+    OperatorCancel,
+}
+
+/// `event` does not apply in state `from`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a cleanup job in state {} cannot take {event:?}", from.to_value())]
+pub struct InvalidTransition {
+    pub from: CleanupJobState,
+    pub event: JobEvent,
+}
+
+impl CleanupJobState {
+    /// The transition table.
+    pub fn on(self, event: JobEvent) -> Result<CleanupJobState, InvalidTransition> {
+        use CleanupJobState::*;
+        use JobEvent::*;
+        match (self, event) {
+            (Prepared, Activate) => Ok(Pending),
+            (Prepared, Abandon) => Ok(Cancelled),
+            (Pending | RetryWait | Running, Claim) => Ok(Running),
+            (Pending | RetryWait | Running, ClaimNothingToDo) => Ok(Succeeded),
+            (Running, Succeed) => Ok(Succeeded),
+            (Running, RetryLater) => Ok(RetryWait),
+            (Running, Fail) => Ok(Failed),
+            (Running, ReasonGone) => Ok(Cancelled),
+            (Prepared | Pending | RetryWait | Failed, Unarchive) => Ok(Cancelled),
+            (Failed, OperatorRetry) => Ok(Pending),
+            (Prepared | Pending | RetryWait, OperatorCancel) => Ok(Cancelled),
+            (from, event) => Err(InvalidTransition { from, event }),
+        }
+    }
+}
+
+impl JobEvent {
+    /// The states this event applies in.
+    pub fn sources(self) -> Vec<CleanupJobState> {
+        CleanupJobState::iter().filter(|s| s.on(self).is_ok()).collect()
+    }
+}
+
+impl From<InvalidTransition> for Error {
+    fn from(e: InvalidTransition) -> Self {
+        let needs: Vec<String> = e.event.sources().iter().map(|s| s.to_value()).collect();
+        Error::Conflict(format!(
+            "the job is {}; this needs {}",
+            e.from.to_value(),
+            needs.join(" or ")
+        ))
+    }
+}
+
+/// Performs `event` on the job as `j` read it: `UPDATE .. SET state = next, patch.. WHERE id = ? AND
+/// state = j.state [AND lease_owner = ? AND attempts = ?]`, then, if the row changed, the job's event in
+/// the same transaction. `Ok(None)`: the row had moved on (nothing written); the caller decides.
+pub(crate) async fn transition(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    j: &job::Model,
+    event: JobEvent,
+    lease: Option<LeaseGuard<'_>>,
+    patch: JobPatch,
+) -> Result<Option<job::Model>> {
+    let next = j.state.on(event)?;
+    let now = crate::clock::now();
+    if !store::compare_and_set(txn, j.id, j.state, lease, next, &patch, now).await? {
+        return Ok(None);
+    }
+    let mut updated = job::Model {
+        state: next,
+        updated_at: now,
+        ..j.clone()
+    };
+    patch.apply(&mut updated);
+    job_event(txn, ctx, &updated).await?;
+    Ok(Some(updated))
+}
+
+/// `cleanup_job.updated`: a job was written (inserted, or moved by `transition`).
+pub(super) async fn job_event(txn: &DatabaseTransaction, ctx: &Ctx, j: &job::Model) -> Result<()> {
+    let subject = Subject {
+        task_environment_id: j.task_environment_id,
+        ..Subject::task(j.workspace_id, j.task_id)
+    };
+    events::append(
+        txn,
+        ctx.instance_id,
+        "cleanup_job.updated",
+        subject,
+        json!({ "cleanup_job_id": j.id, "state": j.state, "trigger": j.trigger }),
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobEvent::{self, *};
+    use crate::entity::cleanup_job::CleanupJobState::{self, *};
+    use sea_orm::Iterable;
+
+    const EVENTS: [JobEvent; 11] = [
+        Activate,
+        Abandon,
+        Claim,
+        ClaimNothingToDo,
+        Succeed,
+        RetryLater,
+        Fail,
+        ReasonGone,
+        Unarchive,
+        OperatorRetry,
+        OperatorCancel,
+    ];
+
+    /// Every legal transition, line by line.
+    const LEGAL: [(CleanupJobState, JobEvent, CleanupJobState); 20] = [
+        // The barrier (I6).
+        (Prepared, Activate, Pending),
+        (Prepared, Abandon, Cancelled),
+        (Prepared, Unarchive, Cancelled),
+        (Prepared, OperatorCancel, Cancelled),
+        // Waiting for a worker.
+        (Pending, Claim, Running),
+        (Pending, ClaimNothingToDo, Succeeded),
+        (Pending, Unarchive, Cancelled),
+        (Pending, OperatorCancel, Cancelled),
+        (RetryWait, Claim, Running),
+        (RetryWait, ClaimNothingToDo, Succeeded),
+        (RetryWait, Unarchive, Cancelled),
+        (RetryWait, OperatorCancel, Cancelled),
+        // A worker's attempt, and the rescue of an expired lease.
+        (Running, Claim, Running),
+        (Running, ClaimNothingToDo, Succeeded),
+        (Running, Succeed, Succeeded),
+        (Running, RetryLater, RetryWait),
+        (Running, Fail, Failed),
+        (Running, ReasonGone, Cancelled),
+        // Failed: an operator retries it, or unarchive cancels it (I10).
+        (Failed, OperatorRetry, Pending),
+        (Failed, Unarchive, Cancelled),
+    ];
+
+    #[test]
+    fn every_legal_transition_lands_where_the_table_says() {
+        for (from, event, to) in LEGAL {
+            assert_eq!(from.on(event), Ok(to), "{from:?} on {event:?}");
+        }
+    }
+
+    #[test]
+    fn the_refusals_that_protect_work() {
+        // A running attempt finishes; neither an operator nor unarchive cuts it off (I10 waits for it).
+        assert!(Running.on(OperatorCancel).is_err());
+        assert!(Running.on(Unarchive).is_err());
+        // A prepared job runs nothing before its mutation committed (I6).
+        assert!(Prepared.on(Claim).is_err());
+        assert!(Prepared.on(ClaimNothingToDo).is_err());
+        // Only a failed job is retried; finished jobs stay finished.
+        assert!(Pending.on(OperatorRetry).is_err());
+        for done in [Succeeded, Cancelled] {
+            for event in EVENTS {
+                assert!(done.on(event).is_err(), "{done:?} on {event:?}");
+            }
+        }
+        assert!(Failed.on(Claim).is_err());
+        assert!(Pending.on(Activate).is_err());
+    }
+
+    #[test]
+    fn a_refusal_names_the_states_the_event_needs() {
+        let e: crate::error::Error = Running.on(OperatorCancel).unwrap_err().into();
+        assert_eq!(
+            e.to_string(),
+            "conflict: the job is running; this needs prepared or pending or retry_wait"
+        );
+    }
+
+    #[test]
+    fn everything_else_is_refused() {
+        for from in CleanupJobState::iter() {
+            for event in EVENTS {
+                if LEGAL.iter().any(|(f, e, _)| *f == from && *e == event) {
+                    continue;
+                }
+                assert_eq!(
+                    from.on(event),
+                    Err(super::InvalidTransition { from, event }),
+                    "{from:?} on {event:?}"
+                );
+            }
+        }
+    }
+}

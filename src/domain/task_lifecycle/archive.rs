@@ -1,0 +1,228 @@
+//! Archive (agents stopped, sessions cancelled, clean worktrees removed by a job; branches kept) and
+//! unarchive (waiting archive jobs cancelled, a running one waited for, I10).
+use sea_orm::{ActiveValue::Set, ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter};
+use serde::Serialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::auth::Principal;
+use crate::domain::Ctx;
+use crate::domain::cleanup::barrier::{activate, prepare, settle, stop_agents};
+use crate::domain::cleanup::state::{JobEvent, transition};
+use crate::domain::cleanup::{CleanupJobState, CleanupTrigger};
+use crate::domain::tasks;
+use crate::entity::cleanup_job as job;
+use crate::entity::task;
+use crate::entity::task_session::{self as session, SessionState};
+use crate::error::{Error, Result};
+use crate::events::{self, Subject};
+use crate::store::cleanup_jobs::{self as jobs_store, JobPatch};
+use crate::store::lifecycle;
+use crate::store::tasks::{lock_in_order, lock_task, owner_of, subtree};
+
+/// Whether a task's branch is still there to recover its work from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BranchStatus {
+    Local,
+    Missing,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct BranchRecovery {
+    pub repository_id: Uuid,
+    /// `local` when the task's branch still exists in the repository, else `missing`.
+    pub branch_status: BranchStatus,
+}
+
+pub async fn archive(
+    ctx: &Ctx,
+    p: &Principal,
+    task_id: Uuid,
+    cascade: bool,
+) -> Result<(tasks::TaskView, Vec<job::Model>)> {
+    p.require_unbound()?;
+    let root = tasks::readable(&ctx.db.conn, p, task_id).await?;
+    if root.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    let tasks = subtree(&ctx.db.conn, &root, cascade, false).await?;
+    // 1. The barrier: prepared jobs with complete snapshots, serialized with creation on each task.
+    let txn = ctx.db.begin_write().await?;
+    lock_in_order(&txn, &tasks).await?;
+    let mut jobs = Vec::new();
+    for t in &tasks {
+        let t = lock_task(&txn, t.id).await?;
+        let trigger = if t.id == root.id {
+            CleanupTrigger::Archive
+        } else {
+            CleanupTrigger::CascadeArchive
+        };
+        jobs.push(prepare(&txn, ctx, &t, trigger, None).await?);
+    }
+    ctx.commit(txn).await?;
+    // 2. Stop the agents, then the mutation, which activates the jobs.
+    stop_agents(ctx, &jobs).await;
+    let result: Result<()> = async {
+        let txn = ctx.db.begin_write().await?;
+        lock_in_order(&txn, &tasks).await?;
+        let now = crate::clock::now();
+        for t in &tasks {
+            lifecycle::set_archived(&txn, t.id, Some(now), now).await?;
+            cancel_sessions(&txn, ctx, t).await?;
+            events::append(
+                &txn,
+                ctx.instance_id,
+                "task.archived",
+                Subject::task(t.workspace_id, t.id),
+                json!({ "cascade": cascade }),
+            )
+            .await?;
+        }
+        activate(&txn, ctx, &mut jobs).await?;
+        ctx.commit(txn).await
+    }
+    .await;
+    settle(ctx, &jobs, result).await?;
+    Ok((tasks::get(ctx, p, task_id).await?, jobs))
+}
+
+async fn cancel_sessions(txn: &DatabaseTransaction, ctx: &Ctx, t: &task::Model) -> Result<()> {
+    let live = session::Entity::find()
+        .filter(session::Column::TaskId.eq(t.id))
+        .filter(session::Column::State.is_not_in([
+            SessionState::Stopped,
+            SessionState::Failed,
+            SessionState::Cancelled,
+        ]))
+        .all(txn)
+        .await?;
+    let now = crate::clock::now();
+    for s in live {
+        session::Entity::update(session::ActiveModel {
+            id: Set(s.id),
+            state: Set(SessionState::Cancelled),
+            desired_open: Set(false),
+            ended_at: Set(Some(now)),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(txn)
+        .await?;
+        let subject = Subject {
+            session_id: Some(s.id),
+            task_environment_id: s.task_environment_id,
+            ..Subject::task(t.workspace_id, t.id)
+        };
+        events::append(
+            txn,
+            ctx.instance_id,
+            "session.state_changed",
+            subject,
+            json!({ "state": SessionState::Cancelled }),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+pub async fn unarchive(
+    ctx: &Ctx,
+    p: &Principal,
+    task_id: Uuid,
+) -> Result<(tasks::TaskView, Vec<Uuid>, Vec<BranchRecovery>)> {
+    p.require_unbound()?;
+    let t = tasks::readable(&ctx.db.conn, p, task_id).await?;
+    if t.archived_at.is_none() {
+        return Err(Error::Conflict("the task is not archived".into()));
+    }
+    let mut cancelled = Vec::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let txn = ctx.db.begin_write().await?;
+        lock_task(&txn, task_id).await?;
+        let jobs = jobs_store::of_task(
+            &txn,
+            task_id,
+            &[CleanupTrigger::Archive, CleanupTrigger::CascadeArchive],
+            &[
+                CleanupJobState::Prepared,
+                CleanupJobState::Pending,
+                CleanupJobState::RetryWait,
+                CleanupJobState::Running,
+                CleanupJobState::Failed,
+            ],
+        )
+        .await?;
+        let mut running = false;
+        for j in jobs {
+            if j.state == CleanupJobState::Running {
+                running = true;
+                continue;
+            }
+            // Also a failed one: retrying it later would remove the worktrees the task works in again.
+            let patch = JobPatch {
+                completed_at: Some(Some(crate::clock::now())),
+                ..Default::default()
+            };
+            if transition(&txn, ctx, &j, JobEvent::Unarchive, None, patch)
+                .await?
+                .is_none()
+            {
+                // A worker claimed it meanwhile: wait for it like any running one.
+                running = true;
+                continue;
+            }
+            cancelled.push(j.id);
+        }
+        if running {
+            // I10: wait for the in-flight one to finish before answering.
+            ctx.commit(txn).await?;
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::Conflict(
+                    "an archive cleanup is still running; retry shortly".into(),
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        }
+        lifecycle::set_archived(&txn, task_id, None, crate::clock::now()).await?;
+        events::append(
+            &txn,
+            ctx.instance_id,
+            "task.unarchived",
+            Subject::task(t.workspace_id, t.id),
+            json!({ "cancelled_cleanup_jobs": cancelled }),
+        )
+        .await?;
+        ctx.commit(txn).await?;
+        break;
+    }
+    let recovery = branch_recovery(ctx, &t).await?;
+    Ok((tasks::get(ctx, p, task_id).await?, cancelled, recovery))
+}
+
+/// I10: per repository, whether the task's branch still exists.
+async fn branch_recovery(ctx: &Ctx, t: &task::Model) -> Result<Vec<BranchRecovery>> {
+    let owner = owner_of(&ctx.db.conn, t).await?;
+    let mut out = Vec::new();
+    for slot in lifecycle::repository_slots(&ctx.db.conn, owner.id).await? {
+        let Some(repo) = lifecycle::repository(&ctx.db.conn, slot.repository_id).await? else {
+            continue;
+        };
+        let branch = slot.branch.clone().unwrap_or_else(|| format!("berth/{}", owner.slug));
+        let path = std::path::PathBuf::from(&repo.path);
+        let exists = tokio::task::spawn_blocking(move || crate::git::branch_exists(&path, &branch).unwrap_or(false))
+            .await
+            .unwrap_or(false);
+        out.push(BranchRecovery {
+            repository_id: slot.repository_id,
+            branch_status: if exists {
+                BranchStatus::Local
+            } else {
+                BranchStatus::Missing
+            },
+        });
+    }
+    Ok(out)
+}

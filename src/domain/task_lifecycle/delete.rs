@@ -1,0 +1,199 @@
+//! Delete, with cascades and transfer to an heir (I8), and quick-chat expiry (I12), which goes through
+//! the same path. Dirty worktrees need consent (I11).
+use std::collections::HashSet;
+
+use sea_orm::DatabaseTransaction;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::auth::Principal;
+use crate::domain::Ctx;
+use crate::domain::cleanup::barrier::{activate, owned_environment, prepare, settle, stop_agents};
+use crate::domain::cleanup::{CleanupTrigger, snapshot_of};
+use crate::domain::tasks;
+use crate::entity::cleanup_job as job;
+use crate::entity::task;
+use crate::error::{DirtyRepository, Error, Result};
+use crate::events::{self, Subject};
+use crate::managed_path::Consent;
+use crate::store::cleanup_jobs::{self as jobs_store};
+use crate::store::lifecycle;
+use crate::store::tasks::{live_inheritors, lock_in_order, lock_task, subtree};
+
+/// I11: the worktrees of these tasks that hold changes, found before anything changes.
+async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model]) -> Result<Vec<DirtyRepository>> {
+    let mut dirty = Vec::new();
+    for t in tasks {
+        let Some((_, snap)) = owned_environment(&ctx.db.conn, ctx, t).await? else {
+            continue;
+        };
+        for w in snap.worktrees {
+            let path = std::path::Path::new(&w.worktree_path);
+            if !path.is_dir() {
+                continue;
+            }
+            match ctx.git.dirty_file_count(path).await {
+                Ok(0) => {}
+                Ok(n) => dirty.push(DirtyRepository {
+                    repository_id: w.repository_id,
+                    dirty_file_count: n,
+                }),
+                // Unknown is not clean, and not dirty either: refuse, say so, change nothing.
+                Err(e) => return Err(Error::Unavailable(format!("inspecting a worktree failed: {e}"))),
+            }
+        }
+    }
+    Ok(dirty)
+}
+
+/// `consent` comes only from the request's explicit `discard_worktree_changes=true` (I11).
+pub async fn delete(
+    ctx: &Ctx,
+    p: &Principal,
+    task_id: Uuid,
+    cascade: bool,
+    consent: Option<Consent>,
+) -> Result<Vec<job::Model>> {
+    p.require_unbound()?;
+    let root = tasks::readable(&ctx.db.conn, p, task_id).await?;
+    let tasks = subtree(&ctx.db.conn, &root, cascade, true).await?;
+    if consent.is_none() {
+        // An environment that will pass to a surviving subtask loses nothing: not checked.
+        let doomed: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
+        let mut checked = Vec::new();
+        for t in &tasks {
+            let heirs = live_inheritors(&ctx.db.conn, t.id).await?;
+            if !heirs.iter().any(|h| !doomed.contains(&h.id)) {
+                checked.push(t.clone());
+            }
+        }
+        let dirty = dirty_worktrees(ctx, &checked).await?;
+        if !dirty.is_empty() {
+            return Err(Error::TaskDeleteDirtyWorktree(dirty));
+        }
+    }
+    let trigger = |t: &task::Model| {
+        if t.id == root.id {
+            CleanupTrigger::Delete
+        } else {
+            CleanupTrigger::CascadeDelete
+        }
+    };
+    delete_tasks(ctx, &tasks, trigger, consent.as_ref()).await
+}
+
+/// The shared delete path (task delete, cascade, quick-chat expiry): barrier, stop, transfer, delete.
+pub(crate) async fn delete_tasks(
+    ctx: &Ctx,
+    tasks: &[task::Model],
+    trigger: impl Fn(&task::Model) -> CleanupTrigger,
+    consent: Option<&Consent>,
+) -> Result<Vec<job::Model>> {
+    let doomed: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
+    let txn = ctx.db.begin_write().await?;
+    lock_in_order(&txn, tasks).await?;
+    let mut jobs = Vec::new();
+    for t in tasks {
+        let t = lock_task(&txn, t.id).await?;
+        jobs.push(prepare(&txn, ctx, &t, trigger(&t), consent).await?);
+    }
+    ctx.commit(txn).await?;
+    stop_agents(ctx, &jobs).await;
+    let result: Result<()> = async {
+        let txn = ctx.db.begin_write().await?;
+        lock_in_order(&txn, tasks).await?;
+        for (t, j) in tasks.iter().zip(jobs.iter_mut()) {
+            // I8: an environment that a surviving inherit_parent subtask uses is transferred, not destroyed.
+            if let Some(env_id) = j.task_environment_id
+                && let Some(heir) = heir_of(&txn, t, &doomed).await?
+            {
+                transfer(&txn, ctx, t, env_id, &heir).await?;
+                let mut snap = snapshot_of(j)?;
+                snap.environment = None;
+                j.resource_snapshot = serde_json::to_value(&snap).map_err(|e| Error::Internal(e.into()))?;
+                jobs_store::set_snapshot(&txn, j.id, j.resource_snapshot.clone()).await?;
+            }
+            lifecycle::delete_task(&txn, t.id).await?;
+            events::append(
+                &txn,
+                ctx.instance_id,
+                "task.deleted",
+                Subject::task(t.workspace_id, t.id),
+                json!({ "trigger": j.trigger }),
+            )
+            .await?;
+        }
+        activate(&txn, ctx, &mut jobs).await?;
+        ctx.commit(txn).await
+    }
+    .await;
+    settle(ctx, &jobs, result).await?;
+    Ok(jobs)
+}
+
+/// A live subtask (not being deleted) that inherits this task's workspace.
+async fn heir_of(txn: &DatabaseTransaction, t: &task::Model, doomed: &HashSet<Uuid>) -> Result<Option<task::Model>> {
+    Ok(live_inheritors(txn, t.id)
+        .await?
+        .into_iter()
+        .find(|c| !doomed.contains(&c.id)))
+}
+
+/// Hands a deleted task's environment to its heir: the heir owns it from now on, and its siblings that
+/// inherited through the deleted task inherit through the heir.
+async fn transfer(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    from: &task::Model,
+    env_id: Uuid,
+    heir: &task::Model,
+) -> Result<()> {
+    let e = lifecycle::environment(txn, env_id)
+        .await?
+        .ok_or(Error::NotFound("environment"))?;
+    lifecycle::transfer_environment(txn, &e, from, heir, crate::clock::now()).await?;
+    let subject = Subject {
+        task_environment_id: Some(env_id),
+        ..Subject::task(heir.workspace_id, heir.id)
+    };
+    events::append(
+        txn,
+        ctx.instance_id,
+        "task.updated",
+        subject,
+        json!({ "changed": { "workspace_mode": "new_workspace" }, "environment_transferred_from": from.id }),
+    )
+    .await?;
+    Ok(())
+}
+
+/// I12: quick-chat tasks idle past their retention, with no live session, go through the ordinary delete
+/// path with trigger `quick_chat_expire`. Dirty worktrees are never discarded without consent: such a
+/// task is kept and logged.
+pub async fn expire_quick_chats(ctx: &Ctx) -> Result<usize> {
+    let cutoff = crate::clock::now()
+        - chrono::Duration::from_std(ctx.config.quick_chat_retention).unwrap_or(chrono::Duration::days(7));
+    let mut expired = 0;
+    for t in lifecycle::idle_quick_chats(&ctx.db.conn, cutoff).await? {
+        let sessions = lifecycle::sessions_of_task(&ctx.db.conn, t.id).await?;
+        let newest = sessions.iter().map(|s| s.last_activity_at).max();
+        if newest.is_some_and(|n| n >= cutoff)
+            || sessions.iter().any(|s| ctx.runtime.is_live(s.id) || s.state.is_busy())
+        {
+            continue;
+        }
+        if !dirty_worktrees(ctx, std::slice::from_ref(&t)).await?.is_empty() {
+            tracing::warn!(task = %t.id, "an expired quick chat holds uncommitted work; keeping it");
+            continue;
+        }
+        match delete_tasks(ctx, std::slice::from_ref(&t), |_| CleanupTrigger::QuickChatExpire, None).await {
+            Ok(_) => expired += 1,
+            Err(Error::TaskCleanupInProgress) => {}
+            Err(e) => {
+                let e = anyhow::Error::from(e);
+                tracing::warn!(task = %t.id, error = format!("{e:#}"), "could not expire a quick chat");
+            }
+        }
+    }
+    Ok(expired)
+}

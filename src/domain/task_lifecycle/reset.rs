@@ -1,0 +1,56 @@
+//! Environment reset: the current environment is superseded and a job removes its resources.
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::auth::Principal;
+use crate::domain::Ctx;
+use crate::domain::cleanup::CleanupTrigger;
+use crate::domain::cleanup::barrier::{activate, prepare, settle};
+use crate::domain::{environments, tasks};
+use crate::entity::cleanup_job as job;
+use crate::error::{Error, Result};
+use crate::events::{self, Subject};
+use crate::store::lifecycle;
+use crate::store::tasks::{lock_task, owner_of};
+
+/// Destroys the current environment's resources through a job, so the next session materializes afresh.
+pub async fn reset_environment(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Result<job::Model> {
+    p.require_unbound()?;
+    let t = tasks::readable(&ctx.db.conn, p, task_id).await?;
+    if t.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    let owner = owner_of(&ctx.db.conn, &t).await?;
+    let txn = ctx.db.begin_write().await?;
+    let owner = lock_task(&txn, owner.id).await?;
+    let current = environments::current(&txn, owner.id)
+        .await?
+        .ok_or(Error::NotFound("environment"))?;
+    let users = lifecycle::sessions_in_environment(&txn, current.id).await?;
+    if users.iter().any(|s| s.state.is_busy() || ctx.runtime.is_live(s.id)) {
+        return Err(Error::SessionBusy);
+    }
+    let mut jobs = vec![prepare(&txn, ctx, &owner, CleanupTrigger::EnvironmentReset, None).await?];
+    ctx.commit(txn).await?;
+    let result: Result<()> = async {
+        let txn = ctx.db.begin_write().await?;
+        lifecycle::mark_superseded(&txn, current.id, crate::clock::now()).await?;
+        let subject = Subject {
+            task_environment_id: Some(current.id),
+            ..Subject::task(owner.workspace_id, owner.id)
+        };
+        events::append(
+            &txn,
+            ctx.instance_id,
+            "environment.reset",
+            subject,
+            json!({ "cleanup_job_id": jobs[0].id }),
+        )
+        .await?;
+        activate(&txn, ctx, &mut jobs).await?;
+        ctx.commit(txn).await
+    }
+    .await;
+    settle(ctx, &jobs, result).await?;
+    Ok(jobs.remove(0))
+}

@@ -1,0 +1,59 @@
+//! Workspace delete: a job per task, then the workspace and everything it owned.
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::auth::Principal;
+use crate::domain::Ctx;
+use crate::domain::cleanup::CleanupTrigger;
+use crate::domain::cleanup::barrier::{activate, prepare, settle, stop_agents};
+use crate::domain::workspaces;
+use crate::entity::cleanup_job as job;
+use crate::error::{Error, Result};
+use crate::events::{self, Subject};
+use crate::store::lifecycle;
+use crate::store::tasks::lock_task;
+
+pub async fn delete_workspace(
+    ctx: &Ctx,
+    p: &Principal,
+    workspace_id: Uuid,
+    confirm_name: Option<&str>,
+) -> Result<Vec<job::Model>> {
+    p.require_unbound()?;
+    let ws = workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
+    if confirm_name != Some(ws.name.as_str()) {
+        return Err(Error::BadRequest("confirm_name must equal the workspace's name".into()));
+    }
+    let txn = ctx.db.begin_write().await?;
+    // The workspace row first: task creation share-locks it and refuses a `deleting` workspace, so the
+    // task list read here is complete (no task can escape its job).
+    lifecycle::lock_workspace(&txn, workspace_id)
+        .await?
+        .ok_or(Error::NotFound("workspace"))?;
+    let tasks = lifecycle::tasks_of_workspace(&txn, workspace_id).await?;
+    let mut jobs = Vec::new();
+    for t in &tasks {
+        let t = lock_task(&txn, t.id).await?;
+        jobs.push(prepare(&txn, ctx, &t, CleanupTrigger::WorkspaceDelete, None).await?);
+    }
+    lifecycle::mark_workspace_deleting(&txn, workspace_id, crate::clock::now()).await?;
+    ctx.commit(txn).await?;
+    stop_agents(ctx, &jobs).await;
+    let result: Result<()> = async {
+        let txn = ctx.db.begin_write().await?;
+        lifecycle::delete_workspace(&txn, workspace_id).await?;
+        events::append(
+            &txn,
+            ctx.instance_id,
+            "workspace.deleted",
+            Subject::workspace(workspace_id),
+            json!({ "tasks": tasks.len() }),
+        )
+        .await?;
+        activate(&txn, ctx, &mut jobs).await?;
+        ctx.commit(txn).await
+    }
+    .await;
+    settle(ctx, &jobs, result).await?;
+    Ok(jobs)
+}
