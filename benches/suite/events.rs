@@ -10,7 +10,7 @@ pub(crate) async fn replay(b: &Bench, table: &mut Table) {
         berth::events::append(
             &txn,
             b.ctx.instance_id,
-            "task.updated",
+            berth::events::EventType::TaskUpdated,
             berth::events::Subject::task(b.workspace, b.task),
             json!({"id": b.task, "title": "bench", "n": i}),
         )

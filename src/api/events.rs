@@ -14,6 +14,7 @@ use super::extract::{Authorized, EventsRead};
 use crate::domain::events::{self as domain_events, ReplayPage};
 use crate::entity::event as event_row;
 use crate::error::Error;
+use crate::events::EventType;
 use crate::events::stream::{self, Frame, StreamRequest};
 
 pub fn routes(cfg: &mut ServiceConfig) {
@@ -29,7 +30,7 @@ pub struct Event {
     /// Strictly increasing across all events; the SSE `id`.
     pub seq: i64,
     #[serde(rename = "type")]
-    pub event_type: String,
+    pub event_type: EventType,
     pub workspace_id: Option<Uuid>,
     pub task_id: Option<Uuid>,
     pub session_id: Option<Uuid>,
@@ -45,7 +46,7 @@ impl From<&event_row::Model> for Event {
             version: "v1".into(),
             instance_id: e.instance_id,
             seq: e.seq,
-            event_type: e.event_type.clone(),
+            event_type: e.event_type,
             workspace_id: e.workspace_id,
             task_id: e.task_id,
             session_id: e.session_id,

@@ -9,6 +9,7 @@ use super::Ctx;
 use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
 use crate::error::Result;
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::environments::{self as store, Settle};
 
@@ -41,7 +42,7 @@ pub(crate) async fn supersede(
     events::append(
         txn,
         ctx.instance_id,
-        "environment.superseded",
+        EventType::EnvironmentSuperseded,
         env_subject(owner, env_id),
         json!({ "reason": reason }),
     )
@@ -75,7 +76,7 @@ pub(super) async fn settle(
     held: Held,
     to: Settle,
     now: chrono::DateTime<chrono::Utc>,
-    event: (&str, serde_json::Value),
+    event: (EventType, serde_json::Value),
 ) -> Result<bool> {
     let (event_type, payload) = event;
     if !store::settle_held(txn, held.id, held.materializer_id, to, now).await? {

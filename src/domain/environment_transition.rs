@@ -10,6 +10,7 @@ use super::environments::{fail, materialize, new_candidate, record_failure};
 use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::error::{Error, Result};
+use crate::events::EventType;
 use crate::executor::worktree;
 use crate::store::environments::{self as store, Settle};
 use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
@@ -108,7 +109,7 @@ pub(crate) async fn promote_transition(
         workspace_path: None,
         error_message: None,
     };
-    let event = ("environment.ready", json!({ "reason": "executor_transition" }));
+    let event = (EventType::EnvironmentReady, json!({ "reason": "executor_transition" }));
     // Still ours: a candidate taken over (its lease expired) is not brought back.
     if !settle(txn, ctx, &owner, held, ready, crate::clock::now(), event).await? {
         return Err(Error::Conflict(

@@ -20,6 +20,7 @@ use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorTy
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
 use crate::error::{Error, Result};
 use crate::events;
+use crate::events::EventType;
 use crate::executor::worktree;
 use crate::managed_path::ManagedRoot;
 use crate::store::environments::{self as store, NewRepoRow, Settle};
@@ -250,7 +251,7 @@ pub(super) async fn new_candidate(
     events::append(
         txn,
         ctx.instance_id,
-        "environment.created",
+        EventType::EnvironmentCreated,
         env_subject(owner, model.id),
         json!({ "executor_type": executor, "status": "creating" }),
     )
@@ -277,7 +278,7 @@ async fn publish(
         error_message: None,
     };
     let now = crate::clock::now();
-    let event = ("environment.ready", json!({ "executor_type": e.executor_type }));
+    let event = (EventType::EnvironmentReady, json!({ "executor_type": e.executor_type }));
     if !settle(&txn, ctx, owner, e.into(), ready, now, event).await? {
         return Err(Error::Conflict(
             "the environment changed while it was being prepared; retry".into(),
@@ -311,7 +312,7 @@ pub(super) async fn fail(
         error_message: Some(message.to_string()),
     };
     let event = (
-        "environment.failed",
+        EventType::EnvironmentFailed,
         json!({ "repository_id": failure.map(|f| f.repository_id) }),
     );
     if !settle(&txn, ctx, owner, e.into(), failed, crate::clock::now(), event).await? {

@@ -14,6 +14,7 @@ use crate::entity::git_status_observation::{self as obs, ObservationKind, Report
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::entity::task_environment_repo::EnvironmentRepoStatus;
 use crate::error::{Error, Result};
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::git::status::{self, FileStatus, IndexStatus, WorktreeStatus};
 use crate::store::{environments as env_store, observations as store};
@@ -286,7 +287,7 @@ async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model
         events::append(
             &txn,
             ctx.instance_id,
-            "git_status.updated",
+            EventType::GitStatusUpdated,
             subject,
             json!({ "repository_id": o.repository_id, "kind": o.kind, "observed_at": o.observed_at }),
         )

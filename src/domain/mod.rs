@@ -11,6 +11,7 @@ pub mod repositories;
 pub mod sessions;
 pub mod task_lifecycle;
 pub mod tasks;
+pub mod transition;
 pub mod workspaces;
 
 use std::sync::Arc;

@@ -12,6 +12,7 @@ use super::pagination::{Page, PageRequest};
 use crate::auth::Principal;
 use crate::entity::repository;
 use crate::error::{Error, Result, is_unique_violation};
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::git::{self, BranchName, InspectError};
 use crate::store::repositories as store;
@@ -70,7 +71,7 @@ pub async fn register(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewRe
     events::append(
         &txn,
         ctx.instance_id,
-        "repository.created",
+        EventType::RepositoryCreated,
         Subject::workspace(workspace_id),
         json!({ "repository_id": model.id, "name": model.name }),
     )
@@ -107,7 +108,7 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
     events::append(
         &txn,
         ctx.instance_id,
-        "repository.deleted",
+        EventType::RepositoryDeleted,
         Subject::workspace(repo.workspace_id),
         json!({ "repository_id": id }),
     )

@@ -13,6 +13,7 @@ use crate::entity::task::{self, TaskKind, WorkspaceMode};
 use crate::entity::task_repository;
 use crate::entity::workspace::WorkspaceStatus;
 use crate::error::{Error, Result};
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::git::BranchName;
 use crate::store::tasks::{self as store, TaskQuery};
@@ -109,7 +110,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask
     events::append(
         &txn,
         ctx.instance_id,
-        "task.created",
+        EventType::TaskCreated,
         Subject::task(workspace_id, model.id),
         json!({ "title": model.title, "kind": model.kind, "parent_task_id": model.parent_task_id }),
     )
@@ -257,7 +258,7 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: TaskPatch) -> Res
     events::append(
         &txn,
         ctx.instance_id,
-        "task.updated",
+        EventType::TaskUpdated,
         Subject::task(task.workspace_id, id),
         json!({ "changed": changed }),
     )

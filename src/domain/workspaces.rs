@@ -8,6 +8,7 @@ use super::pagination::{Page, PageRequest};
 use crate::auth::Principal;
 use crate::entity::workspace::{self, WorkspaceStatus};
 use crate::error::{Error, Result, is_unique_violation};
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::workspaces as store;
 
@@ -38,7 +39,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::M
     events::append(
         &txn,
         ctx.instance_id,
-        "workspace.created",
+        EventType::WorkspaceCreated,
         Subject::workspace(model.id),
         json!({ "name": model.name }),
     )

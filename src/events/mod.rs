@@ -21,6 +21,9 @@ use uuid::Uuid;
 use crate::entity::event;
 
 pub mod stream;
+mod types;
+
+pub use types::EventType;
 
 pub const PG_CHANNEL: &str = "berth_events";
 
@@ -54,7 +57,7 @@ impl Subject {
 pub async fn append(
     txn: &DatabaseTransaction,
     instance_id: Uuid,
-    event_type: &str,
+    event_type: EventType,
     subject: Subject,
     data: serde_json::Value,
 ) -> Result<i64, DbErr> {
@@ -74,7 +77,7 @@ pub async fn append(
                 ),
                 [
                     instance_id.into(),
-                    event_type.into(),
+                    event_type.as_str().into(),
                     subject.workspace_id.into(),
                     subject.task_id.into(),
                     subject.session_id.into(),
@@ -99,7 +102,7 @@ pub async fn append(
     event::Entity::insert(event::ActiveModel {
         seq: Set(seq),
         instance_id: Set(instance_id),
-        event_type: Set(event_type.to_string()),
+        event_type: Set(event_type),
         workspace_id: Set(subject.workspace_id),
         task_id: Set(subject.task_id),
         session_id: Set(subject.session_id),
@@ -184,7 +187,7 @@ impl Filter {
                 e.session_id == Some(s)
                     || (self.environment_id.is_some()
                         && e.task_environment_id == self.environment_id
-                        && ENVIRONMENT_SCOPED.iter().any(|p| e.event_type.starts_with(p)))
+                        && ENVIRONMENT_SCOPED.iter().any(|p| e.event_type.as_str().starts_with(p)))
             }
         };
         ws_ok && scope_ok

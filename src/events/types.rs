@@ -110,6 +110,7 @@ impl std::fmt::Display for EventType {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sea_orm::Iterable;
 
     #[test]
     fn stored_serialized_and_displayed_names_agree() {

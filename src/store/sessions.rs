@@ -96,6 +96,19 @@ pub async fn in_states<C: ConnectionTrait>(conn: &C, states: &[SessionState]) ->
         .await?)
 }
 
+/// A task's sessions that are not stopped, failed or cancelled.
+pub async fn not_over_of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<session::Model>> {
+    Ok(session::Entity::find()
+        .filter(session::Column::TaskId.eq(task_id))
+        .filter(session::Column::State.is_not_in([
+            SessionState::Stopped,
+            SessionState::Failed,
+            SessionState::Cancelled,
+        ]))
+        .all(conn)
+        .await?)
+}
+
 pub async fn insert(txn: &DatabaseTransaction, model: session::Model) -> Result<()> {
     let am: session::ActiveModel = model.into();
     session::Entity::insert(am).exec_without_returning(txn).await?;

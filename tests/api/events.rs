@@ -167,7 +167,7 @@ async fn a_late_committing_writer_is_never_skipped(app: TestApp) {
     let held = berth::events::append(
         &txn,
         ctx.instance_id,
-        "test.held",
+        berth::events::EventType::WorkspaceCreated,
         berth::events::Subject::workspace(ws),
         json!({}),
     )
@@ -489,7 +489,7 @@ async fn flood(app: &TestApp, ws: Uuid) {
             berth::events::append(
                 &txn,
                 ctx.instance_id,
-                "test.flood",
+                berth::events::EventType::WorkspaceCreated,
                 berth::events::Subject::workspace(ws),
                 json!({"pad": "x".repeat(200)}),
             )

@@ -344,7 +344,7 @@ impl TestApp {
             .await
             .unwrap()
             .into_iter()
-            .map(|e| (e.seq, e.event_type, e.task_id))
+            .map(|e| (e.seq, e.event_type.as_str().to_string(), e.task_id))
             .collect()
     }
 }

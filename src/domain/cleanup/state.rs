@@ -7,6 +7,7 @@ use serde_json::json;
 use crate::domain::Ctx;
 use crate::entity::cleanup_job::{self as job, CleanupJobState};
 use crate::error::{Error, Result};
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::cleanup_jobs::{self as store, JobPatch, LeaseGuard};
 
@@ -37,13 +38,8 @@ pub enum JobEvent {
     OperatorCancel,
 }
 
-/// `event` does not apply in state `from`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("a cleanup job in state {} cannot take {event:?}", from.to_value())]
-pub struct InvalidTransition {
-    pub from: CleanupJobState,
-    pub event: JobEvent,
-}
+/// `event` does not apply in a job's state.
+pub type InvalidTransition = crate::domain::transition::InvalidTransition<CleanupJobState, JobEvent>;
 
 impl CleanupJobState {
     /// The transition table.
@@ -120,7 +116,7 @@ pub(super) async fn job_event(txn: &DatabaseTransaction, ctx: &Ctx, j: &job::Mod
     events::append(
         txn,
         ctx.instance_id,
-        "cleanup_job.updated",
+        EventType::CleanupJobUpdated,
         subject,
         json!({ "cleanup_job_id": j.id, "state": j.state, "trigger": j.trigger }),
     )

@@ -15,6 +15,7 @@ use crate::entity::task_environment::ExecutorType;
 use crate::entity::task_session::{self as session, SessionState};
 use crate::error::{Error, Result};
 use crate::events;
+use crate::events::EventType;
 use crate::store::sessions as store;
 use crate::store::tasks::{ensure_no_cleanup, lock_task};
 
@@ -127,7 +128,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) 
     events::append(
         &txn,
         ctx.instance_id,
-        "session.created",
+        EventType::SessionCreated,
         subject(&task, &model),
         json!({ "is_primary": model.is_primary, "executor_type": model.executor_type }),
     )
@@ -178,7 +179,7 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
     events::append(
         &txn,
         ctx.instance_id,
-        "session.deleted",
+        EventType::SessionDeleted,
         subject(&task, &s),
         json!({ "was_primary": s.is_primary }),
     )
@@ -189,7 +190,7 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
         events::append(
             &txn,
             ctx.instance_id,
-            "session.primary_changed",
+            EventType::SessionPrimaryChanged,
             subject(&task, &promoted),
             json!({ "previous_session_id": id, "reason": "primary_deleted" }),
         )
@@ -213,7 +214,7 @@ pub async fn make_primary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionV
         events::append(
             &txn,
             ctx.instance_id,
-            "session.primary_changed",
+            EventType::SessionPrimaryChanged,
             subject(&task, &s),
             json!({ "previous_session_id": previous.map(|p| p.id), "reason": "requested" }),
         )

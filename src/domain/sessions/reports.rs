@@ -7,6 +7,7 @@ use super::launch::record_failure;
 use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
 use crate::entity::session_message::MessageRole;
 use crate::error::Result;
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::runtime::RuntimeEvent;
 use crate::store::executions::ExecutionPatch;
@@ -81,7 +82,7 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     events::append(
         &txn,
         ctx.instance_id,
-        "runtime.output",
+        EventType::RuntimeOutput,
         subject,
         json!({ "event": event }),
     )

@@ -6,10 +6,12 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
+pub use crate::domain::transition::InvalidTransition;
 use crate::entity::agent_execution::ExecutionState;
 use crate::entity::task;
 use crate::entity::task_session::{self as session, SessionState};
 use crate::error::{Error, Result};
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::executions::{self as executions, ExecutionPatch};
 use crate::store::sessions::{self as sessions, StatePatch};
@@ -54,13 +56,6 @@ pub enum ExecutionEvent {
     },
     /// Startup found it recorded by an earlier process generation.
     Orphaned,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("no transition from {from:?} on {event:?}")]
-pub struct InvalidTransition<S: std::fmt::Debug, E: std::fmt::Debug> {
-    pub from: S,
-    pub event: E,
 }
 
 impl SessionState {
@@ -171,7 +166,7 @@ pub(crate) async fn transition(
     events::append(
         txn,
         ctx.instance_id,
-        "session.state_changed",
+        EventType::SessionStateChanged,
         subject,
         json!({ "state": next }),
     )

@@ -1,6 +1,6 @@
 //! Archive (agents stopped, sessions cancelled, clean worktrees removed by a job; branches kept) and
 //! unarchive (waiting archive jobs cancelled, a running one waited for, I10).
-use sea_orm::{ActiveValue::Set, ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter};
+use sea_orm::DatabaseTransaction;
 use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
@@ -10,14 +10,16 @@ use crate::domain::Ctx;
 use crate::domain::cleanup::barrier::{activate, prepare, settle, stop_agents};
 use crate::domain::cleanup::state::{JobEvent, transition};
 use crate::domain::cleanup::{CleanupJobState, CleanupTrigger};
+use crate::domain::sessions::state::{self as session_state, SessionEvent};
 use crate::domain::tasks;
 use crate::entity::cleanup_job as job;
 use crate::entity::task;
-use crate::entity::task_session::{self as session, SessionState};
 use crate::error::{Error, Result};
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::cleanup_jobs::{self as jobs_store, JobPatch};
 use crate::store::lifecycle;
+use crate::store::sessions::{self as sessions_store, StatePatch};
 use crate::store::tasks::{lock_in_order, lock_task, owner_of, subtree};
 
 /// Whether a task's branch is still there to recover its work from.
@@ -73,7 +75,7 @@ pub async fn archive(
             events::append(
                 &txn,
                 ctx.instance_id,
-                "task.archived",
+                EventType::TaskArchived,
                 Subject::task(t.workspace_id, t.id),
                 json!({ "cascade": cascade }),
             )
@@ -87,41 +89,17 @@ pub async fn archive(
     Ok((tasks::get(ctx, p, task_id).await?, jobs))
 }
 
+/// Archive cancels the task's sessions that are not over yet (each with its event, through the one
+/// session transition).
 async fn cancel_sessions(txn: &DatabaseTransaction, ctx: &Ctx, t: &task::Model) -> Result<()> {
-    let live = session::Entity::find()
-        .filter(session::Column::TaskId.eq(t.id))
-        .filter(session::Column::State.is_not_in([
-            SessionState::Stopped,
-            SessionState::Failed,
-            SessionState::Cancelled,
-        ]))
-        .all(txn)
-        .await?;
     let now = crate::clock::now();
-    for s in live {
-        session::Entity::update(session::ActiveModel {
-            id: Set(s.id),
-            state: Set(SessionState::Cancelled),
-            desired_open: Set(false),
-            ended_at: Set(Some(now)),
-            updated_at: Set(now),
+    for s in sessions_store::not_over_of_task(txn, t.id).await? {
+        let patch = StatePatch {
+            desired_open: Some(false),
+            ended_at: Some(now),
             ..Default::default()
-        })
-        .exec(txn)
-        .await?;
-        let subject = Subject {
-            session_id: Some(s.id),
-            task_environment_id: s.task_environment_id,
-            ..Subject::task(t.workspace_id, t.id)
         };
-        events::append(
-            txn,
-            ctx.instance_id,
-            "session.state_changed",
-            subject,
-            json!({ "state": SessionState::Cancelled }),
-        )
-        .await?;
+        session_state::transition(txn, ctx, t, &s, SessionEvent::Archive, patch).await?;
     }
     Ok(())
 }
@@ -190,7 +168,7 @@ pub async fn unarchive(
         events::append(
             &txn,
             ctx.instance_id,
-            "task.unarchived",
+            EventType::TaskUnarchived,
             Subject::task(t.workspace_id, t.id),
             json!({ "cancelled_cleanup_jobs": cancelled }),
         )

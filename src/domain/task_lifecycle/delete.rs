@@ -14,6 +14,7 @@ use crate::domain::tasks;
 use crate::entity::cleanup_job as job;
 use crate::entity::task;
 use crate::error::{DirtyRepository, Error, Result};
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::managed_path::Consent;
 use crate::store::cleanup_jobs::{self as jobs_store};
@@ -117,7 +118,7 @@ pub(crate) async fn delete_tasks(
             events::append(
                 &txn,
                 ctx.instance_id,
-                "task.deleted",
+                EventType::TaskDeleted,
                 Subject::task(t.workspace_id, t.id),
                 json!({ "trigger": j.trigger }),
             )
@@ -159,7 +160,7 @@ async fn transfer(
     events::append(
         txn,
         ctx.instance_id,
-        "task.updated",
+        EventType::TaskUpdated,
         subject,
         json!({ "changed": { "workspace_mode": "new_workspace" }, "environment_transferred_from": from.id }),
     )

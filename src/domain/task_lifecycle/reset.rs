@@ -9,6 +9,7 @@ use crate::domain::cleanup::barrier::{activate, prepare, settle};
 use crate::domain::{environments, tasks};
 use crate::entity::cleanup_job as job;
 use crate::error::{Error, Result};
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::lifecycle;
 use crate::store::tasks::{lock_task, owner_of};
@@ -42,7 +43,7 @@ pub async fn reset_environment(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Resul
         events::append(
             &txn,
             ctx.instance_id,
-            "environment.reset",
+            EventType::EnvironmentReset,
             subject,
             json!({ "cleanup_job_id": jobs[0].id }),
         )

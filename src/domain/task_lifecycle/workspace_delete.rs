@@ -9,6 +9,7 @@ use crate::domain::cleanup::barrier::{activate, prepare, settle, stop_agents};
 use crate::domain::workspaces;
 use crate::entity::cleanup_job as job;
 use crate::error::{Error, Result};
+use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::lifecycle;
 use crate::store::tasks::lock_task;
@@ -45,7 +46,7 @@ pub async fn delete_workspace(
         events::append(
             &txn,
             ctx.instance_id,
-            "workspace.deleted",
+            EventType::WorkspaceDeleted,
             Subject::workspace(workspace_id),
             json!({ "tasks": tasks.len() }),
         )
