@@ -31,7 +31,7 @@ pub(crate) struct Bench {
     pub(crate) http: reqwest::Client,
     pub(crate) token: String,
     pub(crate) ctx: Ctx,
-    pub(crate) principal: Principal,
+    pub(crate) principal: UnboundPrincipal,
     pub(crate) scratch: PathBuf,
     pub(crate) workspace: Uuid,
     pub(crate) repository: Uuid,
@@ -110,7 +110,7 @@ pub(crate) async fn run_backend(table: &mut Table, backend: &'static str, pg_ser
             Duration::from_secs(7200),
         )
         .unwrap();
-    let principal = verifier.verify(&token).unwrap();
+    let principal = verifier.verify(&token).unwrap().unbound().unwrap();
 
     let idle_rss = server.rss_kib();
     let mut b = Bench {

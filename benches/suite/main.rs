@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use berth::auth::Principal;
+use berth::auth::UnboundPrincipal;
 use berth::domain::Ctx;
 use berth::entity::{cleanup_job as job, git_status_observation as obs, task};
 use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait, Statement};

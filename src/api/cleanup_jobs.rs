@@ -7,7 +7,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
 use super::AppState;
-use super::extract::{Authorized, CleanupAdmin, CleanupRead};
+use super::extract::{CleanupAdmin, CleanupRead, Unbound};
 use super::problem::Problem;
 use crate::domain::cleanup::jobs::Filter;
 use crate::domain::cleanup::{self, JobFilter};
@@ -144,7 +144,7 @@ pub struct JobQuery {
 )]
 #[get("/cleanup-jobs")]
 async fn list_jobs(
-    auth: Authorized<CleanupRead>,
+    auth: Unbound<CleanupRead>,
     state: web::Data<AppState>,
     query: web::Query<JobQuery>,
 ) -> Result<web::Json<CleanupJobList>, Error> {
@@ -174,7 +174,7 @@ async fn list_jobs(
 )]
 #[get("/cleanup-jobs/{id}")]
 async fn get_job(
-    auth: Authorized<CleanupRead>,
+    auth: Unbound<CleanupRead>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<CleanupJob>, Error> {
@@ -193,7 +193,7 @@ async fn get_job(
 )]
 #[post("/cleanup-jobs/{id}/retry")]
 async fn retry_job(
-    auth: Authorized<CleanupAdmin>,
+    auth: Unbound<CleanupAdmin>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<CleanupJob>, Error> {
@@ -212,7 +212,7 @@ async fn retry_job(
 )]
 #[post("/cleanup-jobs/{id}/cancel")]
 async fn cancel_job(
-    auth: Authorized<CleanupAdmin>,
+    auth: Unbound<CleanupAdmin>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<CleanupJob>, Error> {

@@ -6,7 +6,7 @@ use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
-use super::extract::{Authorized, TasksRead, WorkspacesAdmin};
+use super::extract::{TasksRead, Unbound, WorkspacesAdmin};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::repositories::{self, NewRepository};
@@ -81,7 +81,7 @@ pub struct RegisterRepository {
 )]
 #[post("/workspaces/{id}/repositories")]
 async fn register_repository(
-    auth: Authorized<WorkspacesAdmin>,
+    auth: Unbound<WorkspacesAdmin>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
     body: web::Json<RegisterRepository>,
@@ -110,7 +110,7 @@ async fn register_repository(
 )]
 #[get("/workspaces/{id}/repositories")]
 async fn list_repositories(
-    auth: Authorized<TasksRead>,
+    auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
     query: web::Query<PageQuery>,
@@ -133,7 +133,7 @@ async fn list_repositories(
 )]
 #[get("/repositories/{id}")]
 async fn get_repository(
-    auth: Authorized<TasksRead>,
+    auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Repository>, Error> {
@@ -152,7 +152,7 @@ async fn get_repository(
 )]
 #[delete("/repositories/{id}")]
 async fn delete_repository(
-    auth: Authorized<WorkspacesAdmin>,
+    auth: Unbound<WorkspacesAdmin>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<HttpResponse, Error> {

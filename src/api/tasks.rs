@@ -7,7 +7,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
 use super::cleanup_jobs::CleanupJob;
-use super::extract::{Authorized, TasksArchive, TasksDelete, TasksRead, TasksWrite};
+use super::extract::{Authorized, TasksArchive, TasksDelete, TasksRead, TasksWrite, Unbound};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::task_lifecycle::{self as lifecycle, BranchRecovery};
@@ -150,7 +150,7 @@ pub struct TaskListQuery {
 )]
 #[post("/workspaces/{id}/tasks")]
 async fn create_task(
-    auth: Authorized<TasksWrite>,
+    auth: Unbound<TasksWrite>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
     body: web::Json<CreateTask>,
@@ -190,7 +190,7 @@ async fn create_task(
 )]
 #[get("/workspaces/{id}/tasks")]
 async fn list_tasks(
-    auth: Authorized<TasksRead>,
+    auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
     query: web::Query<TaskListQuery>,
@@ -243,7 +243,7 @@ async fn get_task(
 )]
 #[patch("/tasks/{id}")]
 async fn update_task(
-    auth: Authorized<TasksWrite>,
+    auth: Unbound<TasksWrite>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
     body: web::Json<UpdateTask>,
@@ -308,7 +308,7 @@ pub struct ResetResult {
 )]
 #[post("/tasks/{id}/archive")]
 async fn archive_task(
-    auth: Authorized<TasksArchive>,
+    auth: Unbound<TasksArchive>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
     query: web::Query<CascadeQuery>,
@@ -332,7 +332,7 @@ async fn archive_task(
 )]
 #[post("/tasks/{id}/unarchive")]
 async fn unarchive_task(
-    auth: Authorized<TasksArchive>,
+    auth: Unbound<TasksArchive>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<UnarchiveResult>, Error> {
@@ -356,7 +356,7 @@ async fn unarchive_task(
 )]
 #[delete("/tasks/{id}")]
 async fn delete_task(
-    auth: Authorized<TasksDelete>,
+    auth: Unbound<TasksDelete>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
     query: web::Query<DeleteQuery>,
@@ -380,7 +380,7 @@ async fn delete_task(
 )]
 #[post("/tasks/{id}/environment/reset")]
 async fn reset_environment(
-    auth: Authorized<TasksDelete>,
+    auth: Unbound<TasksDelete>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<HttpResponse, Error> {

@@ -6,7 +6,7 @@ use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
-use super::extract::{Authorized, TasksRead, WorkspacesAdmin};
+use super::extract::{TasksRead, Unbound, WorkspacesAdmin};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::workspaces;
@@ -68,7 +68,7 @@ pub struct CreateWorkspace {
 )]
 #[post("/workspaces")]
 async fn create_workspace(
-    auth: Authorized<WorkspacesAdmin>,
+    auth: Unbound<WorkspacesAdmin>,
     state: web::Data<AppState>,
     body: web::Json<CreateWorkspace>,
 ) -> Result<HttpResponse, Error> {
@@ -87,7 +87,7 @@ async fn create_workspace(
 )]
 #[get("/workspaces")]
 async fn list_workspaces(
-    auth: Authorized<TasksRead>,
+    auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
     query: web::Query<PageQuery>,
 ) -> Result<web::Json<WorkspaceList>, Error> {
@@ -109,7 +109,7 @@ async fn list_workspaces(
 )]
 #[get("/workspaces/{id}")]
 async fn get_workspace(
-    auth: Authorized<TasksRead>,
+    auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<Workspace>, Error> {
@@ -136,7 +136,7 @@ pub struct DeleteWorkspaceQuery {
 )]
 #[delete("/workspaces/{id}")]
 async fn delete_workspace(
-    auth: Authorized<WorkspacesAdmin>,
+    auth: Unbound<WorkspacesAdmin>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
     query: web::Query<DeleteWorkspaceQuery>,
@@ -159,7 +159,7 @@ async fn delete_workspace(
 )]
 #[get("/workspaces/{id}/summary")]
 async fn workspace_summary(
-    auth: Authorized<TasksRead>,
+    auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<crate::domain::workspaces::WorkspaceSummary>, Error> {

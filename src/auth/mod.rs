@@ -62,13 +62,6 @@ impl Principal {
     }
 }
 
-impl Principal {
-    /// Goes away once every domain function takes an `UnboundPrincipal`.
-    pub fn require_unbound(&self) -> Result<()> {
-        self.clone().unbound().map(drop)
-    }
-}
-
 /// A principal proven not to be bound to a session. Only `Principal::unbound` makes one.
 #[derive(Debug, Clone)]
 pub struct UnboundPrincipal(Principal);

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::Ctx;
 use super::pagination::{Page, PageRequest};
-use crate::auth::Principal;
+use crate::auth::{Principal, UnboundPrincipal};
 use crate::entity::repository;
 use crate::error::{Error, Result, is_unique_violation};
 use crate::events::EventType;
@@ -23,8 +23,12 @@ pub struct NewRepository {
     pub default_branch: Option<String>,
 }
 
-pub async fn register(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewRepository) -> Result<repository::Model> {
-    p.require_unbound()?;
+pub async fn register(
+    ctx: &Ctx,
+    p: &UnboundPrincipal,
+    workspace_id: Uuid,
+    input: NewRepository,
+) -> Result<repository::Model> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let path = allowed_path(&input.path, ctx.config.repo_roots.as_deref(), &ctx.config.worktree_root)?;
     let default_branch = input
@@ -80,20 +84,22 @@ pub async fn register(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewRe
     Ok(model)
 }
 
-pub async fn list(ctx: &Ctx, p: &Principal, workspace_id: Uuid, page: PageRequest) -> Result<Page<repository::Model>> {
-    p.require_unbound()?;
+pub async fn list(
+    ctx: &Ctx,
+    p: &UnboundPrincipal,
+    workspace_id: Uuid,
+    page: PageRequest,
+) -> Result<Page<repository::Model>> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let rows = store::page_of_workspace(&ctx.db.conn, workspace_id, page.before, page.fetch()).await?;
     Ok(Page::from_rows(rows, &page, |r| r.id))
 }
 
-pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<repository::Model> {
-    p.require_unbound()?;
+pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<repository::Model> {
     visible(&ctx.db.conn, p, id).await
 }
 
-pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
-    p.require_unbound()?;
+pub async fn delete(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     // The row lock (PostgreSQL) orders this against task creation, which share-locks the repository.
     let repo = store::lock_registered(&txn, id)

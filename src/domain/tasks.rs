@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::Ctx;
 use super::pagination::{Page, PageRequest};
-use crate::auth::Principal;
+use crate::auth::{Principal, UnboundPrincipal};
 use crate::entity::task::{self, TaskKind, WorkspaceMode};
 use crate::entity::task_repository;
 use crate::entity::workspace::WorkspaceStatus;
@@ -58,8 +58,7 @@ pub struct TaskFilter {
 /// A requested slot, parsed: (repository, branch slug, base branch, branch).
 type Slot = (Uuid, String, Option<String>, Option<String>);
 
-pub async fn create(ctx: &Ctx, p: &Principal, workspace_id: Uuid, input: NewTask) -> Result<TaskView> {
-    p.require_unbound()?;
+pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: NewTask) -> Result<TaskView> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let title = super::required_text("title", &input.title, 500)?;
     let description = description(input.description.as_deref())?;
@@ -197,12 +196,11 @@ async fn resolve_slots(
 
 pub async fn list(
     ctx: &Ctx,
-    p: &Principal,
+    p: &UnboundPrincipal,
     workspace_id: Uuid,
     filter: TaskFilter,
     page: PageRequest,
 ) -> Result<Page<TaskView>> {
-    p.require_unbound()?;
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let query = TaskQuery {
         workspace_id,
@@ -225,8 +223,7 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<TaskView> {
     Ok(views(&ctx.db.conn, vec![task]).await?.remove(0))
 }
 
-pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: TaskPatch) -> Result<TaskView> {
-    p.require_unbound()?;
+pub async fn update(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid, patch: TaskPatch) -> Result<TaskView> {
     let title = patch
         .title
         .as_deref()

@@ -5,15 +5,14 @@ use uuid::Uuid;
 
 use super::Ctx;
 use super::pagination::{Page, PageRequest};
-use crate::auth::Principal;
+use crate::auth::{Principal, UnboundPrincipal};
 use crate::entity::workspace::{self, WorkspaceStatus};
 use crate::error::{Error, Result, is_unique_violation};
 use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::workspaces as store;
 
-pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::Model> {
-    p.require_unbound()?;
+pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, name: &str) -> Result<workspace::Model> {
     if p.workspace_filter().is_some() {
         // Names are unique across workspaces: a limited token must not learn other tenants' names.
         return Err(Error::Forbidden(
@@ -48,14 +47,12 @@ pub async fn create(ctx: &Ctx, p: &Principal, name: &str) -> Result<workspace::M
     Ok(model)
 }
 
-pub async fn list(ctx: &Ctx, p: &Principal, page: PageRequest) -> Result<Page<workspace::Model>> {
-    p.require_unbound()?;
+pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, page: PageRequest) -> Result<Page<workspace::Model>> {
     let rows = store::page(&ctx.db.conn, p.workspace_filter(), page.before, page.fetch()).await?;
     Ok(Page::from_rows(rows, &page, |w| w.id))
 }
 
-pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<workspace::Model> {
-    p.require_unbound()?;
+pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<workspace::Model> {
     visible(&ctx.db.conn, p, id).await
 }
 
@@ -96,9 +93,8 @@ pub struct WorkspaceSummary {
 }
 
 /// The workspace's summary, from stored state only (it is polled): no per-session process queries.
-pub async fn summary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<WorkspaceSummary> {
+pub async fn summary(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<WorkspaceSummary> {
     use crate::entity::task_session::SessionState;
-    p.require_unbound()?;
     visible(&ctx.db.conn, p, id).await?;
     let tasks = store::task_archival(&ctx.db.conn, id).await?;
     let archived = tasks.iter().filter(|t| t.1.is_some()).count() as u64;

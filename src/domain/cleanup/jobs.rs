@@ -3,7 +3,7 @@ use sea_orm::ActiveEnum;
 use uuid::Uuid;
 
 use super::state::{JobEvent, transition};
-use crate::auth::Principal;
+use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::domain::pagination::{Page, PageRequest};
 use crate::entity::cleanup_job::{self as job, CleanupJobState, CleanupTrigger};
@@ -40,8 +40,7 @@ pub struct JobFilter {
     pub trigger: Option<Filter<CleanupTrigger>>,
 }
 
-pub async fn list(ctx: &Ctx, p: &Principal, filter: JobFilter, page: PageRequest) -> Result<Page<job::Model>> {
-    p.require_unbound()?;
+pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, filter: JobFilter, page: PageRequest) -> Result<Page<job::Model>> {
     let (Some(state), Some(trigger)) = (known(filter.state), known(filter.trigger)) else {
         return Ok(Page::from_rows(Vec::new(), &page, |j: &job::Model| j.id));
     };
@@ -60,8 +59,7 @@ pub async fn list(ctx: &Ctx, p: &Principal, filter: JobFilter, page: PageRequest
     Ok(Page::from_rows(rows, &page, |j| j.id))
 }
 
-pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
-    p.require_unbound()?;
+pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model> {
     store::find(&ctx.db.conn, id)
         .await?
         .filter(|j| p.sees_workspace(j.workspace_id))
@@ -69,7 +67,7 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
 }
 
 /// A `failed` job gets a fresh attempt budget, if what it would remove is still meant to go.
-pub async fn retry(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
+pub async fn retry(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model> {
     let j = get(ctx, p, id).await?;
     if j.trigger.is_archive() {
         let archived = lifecycle::task(&ctx.db.conn, j.task_id)
@@ -93,7 +91,7 @@ pub async fn retry(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
 }
 
 /// Only a waiting job can be cancelled; a running one finishes its attempt.
-pub async fn cancel(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
+pub async fn cancel(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model> {
     let patch = JobPatch {
         completed_at: Some(Some(crate::clock::now())),
         ..Default::default()
@@ -102,7 +100,7 @@ pub async fn cancel(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<job::Model> {
 }
 
 /// An operator's transition, on the job as it is now (locked).
-async fn operate(ctx: &Ctx, p: &Principal, id: Uuid, event: JobEvent, patch: JobPatch) -> Result<job::Model> {
+async fn operate(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid, event: JobEvent, patch: JobPatch) -> Result<job::Model> {
     get(ctx, p, id).await?;
     let txn = ctx.db.begin_write().await?;
     let j = store::find_locked(&txn, id)

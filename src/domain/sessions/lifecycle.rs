@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::access::{SessionView, project, reload, subject, visible};
 use super::{Ctx, environments};
-use crate::auth::Principal;
+use crate::auth::{Principal, UnboundPrincipal};
 use crate::domain::pagination::{Page, PageRequest};
 use crate::entity::task_environment::ExecutorType;
 use crate::entity::task_session::{self as session, SessionState};
@@ -78,8 +78,7 @@ fn validate(ctx: &Ctx, input: &NewSession) -> Result<Request> {
     })
 }
 
-pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) -> Result<SessionView> {
-    p.require_unbound()?;
+pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSession) -> Result<SessionView> {
     let request = validate(ctx, &input)?;
     let task = crate::domain::tasks::readable(&ctx.db.conn, p, task_id).await?;
     if task.archived_at.is_some() {
@@ -143,8 +142,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, task_id: Uuid, input: NewSession) 
     })
 }
 
-pub async fn list(ctx: &Ctx, p: &Principal, task_id: Uuid, page: PageRequest) -> Result<Page<SessionView>> {
-    p.require_unbound()?;
+pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, page: PageRequest) -> Result<Page<SessionView>> {
     crate::domain::tasks::readable(&ctx.db.conn, p, task_id).await?;
     let rows = store::page_of_task(&ctx.db.conn, task_id, page.before, page.fetch()).await?;
     // I19/I20: each with its environment's effective workspace path.

@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::auth::Principal;
+use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::domain::cleanup::barrier::{activate, prepare, settle, stop_agents};
 use crate::domain::cleanup::state::{JobEvent, transition};
@@ -39,11 +39,10 @@ pub struct BranchRecovery {
 
 pub async fn archive(
     ctx: &Ctx,
-    p: &Principal,
+    p: &UnboundPrincipal,
     task_id: Uuid,
     cascade: bool,
 ) -> Result<(tasks::TaskView, Vec<job::Model>)> {
-    p.require_unbound()?;
     let root = tasks::readable(&ctx.db.conn, p, task_id).await?;
     if root.archived_at.is_some() {
         return Err(Error::TaskArchived);
@@ -106,10 +105,9 @@ async fn cancel_sessions(txn: &DatabaseTransaction, ctx: &Ctx, t: &task::Model) 
 
 pub async fn unarchive(
     ctx: &Ctx,
-    p: &Principal,
+    p: &UnboundPrincipal,
     task_id: Uuid,
 ) -> Result<(tasks::TaskView, Vec<Uuid>, Vec<BranchRecovery>)> {
-    p.require_unbound()?;
     let t = tasks::readable(&ctx.db.conn, p, task_id).await?;
     if t.archived_at.is_none() {
         return Err(Error::Conflict("the task is not archived".into()));

@@ -6,7 +6,7 @@ use sea_orm::DatabaseTransaction;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::auth::Principal;
+use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::domain::cleanup::barrier::{activate, owned_environment, prepare, settle, stop_agents};
 use crate::domain::cleanup::{CleanupTrigger, snapshot_of};
@@ -50,12 +50,11 @@ async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model]) -> Result<Vec<DirtyRe
 /// `consent` comes only from the request's explicit `discard_worktree_changes=true` (I11).
 pub async fn delete(
     ctx: &Ctx,
-    p: &Principal,
+    p: &UnboundPrincipal,
     task_id: Uuid,
     cascade: bool,
     consent: Option<Consent>,
 ) -> Result<Vec<job::Model>> {
-    p.require_unbound()?;
     let root = tasks::readable(&ctx.db.conn, p, task_id).await?;
     let tasks = subtree(&ctx.db.conn, &root, cascade, true).await?;
     if consent.is_none() {

@@ -2,7 +2,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::auth::Principal;
+use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::domain::cleanup::CleanupTrigger;
 use crate::domain::cleanup::barrier::{activate, prepare, settle};
@@ -15,8 +15,7 @@ use crate::store::lifecycle;
 use crate::store::tasks::{lock_task, owner_of};
 
 /// Destroys the current environment's resources through a job, so the next session materializes afresh.
-pub async fn reset_environment(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Result<job::Model> {
-    p.require_unbound()?;
+pub async fn reset_environment(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid) -> Result<job::Model> {
     let t = tasks::readable(&ctx.db.conn, p, task_id).await?;
     if t.archived_at.is_some() {
         return Err(Error::TaskArchived);

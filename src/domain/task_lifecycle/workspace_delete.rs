@@ -2,7 +2,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::auth::Principal;
+use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::domain::cleanup::CleanupTrigger;
 use crate::domain::cleanup::barrier::{activate, prepare, settle, stop_agents};
@@ -16,11 +16,10 @@ use crate::store::tasks::lock_task;
 
 pub async fn delete_workspace(
     ctx: &Ctx,
-    p: &Principal,
+    p: &UnboundPrincipal,
     workspace_id: Uuid,
     confirm_name: Option<&str>,
 ) -> Result<Vec<job::Model>> {
-    p.require_unbound()?;
     let ws = workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     if confirm_name != Some(ws.name.as_str()) {
         return Err(Error::BadRequest("confirm_name must equal the workspace's name".into()));
