@@ -1,8 +1,5 @@
 //! The rules. Handlers call one function here; nothing here knows about HTTP.
 pub mod cleanup;
-pub mod environment_lease;
-pub mod environment_state;
-pub mod environment_transition;
 pub mod environments;
 pub mod events;
 pub mod git_status;

@@ -21,7 +21,7 @@ use uuid::Uuid;
 use crate::entity::event;
 
 pub mod stream;
-mod types;
+pub mod types;
 
 pub use types::EventType;
 

@@ -188,7 +188,7 @@ fn find_use(code: &str) -> Option<usize> {
     while let Some(i) = code[from..].find("use ") {
         let at = from + i;
         let before = code[..at].chars().next_back();
-        if before.is_none_or(|c| c.is_whitespace() || c == '{' || c == ';' || c == ')') {
+        if before.is_none_or(|c| c.is_whitespace() || matches!(c, '{' | ';' | ')' | ']')) {
             return Some(at);
         }
         from = at + 4;
@@ -241,10 +241,17 @@ fn imports() -> (Vec<SourceFile>, Vec<BTreeSet<usize>>) {
                 // A module naming its own children (`pub mod`, re-exports of a child) is its tree, not an import
                 // back: only a child importing its ancestor counts.
                 .filter(|&j| j != i && !files[j].module.starts_with(&f.module))
+                // sea-orm declares a relation at both of its ends (`belongs_to` here, `has_many` there):
+                // two entity files naming each other are one relation, not a layering cycle.
+                .filter(|&j| !(is_entity(f) && is_entity(&files[j])))
                 .collect()
         })
         .collect();
     (files, edges)
+}
+
+fn is_entity(f: &SourceFile) -> bool {
+    f.module.first().is_some_and(|m| m == "entity")
 }
 
 fn rel(f: &SourceFile) -> String {

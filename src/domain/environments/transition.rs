@@ -4,9 +4,10 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use super::Ctx;
-use super::environment_state::{Held, settle, supersede, supersede_stale};
-use super::environments::{fail, materialize, new_candidate, record_failure};
+use super::lease::is_fresh_creating;
+use super::state::{Held, settle, supersede, supersede_stale};
+use super::{fail, materialize, new_candidate, record_failure};
+use crate::domain::Ctx;
 use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::error::{Error, Result};
@@ -63,7 +64,7 @@ async fn elect_candidate(
     lock_task(&txn, owner.id).await?;
     ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
     let envs = store::live_of(&txn, owner.id).await?;
-    if envs.iter().any(|e| super::environments::is_fresh_creating(ctx, e)) {
+    if envs.iter().any(|e| is_fresh_creating(ctx, e)) {
         return Err(Error::WorkspacePreparing);
     }
     let stale: Vec<env::Model> = envs

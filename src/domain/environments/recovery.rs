@@ -1,29 +1,10 @@
-//! The `creating` lease (I14): a materializer keeps its row fresh while it works; a row whose lease
-//! expired is stale, and this node takes over the materializations it abandoned.
-use super::Ctx;
-use crate::entity::task_environment::{self as env, EnvironmentStatus};
+//! Materializations a crash abandoned are taken over (I14).
+use super::lease::lease;
+use crate::domain::Ctx;
+use crate::entity::task_environment as env;
 use crate::error::Result;
 use crate::store::environments as store;
 use crate::store::tasks::ensure_no_cleanup;
-
-fn lease(ctx: &Ctx) -> chrono::Duration {
-    chrono::Duration::from_std(ctx.config.materialize_lease).unwrap_or(chrono::Duration::minutes(5))
-}
-
-pub(crate) fn is_fresh_creating(ctx: &Ctx, e: &env::Model) -> bool {
-    e.status == EnvironmentStatus::Creating && e.updated_at > crate::clock::now() - lease(ctx)
-}
-
-/// Keeps a `creating` environment's lease fresh while its materializer works.
-pub(super) async fn heartbeat(ctx: Ctx, e: env::Model) {
-    let every = (ctx.config.materialize_lease / 4).max(std::time::Duration::from_millis(200));
-    loop {
-        tokio::time::sleep(every).await;
-        if !matches!(store::touch_held(&ctx.db.conn, e.id, e.materializer_id).await, Ok(true)) {
-            return;
-        }
-    }
-}
 
 /// Materializations this node abandoned (the process died mid-way: `creating`, lease expired) are taken
 /// over for tasks that still want them, so a worktree git finished after the crash is adopted into the
@@ -49,7 +30,7 @@ async fn take_over(ctx: &Ctx, e: &env::Model) -> Result<bool> {
     if owner.archived_at.is_some() || ensure_no_cleanup(&ctx.db.conn, &[owner.id]).await.is_err() {
         return Ok(false);
     }
-    match super::environments::ensure_ready(ctx, &owner, e.executor_type).await {
+    match super::ensure_ready(ctx, &owner, e.executor_type).await {
         Ok(_) => Ok(true),
         Err(err) => {
             tracing::warn!(environment = %e.id, error = %err, "could not take over an abandoned materialization");

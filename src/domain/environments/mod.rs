@@ -13,7 +13,6 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::environment_state::{env_subject, settle, supersede_stale};
 use crate::auth::Principal;
 use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
@@ -25,11 +24,18 @@ use crate::executor::worktree;
 use crate::managed_path::ManagedRoot;
 use crate::store::environments::{self as store, NewRepoRow, Settle};
 use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
+use state::{env_subject, settle, supersede_stale};
 
-pub(crate) use super::environment_lease::{is_fresh_creating, recover_abandoned};
-pub(crate) use super::environment_state::supersede;
-pub(crate) use super::environment_transition::{abandon_transition, prepare_transition, promote_transition};
+mod lease;
+mod recovery;
+mod state;
+mod transition;
+
 pub(crate) use crate::store::environments::slots_with_repositories;
+pub(crate) use lease::is_fresh_creating;
+pub use recovery::recover_abandoned;
+pub(crate) use state::supersede;
+pub(crate) use transition::{abandon_transition, prepare_transition, promote_transition};
 
 /// An environment with its inventory, in workspace order.
 #[derive(Debug, Clone)]
@@ -73,7 +79,7 @@ pub async fn ensure_ready(ctx: &Ctx, task: &task::Model, executor: ExecutorType)
 /// Materializes and publishes an elected environment, keeping its lease alive meanwhile. Every way out
 /// other than success records the attempt as failed, so nobody waits on it.
 async fn prepare(ctx: &Ctx, task: &task::Model, owner: &task::Model, e: &env::Model) -> Result<env::Model> {
-    let heartbeat = tokio::spawn(super::environment_lease::heartbeat(ctx.clone(), e.clone())).abort_handle();
+    let heartbeat = tokio::spawn(lease::heartbeat(ctx.clone(), e.clone())).abort_handle();
     let outcome = materialize_and_publish(ctx, task, owner, e).await;
     heartbeat.abort();
     match outcome {

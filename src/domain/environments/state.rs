@@ -5,7 +5,7 @@ use sea_orm::DatabaseTransaction;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::Ctx;
+use crate::domain::Ctx;
 use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
 use crate::error::Result;
