@@ -30,8 +30,15 @@ pub enum Error {
     Invalid { detail: String, errors: Vec<FieldError> },
     #[error("request body too large")]
     PayloadTooLarge { limit: usize },
-    #[error("conflict: {0}")]
-    Conflict(String),
+    /// 409, retryable: what the request read changed before it could commit (a race); nothing changed.
+    #[error("stale: {0}")]
+    Stale(String),
+    /// 409, not retryable as is: the resource's state does not allow the operation.
+    #[error("invalid state: {0}")]
+    InvalidState(String),
+    /// 409: a unique name or path is taken.
+    #[error("already exists: {0}")]
+    AlreadyExists(&'static str),
     #[error("the task is archived")]
     TaskArchived,
     #[error("the repository is used by a live task")]

@@ -176,7 +176,12 @@ impl From<&Error> for Problem {
                 "Request body too large",
                 format!("the body must be at most {limit} bytes"),
             ),
-            Error::Conflict(detail) => Problem::new(S::CONFLICT, C::Conflict, "Conflict", detail.clone()),
+            Error::Stale(detail) => Problem {
+                retryable: true,
+                ..Problem::new(S::CONFLICT, C::Conflict, "Changed meanwhile", detail.clone())
+            },
+            Error::InvalidState(detail) => Problem::new(S::CONFLICT, C::Conflict, "Conflict", detail.clone()),
+            Error::AlreadyExists(detail) => Problem::new(S::CONFLICT, C::Conflict, "Already exists", *detail),
             Error::TaskArchived => Problem {
                 action: Some("unarchive_task".into()),
                 ..Problem::new(
@@ -361,4 +366,19 @@ pub fn path_error(err: actix_web::error::PathError, _req: &HttpRequest) -> actix
 pub fn query_error(err: actix_web::error::QueryPayloadError, _req: &HttpRequest) -> actix_web::Error {
     let domain = Error::BadRequest(format!("invalid query string: {err}"));
     actix_web::error::InternalError::from_response(err, domain.error_response()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conflicts_say_whether_a_retry_can_help() {
+        let stale = Problem::from(&Error::Stale("the session changed meanwhile; retry".into()));
+        assert_eq!((stale.status, stale.code, stale.retryable), (409, ErrorCode::Conflict, true));
+        let invalid = Problem::from(&Error::InvalidState("the task is not archived".into()));
+        assert_eq!((invalid.status, invalid.code, invalid.retryable), (409, ErrorCode::Conflict, false));
+        let taken = Problem::from(&Error::AlreadyExists("a workspace with this name exists"));
+        assert_eq!((taken.status, taken.code, taken.retryable), (409, ErrorCode::Conflict, false));
+    }
 }

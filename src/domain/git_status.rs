@@ -146,7 +146,7 @@ pub(crate) async fn inspect_and_record(
     rate_limited: bool,
 ) -> Result<()> {
     if !matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) {
-        return Err(Error::Conflict(
+        return Err(Error::InvalidState(
             "only a ready environment's worktrees are inspected".into(),
         ));
     }
@@ -237,7 +237,9 @@ pub async fn report(ctx: &Ctx, p: &Principal, env_id: Uuid, r: Report) -> Result
         }
     }
     if !matches!(view.env.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) {
-        return Err(Error::Conflict("only a ready environment takes observations".into()));
+        return Err(Error::InvalidState(
+            "only a ready environment takes observations".into(),
+        ));
     }
     record_checked(ctx, &view.env, o).await
 }
@@ -265,7 +267,9 @@ async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model
         .await?
         .ok_or(Error::NotFound("environment"))?;
     if !matches!(locked.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) {
-        return Err(Error::Conflict("only a ready environment takes observations".into()));
+        return Err(Error::InvalidState(
+            "only a ready environment takes observations".into(),
+        ));
     }
     // A clock running ahead must not outrank every later observation.
     let mut o = o.clone();

@@ -62,8 +62,8 @@ pub async fn register(
     let txn = ctx.db.begin_write().await?;
     match store::insert(&txn, &model).await {
         Err(e) if is_unique_violation(&e) => {
-            return Err(Error::Conflict(
-                "a repository with this path or name is already registered in this workspace".into(),
+            return Err(Error::AlreadyExists(
+                "a repository with this path or name is already registered in this workspace",
             ));
         }
         // The workspace vanished between the check and the insert.

@@ -70,7 +70,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
         .await?
         .ok_or(Error::NotFound("workspace"))?;
     if ws.status != WorkspaceStatus::Active {
-        return Err(Error::Conflict("the workspace is being deleted".into()));
+        return Err(Error::InvalidState("the workspace is being deleted".into()));
     }
     let slots = resolve_slots(&txn, workspace_id, &input, slots).await?;
     let now = crate::clock::now();

@@ -31,7 +31,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, name: &str) -> Result<works
     let txn = ctx.db.begin_write().await?;
     match store::insert(&txn, &model).await {
         Err(e) if is_unique_violation(&e) => {
-            return Err(Error::Conflict("a workspace with this name exists".into()));
+            return Err(Error::AlreadyExists("a workspace with this name exists"));
         }
         other => other?,
     };

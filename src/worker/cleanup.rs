@@ -85,7 +85,7 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>> {
     // The row is locked (or the SQLite writer lock held), so the compare-and-set cannot miss.
     let claimed = transition(&txn, ctx, &found, event, None, patch)
         .await?
-        .ok_or_else(|| Error::Conflict("a claimed cleanup job changed under its lock".into()))?;
+        .ok_or_else(|| Error::Stale("a claimed cleanup job changed under its lock".into()))?;
     ctx.commit(txn).await?;
     let due_at = found.next_attempt_at.or(found.lease_expires_at).unwrap_or(now);
     ctx.cleanup_stats.claims.fetch_add(1, Ordering::Relaxed);

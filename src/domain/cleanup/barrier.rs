@@ -133,7 +133,7 @@ pub(crate) async fn activate(txn: &DatabaseTransaction, ctx: &Ctx, jobs: &mut [j
         let Some(activated) = transition(txn, ctx, j, JobEvent::Activate, None, patch).await? else {
             // Cancelled meanwhile (an operator, or reconciliation): the barrier may have lifted, so the
             // mutation must not commit against a snapshot that could now be incomplete.
-            return Err(Error::Conflict(
+            return Err(Error::Stale(
                 "the cleanup was cancelled before the task changed; nothing changed, retry".into(),
             ));
         };

@@ -74,7 +74,7 @@ pub async fn retry(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Mod
             .await?
             .is_some_and(|t| t.archived_at.is_some());
         if !archived {
-            return Err(Error::Conflict(
+            return Err(Error::InvalidState(
                 "the task is no longer archived; its worktrees are in use".into(),
             ));
         }
@@ -107,7 +107,7 @@ async fn operate(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid, event: JobEvent, pat
         .await?
         .ok_or(Error::NotFound("cleanup job"))?;
     if transition(&txn, ctx, &j, event, None, patch).await?.is_none() {
-        return Err(Error::Conflict(format!(
+        return Err(Error::Stale(format!(
             "the job is {}; it changed meanwhile, retry",
             j.state.to_value()
         )));

@@ -73,7 +73,7 @@ impl JobEvent {
 impl From<InvalidTransition> for Error {
     fn from(e: InvalidTransition) -> Self {
         let needs: Vec<String> = e.event.sources().iter().map(|s| s.to_value()).collect();
-        Error::Conflict(format!(
+        Error::InvalidState(format!(
             "the job is {}; this needs {}",
             e.from.to_value(),
             needs.join(" or ")

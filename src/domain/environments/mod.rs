@@ -286,7 +286,7 @@ async fn publish(
     let now = crate::clock::now();
     let event = (EventType::EnvironmentReady, json!({ "executor_type": e.executor_type }));
     if !settle(&txn, ctx, owner, e.into(), ready, now, event).await? {
-        return Err(Error::Conflict(
+        return Err(Error::Stale(
             "the environment changed while it was being prepared; retry".into(),
         ));
     }

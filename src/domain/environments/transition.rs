@@ -113,7 +113,7 @@ pub(crate) async fn promote_transition(
     let event = (EventType::EnvironmentReady, json!({ "reason": "executor_transition" }));
     // Still ours: a candidate taken over (its lease expired) is not brought back.
     if !settle(txn, ctx, &owner, held, ready, crate::clock::now(), event).await? {
-        return Err(Error::Conflict(
+        return Err(Error::Stale(
             "the new environment was taken over while the agent started; retry".into(),
         ));
     }

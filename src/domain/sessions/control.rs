@@ -26,7 +26,7 @@ pub(super) async fn deliver(ctx: &Ctx, session_id: Uuid, text: &str) -> Result<(
         .runtime
         .send(session_id, json!({ "type": "prompt", "message": text }))
     {
-        return Err(Error::Conflict(
+        return Err(Error::InvalidState(
             "the session has no running agent; launch or resume it".into(),
         ));
     }
@@ -39,7 +39,7 @@ pub async fn send_message(ctx: &Ctx, p: &Principal, session_id: Uuid, text: &str
     }
     let s = visible(&ctx.db.conn, p, session_id).await?;
     if !ctx.runtime.is_live(s.id) {
-        return Err(Error::Conflict(
+        return Err(Error::InvalidState(
             "the session has no running agent; launch or resume it".into(),
         ));
     }

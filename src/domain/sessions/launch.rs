@@ -228,7 +228,7 @@ impl Launch<'_> {
             (None, _) => false,
         };
         if !valid {
-            return Err(Error::Conflict(
+            return Err(Error::Stale(
                 "the task's environment changed while the launch was admitted; retry".into(),
             ));
         }
@@ -262,7 +262,7 @@ impl Launch<'_> {
             .await?
             .is_none()
         {
-            return Err(Error::Conflict("the session changed meanwhile; retry".into()));
+            return Err(Error::Stale("the session changed meanwhile; retry".into()));
         }
         ctx.commit(txn).await?;
         Ok(None)

@@ -99,7 +99,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
     ensure_no_cleanup(&txn, &[task.id, environment.task_id]).await?;
     let environment = store::attachable_environment(&txn, environment.id)
         .await?
-        .ok_or_else(|| Error::Conflict("the task's environment changed meanwhile; retry".into()))?;
+        .ok_or_else(|| Error::Stale("the task's environment changed meanwhile; retry".into()))?;
     let has_primary = store::primary_of(&txn, task.id).await?.is_some();
     let now = crate::clock::now();
     let model = session::Model {

@@ -143,7 +143,7 @@ pub(crate) async fn transition(
     let next = current
         .state
         .on(event)
-        .map_err(|e| Error::Conflict(format!("the session's state does not allow this: {e}")))?;
+        .map_err(|e| Error::InvalidState(format!("the session's state does not allow this: {e}")))?;
     let moved = sessions::compare_and_set_state(
         txn,
         current.id,

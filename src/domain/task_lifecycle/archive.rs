@@ -110,7 +110,7 @@ pub async fn unarchive(
 ) -> Result<(tasks::TaskView, Vec<Uuid>, Vec<BranchRecovery>)> {
     let t = tasks::readable(&ctx.db.conn, p, task_id).await?;
     if t.archived_at.is_none() {
-        return Err(Error::Conflict("the task is not archived".into()));
+        return Err(Error::InvalidState("the task is not archived".into()));
     }
     let mut cancelled = Vec::new();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
@@ -155,7 +155,7 @@ pub async fn unarchive(
             // I10: wait for the in-flight one to finish before answering.
             ctx.commit(txn).await?;
             if tokio::time::Instant::now() > deadline {
-                return Err(Error::Conflict(
+                return Err(Error::Stale(
                     "an archive cleanup is still running; retry shortly".into(),
                 ));
             }
