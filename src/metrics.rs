@@ -2,7 +2,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::entity::cleanup_job::CleanupJobState;
 use std::time::Duration;
 
 const BUCKETS: [f64; 12] = [
@@ -100,4 +102,51 @@ pub struct CleanupStats {
 pub struct RestoreStats {
     /// The most launches that ran at once (I29: two).
     pub max_concurrent: AtomicUsize,
+}
+
+/// Cleanup jobs by state, how long due jobs waited to be claimed, the restore's concurrency and live agents.
+pub fn render_cleanup(
+    by_state: &[(CleanupJobState, i64)],
+    cleanup: &CleanupStats,
+    restore: &RestoreStats,
+    live_agents: usize,
+) -> String {
+    use sea_orm::ActiveEnum;
+    let mut out = String::from("# HELP berth_cleanup_jobs Cleanup jobs by state.\n# TYPE berth_cleanup_jobs gauge\n");
+    for (state, n) in by_state {
+        let _ = writeln!(out, "berth_cleanup_jobs{{state=\"{}\"}} {n}", state.to_value());
+    }
+    let _ = writeln!(
+        out,
+        "# HELP berth_cleanup_claims_total Cleanup job claims by this process.\n# TYPE berth_cleanup_claims_total counter"
+    );
+    let _ = writeln!(
+        out,
+        "berth_cleanup_claims_total {}",
+        cleanup.claims.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP berth_cleanup_claim_latency_seconds_sum Time due jobs waited to be claimed.\n# TYPE berth_cleanup_claim_latency_seconds_sum counter"
+    );
+    let _ = writeln!(
+        out,
+        "berth_cleanup_claim_latency_seconds_sum {}",
+        cleanup.claim_latency_ms.load(Ordering::Relaxed) as f64 / 1000.0
+    );
+    let _ = writeln!(
+        out,
+        "# HELP berth_restore_max_concurrent The most session relaunches that ran at once at startup.\n# TYPE berth_restore_max_concurrent gauge"
+    );
+    let _ = writeln!(
+        out,
+        "berth_restore_max_concurrent {}",
+        restore.max_concurrent.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP berth_agents_live Live agent processes.\n# TYPE berth_agents_live gauge"
+    );
+    let _ = writeln!(out, "berth_agents_live {live_agents}");
+    out
 }

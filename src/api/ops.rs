@@ -27,11 +27,10 @@ pub async fn healthz() -> web::Json<Health> {
 )]
 #[get("/readyz")]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let db = &state.ctx.db.conn;
-    if db.ping().await.is_err() {
+    if !state.ctx.db.ping().await {
         return not_ready("the database is unreachable");
     }
-    if !migrate::is_current(db).await {
+    if !migrate::is_current(&state.ctx.db.conn).await {
         return not_ready("migrations are not applied");
     }
     HttpResponse::Ok().json(Health { status: "ready".into() })
@@ -62,58 +61,16 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(body)
 }
 
-/// Cleanup jobs by state, and how long due jobs waited to be claimed.
+/// Cleanup jobs by state, claim counters, restore and agent gauges.
 async fn cleanup_metrics(state: &AppState) -> String {
-    use sea_orm::{ConnectionTrait, Statement};
-    use std::fmt::Write;
-    use std::sync::atomic::Ordering;
-    let db = &state.ctx.db.conn;
-    let rows = db
-        .query_all_raw(Statement::from_string(
-            db.get_database_backend(),
-            "SELECT state, COUNT(*) AS n FROM task_resource_cleanup_jobs GROUP BY state",
-        ))
+    let ctx = &state.ctx;
+    let by_state = crate::store::cleanup_jobs::count_by_state(&ctx.db.conn)
         .await
         .unwrap_or_default();
-    let mut out = String::from("# HELP berth_cleanup_jobs Cleanup jobs by state.\n# TYPE berth_cleanup_jobs gauge\n");
-    for row in rows {
-        let (Ok(s), Ok(n)) = (row.try_get::<String>("", "state"), row.try_get::<i64>("", "n")) else {
-            continue;
-        };
-        let _ = writeln!(out, "berth_cleanup_jobs{{state=\"{s}\"}} {n}");
-    }
-    let stats = &state.ctx.cleanup_stats;
-    let _ = writeln!(
-        out,
-        "# HELP berth_cleanup_claims_total Cleanup job claims by this process.\n# TYPE berth_cleanup_claims_total counter"
-    );
-    let _ = writeln!(
-        out,
-        "berth_cleanup_claims_total {}",
-        stats.claims.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP berth_cleanup_claim_latency_seconds_sum Time due jobs waited to be claimed.\n# TYPE berth_cleanup_claim_latency_seconds_sum counter"
-    );
-    let _ = writeln!(
-        out,
-        "berth_cleanup_claim_latency_seconds_sum {}",
-        stats.claim_latency_ms.load(Ordering::Relaxed) as f64 / 1000.0
-    );
-    let _ = writeln!(
-        out,
-        "# HELP berth_restore_max_concurrent The most session relaunches that ran at once at startup.\n# TYPE berth_restore_max_concurrent gauge"
-    );
-    let _ = writeln!(
-        out,
-        "berth_restore_max_concurrent {}",
-        state.ctx.restore_stats.max_concurrent.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP berth_agents_live Live agent processes.\n# TYPE berth_agents_live gauge"
-    );
-    let _ = writeln!(out, "berth_agents_live {}", state.ctx.runtime.live_count());
-    out
+    crate::metrics::render_cleanup(
+        &by_state,
+        &ctx.cleanup_stats,
+        &ctx.restore_stats,
+        ctx.runtime.live_count(),
+    )
 }

@@ -375,10 +375,19 @@ mod tests {
     #[test]
     fn conflicts_say_whether_a_retry_can_help() {
         let stale = Problem::from(&Error::Stale("the session changed meanwhile; retry".into()));
-        assert_eq!((stale.status, stale.code, stale.retryable), (409, ErrorCode::Conflict, true));
+        assert_eq!(
+            (stale.status, stale.code, stale.retryable),
+            (409, ErrorCode::Conflict, true)
+        );
         let invalid = Problem::from(&Error::InvalidState("the task is not archived".into()));
-        assert_eq!((invalid.status, invalid.code, invalid.retryable), (409, ErrorCode::Conflict, false));
+        assert_eq!(
+            (invalid.status, invalid.code, invalid.retryable),
+            (409, ErrorCode::Conflict, false)
+        );
         let taken = Problem::from(&Error::AlreadyExists("a workspace with this name exists"));
-        assert_eq!((taken.status, taken.code, taken.retryable), (409, ErrorCode::Conflict, false));
+        assert_eq!(
+            (taken.status, taken.code, taken.retryable),
+            (409, ErrorCode::Conflict, false)
+        );
     }
 }

@@ -220,3 +220,15 @@ pub async fn set_snapshot(txn: &DatabaseTransaction, id: Uuid, snapshot: serde_j
         .await?;
     Ok(())
 }
+
+/// How many jobs are in each state (for /metrics).
+pub async fn count_by_state<C: ConnectionTrait>(conn: &C) -> Result<Vec<(CleanupJobState, i64)>> {
+    Ok(job::Entity::find()
+        .select_only()
+        .column(job::Column::State)
+        .column_as(job::Column::Id.count(), "n")
+        .group_by(job::Column::State)
+        .into_tuple()
+        .all(conn)
+        .await?)
+}

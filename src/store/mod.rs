@@ -74,6 +74,11 @@ impl Db {
             .await
     }
 
+    /// Whether the database answers (readiness).
+    pub async fn ping(&self) -> bool {
+        self.conn.ping().await.is_ok()
+    }
+
     /// Pool usage for /metrics: (connections open, idle).
     pub fn pool_usage(&self) -> (u32, u32) {
         match self.backend() {
