@@ -97,18 +97,18 @@ pub struct ReplayQuery {
 }
 
 /// One server-sent event frame, as SSE parsers present it (`data` of a `message` is one `Event` as JSON).
+/// Only described to OpenAPI: the stream writes frames as text (`events::stream`).
 #[derive(ToSchema)]
-#[allow(dead_code)]
 pub struct SseFrame {
     /// `message` (an event), `ready` (replay done, live events follow) or `reset` (reload snapshots).
     #[schema(pattern = "^(message|ready|reset)$")]
-    event: Option<String>,
+    pub event: Option<String>,
     /// The event's seq.
-    id: Option<String>,
-    retry: Option<i64>,
+    pub id: Option<String>,
+    pub retry: Option<i64>,
     /// An `Event` as JSON for `message` frames.
     #[schema(content_media_type = "application/json")]
-    data: Option<String>,
+    pub data: Option<String>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
