@@ -97,7 +97,7 @@ pub struct ReplayQuery {
 }
 
 /// One server-sent event frame, as SSE parsers present it (`data` of a `message` is one `Event` as JSON).
-/// Only described to OpenAPI: the stream writes frames as text (`events::stream`).
+// Only described to OpenAPI: the stream writes frames as text (`events::stream`).
 #[derive(ToSchema)]
 pub struct SseFrame {
     /// `message` (an event), `ready` (replay done, live events follow) or `reset` (reload snapshots).
