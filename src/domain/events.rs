@@ -22,7 +22,7 @@ pub struct ReplayPage {
 /// session's environment.
 pub async fn filter_for(ctx: &Ctx, p: &Principal) -> Result<Filter> {
     let environment_id = match p.session_id {
-        Some(sid) => crate::store::environments::of_session(&ctx.db.conn, sid).await?,
+        Some(sid) => crate::store::sessions::environment_of(&ctx.db.conn, sid).await?,
         None => None,
     };
     Ok(Filter {

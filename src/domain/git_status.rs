@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::git::status::{self, FileStatus, IndexStatus, WorktreeStatus};
-use crate::store::{environments as env_store, observations as store};
+use crate::store::{environments as env_store, observations as store, sessions as sessions_store};
 
 pub const MAX_FILES: usize = 2_000;
 /// How far in the future an `observed_at` may lie (clock skew between an agent's host and berth).
@@ -126,7 +126,7 @@ pub async fn read_current_on<C: sea_orm::ConnectionTrait>(
 }
 
 async fn agent_live(ctx: &Ctx, env_id: Uuid) -> Result<bool> {
-    let ids = env_store::session_ids_of(&ctx.db.conn, env_id).await?;
+    let ids = sessions_store::ids_in_environment(&ctx.db.conn, env_id).await?;
     Ok(ids.into_iter().any(|id| ctx.runtime.is_live(id)))
 }
 
@@ -231,7 +231,7 @@ pub async fn report(ctx: &Ctx, p: &Principal, env_id: Uuid, r: Report) -> Result
         return Err(Error::invalid("repository_id", "not a repository of this environment"));
     }
     if let Some(sid) = o.session_id {
-        let ok = env_store::of_session(&ctx.db.conn, sid).await? == Some(env_id);
+        let ok = sessions_store::environment_of(&ctx.db.conn, sid).await? == Some(env_id);
         if !ok || p.session_id.is_some_and(|bound| bound != sid) {
             return Err(Error::invalid("session_id", "not a session of this environment"));
         }
@@ -349,7 +349,7 @@ async fn write(
 /// After an agent finishes a turn: berth captures a completion observation itself (seed 004).
 pub(crate) async fn capture_completion(ctx: &Ctx, session_id: Uuid) {
     let result: Result<()> = async {
-        let Some(env_id) = env_store::of_session(&ctx.db.conn, session_id).await? else {
+        let Some(env_id) = sessions_store::environment_of(&ctx.db.conn, session_id).await? else {
             return Ok(());
         };
         let Some(e) = env_store::find(&ctx.db.conn, env_id).await? else {

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::git::BranchName;
+use crate::store::sessions as sessions_store;
 use crate::store::tasks::{self as store, TaskQuery};
 
 pub const MAX_REPOSITORIES: usize = 20;
@@ -272,7 +273,7 @@ pub(crate) async fn readable<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uu
         .filter(|t| p.sees_workspace(t.workspace_id))
         .ok_or(Error::NotFound("task"))?;
     if let Some(session_id) = p.session_id
-        && !store::session_belongs(conn, session_id, id).await?
+        && !sessions_store::belongs_to_task(conn, session_id, id).await?
     {
         return Err(Error::NotFound("task"));
     }
@@ -286,7 +287,7 @@ async fn views<C: ConnectionTrait>(conn: &C, tasks: Vec<task::Model>) -> Result<
     }
     let ids: Vec<Uuid> = tasks.iter().map(|t| t.id).collect();
     let slots = store::slots_of_each(conn, &tasks).await?;
-    let sessions = store::session_facts(conn, &ids).await?;
+    let sessions = sessions_store::facts_of_tasks(conn, &ids).await?;
     let mut counts: HashMap<Uuid, u64> = HashMap::new();
     let mut primaries: HashMap<Uuid, Uuid> = HashMap::new();
     for (task_id, session_id, is_primary) in sessions {

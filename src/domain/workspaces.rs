@@ -11,6 +11,7 @@ use crate::error::{Error, Result, is_unique_violation};
 use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::workspaces as store;
+use crate::store::{sessions as sessions_store, tasks as task_store};
 
 pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, name: &str) -> Result<workspace::Model> {
     if p.workspace_filter().is_some() {
@@ -96,9 +97,9 @@ pub struct WorkspaceSummary {
 pub async fn summary(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<WorkspaceSummary> {
     use crate::entity::task_session::SessionState;
     visible(&ctx.db.conn, p, id).await?;
-    let tasks = store::task_archival(&ctx.db.conn, id).await?;
+    let tasks = task_store::archival_of_workspace(&ctx.db.conn, id).await?;
     let archived = tasks.iter().filter(|t| t.1.is_some()).count() as u64;
-    let sessions = store::sessions_of(&ctx.db.conn, id).await?;
+    let sessions = sessions_store::of_workspace(&ctx.db.conn, id).await?;
     let mut total = SessionCounts::default();
     let mut dirs: std::collections::BTreeMap<Uuid, SessionCounts> = Default::default();
     for s in &sessions {

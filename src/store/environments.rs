@@ -1,15 +1,16 @@
 //! Environment rows and their inventory: queries only; which environment is current, and when a
 //! materializer may write, are the domain's rules (`domain::environments`).
+use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, JoinType, QueryFilter,
+    QueryOrder, QuerySelect, RelationTrait,
 };
 use uuid::Uuid;
 
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
-use crate::entity::{repository, task, task_repository, task_session};
+use crate::entity::{repository, task};
 use crate::error::Result;
 
 /// One inventory row to insert.
@@ -40,6 +41,14 @@ pub async fn find_with_owner<C: ConnectionTrait>(
         .await?)
 }
 
+/// An environment a session may attach to: ready or stopped.
+pub async fn find_attachable(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<env::Model>> {
+    Ok(env::Entity::find_by_id(id)
+        .filter(env::Column::Status.is_in([EnvironmentStatus::Ready, EnvironmentStatus::Stopped]))
+        .one(txn)
+        .await?)
+}
+
 /// Locks an environment row for the rest of the transaction (PostgreSQL).
 pub async fn lock(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<env::Model>> {
     Ok(env::Entity::find_by_id(id).lock_exclusive().one(txn).await?)
@@ -59,7 +68,7 @@ pub async fn live_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec
 pub async fn creating_untouched_since<C: ConnectionTrait>(
     conn: &C,
     node_id: &str,
-    before: chrono::DateTime<chrono::Utc>,
+    before: DateTime<Utc>,
 ) -> Result<Vec<env::Model>> {
     Ok(env::Entity::find()
         .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
@@ -77,7 +86,7 @@ pub async fn insert(txn: &DatabaseTransaction, model: &env::Model) -> std::resul
 }
 
 /// Marks an environment superseded (kept for diagnostics).
-pub async fn mark_superseded(txn: &DatabaseTransaction, id: Uuid, now: chrono::DateTime<chrono::Utc>) -> Result<()> {
+pub async fn mark_superseded(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
     env::Entity::update(env::ActiveModel {
         id: Set(id),
         status: Set(EnvironmentStatus::Superseded),
@@ -102,6 +111,29 @@ pub async fn set_workspace_path(txn: &DatabaseTransaction, id: Uuid, path: Optio
     .exec(txn)
     .await?;
     Ok(())
+}
+
+/// I19: writes the effective workspace path back if it differs.
+pub async fn heal_workspace_path(txn: &DatabaseTransaction, id: Uuid, path: &str) -> Result<()> {
+    env::Entity::update_many()
+        .col_expr(env::Column::WorkspacePath, Expr::value(Some(path.to_string())))
+        .filter(env::Column::Id.eq(id))
+        .filter(
+            Condition::any()
+                .add(env::Column::WorkspacePath.ne(path.to_string()))
+                .add(env::Column::WorkspacePath.is_null()),
+        )
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+/// The effective workspace path of an environment, if it exists and has one.
+pub async fn workspace_path<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<String>> {
+    Ok(env::Entity::find_by_id(id)
+        .one(conn)
+        .await?
+        .and_then(|e| e.workspace_path))
 }
 
 /// The `creating` row held by `materializer_id`, if it still is.
@@ -131,7 +163,7 @@ pub async fn settle_held(
     id: Uuid,
     materializer_id: Option<Uuid>,
     settle: Settle,
-    now: chrono::DateTime<chrono::Utc>,
+    now: DateTime<Utc>,
 ) -> Result<bool> {
     let mut q = env::Entity::update_many()
         .col_expr(env::Column::Status, Expr::value(settle.status))
@@ -205,6 +237,15 @@ pub async fn repos_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<
         .await?)
 }
 
+/// The active inventory rows of an environment (the canonical inventory admission reads).
+pub async fn active_repos<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<env_repo::Model>> {
+    Ok(env_repo::Entity::find()
+        .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .all(conn)
+        .await?)
+}
+
 /// An environment's active inventory rows, each with its repository (if still registered).
 pub async fn active_repos_with_repository<C: ConnectionTrait>(
     conn: &C,
@@ -218,69 +259,50 @@ pub async fn active_repos_with_repository<C: ConnectionTrait>(
         .await?)
 }
 
-/// A task's repository slots in workspace order, each with its repository (if still registered).
-pub async fn slots_with_repositories<C: ConnectionTrait>(
+/// An environment's active inventory rows, each with its repository (rows whose repository is gone are
+/// left out): one join.
+pub async fn active_worktrees<C: ConnectionTrait>(
     conn: &C,
-    task_id: Uuid,
-) -> Result<Vec<(task_repository::Model, Option<repository::Model>)>> {
-    Ok(task_repository::Entity::find()
-        .find_also_related(repository::Entity)
-        .filter(task_repository::Column::TaskId.eq(task_id))
-        .order_by_asc(task_repository::Column::Position)
+    env_id: Uuid,
+) -> Result<Vec<(env_repo::Model, repository::Model)>> {
+    Ok(env_repo::Entity::find()
+        .select_also(repository::Entity)
+        .join(JoinType::InnerJoin, env_repo::Relation::Repository.def())
+        .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
         .all(conn)
-        .await?)
-}
-
-/// How many repository slots a task has.
-pub async fn slot_count<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<u64> {
-    Ok(task_repository::Entity::find()
-        .filter(task_repository::Column::TaskId.eq(task_id))
-        .count(conn)
-        .await?)
-}
-
-/// A task's slot at `position`.
-pub async fn slot_at<C: ConnectionTrait>(
-    conn: &C,
-    task_id: Uuid,
-    position: i32,
-) -> Result<Option<task_repository::Model>> {
-    Ok(task_repository::Entity::find()
-        .filter(task_repository::Column::TaskId.eq(task_id))
-        .filter(task_repository::Column::Position.eq(position))
-        .one(conn)
-        .await?)
-}
-
-/// Whether the session is attached to the environment (a session-bound token's reach).
-pub async fn session_attached<C: ConnectionTrait>(conn: &C, session_id: Uuid, env_id: Uuid) -> Result<bool> {
-    Ok(task_session::Entity::find_by_id(session_id)
-        .filter(task_session::Column::TaskEnvironmentId.eq(env_id))
-        .count(conn)
         .await?
-        > 0)
+        .into_iter()
+        .filter_map(|(r, repo)| Some((r, repo?)))
+        .collect())
 }
 
-/// The ids of the sessions attached to an environment.
-pub async fn session_ids_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<Uuid>> {
-    Ok(task_session::Entity::find()
-        .select_only()
-        .column(task_session::Column::Id)
-        .filter(task_session::Column::TaskEnvironmentId.eq(env_id))
-        .into_tuple()
+/// The environments, other than `env_id`, whose active inventory names `path`.
+pub async fn others_naming<C: ConnectionTrait>(conn: &C, path: &str, env_id: Uuid) -> Result<Vec<env::Model>> {
+    Ok(env_repo::Entity::find()
+        .select_also(env::Entity)
+        .join(JoinType::InnerJoin, env_repo::Relation::Environment.def())
+        .filter(env_repo::Column::WorktreePath.eq(path))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .filter(env_repo::Column::TaskEnvironmentId.ne(env_id))
         .all(conn)
-        .await?)
+        .await?
+        .into_iter()
+        .filter_map(|(_, e)| e)
+        .collect())
 }
 
-/// The environment a session is attached to, if it exists and is attached.
-pub async fn of_session<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Option<Uuid>> {
-    let env: Option<Option<Uuid>> = task_session::Entity::find_by_id(session_id)
-        .select_only()
-        .column(task_session::Column::TaskEnvironmentId)
-        .into_tuple()
-        .one(conn)
+/// The environment's active inventory rows become `deleted`.
+pub async fn delete_inventory(txn: &DatabaseTransaction, env_id: Uuid, now: DateTime<Utc>) -> Result<()> {
+    env_repo::Entity::update_many()
+        .col_expr(env_repo::Column::Status, Expr::value(EnvironmentRepoStatus::Deleted))
+        .col_expr(env_repo::Column::DeletedAt, Expr::value(Some(now)))
+        .col_expr(env_repo::Column::UpdatedAt, Expr::value(now))
+        .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .exec(txn)
         .await?;
-    Ok(env.flatten())
+    Ok(())
 }
 
 /// Effective workspace paths of the given environments.

@@ -6,7 +6,6 @@
 pub mod cleanup_jobs;
 pub mod environments;
 pub mod executions;
-pub mod lifecycle;
 pub mod messages;
 pub mod migrate;
 pub mod observations;

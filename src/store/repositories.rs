@@ -8,6 +8,11 @@ use uuid::Uuid;
 use crate::entity::{repository, task, task_repository};
 use crate::error::Result;
 
+/// A repository row, registered or not (archived tasks keep referring to a deregistered one).
+pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<repository::Model>> {
+    Ok(repository::Entity::find_by_id(id).one(conn).await?)
+}
+
 /// A registered (not deregistered) repository.
 pub async fn find_registered<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<repository::Model>> {
     Ok(repository::Entity::find_by_id(id)

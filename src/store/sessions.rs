@@ -1,17 +1,20 @@
-//! Session rows (`task_sessions`), with the task and environment rows a session is read with.
+//! Session rows (`task_sessions`), with the task and environment rows a session is read with: the
+//! sessions of a task, of an environment and of a workspace, and a session's state compare-and-set.
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, LockType};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, JoinType, PaginatorTrait,
+    QueryFilter, QueryOrder, QuerySelect, RelationTrait,
 };
 use uuid::Uuid;
 
 use crate::entity::task;
-use crate::entity::task_environment::{self as env, EnvironmentStatus};
-use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
+use crate::entity::task_environment as env;
 use crate::entity::task_session::{self as session, SessionState};
 use crate::error::Result;
+
+/// The states a session does not leave.
+const ENDED: [SessionState; 3] = [SessionState::Stopped, SessionState::Failed, SessionState::Cancelled];
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<session::Model>> {
     Ok(session::Entity::find_by_id(id).one(conn).await?)
@@ -34,22 +37,6 @@ pub async fn find_with_task<C: ConnectionTrait>(
         .find_also_related(task::Entity)
         .one(conn)
         .await?)
-}
-
-/// The task a session belongs to.
-pub async fn task_of<C: ConnectionTrait>(conn: &C, s: &session::Model) -> Result<Option<task::Model>> {
-    Ok(task::Entity::find_by_id(s.task_id).one(conn).await?)
-}
-
-/// The workspace path of the environment a session uses, if it has one.
-pub async fn environment_path<C: ConnectionTrait>(conn: &C, s: &session::Model) -> Result<Option<String>> {
-    let Some(env_id) = s.task_environment_id else {
-        return Ok(None);
-    };
-    Ok(env::Entity::find_by_id(env_id)
-        .one(conn)
-        .await?
-        .and_then(|e| e.workspace_path))
 }
 
 /// One page of a task's sessions, newest first, each with its environment.
@@ -100,13 +87,108 @@ pub async fn in_states<C: ConnectionTrait>(conn: &C, states: &[SessionState]) ->
 pub async fn not_over_of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<session::Model>> {
     Ok(session::Entity::find()
         .filter(session::Column::TaskId.eq(task_id))
-        .filter(session::Column::State.is_not_in([
-            SessionState::Stopped,
-            SessionState::Failed,
-            SessionState::Cancelled,
-        ]))
+        .filter(session::Column::State.is_not_in(ENDED))
         .all(conn)
         .await?)
+}
+
+/// Every session of a task.
+pub async fn of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<session::Model>> {
+    Ok(session::Entity::find()
+        .filter(session::Column::TaskId.eq(task_id))
+        .all(conn)
+        .await?)
+}
+
+/// The ids of a task's sessions.
+pub async fn ids_of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<Uuid>> {
+    Ok(session::Entity::find()
+        .select_only()
+        .column(session::Column::Id)
+        .filter(session::Column::TaskId.eq(task_id))
+        .into_tuple()
+        .all(conn)
+        .await?)
+}
+
+/// (task id, session id, is primary) of every session of the given tasks.
+pub async fn facts_of_tasks<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<Vec<(Uuid, Uuid, bool)>> {
+    Ok(session::Entity::find()
+        .select_only()
+        .column(session::Column::TaskId)
+        .column(session::Column::Id)
+        .column(session::Column::IsPrimary)
+        .filter(session::Column::TaskId.is_in(task_ids.iter().copied()))
+        .into_tuple()
+        .all(conn)
+        .await?)
+}
+
+/// Whether the session belongs to the task (a session-bound token's reach).
+pub async fn belongs_to_task<C: ConnectionTrait>(conn: &C, session_id: Uuid, task_id: Uuid) -> Result<bool> {
+    Ok(session::Entity::find_by_id(session_id)
+        .filter(session::Column::TaskId.eq(task_id))
+        .count(conn)
+        .await?
+        > 0)
+}
+
+/// Every session of the workspace's tasks, in one join.
+pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> Result<Vec<session::Model>> {
+    Ok(session::Entity::find()
+        .join(JoinType::InnerJoin, session::Relation::Task.def())
+        .filter(task::Column::WorkspaceId.eq(workspace_id))
+        .all(conn)
+        .await?)
+}
+
+/// Every session attached to an environment.
+pub async fn in_environment<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<session::Model>> {
+    Ok(session::Entity::find()
+        .filter(session::Column::TaskEnvironmentId.eq(env_id))
+        .all(conn)
+        .await?)
+}
+
+/// The ids of the sessions attached to an environment.
+pub async fn ids_in_environment<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<Uuid>> {
+    Ok(session::Entity::find()
+        .select_only()
+        .column(session::Column::Id)
+        .filter(session::Column::TaskEnvironmentId.eq(env_id))
+        .into_tuple()
+        .all(conn)
+        .await?)
+}
+
+/// Sessions of other tasks, not ended, that borrow this environment.
+pub async fn live_borrowers<C: ConnectionTrait>(conn: &C, env_id: Uuid, owner_id: Uuid) -> Result<Vec<session::Model>> {
+    Ok(session::Entity::find()
+        .filter(session::Column::TaskEnvironmentId.eq(env_id))
+        .filter(session::Column::TaskId.ne(owner_id))
+        .filter(session::Column::State.is_not_in(ENDED))
+        .all(conn)
+        .await?)
+}
+
+/// Whether the session is attached to the environment (a session-bound token's reach).
+pub async fn is_attached<C: ConnectionTrait>(conn: &C, session_id: Uuid, env_id: Uuid) -> Result<bool> {
+    Ok(session::Entity::find_by_id(session_id)
+        .filter(session::Column::TaskEnvironmentId.eq(env_id))
+        .count(conn)
+        .await?
+        > 0)
+}
+
+/// The environment a session is attached to, if it exists and is attached.
+pub async fn environment_of<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Option<Uuid>> {
+    let env: Option<Option<Uuid>> = session::Entity::find_by_id(session_id)
+        .select_only()
+        .column(session::Column::TaskEnvironmentId)
+        .into_tuple()
+        .one(conn)
+        .await?;
+    Ok(env.flatten())
 }
 
 pub async fn insert(txn: &DatabaseTransaction, model: session::Model) -> Result<()> {
@@ -158,18 +240,6 @@ pub async fn clear_desired_open(txn: &DatabaseTransaction, id: Uuid, now: DateTi
 pub async fn touch(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
     session::Entity::update(session::ActiveModel {
         id: Set(id),
-        last_activity_at: Set(now),
-        ..Default::default()
-    })
-    .exec(txn)
-    .await?;
-    Ok(())
-}
-
-/// A new session is activity on its task.
-pub async fn touch_task(txn: &DatabaseTransaction, task_id: Uuid, now: DateTime<Utc>) -> Result<()> {
-    task::Entity::update(task::ActiveModel {
-        id: Set(task_id),
         last_activity_at: Set(now),
         ..Default::default()
     })
@@ -240,42 +310,4 @@ pub async fn compare_and_set_state(
         .exec(txn)
         .await?;
     Ok(res.rows_affected == 1)
-}
-
-// The environment rows a session attaches to and launches in (to join `store::environments` at merge).
-
-/// An environment a session may attach to: ready or stopped.
-pub async fn attachable_environment(txn: &DatabaseTransaction, env_id: Uuid) -> Result<Option<env::Model>> {
-    Ok(env::Entity::find_by_id(env_id)
-        .filter(env::Column::Status.is_in([EnvironmentStatus::Ready, EnvironmentStatus::Stopped]))
-        .one(txn)
-        .await?)
-}
-
-pub async fn environment<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Option<env::Model>> {
-    Ok(env::Entity::find_by_id(env_id).one(conn).await?)
-}
-
-/// The active inventory rows of an environment (the canonical inventory admission reads).
-pub async fn active_environment_repos<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<env_repo::Model>> {
-    Ok(env_repo::Entity::find()
-        .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
-        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
-        .all(conn)
-        .await?)
-}
-
-/// I19: writes the effective workspace path back if it differs.
-pub async fn heal_workspace_path(txn: &DatabaseTransaction, env_id: Uuid, path: &str) -> Result<()> {
-    env::Entity::update_many()
-        .col_expr(env::Column::WorkspacePath, Expr::value(Some(path.to_string())))
-        .filter(env::Column::Id.eq(env_id))
-        .filter(
-            Condition::any()
-                .add(env::Column::WorkspacePath.ne(path.to_string()))
-                .add(env::Column::WorkspacePath.is_null()),
-        )
-        .exec(txn)
-        .await?;
-    Ok(())
 }

@@ -1,4 +1,7 @@
-//! Task rows and their slots: locks, ownership walks, listings and the cleanup barrier's check.
+//! Task rows and their slots: locks, ownership walks, listings, archival and deletion, the transfer of
+//! an environment between tasks, and the cleanup barrier's check.
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, LoaderTrait, PaginatorTrait,
     QueryFilter, QueryOrder, QuerySelect,
@@ -6,7 +9,8 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::entity::task::{self, WorkspaceMode};
-use crate::entity::{cleanup_job, task_repository, task_session};
+use crate::entity::task_environment as env;
+use crate::entity::{cleanup_job, repository, task_repository};
 use crate::error::{Error, Result};
 
 /// The task whose environment `task` uses: itself, or for an `inherit_parent` subtask its nearest
@@ -137,7 +141,7 @@ pub async fn update_text(
     id: Uuid,
     title: Option<String>,
     description: Option<String>,
-    now: chrono::DateTime<chrono::Utc>,
+    now: DateTime<Utc>,
 ) -> Result<()> {
     let mut am = task::ActiveModel {
         id: Set(id),
@@ -202,24 +206,142 @@ pub async fn slots_of_each<C: ConnectionTrait>(
         .await?)
 }
 
-/// (task id, session id, is primary) of every session of the given tasks.
-pub async fn session_facts<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<Vec<(Uuid, Uuid, bool)>> {
-    Ok(task_session::Entity::find()
+/// A task's repository slots in workspace order, each with its repository (if still registered).
+pub async fn slots_with_repositories<C: ConnectionTrait>(
+    conn: &C,
+    task_id: Uuid,
+) -> Result<Vec<(task_repository::Model, Option<repository::Model>)>> {
+    Ok(task_repository::Entity::find()
+        .find_also_related(repository::Entity)
+        .filter(task_repository::Column::TaskId.eq(task_id))
+        .order_by_asc(task_repository::Column::Position)
+        .all(conn)
+        .await?)
+}
+
+/// How many repository slots a task has.
+pub async fn slot_count<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<u64> {
+    Ok(task_repository::Entity::find()
+        .filter(task_repository::Column::TaskId.eq(task_id))
+        .count(conn)
+        .await?)
+}
+
+/// A task's slot at `position`.
+pub async fn slot_at<C: ConnectionTrait>(
+    conn: &C,
+    task_id: Uuid,
+    position: i32,
+) -> Result<Option<task_repository::Model>> {
+    Ok(task_repository::Entity::find()
+        .filter(task_repository::Column::TaskId.eq(task_id))
+        .filter(task_repository::Column::Position.eq(position))
+        .one(conn)
+        .await?)
+}
+
+/// Every task of the workspace, in id order.
+pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> Result<Vec<task::Model>> {
+    Ok(task::Entity::find()
+        .filter(task::Column::WorkspaceId.eq(workspace_id))
+        .order_by_asc(task::Column::Id)
+        .all(conn)
+        .await?)
+}
+
+/// Each task of the workspace with when it was archived.
+pub async fn archival_of_workspace<C: ConnectionTrait>(
+    conn: &C,
+    workspace_id: Uuid,
+) -> Result<Vec<(Uuid, Option<DateTime<Utc>>)>> {
+    Ok(task::Entity::find()
         .select_only()
-        .column(task_session::Column::TaskId)
-        .column(task_session::Column::Id)
-        .column(task_session::Column::IsPrimary)
-        .filter(task_session::Column::TaskId.is_in(task_ids.iter().copied()))
+        .column(task::Column::Id)
+        .column(task::Column::ArchivedAt)
+        .filter(task::Column::WorkspaceId.eq(workspace_id))
         .into_tuple()
         .all(conn)
         .await?)
 }
 
-/// Whether the session belongs to the task (a session-bound token's reach).
-pub async fn session_belongs<C: ConnectionTrait>(conn: &C, session_id: Uuid, task_id: Uuid) -> Result<bool> {
-    Ok(task_session::Entity::find_by_id(session_id)
-        .filter(task_session::Column::TaskId.eq(task_id))
-        .count(conn)
-        .await?
-        > 0)
+/// Quick chats not archived, idle since before `cutoff`.
+pub async fn idle_quick_chats<C: ConnectionTrait>(conn: &C, cutoff: DateTime<Utc>) -> Result<Vec<task::Model>> {
+    Ok(task::Entity::find()
+        .filter(task::Column::Kind.eq(task::TaskKind::QuickChat))
+        .filter(task::Column::ArchivedAt.is_null())
+        .filter(task::Column::LastActivityAt.lt(cutoff))
+        .all(conn)
+        .await?)
+}
+
+/// A new session is activity on its task.
+pub async fn touch(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+    task::Entity::update(task::ActiveModel {
+        id: Set(id),
+        last_activity_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    Ok(())
+}
+
+/// Sets or clears `archived_at`.
+pub async fn set_archived(
+    txn: &DatabaseTransaction,
+    id: Uuid,
+    at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    task::Entity::update(task::ActiveModel {
+        id: Set(id),
+        archived_at: Set(at),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    Ok(())
+}
+
+pub async fn delete(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
+    task::Entity::delete_by_id(id).exec(txn).await?;
+    Ok(())
+}
+
+/// Hands an environment to `heir`: a new ownership generation, the heir a task of its own (with the old
+/// owner's slug), and the old owner's other children inheriting through the heir.
+pub async fn transfer_environment(
+    txn: &DatabaseTransaction,
+    e: &env::Model,
+    from: &task::Model,
+    heir: &task::Model,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    env::Entity::update(env::ActiveModel {
+        id: Set(e.id),
+        task_id: Set(heir.id),
+        ownership_generation: Set(e.ownership_generation + 1),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    task::Entity::update(task::ActiveModel {
+        id: Set(heir.id),
+        workspace_mode: Set(WorkspaceMode::NewWorkspace),
+        parent_task_id: Set(None),
+        slug: Set(from.slug.clone()),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    task::Entity::update_many()
+        .col_expr(task::Column::ParentTaskId, Expr::value(Some(heir.id)))
+        .filter(task::Column::ParentTaskId.eq(from.id))
+        .filter(task::Column::Id.ne(heir.id))
+        .exec(txn)
+        .await?;
+    Ok(())
 }

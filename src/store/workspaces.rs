@@ -1,15 +1,23 @@
-//! Workspace rows and the facts the summary counts: queries only.
+//! Workspace rows: queries only; the tasks and sessions a summary counts are read from their own
+//! families (`store::tasks`, `store::sessions`).
+use chrono::{DateTime, Utc};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, JoinType, QueryFilter, QueryOrder, QuerySelect,
-    RelationDef,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect,
 };
 use uuid::Uuid;
 
-use crate::entity::{task, task_session, workspace};
+use crate::entity::workspace::{self, WorkspaceStatus};
+use crate::entity::{repository, task};
 use crate::error::Result;
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<workspace::Model>> {
     Ok(workspace::Entity::find_by_id(id).one(conn).await?)
+}
+
+/// Locks the workspace row; `None` if it is gone.
+pub async fn lock(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<workspace::Model>> {
+    Ok(workspace::Entity::find_by_id(id).lock_exclusive().one(txn).await?)
 }
 
 /// Share-locks a workspace row (PostgreSQL) so its deletion waits for the caller's transaction.
@@ -41,33 +49,30 @@ pub async fn page<C: ConnectionTrait>(
     Ok(q.order_by_desc(workspace::Column::Id).limit(limit).all(conn).await?)
 }
 
-/// Each task of the workspace with when it was archived.
-pub async fn task_archival<C: ConnectionTrait>(
-    conn: &C,
-    workspace_id: Uuid,
-) -> Result<Vec<(Uuid, Option<chrono::DateTime<chrono::Utc>>)>> {
-    Ok(task::Entity::find()
-        .select_only()
-        .column(task::Column::Id)
-        .column(task::Column::ArchivedAt)
-        .filter(task::Column::WorkspaceId.eq(workspace_id))
-        .into_tuple()
-        .all(conn)
-        .await?)
+/// Task creation refuses a `deleting` workspace.
+pub async fn mark_deleting(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+    workspace::Entity::update(workspace::ActiveModel {
+        id: Set(id),
+        status: Set(WorkspaceStatus::Deleting),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    Ok(())
 }
 
-fn session_task() -> RelationDef {
-    task_session::Entity::belongs_to(task::Entity)
-        .from(task_session::Column::TaskId)
-        .to(task::Column::Id)
-        .into()
-}
-
-/// Every session of the workspace's tasks, in one join.
-pub async fn sessions_of<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> Result<Vec<task_session::Model>> {
-    Ok(task_session::Entity::find()
-        .join(JoinType::InnerJoin, session_task())
-        .filter(task::Column::WorkspaceId.eq(workspace_id))
-        .all(conn)
-        .await?)
+/// The workspace and its children of the cascade: tasks (with their environments) first, then
+/// repositories, then the row.
+pub async fn delete(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
+    task::Entity::delete_many()
+        .filter(task::Column::WorkspaceId.eq(id))
+        .exec(txn)
+        .await?;
+    repository::Entity::delete_many()
+        .filter(repository::Column::WorkspaceId.eq(id))
+        .exec(txn)
+        .await?;
+    workspace::Entity::delete_by_id(id).exec(txn).await?;
+    Ok(())
 }

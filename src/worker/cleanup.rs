@@ -48,8 +48,8 @@ pub async fn run(ctx: Ctx, index: usize) {
 }
 
 /// An error with its whole source chain, for the log.
-fn chain(e: Error) -> String {
-    format!("{:#}", anyhow::Error::from(e))
+pub(crate) fn chain(e: impl Into<anyhow::Error>) -> String {
+    format!("{:#}", e.into())
 }
 
 /// Claims one due (or abandoned) job of this node: `running`, attempts + 1, our lease.

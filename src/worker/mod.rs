@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::domain::Ctx;
 use crate::events;
+use cleanup::chain;
 
 /// Trims events by count and age, expires idle quick chats and takes over abandoned materializations,
 /// every `interval`, forever.
@@ -21,15 +22,15 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
         {
             Ok(0) => {}
             Ok(n) => tracing::info!(trimmed = n, "event retention"),
-            Err(e) => tracing::warn!(error = %e, "event retention failed"),
+            Err(e) => tracing::warn!(error = %chain(e), "event retention failed"),
         }
         if let Err(e) = crate::domain::task_lifecycle::expire_quick_chats(&ctx).await {
-            tracing::warn!(error = %e, "quick-chat expiry failed");
+            tracing::warn!(error = %chain(e), "quick-chat expiry failed");
         }
         match crate::domain::environments::recover_abandoned(&ctx).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(recovered = n, "took over abandoned materializations"),
-            Err(e) => tracing::warn!(error = %e, "recovering abandoned materializations failed"),
+            Err(e) => tracing::warn!(error = %chain(e), "recovering abandoned materializations failed"),
         }
     }
 }

@@ -15,8 +15,8 @@ use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorTy
 use crate::error::{Error, Result};
 use crate::managed_path::Consent;
 use crate::store::cleanup_jobs::{self as store, JobPatch};
-use crate::store::lifecycle;
-use crate::store::tasks::ensure_no_cleanup;
+use crate::store::tasks::{self as task_store, ensure_no_cleanup};
+use crate::store::{environments as env_store, sessions as sessions_store};
 
 /// The environment a task owns (not one it inherits), with its active worktrees.
 pub(crate) async fn owned_environment<C: ConnectionTrait>(
@@ -38,7 +38,7 @@ pub(crate) async fn owned_environment<C: ConnectionTrait>(
         };
         return Ok(Some((e, snap)));
     }
-    let mut worktrees: Vec<WorktreeSnapshot> = lifecycle::active_worktrees(conn, e.id)
+    let mut worktrees: Vec<WorktreeSnapshot> = env_store::active_worktrees(conn, e.id)
         .await?
         .into_iter()
         .filter_map(|(r, repo)| {
@@ -90,7 +90,7 @@ pub(crate) async fn prepare(
         task_id: t.id,
         workspace_id: t.workspace_id,
         environment: owned.as_ref().map(|(_, s)| s.clone()),
-        sessions: lifecycle::session_ids_of_task(txn, t.id).await?,
+        sessions: sessions_store::ids_of_task(txn, t.id).await?,
         discard_worktree_changes: consent.cloned(),
     };
     let now = crate::clock::now();
@@ -187,11 +187,11 @@ pub(crate) async fn settle(ctx: &Ctx, jobs: &[job::Model], mutation: Result<()>)
 async fn mutation_committed(ctx: &Ctx, j: &job::Model) -> Result<bool> {
     let conn = &ctx.db.conn;
     Ok(match j.trigger {
-        CleanupTrigger::Archive | CleanupTrigger::CascadeArchive => lifecycle::task(conn, j.task_id)
+        CleanupTrigger::Archive | CleanupTrigger::CascadeArchive => task_store::find(conn, j.task_id)
             .await?
             .is_some_and(|t| t.archived_at.is_some()),
         CleanupTrigger::EnvironmentReset => match j.task_environment_id {
-            Some(id) => lifecycle::environment(conn, id)
+            Some(id) => env_store::find(conn, id)
                 .await?
                 .is_none_or(|e| e.status == EnvironmentStatus::Superseded),
             None => true,
@@ -199,7 +199,7 @@ async fn mutation_committed(ctx: &Ctx, j: &job::Model) -> Result<bool> {
         CleanupTrigger::Delete
         | CleanupTrigger::CascadeDelete
         | CleanupTrigger::WorkspaceDelete
-        | CleanupTrigger::QuickChatExpire => lifecycle::task(conn, j.task_id).await?.is_none(),
+        | CleanupTrigger::QuickChatExpire => task_store::find(conn, j.task_id).await?.is_none(),
     })
 }
 

@@ -14,8 +14,8 @@ use crate::entity::task_environment::EnvironmentStatus;
 use crate::error::Result;
 use crate::managed_path::{Consent, ManagedRoot};
 use crate::store::cleanup_jobs::JobPatch;
-use crate::store::lifecycle;
-use crate::store::tasks::live_inheritors;
+use crate::store::tasks::{self as task_store, live_inheritors};
+use crate::store::{environments as env_store, sessions as sessions_store};
 
 /// How an attempt ended. Errors keep their source chain until they are stored (`{:#}`).
 #[derive(Debug)]
@@ -75,7 +75,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         Err(e) => return Outcome::Terminal(e.into()),
     };
     if j.trigger.is_archive() {
-        match lifecycle::task(&ctx.db.conn, snap.task_id).await {
+        match task_store::find(&ctx.db.conn, snap.task_id).await {
             Ok(Some(t)) if t.archived_at.is_none() => return Outcome::Cancelled("the task was unarchived"),
             Ok(_) => {}
             Err(e) => return retry(e),
@@ -88,7 +88,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     let Some(env_snap) = &snap.environment else {
         return Outcome::Done;
     };
-    match lifecycle::environment(&ctx.db.conn, env_snap.id).await {
+    match env_store::find(&ctx.db.conn, env_snap.id).await {
         // Still being materialized: its publish will meet the barrier and remove what it made; wait.
         // Abandoned by a crash (lease expired): nobody will publish it; its planned paths are in the snapshot.
         Ok(Some(e)) if environments::is_fresh_creating(ctx, &e) => {
@@ -132,7 +132,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
 
 /// Another live (not superseded) environment's inventory names this path.
 async fn claimed_by_another(ctx: &Ctx, env_id: uuid::Uuid, path: &str) -> Result<bool> {
-    Ok(lifecycle::environments_naming(&ctx.db.conn, path, env_id)
+    Ok(env_store::others_naming(&ctx.db.conn, path, env_id)
         .await?
         .iter()
         .any(|e| e.status != EnvironmentStatus::Superseded))
@@ -142,7 +142,7 @@ async fn claimed_by_another(ctx: &Ctx, env_id: uuid::Uuid, path: &str) -> Result
 /// still works in it.
 async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Result<bool> {
     let conn = &ctx.db.conn;
-    let Some(e) = lifecycle::environment(conn, env_id).await? else {
+    let Some(e) = env_store::find(conn, env_id).await? else {
         return Ok(false);
     };
     if e.task_id != snap.task_id {
@@ -151,8 +151,8 @@ async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Res
     if !live_inheritors(conn, snap.task_id).await?.is_empty() {
         return Ok(true);
     }
-    for b in lifecycle::live_borrowers(conn, env_id, snap.task_id).await? {
-        if lifecycle::task(conn, b.task_id)
+    for b in sessions_store::live_borrowers(conn, env_id, snap.task_id).await? {
+        if task_store::find(conn, b.task_id)
             .await?
             .is_some_and(|t| t.archived_at.is_none())
         {
@@ -216,7 +216,7 @@ async fn destroy_worktree(ctx: &Ctx, root: &ManagedRoot, w: &WorktreeSnapshot, c
 async fn retire_environment(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Result<()> {
     let now = crate::clock::now();
     let txn = ctx.db.begin_write().await?;
-    let Some(e) = lifecycle::environment(&txn, env_id).await? else {
+    let Some(e) = env_store::find(&txn, env_id).await? else {
         txn.rollback().await?;
         return Ok(());
     };
@@ -224,10 +224,10 @@ async fn retire_environment(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> R
         txn.rollback().await?;
         return Ok(());
     }
-    lifecycle::delete_inventory(&txn, env_id, now).await?;
+    env_store::delete_inventory(&txn, env_id, now).await?;
     // The environment still belongs to the job's task, so the task row is there (it cascades).
     if e.status != EnvironmentStatus::Superseded
-        && let Some(t) = lifecycle::task(&txn, snap.task_id).await?
+        && let Some(t) = task_store::find(&txn, snap.task_id).await?
     {
         environments::supersede(&txn, ctx, &t, env_id, "cleanup").await?;
     }

@@ -9,7 +9,7 @@ use crate::domain::pagination::{Page, PageRequest};
 use crate::entity::cleanup_job::{self as job, CleanupJobState, CleanupTrigger};
 use crate::error::{Error, Result};
 use crate::store::cleanup_jobs::{self as store, JobPatch, ListQuery};
-use crate::store::lifecycle;
+use crate::store::tasks as task_store;
 
 /// A filter on a vocabulary. A value outside it matches no job (an empty page, as when the column held
 /// free strings).
@@ -70,7 +70,7 @@ pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model
 pub async fn retry(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model> {
     let j = get(ctx, p, id).await?;
     if j.trigger.is_archive() {
-        let archived = lifecycle::task(&ctx.db.conn, j.task_id)
+        let archived = task_store::find(&ctx.db.conn, j.task_id)
             .await?
             .is_some_and(|t| t.archived_at.is_some());
         if !archived {

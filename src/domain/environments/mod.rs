@@ -23,7 +23,8 @@ use crate::events::EventType;
 use crate::executor::worktree;
 use crate::managed_path::ManagedRoot;
 use crate::store::environments::{self as store, NewRepoRow, Settle};
-use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
+use crate::store::sessions as sessions_store;
+use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of, slot_at, slot_count, slots_with_repositories};
 use state::{env_subject, settle, supersede_stale};
 
 mod lease;
@@ -31,7 +32,6 @@ mod recovery;
 mod state;
 mod transition;
 
-pub(crate) use crate::store::environments::slots_with_repositories;
 pub(crate) use lease::is_fresh_creating;
 pub use recovery::recover_abandoned;
 pub(crate) use state::supersede;
@@ -222,7 +222,7 @@ pub(super) async fn new_candidate(
     owner: &task::Model,
     executor: ExecutorType,
 ) -> Result<env::Model> {
-    let slots = store::slot_count(txn, owner.id).await?;
+    let slots = slot_count(txn, owner.id).await?;
     if executor == ExecutorType::Worktree && slots == 0 {
         return Err(Error::invalid(
             "executor_type",
@@ -326,7 +326,7 @@ pub(super) async fn fail(
         return Ok(());
     }
     if let Some(failure) = failure {
-        let slot = store::slot_at(&txn, owner.id, failure.position).await?;
+        let slot = slot_at(&txn, owner.id, failure.position).await?;
         let row = NewRepoRow {
             repository_id: failure.repository_id,
             branch_slug: slot.map(|s| s.branch_slug).unwrap_or_default(),
@@ -396,7 +396,7 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<EnvironmentView> 
         return Err(Error::NotFound("environment"));
     }
     if let Some(session_id) = p.session_id
-        && !store::session_attached(&ctx.db.conn, session_id, id).await?
+        && !sessions_store::is_attached(&ctx.db.conn, session_id, id).await?
     {
         return Err(Error::NotFound("environment"));
     }

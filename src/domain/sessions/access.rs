@@ -7,6 +7,7 @@ use crate::entity::task;
 use crate::entity::task_session as session;
 use crate::error::{Error, Result};
 use crate::events::Subject;
+use crate::store::environments as env_store;
 use crate::store::sessions as store;
 
 /// A session as readers see it: the workspace path is the environment's, never a copy (I20).
@@ -41,7 +42,10 @@ pub(crate) async fn visible_with_task<C: ConnectionTrait>(
 
 /// I19/I20: the session shows its environment's effective workspace path.
 pub(crate) async fn project<C: ConnectionTrait>(conn: &C, s: session::Model) -> Result<SessionView> {
-    let workspace_path = store::environment_path(conn, &s).await?;
+    let workspace_path = match s.task_environment_id {
+        Some(env_id) => env_store::workspace_path(conn, env_id).await?,
+        None => None,
+    };
     Ok(SessionView {
         session: s,
         workspace_path,

@@ -11,6 +11,7 @@ use crate::entity::task;
 use crate::entity::task_session::{self as session, SessionState};
 use crate::error::{Error, Result};
 use crate::store::sessions::{self as store, StatePatch};
+use crate::store::tasks as task_store;
 
 /// Sends a prompt, recording it in the transcript first.
 pub(super) async fn deliver(ctx: &Ctx, session_id: Uuid, text: &str) -> Result<()> {
@@ -54,7 +55,7 @@ pub async fn stop(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionV
 }
 
 pub(crate) async fn stop_session(ctx: &Ctx, s: &session::Model) -> Result<()> {
-    let task = store::task_of(&ctx.db.conn, s)
+    let task = task_store::find(&ctx.db.conn, s.task_id)
         .await?
         .ok_or(Error::NotFound("session"))?;
     let live = ctx.runtime.is_live(s.id);

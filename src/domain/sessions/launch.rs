@@ -18,9 +18,10 @@ use crate::error::{Error, Result, ReuseCategory};
 use crate::executor::admission::{self, AdmittedWorkspace, Candidate, Refusal};
 use crate::executor::worktree::Materialized;
 use crate::runtime::SpawnError;
+use crate::store::environments as env_store;
 use crate::store::executions::ExecutionPatch;
-use crate::store::sessions::{self as store, StatePatch};
-use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
+use crate::store::sessions::StatePatch;
+use crate::store::tasks::{self as task_store, ensure_no_cleanup, lock_task, owner_of};
 
 impl From<Refusal> for ReuseCategory {
     fn from(r: Refusal) -> Self {
@@ -51,7 +52,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         return project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await;
     }
     let (profile_name, profile) = resolve_profile(ctx, &s)?;
-    let task = store::task_of(&ctx.db.conn, &s)
+    let task = task_store::find(&ctx.db.conn, s.task_id)
         .await?
         .ok_or(Error::NotFound("session"))?;
     if task.archived_at.is_some() {
@@ -219,7 +220,7 @@ impl Launch<'_> {
             _ => {}
         }
         // The admitted environment must still be the one to run in, now that the task is locked.
-        let still = store::environment(&txn, self.admitted.environment_id()).await?;
+        let still = env_store::find(&txn, self.admitted.environment_id()).await?;
         let valid = match (&still, &self.transition) {
             (Some(e), None) => matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped),
             (Some(e), Some((c, _))) => {
@@ -299,7 +300,7 @@ impl Launch<'_> {
             }
         }
         // I19: a successful launch writes the effective workspace back (healing an earlier wrong value).
-        store::heal_workspace_path(&txn, self.admitted.environment_id(), &self.workspace_path()).await?;
+        env_store::heal_workspace_path(&txn, self.admitted.environment_id(), &self.workspace_path()).await?;
         // Only if nothing (an exit already reported) moved the session on meanwhile.
         let current = reload(&txn, self.session_id).await?;
         if current.execution_id == Some(self.execution_id) && current.state == SessionState::Starting {
@@ -342,8 +343,8 @@ async fn admit(
     // A transition candidate is admitted while still `creating` (it becomes current only after its launch).
     candidate: bool,
 ) -> Result<std::result::Result<AdmittedWorkspace, Refusal>> {
-    let rows = store::active_environment_repos(&ctx.db.conn, current.id).await?;
-    let slots: Vec<admission::Slot> = environments::slots_with_repositories(&ctx.db.conn, owner.id)
+    let rows = env_store::active_repos(&ctx.db.conn, current.id).await?;
+    let slots: Vec<admission::Slot> = task_store::slots_with_repositories(&ctx.db.conn, owner.id)
         .await?
         .iter()
         .filter_map(|(slot, repo)| {

@@ -16,8 +16,9 @@ use crate::entity::task_session::{self as session, SessionState};
 use crate::error::{Error, Result};
 use crate::events;
 use crate::events::EventType;
+use crate::store::environments as env_store;
 use crate::store::sessions as store;
-use crate::store::tasks::{ensure_no_cleanup, lock_task};
+use crate::store::tasks::{self as task_store, ensure_no_cleanup, lock_task};
 
 pub struct NewSession {
     pub executor_type: ExecutorType,
@@ -97,7 +98,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
     }
     // I7: either this session commits before a cleanup barrier, or it is refused.
     ensure_no_cleanup(&txn, &[task.id, environment.task_id]).await?;
-    let environment = store::attachable_environment(&txn, environment.id)
+    let environment = env_store::find_attachable(&txn, environment.id)
         .await?
         .ok_or_else(|| Error::Stale("the task's environment changed meanwhile; retry".into()))?;
     let has_primary = store::primary_of(&txn, task.id).await?.is_some();
@@ -123,7 +124,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
         ended_at: None,
     };
     store::insert(&txn, model.clone()).await?;
-    store::touch_task(&txn, task.id, now).await?;
+    task_store::touch(&txn, task.id, now).await?;
     events::append(
         &txn,
         ctx.instance_id,

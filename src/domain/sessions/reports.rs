@@ -12,6 +12,7 @@ use crate::events::{self, Subject};
 use crate::runtime::RuntimeEvent;
 use crate::store::executions::ExecutionPatch;
 use crate::store::sessions::{self as store, StatePatch};
+use crate::store::tasks as task_store;
 
 /// Applies the runtime's reports, in order, forever.
 pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>) {
@@ -61,7 +62,7 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     if s.execution_id != Some(execution_id) {
         return Ok(());
     }
-    let Some(task) = store::task_of(&txn, &s).await? else {
+    let Some(task) = task_store::find(&txn, s.task_id).await? else {
         return Ok(());
     };
     let now = crate::clock::now();
@@ -131,7 +132,7 @@ async fn on_exit(
     if s.execution_id != Some(execution_id) || s.state.is_terminal() {
         return Ok(());
     }
-    let Some(task) = store::task_of(&ctx.db.conn, &s).await? else {
+    let Some(task) = task_store::find(&ctx.db.conn, s.task_id).await? else {
         return Ok(());
     };
     let message = exit_message(code, stderr_tail);

@@ -11,6 +11,7 @@ use crate::entity::task_session::{self as session, SessionState};
 use crate::error::Result;
 use crate::store::executions::ExecutionPatch;
 use crate::store::sessions::{self as store, StatePatch};
+use crate::store::tasks as task_store;
 
 /// The states of a session that claims a process.
 const CLAIMING: [SessionState; 6] = [
@@ -74,7 +75,7 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
 /// A session that claims a process this one does not run: an open one is recovering now (returned, to
 /// relaunch), any other is stopped.
 async fn settle_claim(ctx: &Ctx, s: session::Model) -> Result<Option<session::Model>> {
-    let Some(task) = store::task_of(&ctx.db.conn, &s).await? else {
+    let Some(task) = task_store::find(&ctx.db.conn, s.task_id).await? else {
         return Ok(None);
     };
     let txn = ctx.db.begin_write().await?;

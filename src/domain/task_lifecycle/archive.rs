@@ -18,9 +18,9 @@ use crate::error::{Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::cleanup_jobs::{self as jobs_store, JobPatch};
-use crate::store::lifecycle;
+use crate::store::repositories as repo_store;
 use crate::store::sessions::{self as sessions_store, StatePatch};
-use crate::store::tasks::{lock_in_order, lock_task, owner_of, subtree};
+use crate::store::tasks::{self as task_store, lock_in_order, lock_task, owner_of, subtree};
 
 /// Whether a task's branch is still there to recover its work from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -69,7 +69,7 @@ pub async fn archive(
         lock_in_order(&txn, &tasks).await?;
         let now = crate::clock::now();
         for t in &tasks {
-            lifecycle::set_archived(&txn, t.id, Some(now), now).await?;
+            task_store::set_archived(&txn, t.id, Some(now), now).await?;
             cancel_sessions(&txn, ctx, t).await?;
             events::append(
                 &txn,
@@ -162,7 +162,7 @@ pub async fn unarchive(
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         }
-        lifecycle::set_archived(&txn, task_id, None, crate::clock::now()).await?;
+        task_store::set_archived(&txn, task_id, None, crate::clock::now()).await?;
         events::append(
             &txn,
             ctx.instance_id,
@@ -182,8 +182,8 @@ pub async fn unarchive(
 async fn branch_recovery(ctx: &Ctx, t: &task::Model) -> Result<Vec<BranchRecovery>> {
     let owner = owner_of(&ctx.db.conn, t).await?;
     let mut out = Vec::new();
-    for slot in lifecycle::repository_slots(&ctx.db.conn, owner.id).await? {
-        let Some(repo) = lifecycle::repository(&ctx.db.conn, slot.repository_id).await? else {
+    for slot in task_store::slots_of(&ctx.db.conn, owner.id).await? {
+        let Some(repo) = repo_store::find(&ctx.db.conn, slot.repository_id).await? else {
             continue;
         };
         let branch = slot.branch.clone().unwrap_or_else(|| format!("berth/{}", owner.slug));

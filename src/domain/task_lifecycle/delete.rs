@@ -18,8 +18,8 @@ use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::managed_path::Consent;
 use crate::store::cleanup_jobs::{self as jobs_store};
-use crate::store::lifecycle;
-use crate::store::tasks::{live_inheritors, lock_in_order, lock_task, subtree};
+use crate::store::tasks::{self as task_store, live_inheritors, lock_in_order, lock_task, subtree};
+use crate::store::{environments as env_store, sessions as sessions_store};
 
 /// I11: the worktrees of these tasks that hold changes, found before anything changes.
 async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model]) -> Result<Vec<DirtyRepository>> {
@@ -113,7 +113,7 @@ pub(crate) async fn delete_tasks(
                 j.resource_snapshot = serde_json::to_value(&snap).map_err(|e| Error::Internal(e.into()))?;
                 jobs_store::set_snapshot(&txn, j.id, j.resource_snapshot.clone()).await?;
             }
-            lifecycle::delete_task(&txn, t.id).await?;
+            task_store::delete(&txn, t.id).await?;
             events::append(
                 &txn,
                 ctx.instance_id,
@@ -148,10 +148,10 @@ async fn transfer(
     env_id: Uuid,
     heir: &task::Model,
 ) -> Result<()> {
-    let e = lifecycle::environment(txn, env_id)
+    let e = env_store::find(txn, env_id)
         .await?
         .ok_or(Error::NotFound("environment"))?;
-    lifecycle::transfer_environment(txn, &e, from, heir, crate::clock::now()).await?;
+    task_store::transfer_environment(txn, &e, from, heir, crate::clock::now()).await?;
     let subject = Subject {
         task_environment_id: Some(env_id),
         ..Subject::task(heir.workspace_id, heir.id)
@@ -174,8 +174,8 @@ pub async fn expire_quick_chats(ctx: &Ctx) -> Result<usize> {
     let cutoff = crate::clock::now()
         - chrono::Duration::from_std(ctx.config.quick_chat_retention).unwrap_or(chrono::Duration::days(7));
     let mut expired = 0;
-    for t in lifecycle::idle_quick_chats(&ctx.db.conn, cutoff).await? {
-        let sessions = lifecycle::sessions_of_task(&ctx.db.conn, t.id).await?;
+    for t in task_store::idle_quick_chats(&ctx.db.conn, cutoff).await? {
+        let sessions = sessions_store::of_task(&ctx.db.conn, t.id).await?;
         let newest = sessions.iter().map(|s| s.last_activity_at).max();
         if newest.is_some_and(|n| n >= cutoff)
             || sessions.iter().any(|s| ctx.runtime.is_live(s.id) || s.state.is_busy())

@@ -11,8 +11,8 @@ use crate::entity::cleanup_job as job;
 use crate::error::{Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
-use crate::store::lifecycle;
 use crate::store::tasks::{lock_task, owner_of};
+use crate::store::{environments as env_store, sessions as sessions_store};
 
 /// Destroys the current environment's resources through a job, so the next session materializes afresh.
 pub async fn reset_environment(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid) -> Result<job::Model> {
@@ -26,7 +26,7 @@ pub async fn reset_environment(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid) -
     let current = environments::current(&txn, owner.id)
         .await?
         .ok_or(Error::NotFound("environment"))?;
-    let users = lifecycle::sessions_in_environment(&txn, current.id).await?;
+    let users = sessions_store::in_environment(&txn, current.id).await?;
     if users.iter().any(|s| s.state.is_busy() || ctx.runtime.is_live(s.id)) {
         return Err(Error::SessionBusy);
     }
@@ -34,7 +34,7 @@ pub async fn reset_environment(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid) -
     ctx.commit(txn).await?;
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
-        lifecycle::mark_superseded(&txn, current.id, crate::clock::now()).await?;
+        env_store::mark_superseded(&txn, current.id, crate::clock::now()).await?;
         let subject = Subject {
             task_environment_id: Some(current.id),
             ..Subject::task(owner.workspace_id, owner.id)

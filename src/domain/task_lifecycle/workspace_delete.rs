@@ -11,8 +11,8 @@ use crate::entity::cleanup_job as job;
 use crate::error::{Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
-use crate::store::lifecycle;
-use crate::store::tasks::lock_task;
+use crate::store::tasks::{self as task_store, lock_task};
+use crate::store::workspaces as workspace_store;
 
 pub async fn delete_workspace(
     ctx: &Ctx,
@@ -27,21 +27,21 @@ pub async fn delete_workspace(
     let txn = ctx.db.begin_write().await?;
     // The workspace row first: task creation share-locks it and refuses a `deleting` workspace, so the
     // task list read here is complete (no task can escape its job).
-    lifecycle::lock_workspace(&txn, workspace_id)
+    workspace_store::lock(&txn, workspace_id)
         .await?
         .ok_or(Error::NotFound("workspace"))?;
-    let tasks = lifecycle::tasks_of_workspace(&txn, workspace_id).await?;
+    let tasks = task_store::of_workspace(&txn, workspace_id).await?;
     let mut jobs = Vec::new();
     for t in &tasks {
         let t = lock_task(&txn, t.id).await?;
         jobs.push(prepare(&txn, ctx, &t, CleanupTrigger::WorkspaceDelete, None).await?);
     }
-    lifecycle::mark_workspace_deleting(&txn, workspace_id, crate::clock::now()).await?;
+    workspace_store::mark_deleting(&txn, workspace_id, crate::clock::now()).await?;
     ctx.commit(txn).await?;
     stop_agents(ctx, &jobs).await;
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
-        lifecycle::delete_workspace(&txn, workspace_id).await?;
+        workspace_store::delete(&txn, workspace_id).await?;
         events::append(
             &txn,
             ctx.instance_id,
