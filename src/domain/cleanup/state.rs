@@ -203,7 +203,7 @@ mod tests {
         let e: crate::error::Error = Running.on(OperatorCancel).unwrap_err().into();
         assert_eq!(
             e.to_string(),
-            "conflict: the job is running; this needs prepared or pending or retry_wait"
+            "invalid state: the job is running; this needs prepared or pending or retry_wait"
         );
     }
 
