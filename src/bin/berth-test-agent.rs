@@ -6,6 +6,7 @@
 //! - `pwd`: reply with the working directory
 //! - `write NAME TEXT`: write a file in the working directory
 //! - `env NAME`: reply with an environment variable
+//! - `envkeys`: reply with the names of every environment variable, sorted, space-separated
 //! - `ask`: ask a confirm question and wait for the answer
 //! - `hang`: start working and never finish (until aborted)
 //! - `crash`: exit with status 3
@@ -63,6 +64,13 @@ fn main() {
                         reply(&format!("wrote {name}"));
                     }
                     "env" => reply(&std::env::var(words.next().unwrap_or_default()).unwrap_or_default()),
+                    "envkeys" => {
+                        let mut keys: Vec<String> = std::env::vars_os()
+                            .map(|(k, _)| k.to_string_lossy().into_owned())
+                            .collect();
+                        keys.sort();
+                        reply(&keys.join(" "));
+                    }
                     "crash" => std::process::exit(3),
                     "stream" => {
                         // `stream N`: N output events, each flushed, as a working agent streams text.

@@ -103,8 +103,12 @@ impl Runtime {
         if agents.contains_key(&session_id) {
             return Err(SpawnError::AlreadyRunning);
         }
+        // An agent sees an allow-list of berth's environment, never its secrets or database URL (an agent
+        // holding BERTH_JWT_SECRET could mint an admin token): then its profile's, then its session's.
         let mut child = Command::new(&profile.command)
             .args(&profile.args)
+            .env_clear()
+            .envs(inherited_env())
             .envs(&profile.env)
             .env("BERTH_SESSION_ID", session_id.to_string())
             .env("BERTH_EXECUTION_ID", execution_id.to_string())
@@ -356,4 +360,16 @@ fn signal_group(pgid: u32, signal: i32) {
     unsafe {
         libc::kill(-(pgid as i32), signal);
     }
+}
+
+/// The variables of berth's own environment an agent inherits: what a program needs to find its tools,
+/// its home, its locale and its terminal. Everything else (every `BERTH_*` setting and secret, database
+/// URLs, cloud credentials) stays with berth; a profile passes what its agent needs through `env`.
+pub const INHERITED_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "TERM", "USER", "TMPDIR"];
+
+fn inherited_env() -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
+    std::env::vars_os().filter(|(k, _)| {
+        k.to_str()
+            .is_some_and(|k| INHERITED_ENV.contains(&k) || k.starts_with("LC_"))
+    })
 }

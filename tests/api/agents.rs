@@ -184,13 +184,30 @@ async fn an_agent_works_in_its_admitted_worktree(app: TestApp) {
     .await
     .ok(202);
     assert_eq!(wait_reply(&app, id, 2).await[1], "s3cret-value");
+    // Nothing else of berth's environment does (issue 15): the test process holds CARGO_* variables and,
+    // in CI, the PostgreSQL URL; the agent sees only the allow-list, its profile's and its session's.
+    app.post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "envkeys"}))
+        .await
+        .ok(202);
+    let keys = wait_reply(&app, id, 3).await[2].clone();
+    let keys: Vec<&str> = keys.split(' ').collect();
+    assert!(keys.contains(&"PATH") && keys.contains(&"BERTH_SESSION_ID"), "{keys:?}");
+    let leaked: Vec<&&str> = keys
+        .iter()
+        .filter(|k| {
+            !(berth::runtime::INHERITED_ENV.contains(k)
+                || k.starts_with("LC_")
+                || ["BERTH_TEST_SECRET", "BERTH_SESSION_ID", "BERTH_EXECUTION_ID"].contains(k))
+        })
+        .collect();
+    assert!(leaked.is_empty(), "the agent inherited {leaked:?}");
     app.post(
         &format!("/api/v1/sessions/{id}/messages"),
         json!({"text": "write hello.txt hi there"}),
     )
     .await
     .ok(202);
-    wait_reply(&app, id, 3).await;
+    wait_reply(&app, id, 4).await;
     assert_eq!(std::fs::read_to_string(worktree.join("hello.txt")).unwrap(), "hi there");
     // Events: the state went starting -> idle/running, and output is visible as runtime.output.
     let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
