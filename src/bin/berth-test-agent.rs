@@ -8,6 +8,7 @@
 //! - `env NAME`: reply with an environment variable
 //! - `envkeys`: reply with the names of every environment variable, sorted, space-separated
 //! - `ask`: ask a confirm question and wait for the answer
+//! - `notify`: send fire-and-forget UI notices (notify, setStatus, setTitle), then reply `notified`
 //! - `hang`: start working and never finish (until aborted)
 //! - `crash`: exit with status 3
 //! - `stream N`: N streamed output events, a tool call, and token usage
@@ -98,6 +99,15 @@ fn main() {
                         );
                         asked = Some(id);
                         continue;
+                    }
+                    "notify" => {
+                        // Fire-and-forget notices (they carry ids too), then an ordinary reply.
+                        for method in ["notify", "setStatus", "setTitle"] {
+                            emit(
+                                json!({"type": "extension_ui_request", "id": format!("n-{method}"), "method": method, "message": "working on it"}),
+                            );
+                        }
+                        reply("notified");
                     }
                     _ => reply(&text),
                 }

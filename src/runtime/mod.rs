@@ -213,7 +213,7 @@ impl Runtime {
                     Some("tool_execution_end") => {
                         agent_r.tool.lock().unwrap().take();
                     }
-                    Some("extension_ui_request") if event["id"].is_string() => {
+                    Some("extension_ui_request") if event["id"].is_string() && is_dialog(&event) => {
                         agent_r.pending.lock().unwrap().push(event.clone());
                     }
                     _ => {}
@@ -372,4 +372,17 @@ fn inherited_env() -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsStri
         k.to_str()
             .is_some_and(|k| INHERITED_ENV.contains(&k) || k.starts_with("LC_"))
     })
+}
+
+/// The `extension_ui_request` methods that only tell the user something (Pi RPC: a notification, a status
+/// line, a widget, a title, the editor's text): no answer is awaited, so they never make a session wait.
+pub const FIRE_AND_FORGET_UI: [&str; 5] = ["notify", "setStatus", "setWidget", "setTitle", "set_editor_text"];
+
+/// Whether an agent's output line is a question waiting for an answer (`select`, `confirm`, `input`,
+/// `editor`, or any method not known to be fire-and-forget: a question is never ignored).
+pub fn is_dialog(event: &serde_json::Value) -> bool {
+    event["type"] == "extension_ui_request"
+        && !event["method"]
+            .as_str()
+            .is_some_and(|m| FIRE_AND_FORGET_UI.contains(&m))
 }

@@ -31,6 +31,7 @@ both_backends!(
     a_snapshot_then_the_stream_loses_nothing_while_an_agent_streams,
     a_launch_cut_off_by_a_crash_is_restored,
     a_restore_that_moves_a_session_to_recovering_reports_it,
+    notices_are_events_and_never_ask_for_attention,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -1102,4 +1103,49 @@ async fn all_events(app: &TestApp) -> Vec<Value> {
         after = events.last().unwrap()["seq"].as_i64().unwrap();
         out.extend(events);
     }
+}
+
+// I31 (issue 15, item 5): fire-and-forget UI requests (notify, setStatus, setTitle; they carry ids like
+// questions do) are published as events and never put the session in `attention`.
+async fn notices_are_events_and_never_ask_for_attention(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Notices", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "notify"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    assert_eq!(wait_reply(&app, id, 1).await[0], "notified");
+    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
+    let mine: Vec<&Value> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["session_id"] == id.to_string())
+        .collect();
+    let states: Vec<&str> = mine
+        .iter()
+        .filter(|e| e["type"] == "session.state_changed")
+        .map(|e| e["data"]["state"].as_str().unwrap())
+        .collect();
+    assert!(
+        !states.contains(&"attention"),
+        "a notice asked for attention: {states:?}"
+    );
+    let notices: Vec<&str> = mine
+        .iter()
+        .filter(|e| e["type"] == "runtime.output" && e["data"]["event"]["type"] == "extension_ui_request")
+        .map(|e| e["data"]["event"]["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(notices, ["notify", "setStatus", "setTitle"]);
+    let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+    assert!(snap["attention_requests"].as_array().unwrap().is_empty(), "{snap}");
+    app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
+        .await
+        .ok(200);
 }

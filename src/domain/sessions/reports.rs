@@ -46,7 +46,7 @@ fn session_event(output: &serde_json::Value) -> Option<SessionEvent> {
     match output["type"].as_str() {
         Some("agent_start") => Some(SessionEvent::AgentStart),
         Some("agent_end" | "agent_settled") => Some(SessionEvent::AgentEnd),
-        Some("extension_ui_request") => Some(SessionEvent::UiRequest),
+        Some("extension_ui_request") if crate::runtime::is_dialog(output) => Some(SessionEvent::UiRequest),
         _ => None,
     }
 }
@@ -206,6 +206,21 @@ mod tests {
             Some(SessionEvent::UiRequest)
         );
         assert_eq!(session_event(&json!({"type": "message_end"})), None);
+        // Notices are events, never questions: the state stays.
+        for method in crate::runtime::FIRE_AND_FORGET_UI {
+            assert_eq!(
+                session_event(&json!({"type": "extension_ui_request", "id": "n", "method": method})),
+                None,
+                "{method}"
+            );
+        }
+        for method in ["select", "confirm", "input", "editor", "something_new"] {
+            assert_eq!(
+                session_event(&json!({"type": "extension_ui_request", "id": "q", "method": method})),
+                Some(SessionEvent::UiRequest),
+                "{method}"
+            );
+        }
     }
 
     #[test]
