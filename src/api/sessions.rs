@@ -356,6 +356,7 @@ pub struct AttentionAnswer {
     responses(
         (status = 200, description = "Answered; the agent goes on", body = Session),
         (status = 404, description = "That request is not pending on this session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not the shape the question's method takes: `value` (select, input, editor), `confirmed` (confirm) or `cancelled: true` (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/sessions/{id}/attention/{request_id}")]
@@ -367,18 +368,8 @@ async fn answer_attention(
 ) -> Result<web::Json<Session>, Error> {
     let (id, request_id) = path.into_inner();
     let b = body.into_inner();
-    let mut response = serde_json::Map::new();
-    if let Some(v) = b.value {
-        response.insert("value".into(), v);
-    }
-    if let Some(c) = b.confirmed {
-        response.insert("confirmed".into(), c.into());
-    }
-    if let Some(c) = b.cancelled {
-        response.insert("cancelled".into(), c.into());
-    }
-    let view =
-        sessions::answer_attention(&state.ctx, &auth, id, &request_id, serde_json::Value::Object(response)).await?;
+    let answer = sessions::Answer::parse(b.value, b.confirmed, b.cancelled)?;
+    let view = sessions::answer_attention(&state.ctx, &auth, id, &request_id, answer).await?;
     Ok(web::Json(view.into()))
 }
 

@@ -797,6 +797,21 @@ async fn attention_requests_belong_to_their_session(app: TestApp) {
     )
     .await
     .problem(404, "not_found");
+    // Issue 15, item 5: the answer has the shape the question's method takes, or it is refused and the
+    // question stays pending.
+    for wrong in [
+        json!({"value": "yes"}),
+        json!({}),
+        json!({"confirmed": true, "value": "yes"}),
+        json!({"cancelled": false}),
+    ] {
+        app.post(&format!("/api/v1/sessions/{a_id}/attention/{request_id}"), wrong)
+            .await
+            .problem(422, "validation_failed");
+    }
+    let still = app.get(&format!("/api/v1/sessions/{a_id}/snapshot")).await.ok(200);
+    assert_eq!(still["attention_requests"].as_array().unwrap().len(), 1, "{still}");
+    assert_eq!(still["state"], "attention");
     app.post(
         &format!("/api/v1/sessions/{a_id}/attention/{request_id}"),
         json!({"confirmed": true}),

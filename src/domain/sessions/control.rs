@@ -100,10 +100,16 @@ pub async fn answer_attention(
     p: &Principal,
     session_id: Uuid,
     request_id: &str,
-    response: serde_json::Value,
+    answer: Answer,
 ) -> Result<SessionView> {
     let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
-    if !ctx.runtime.answer(s.id, request_id, response) {
+    let pending = ctx.runtime.attention(s.id);
+    let request = pending
+        .iter()
+        .find(|r| r["id"] == request_id)
+        .ok_or(Error::NotFound("attention request"))?;
+    answer.fits(request["method"].as_str())?;
+    if !ctx.runtime.answer(s.id, request_id, answer.response()) {
         return Err(Error::NotFound("attention request"));
     }
     if ctx.runtime.attention(s.id).is_empty() {
@@ -123,4 +129,57 @@ pub async fn answer_attention(
         ctx.commit(txn).await?;
     }
     project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+}
+
+/// An answer to an agent's question, in the shape Pi's RPC `extension_ui_response` takes: a `value`
+/// (select, input, editor), `confirmed` (confirm), or `cancelled: true` (any).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Value(String),
+    Confirmed(bool),
+    Cancelled,
+}
+
+impl Answer {
+    /// Exactly one of the three, `value` a string and `cancelled` true.
+    pub fn parse(value: Option<serde_json::Value>, confirmed: Option<bool>, cancelled: Option<bool>) -> Result<Answer> {
+        match (value, confirmed, cancelled) {
+            (Some(serde_json::Value::String(v)), None, None) => Ok(Answer::Value(v)),
+            (Some(_), None, None) => Err(Error::invalid("value", "must be a string")),
+            (None, Some(c), None) => Ok(Answer::Confirmed(c)),
+            (None, None, Some(true)) => Ok(Answer::Cancelled),
+            (None, None, Some(false)) => Err(Error::invalid("cancelled", "only true cancels a question")),
+            _ => Err(Error::invalid(
+                "body",
+                "give exactly one of value, confirmed or cancelled: true",
+            )),
+        }
+    }
+
+    /// A wrong shape for the question's method is refused (and the question stays pending).
+    fn fits(&self, method: Option<&str>) -> Result<()> {
+        match (method, self) {
+            (_, Answer::Cancelled) => Ok(()),
+            (Some("confirm"), Answer::Confirmed(_)) => Ok(()),
+            (Some("confirm"), _) => Err(Error::invalid(
+                "confirmed",
+                "a confirm question is answered with confirmed",
+            )),
+            (Some("select" | "input" | "editor"), Answer::Value(_)) => Ok(()),
+            (Some(m @ ("select" | "input" | "editor")), _) => Err(Error::invalid(
+                "value",
+                format!("a {m} question is answered with a value"),
+            )),
+            // A method this berth does not know: the agent judges the answer.
+            _ => Ok(()),
+        }
+    }
+
+    fn response(&self) -> serde_json::Value {
+        match self {
+            Answer::Value(v) => serde_json::json!({ "value": v }),
+            Answer::Confirmed(c) => serde_json::json!({ "confirmed": c }),
+            Answer::Cancelled => serde_json::json!({ "cancelled": true }),
+        }
+    }
 }

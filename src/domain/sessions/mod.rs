@@ -19,7 +19,7 @@ use super::environments;
 
 pub use access::SessionView;
 pub(crate) use access::visible;
-pub use control::{answer_attention, send_message, stop};
+pub use control::{Answer, answer_attention, send_message, stop};
 pub use launch::launch;
 pub use lifecycle::{NewSession, create, delete, get, list, make_primary};
 pub use reports::consume;
