@@ -91,7 +91,7 @@ pub struct Consent {
 
 impl Consent {
     /// The request said `discard_worktree_changes=true`; anything else is no consent.
-    pub fn from_discard_flag(discard_worktree_changes: Option<bool>) -> Option<Consent> {
+    pub(crate) fn from_discard_flag(discard_worktree_changes: Option<bool>) -> Option<Consent> {
         (discard_worktree_changes == Some(true)).then_some(Consent { _given: () })
     }
 }

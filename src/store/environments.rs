@@ -136,19 +136,6 @@ pub async fn workspace_path<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Op
         .and_then(|e| e.workspace_path))
 }
 
-/// The `creating` row held by `materializer_id`, if it still is.
-pub async fn find_held<C: ConnectionTrait>(
-    conn: &C,
-    id: Uuid,
-    materializer_id: Option<Uuid>,
-) -> Result<Option<env::Model>> {
-    Ok(env::Entity::find_by_id(id)
-        .filter(env::Column::Status.eq(EnvironmentStatus::Creating))
-        .filter(env::Column::MaterializerId.eq(materializer_id))
-        .one(conn)
-        .await?)
-}
-
 /// What a settled materialization writes over its `creating` row.
 pub struct Settle {
     pub status: EnvironmentStatus,

@@ -32,7 +32,7 @@ pub struct ExecutionPatch {
 }
 
 /// `UPDATE agent_executions SET state = next, .. WHERE id = ? AND state IN (from)`: true if it moved.
-pub async fn compare_and_set_state<C: ConnectionTrait>(
+pub(crate) async fn compare_and_set_state<C: ConnectionTrait>(
     conn: &C,
     id: Uuid,
     from: &[ExecutionState],

@@ -84,11 +84,15 @@ pub async fn in_states<C: ConnectionTrait>(conn: &C, states: &[SessionState]) ->
 }
 
 /// A task's sessions that are not stopped, failed or cancelled.
-pub async fn not_over_of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<session::Model>> {
+/// Locked for the rest of the transaction, so a concurrent report cannot move one between the read and the
+/// write (PostgreSQL; SQLite holds the writer lock already).
+pub async fn not_over_of_task_locked(txn: &DatabaseTransaction, task_id: Uuid) -> Result<Vec<session::Model>> {
     Ok(session::Entity::find()
         .filter(session::Column::TaskId.eq(task_id))
         .filter(session::Column::State.is_not_in(ENDED))
-        .all(conn)
+        .order_by_asc(session::Column::Id)
+        .lock(LockType::NoKeyUpdate)
+        .all(txn)
         .await?)
 }
 
@@ -263,7 +267,7 @@ pub struct StatePatch {
 
 /// `UPDATE task_sessions SET state = next, .. WHERE id = ? AND state = from AND execution_id IS NOT
 /// DISTINCT FROM ?`: true if the row was still as read.
-pub async fn compare_and_set_state(
+pub(crate) async fn compare_and_set_state(
     txn: &DatabaseTransaction,
     id: Uuid,
     from: SessionState,

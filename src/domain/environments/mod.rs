@@ -5,9 +5,9 @@
 //! outside any transaction; the complete inventory and `ready` are then published together, so nothing
 //! can attach to a half-made environment. Concurrent first sessions get `workspace_preparing` (I14).
 //!
-//! Executor transitions (I18) live in `environment_transition`, the `creating` lease and the takeover of
-//! abandoned materializations in `environment_lease`, the status writes (settle, supersede) in
-//! `environment_state`; what other modules call is re-exported here.
+//! Executor transitions (I18) live in `transition`, the `creating` lease in `lease`, the takeover of
+//! abandoned materializations in `recovery`, the status writes (settle, supersede) in `state`; what other
+//! modules call is re-exported here.
 use sea_orm::{ConnectionTrait, DatabaseTransaction};
 use serde_json::json;
 use uuid::Uuid;

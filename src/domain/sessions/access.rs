@@ -57,6 +57,13 @@ pub(crate) async fn reload<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<ses
     store::find(conn, id).await?.ok_or(Error::NotFound("session"))
 }
 
+/// The session as it stands, locked for the rest of a write transaction: a transition from what this
+/// read cannot miss because another writer moved the row meanwhile (PostgreSQL; SQLite holds the writer
+/// lock already). Session rows are taken after task rows and before the event sequence, as every writer does.
+pub(crate) async fn reload_locked(txn: &sea_orm::DatabaseTransaction, id: Uuid) -> Result<session::Model> {
+    store::find_locked(txn, id).await?.ok_or(Error::NotFound("session"))
+}
+
 /// What a session's events are about.
 pub(crate) fn subject(task: &task::Model, s: &session::Model) -> Subject {
     Subject {

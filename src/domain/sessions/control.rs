@@ -3,7 +3,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::access::{SessionView, project, reload, visible, visible_with_task};
+use super::access::{SessionView, project, reload, reload_locked, visible, visible_with_task};
 use super::state::{SessionEvent, transition};
 use crate::auth::Principal;
 use crate::entity::session_message::MessageRole;
@@ -60,7 +60,7 @@ pub(crate) async fn stop_session(ctx: &Ctx, s: &session::Model) -> Result<()> {
         .ok_or(Error::NotFound("session"))?;
     let live = ctx.runtime.is_live(s.id);
     let txn = ctx.db.begin_write().await?;
-    let current = reload(&txn, s.id).await?;
+    let current = reload_locked(&txn, s.id).await?;
     let event = SessionEvent::Stop { live };
     if current.state.on(event).is_ok() {
         let patch = StatePatch {
@@ -83,7 +83,7 @@ pub(crate) async fn stop_session(ctx: &Ctx, s: &session::Model) -> Result<()> {
 /// `stopping` → `stopped`, once (the exit report may get there first).
 async fn settle_stopped(ctx: &Ctx, task: &task::Model, session_id: Uuid) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
-    let current = reload(&txn, session_id).await?;
+    let current = reload_locked(&txn, session_id).await?;
     if current.state == SessionState::Stopping {
         let patch = StatePatch {
             ended_at: Some(crate::clock::now()),
@@ -114,7 +114,7 @@ pub async fn answer_attention(
     }
     if ctx.runtime.attention(s.id).is_empty() {
         let txn = ctx.db.begin_write().await?;
-        let current = reload(&txn, s.id).await?;
+        let current = reload_locked(&txn, s.id).await?;
         if current.state == SessionState::Attention {
             transition(
                 &txn,

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use uuid::Uuid;
 
-use super::access::{SessionView, project, reload, visible};
+use super::access::{SessionView, project, reload, reload_locked, visible};
 use super::control::deliver;
 use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
 use super::{Ctx, environments};
@@ -212,7 +212,7 @@ impl Launch<'_> {
         }
         lock_task(&txn, task.id).await?;
         ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
-        let current = reload(&txn, self.session_id).await?;
+        let current = reload_locked(&txn, self.session_id).await?;
         match current.state {
             // Another launch is under way (I27: one process): answer with it.
             SessionState::Starting => return Ok(Some(current)),
@@ -278,6 +278,9 @@ impl Launch<'_> {
             // Promotion supersedes environments: serialize with other launches and session creation.
             lock_task(&txn, self.owner.id).await?;
         }
+        // The session row before anything appends an event (promotion does): the order every session
+        // writer takes, so this cannot deadlock with an agent report.
+        let current = reload_locked(&txn, self.session_id).await?;
         transition_execution(
             &txn,
             self.execution_id,
@@ -302,7 +305,6 @@ impl Launch<'_> {
         // I19: a successful launch writes the effective workspace back (healing an earlier wrong value).
         env_store::heal_workspace_path(&txn, self.admitted.environment_id(), &self.workspace_path()).await?;
         // Only if nothing (an exit already reported) moved the session on meanwhile.
-        let current = reload(&txn, self.session_id).await?;
         if current.execution_id == Some(self.execution_id) && current.state == SessionState::Starting {
             let patch = StatePatch {
                 started_at: Some(crate::clock::now()),
@@ -323,7 +325,7 @@ pub(super) async fn record_failure(
     message: &str,
 ) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
-    let current = reload(&txn, session_id).await?;
+    let current = reload_locked(&txn, session_id).await?;
     let patch = StatePatch {
         last_error: Some(Some((code.to_string(), message.to_string()))),
         ended_at: Some(crate::clock::now()),

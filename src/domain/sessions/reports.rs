@@ -150,7 +150,7 @@ async fn on_exit(
         return record_failure(ctx, &task, s.id, "agent_exited", &message).await;
     }
     let txn = ctx.db.begin_write().await?;
-    if let Some(current) = store::find(&txn, session_id).await?
+    if let Some(current) = store::find_locked(&txn, session_id).await?
         && current.execution_id == Some(execution_id)
         && current.state.on(SessionEvent::Crashed).is_ok()
     {

@@ -79,7 +79,7 @@ async fn settle_claim(ctx: &Ctx, s: session::Model) -> Result<Option<session::Mo
         return Ok(None);
     };
     let txn = ctx.db.begin_write().await?;
-    let Some(current) = store::find(&txn, s.id).await? else {
+    let Some(current) = store::find_locked(&txn, s.id).await? else {
         return Ok(None);
     };
     let event = SessionEvent::Restore {

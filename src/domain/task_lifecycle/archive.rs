@@ -92,7 +92,7 @@ pub async fn archive(
 /// session transition).
 async fn cancel_sessions(txn: &DatabaseTransaction, ctx: &Ctx, t: &task::Model) -> Result<()> {
     let now = crate::clock::now();
-    for s in sessions_store::not_over_of_task(txn, t.id).await? {
+    for s in sessions_store::not_over_of_task_locked(txn, t.id).await? {
         let patch = StatePatch {
             desired_open: Some(false),
             ended_at: Some(now),

@@ -253,7 +253,14 @@ async function main(): Promise<void> {
   eq((await waitReplies(s2.id, 1))[0], workspacePath, "session 2 agent's pwd");
   const events = await replay();
   const ofTask = events.filter((e) => e.task_id === task.id).map((e) => e.type);
-  for (const t of ["task.created", "environment.created", "environment.ready", "session.created", "session.state_changed"]) {
+  const expected: Schemas["EventType"][] = [
+    "task.created",
+    "environment.created",
+    "environment.ready",
+    "session.created",
+    "session.state_changed",
+  ];
+  for (const t of expected) {
     check(ofTask.includes(t), `no ${t} event for the task: ${JSON.stringify(ofTask)}`);
   }
   check(
