@@ -246,24 +246,6 @@ pub async fn active_repos_with_repository<C: ConnectionTrait>(
         .await?)
 }
 
-/// An environment's active inventory rows, each with its repository (rows whose repository is gone are
-/// left out): one join.
-pub async fn active_worktrees<C: ConnectionTrait>(
-    conn: &C,
-    env_id: Uuid,
-) -> Result<Vec<(env_repo::Model, repository::Model)>> {
-    Ok(env_repo::Entity::find()
-        .select_also(repository::Entity)
-        .join(JoinType::InnerJoin, env_repo::Relation::Repository.def())
-        .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
-        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
-        .all(conn)
-        .await?
-        .into_iter()
-        .filter_map(|(r, repo)| Some((r, repo?)))
-        .collect())
-}
-
 /// The environments, other than `env_id`, whose active inventory names `path`.
 pub async fn others_naming<C: ConnectionTrait>(conn: &C, path: &str, env_id: Uuid) -> Result<Vec<env::Model>> {
     Ok(env_repo::Entity::find()

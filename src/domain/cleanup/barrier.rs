@@ -38,10 +38,12 @@ pub(crate) async fn owned_environment<C: ConnectionTrait>(
         };
         return Ok(Some((e, snap)));
     }
-    let mut worktrees: Vec<WorktreeSnapshot> = env_store::active_worktrees(conn, e.id)
+    let mut worktrees: Vec<WorktreeSnapshot> = env_store::active_repos_with_repository(conn, e.id)
         .await?
         .into_iter()
         .filter_map(|(r, repo)| {
+            // A row whose repository is gone names nothing a job could remove through git.
+            let repo = repo?;
             Some(WorktreeSnapshot {
                 repository_id: r.repository_id,
                 repository_path: repo.path,
