@@ -58,6 +58,9 @@ pub enum Error {
     /// I16: typed, retry-aware, and never carrying a path, branch or secret.
     #[error("workspace reuse is unsafe: {0:?}")]
     WorkspaceReuseUnsafe(ReuseCategory),
+    /// Seed 002: a recorded agent conversation is never replaced by another; nothing was started.
+    #[error("the session's agent conversation is unavailable: {0:?}")]
+    AgentSessionUnavailable(ConversationCategory),
     #[error("workspace reuse is unsupported: {0}")]
     WorkspaceReuseUnsupported(&'static str),
     /// I11: worktrees hold changes and no consent was given; nothing changed.
@@ -92,6 +95,19 @@ pub enum ReuseCategory {
     NotAGitWorktree,
     RepositoryMismatch,
     EnvironmentNotReady,
+}
+
+/// Why a session's recorded agent conversation cannot be continued (`category` of
+/// `agent_session_unavailable`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ConversationCategory {
+    /// Its file is gone.
+    Missing,
+    /// Its file is not the conversation berth recorded (unreadable, not a conversation, another one).
+    Corrupt,
+    /// Another live session holds the same conversation.
+    Leased,
 }
 
 /// A repository whose worktree holds changes (for `task_delete_dirty_worktree`; no paths).

@@ -3,6 +3,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261129_000001_task_owned_schema;
 mod m20261129_000002_claim_indexes;
+mod m20261201_000003_session_inbox;
 
 pub struct Migrator;
 
@@ -12,6 +13,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261129_000001_task_owned_schema::Migration),
             Box::new(m20261129_000002_claim_indexes::Migration),
+            Box::new(m20261201_000003_session_inbox::Migration),
         ]
     }
 }

@@ -9,6 +9,7 @@ pub mod middleware;
 pub mod ops;
 pub mod problem;
 pub mod repositories;
+pub mod session_messages;
 pub mod sessions;
 pub mod tasks;
 pub mod workspaces;
@@ -163,6 +164,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(tasks::routes)
                 .configure(environments::routes)
                 .configure(sessions::routes)
+                .configure(session_messages::routes)
                 .configure(events::routes)
                 .configure(agent_profiles::routes)
                 .configure(cleanup_jobs::routes)

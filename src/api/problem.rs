@@ -5,7 +5,7 @@ use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::error::{Error, FieldError, ReuseCategory};
+use crate::error::{ConversationCategory, Error, FieldError, ReuseCategory};
 
 /// Stable machine-readable error codes; clients switch on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -22,6 +22,7 @@ pub enum ErrorCode {
     WorkspacePreparing,
     WorkspaceReuseUnsafe,
     WorkspaceReuseUnsupported,
+    AgentSessionUnavailable,
     TaskDeleteDirtyWorktree,
     RepositoryInUse,
     NotAGitRepository,
@@ -45,6 +46,7 @@ impl ErrorCode {
             ErrorCode::WorkspacePreparing => "workspace_preparing",
             ErrorCode::WorkspaceReuseUnsafe => "workspace_reuse_unsafe",
             ErrorCode::WorkspaceReuseUnsupported => "workspace_reuse_unsupported",
+            ErrorCode::AgentSessionUnavailable => "agent_session_unavailable",
             ErrorCode::TaskDeleteDirtyWorktree => "task_delete_dirty_worktree",
             ErrorCode::RepositoryInUse => "repository_in_use",
             ErrorCode::NotAGitRepository => "not_a_git_repository",
@@ -81,15 +83,23 @@ pub struct Problem {
     /// How many live tasks hold a repository, for `repository_in_use`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_count: Option<u64>,
-    /// Why, for `workspace_reuse_unsafe`.
+    /// Why, for `workspace_reuse_unsafe` and `agent_session_unavailable`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub category: Option<ReuseCategory>,
+    pub category: Option<ProblemCategory>,
     /// For `task_delete_dirty_worktree`: which repositories hold how many changed files (no paths).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repositories: Option<Vec<crate::error::DirtyRepository>>,
     /// The environment concerned, when there is one (for example a failed preparation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_environment_id: Option<uuid::Uuid>,
+}
+
+/// The `category` of a problem: why a workspace may not be reused, or why a conversation is unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ProblemCategory {
+    Reuse(ReuseCategory),
+    Conversation(ConversationCategory),
 }
 
 impl Problem {
@@ -245,12 +255,22 @@ impl From<&Error> for Problem {
             Error::WorkspaceReuseUnsafe(category) => Problem {
                 retryable: true,
                 action: Some("reset_environment".into()),
-                category: Some(*category),
+                category: Some(ProblemCategory::Reuse(*category)),
                 ..Problem::new(
                     S::CONFLICT,
                     C::WorkspaceReuseUnsafe,
                     "Workspace reuse is unsafe",
                     "the task's workspace failed validation; nothing was started or changed",
+                )
+            },
+            Error::AgentSessionUnavailable(category) => Problem {
+                action: Some("inspect_session".into()),
+                category: Some(ProblemCategory::Conversation(*category)),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::AgentSessionUnavailable,
+                    "The agent's conversation is unavailable",
+                    "the session's recorded conversation cannot be continued and is never replaced; nothing was started",
                 )
             },
             Error::WorkspaceReuseUnsupported(detail) => Problem {

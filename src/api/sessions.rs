@@ -23,7 +23,7 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(launch_session)
         .service(resume_session)
         .service(stop_session)
-        .service(send_message)
+        .service(abort_session)
         .service(answer_attention)
         .service(session_snapshot);
 }
@@ -33,17 +33,6 @@ pub fn routes(cfg: &mut ServiceConfig) {
 pub struct LaunchSession {
     /// A first prompt to deliver once the agent runs.
     pub prompt: Option<String>,
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SendMessage {
-    pub text: String,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Accepted {
-    pub accepted: bool,
 }
 
 /// An optional JSON body: empty means the defaults; anything else must parse strictly.
@@ -134,22 +123,19 @@ async fn stop_session(
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Session id")),
-    request_body = SendMessage,
     responses(
-        (status = 202, description = "Queued for the agent (commands to one session are serialized)", body = Accepted),
+        (status = 200, description = "The current turn is aborted ahead of anything queued: berth's queued messages are cancelled, and the session goes back to idle with its agent running", body = Session),
         (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The session has no running agent (`conflict`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
-#[post("/sessions/{id}/messages")]
-async fn send_message(
+#[post("/sessions/{id}/abort")]
+async fn abort_session(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
-    body: web::Json<SendMessage>,
-) -> Result<HttpResponse, Error> {
-    sessions::send_message(&state.ctx, &auth, *id, &body.text).await?;
-    Ok(HttpResponse::Accepted().json(Accepted { accepted: true }))
+) -> Result<web::Json<Session>, Error> {
+    Ok(web::Json(sessions::abort(&state.ctx, &auth, *id).await?.into()))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -419,20 +405,61 @@ impl From<serde_json::Value> for AttentionRequest {
 pub struct SessionSnapshot {
     pub session: Session,
     pub state: SessionState,
-    /// The session's name, else its first prompt, else "New session".
+    /// The agent's name for its session, else the session's name, else its first prompt, else "New session".
     pub label: String,
     pub transcript: Vec<TranscriptEntry>,
     pub statistics: SessionStatistics,
     /// The tool the agent is running right now, if any.
     pub active_tool: Option<String>,
-    /// berth forwards each command to the agent at once (commands stay in order); it holds no queue.
+    /// Messages waiting: queued in berth's inbox plus held in the agent's own queue (Pi's `queue_update`).
     pub queue_length: u64,
+    /// What the agent last said about itself (Pi: `get_state`, `get_commands`, `get_available_models`,
+    /// status lines, title, notifications).
+    pub agent: AgentInfo,
     pub last_activity_at: DateTime<Utc>,
     /// Pending requests: `{id, method, title, message, options}` as the agent sent them.
     pub attention_requests: Vec<AttentionRequest>,
     pub instance_id: Uuid,
     /// Follow the event stream from here: nothing after it is missing from this snapshot's sources.
     pub latest_seq: i64,
+}
+
+/// What the agent last told berth about itself; each field is null (or empty) until it has.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentInfo {
+    /// The current model, as the agent describes it (`{id, name, provider, ...}`).
+    pub model: serde_json::Value,
+    pub thinking_level: Option<String>,
+    /// The agent's own name for its session.
+    pub session_name: Option<String>,
+    /// Commands the agent offers (invoked as `/name` in a message).
+    pub commands: Vec<serde_json::Value>,
+    /// Models the agent can switch to.
+    pub models: Vec<serde_json::Value>,
+    /// The latest status line per key (`setStatus`).
+    pub status: serde_json::Map<String, serde_json::Value>,
+    /// The latest title (`setTitle`).
+    pub title: Option<String>,
+    /// The latest notifications (`notify`), newest last: `{message, notify_type, at}`.
+    pub notifications: Vec<serde_json::Value>,
+}
+
+impl From<Option<serde_json::Value>> for AgentInfo {
+    fn from(v: Option<serde_json::Value>) -> Self {
+        let v = v.unwrap_or_default();
+        let text = |k: &str| v[k].as_str().map(str::to_string);
+        let list = |k: &str| v[k].as_array().cloned().unwrap_or_default();
+        AgentInfo {
+            model: v["model"].clone(),
+            thinking_level: text("thinking_level"),
+            session_name: text("session_name"),
+            commands: list("commands"),
+            models: list("models"),
+            status: v["status"].as_object().cloned().unwrap_or_default(),
+            title: text("title"),
+            notifications: list("notifications"),
+        }
+    }
 }
 
 #[utoipa::path(
@@ -473,7 +500,8 @@ async fn session_snapshot(
             cost: snap.cost,
         },
         active_tool: snap.active_tool,
-        queue_length: 0,
+        queue_length: snap.queue_length,
+        agent: AgentInfo::from(snap.agent_state),
         last_activity_at: snap.last_activity_at,
         attention_requests,
         instance_id: snap.instance_id,

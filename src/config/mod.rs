@@ -32,7 +32,7 @@ pub enum LogFormat {
 }
 
 /// An agent profile: defined only in the config file, never accepted over HTTP (decision 7).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AgentProfile {
     pub command: String,
@@ -40,6 +40,21 @@ pub struct AgentProfile {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// How berth talks to the agent beyond the JSON-lines commands every agent speaks.
+    #[serde(default)]
+    pub protocol: AgentProtocol,
+}
+
+/// `jsonl`: commands and events as JSON lines, nothing kept between launches. `pi`: the Pi coding agent's
+/// RPC mode, whose conversation berth keeps in a file of its own per session and hands back on every
+/// relaunch (`--session <file>`), so the agent continues the same conversation (seed 002).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+pub enum AgentProtocol {
+    #[default]
+    #[serde(rename = "jsonl")]
+    JsonLines,
+    #[serde(rename = "pi")]
+    Pi,
 }
 
 /// Where the JWT verification key comes from.

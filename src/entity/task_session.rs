@@ -49,6 +49,8 @@ pub struct Model {
     pub desired_open: bool,
     pub execution_id: Option<Uuid>,
     pub agent_session_ref: Option<String>,
+    /// What the agent last told berth about itself (model, commands, status lines...), for snapshots.
+    pub agent_state: Option<Json>,
     pub last_error_code: Option<String>,
     pub last_error_message: Option<String>,
     pub last_activity_at: DateTimeUtc,

@@ -61,6 +61,9 @@ pub enum EventType {
     #[sea_orm(string_value = "session.primary_changed")]
     #[serde(rename = "session.primary_changed")]
     SessionPrimaryChanged,
+    #[sea_orm(string_value = "session.message_updated")]
+    #[serde(rename = "session.message_updated")]
+    SessionMessageUpdated,
     #[sea_orm(string_value = "runtime.output")]
     #[serde(rename = "runtime.output")]
     RuntimeOutput,
@@ -94,6 +97,7 @@ impl EventType {
             EventType::SessionStateChanged => "session.state_changed",
             EventType::SessionDeleted => "session.deleted",
             EventType::SessionPrimaryChanged => "session.primary_changed",
+            EventType::SessionMessageUpdated => "session.message_updated",
             EventType::RuntimeOutput => "runtime.output",
             EventType::GitStatusUpdated => "git_status.updated",
             EventType::CleanupJobUpdated => "cleanup_job.updated",

@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
 use crate::config::AgentProfile;
 use crate::executor::admission::AdmittedWorkspace;
 
+/// The `id` prefix of berth's own commands, whose responses are routed back instead of logged.
+const REQUEST_PREFIX: &str = "berth-";
 /// The longest stdout line kept; longer lines are dropped (an agent must not grow berth's memory).
 const MAX_LINE: usize = 8 * 1024 * 1024;
 const STDERR_TAIL: usize = 16 * 1024;
@@ -40,6 +42,12 @@ pub enum RuntimeEvent {
 
 struct Agent {
     execution_id: Uuid,
+    /// berth's own commands waiting for the agent's `response` (matched by `id`).
+    waiting: Mutex<HashMap<String, oneshot::Sender<serde_json::Value>>>,
+    /// What the agent holds in its own queue (Pi's `queue_update`: steering plus follow-up messages).
+    agent_queue: std::sync::atomic::AtomicUsize,
+    /// Deliveries of the inbox to this agent, one at a time.
+    dispatch: Arc<tokio::sync::Mutex<()>>,
     /// Attention requests the agent is waiting on (I31: they belong to this session only).
     pending: Mutex<Vec<serde_json::Value>>,
     /// The tool the agent is running, between `tool_execution_start` and `_end`.
@@ -126,6 +134,9 @@ impl Runtime {
         let (exited_tx, exited) = watch::channel(false);
         let agent = Arc::new(Agent {
             execution_id,
+            waiting: Mutex::new(HashMap::new()),
+            agent_queue: std::sync::atomic::AtomicUsize::new(0),
+            dispatch: Arc::new(tokio::sync::Mutex::new(())),
             pid,
             stdin: Mutex::new(Some(stdin_tx)),
             pending: Mutex::new(Vec::new()),
@@ -194,6 +205,22 @@ impl Runtime {
                     continue;
                 };
                 match event["type"].as_str() {
+                    // An answer to one of berth's own commands goes to whoever waits for it, not to the log.
+                    Some("response")
+                        if event["id"].as_str().is_some_and(|id| id.starts_with(REQUEST_PREFIX)) =>
+                    {
+                        let id = event["id"].as_str().unwrap_or_default().to_string();
+                        if let Some(tx) = agent_r.waiting.lock().unwrap().remove(&id) {
+                            let _ = tx.send(event);
+                        }
+                        continue;
+                    }
+                    Some("queue_update") => {
+                        let len = |k: &str| event[k].as_array().map_or(0, Vec::len);
+                        agent_r
+                            .agent_queue
+                            .store(len("steering") + len("followUp"), std::sync::atomic::Ordering::Release);
+                    }
                     Some("agent_start") => {
                         agent_r.working.send_replace(true);
                     }
@@ -266,6 +293,59 @@ impl Runtime {
         let Some(agent) = agent else { return false };
         let stdin = agent.stdin.lock().unwrap();
         stdin.as_ref().is_some_and(|tx| tx.send(command.to_string()).is_ok())
+    }
+
+    /// Sends one of berth's own commands and waits for the agent's `response` to it (matched by an `id`
+    /// berth gives it). `None`: no live agent, or no answer within `within`.
+    pub async fn request(
+        &self,
+        session_id: Uuid,
+        mut command: serde_json::Value,
+        within: Duration,
+    ) -> Option<serde_json::Value> {
+        let agent = self.agents.lock().unwrap().get(&session_id).cloned()?;
+        let id = format!("{REQUEST_PREFIX}{}", Uuid::now_v7());
+        command["id"] = id.clone().into();
+        let (tx, rx) = oneshot::channel();
+        agent.waiting.lock().unwrap().insert(id.clone(), tx);
+        if !self.send(session_id, command) {
+            agent.waiting.lock().unwrap().remove(&id);
+            return None;
+        }
+        let answer = tokio::time::timeout(within, rx).await.ok().and_then(Result::ok);
+        agent.waiting.lock().unwrap().remove(&id);
+        answer
+    }
+
+    /// The lock that makes deliveries to this session's agent one at a time; `None` without a live agent.
+    pub fn dispatch_lock(&self, session_id: Uuid) -> Option<Arc<tokio::sync::Mutex<()>>> {
+        self.agents
+            .lock()
+            .unwrap()
+            .get(&session_id)
+            .map(|a| a.dispatch.clone())
+    }
+
+    /// Marks the agent working as soon as berth hands it a prompt (before its `agent_start` arrives), so
+    /// the next message waits for the turn instead of being sent as a second prompt.
+    pub fn mark_working(&self, session_id: Uuid, working: bool) {
+        if let Some(a) = self.agents.lock().unwrap().get(&session_id) {
+            a.working.send_replace(working);
+        }
+    }
+
+    /// How many messages the agent holds in its own queue (Pi's `queue_update`).
+    pub fn agent_queue(&self, session_id: Uuid) -> usize {
+        self.agents
+            .lock()
+            .unwrap()
+            .get(&session_id)
+            .map_or(0, |a| a.agent_queue.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// The ids of the sessions whose agents run here.
+    pub fn live_sessions(&self) -> Vec<Uuid> {
+        self.agents.lock().unwrap().keys().copied().collect()
     }
 
     /// The tool the session's agent is running, if any.
@@ -350,6 +430,21 @@ impl Runtime {
         let ids: Vec<Uuid> = self.agents.lock().unwrap().keys().copied().collect();
         futures_util::future::join_all(ids.into_iter().map(|id| self.stop(id))).await;
     }
+}
+
+/// Ends the process group a previous berth left running for an execution, if `pid` is still that agent:
+/// its environment must carry `BERTH_EXECUTION_ID=<execution_id>` (a recycled pid is left alone). True
+/// when it was signalled.
+pub fn end_orphan(pid: u32, execution_id: Uuid) -> bool {
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let mark = format!("BERTH_EXECUTION_ID={execution_id}");
+    if !environ.split(|b| *b == 0).any(|v| v == mark.as_bytes()) {
+        return false;
+    }
+    signal_group(pid, libc::SIGKILL);
+    true
 }
 
 fn signal_group(pgid: u32, signal: i32) {

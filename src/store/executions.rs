@@ -60,6 +60,10 @@ pub(crate) async fn compare_and_set_state<C: ConnectionTrait>(
     Ok(res.rows_affected == 1)
 }
 
+pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<execution::Model>> {
+    Ok(execution::Entity::find_by_id(id).one(conn).await?)
+}
+
 /// How many of a session's executions failed since `since`.
 pub async fn failures_since<C: ConnectionTrait>(conn: &C, session_id: Uuid, since: DateTime<Utc>) -> Result<u64> {
     Ok(execution::Entity::find()

@@ -242,14 +242,60 @@ pub async fn clear_desired_open(txn: &DatabaseTransaction, id: Uuid, now: DateTi
 }
 
 pub async fn touch(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+    touch_with(txn, id, now, None).await
+}
+
+/// `touch`, writing what the agent told about itself in the same single UPDATE of the row.
+pub async fn touch_with(
+    txn: &DatabaseTransaction,
+    id: Uuid,
+    now: DateTime<Utc>,
+    agent_state: Option<serde_json::Value>,
+) -> Result<()> {
     session::Entity::update(session::ActiveModel {
         id: Set(id),
         last_activity_at: Set(now),
+        agent_state: match agent_state {
+            Some(v) => Set(Some(v)),
+            None => sea_orm::ActiveValue::NotSet,
+        },
         ..Default::default()
     })
     .exec(txn)
     .await?;
     Ok(())
+}
+
+/// Records the agent's own conversation identity and what it told about itself.
+pub async fn record_agent<C: ConnectionTrait>(
+    conn: &C,
+    id: Uuid,
+    agent_session_ref: Option<&str>,
+    agent_state: serde_json::Value,
+) -> Result<()> {
+    let mut q = session::Entity::update_many().col_expr(session::Column::AgentState, Expr::value(agent_state));
+    if let Some(r) = agent_session_ref {
+        q = q.col_expr(session::Column::AgentSessionRef, Expr::value(r.to_string()));
+    }
+    q.filter(session::Column::Id.eq(id)).exec(conn).await?;
+    Ok(())
+}
+
+/// Other sessions, in a state that claims a process, recorded as continuing the conversation `r`.
+pub async fn holding_conversation<C: ConnectionTrait>(conn: &C, id: Uuid, r: &str) -> Result<u64> {
+    Ok(session::Entity::find()
+        .filter(session::Column::AgentSessionRef.eq(r))
+        .filter(session::Column::Id.ne(id))
+        .filter(session::Column::State.is_in([
+            SessionState::Starting,
+            SessionState::Running,
+            SessionState::Idle,
+            SessionState::Attention,
+            SessionState::Recovering,
+            SessionState::Stopping,
+        ]))
+        .count(conn)
+        .await?)
 }
 
 /// The columns a state transition writes besides `state` and `updated_at` (`None`: left as it is).

@@ -218,6 +218,7 @@ impl TestApp {
             env: [("BERTH_TEST_SECRET".to_string(), "s3cret-value".to_string())]
                 .into_iter()
                 .collect(),
+            ..Default::default()
         };
         config.agents.insert("test".into(), profile(&[]));
         config
@@ -227,8 +228,7 @@ impl TestApp {
             "missing".into(),
             berth::config::AgentProfile {
                 command: "/nonexistent/agent-binary".into(),
-                args: vec![],
-                env: Default::default(),
+                ..Default::default()
             },
         );
         berth::telemetry::init_for_tests();

@@ -1,51 +1,15 @@
 //! Driving a running agent: messages, stop (I28), answers to its questions (I31).
-use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
 use super::access::{SessionView, project, reload, reload_locked, visible, visible_with_task};
 use super::state::{SessionEvent, transition};
 use crate::auth::Principal;
-use crate::entity::session_message::MessageRole;
 use crate::entity::task;
 use crate::entity::task_session::{self as session, SessionState};
 use crate::error::{Error, Result};
 use crate::store::sessions::{self as store, StatePatch};
 use crate::store::tasks as task_store;
-
-/// Sends a prompt, recording it in the transcript first.
-pub(super) async fn deliver(ctx: &Ctx, session_id: Uuid, text: &str) -> Result<()> {
-    crate::store::messages::append(
-        &ctx.db.conn,
-        session_id,
-        MessageRole::User,
-        json!({ "text": text }),
-        crate::clock::now(),
-    )
-    .await?;
-    if !ctx
-        .runtime
-        .send(session_id, json!({ "type": "prompt", "message": text }))
-    {
-        return Err(Error::InvalidState(
-            "the session has no running agent; launch or resume it".into(),
-        ));
-    }
-    Ok(())
-}
-
-pub async fn send_message(ctx: &Ctx, p: &Principal, session_id: Uuid, text: &str) -> Result<()> {
-    if text.trim().is_empty() || text.len() > 200_000 {
-        return Err(Error::invalid("text", "must be 1 to 200000 bytes"));
-    }
-    let s = visible(&ctx.db.conn, p, session_id).await?;
-    if !ctx.runtime.is_live(s.id) {
-        return Err(Error::InvalidState(
-            "the session has no running agent; launch or resume it".into(),
-        ));
-    }
-    deliver(ctx, s.id, text).await
-}
 
 /// I28: clear `desired_open` first, then stop the process with escalation; the transcript stays.
 pub async fn stop(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionView> {
@@ -73,6 +37,8 @@ pub(crate) async fn stop_session(ctx: &Ctx, s: &session::Model) -> Result<()> {
         store::clear_desired_open(&txn, s.id, crate::clock::now()).await?;
     }
     ctx.commit(txn).await?;
+    // What was still waiting will not be delivered by this agent: visibly cancelled, never lost silently.
+    super::inbox::cancel_queued(ctx, &task, s, "the session was stopped").await?;
     if live {
         ctx.runtime.stop(s.id).await;
         settle_stopped(ctx, &task, s.id).await?;

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use uuid::Uuid;
 
 use super::access::{SessionView, project, reload, reload_locked, visible};
-use super::control::deliver;
+use super::conversation;
+use super::inbox;
 use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
 use super::{Ctx, environments};
 use crate::auth::Principal;
@@ -47,7 +48,11 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     let prompt = prompt.filter(|t| !t.trim().is_empty());
     if ctx.runtime.is_live(s.id) {
         if let Some(text) = prompt {
-            deliver(ctx, s.id, &text).await?;
+            let task = task_store::find(&ctx.db.conn, s.task_id)
+                .await?
+                .ok_or(Error::NotFound("session"))?;
+            inbox::enqueue(ctx, &task, &s, &text, Default::default()).await?;
+            inbox::wake(ctx, s.id);
         }
         return project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await;
     }
@@ -58,6 +63,13 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     if task.archived_at.is_some() {
         return Err(Error::TaskArchived);
     }
+    // Seed 002: a relaunch continues the exact conversation it recorded, or does not start at all.
+    if let Some(category) = conversation::check(ctx, &profile, &s).await? {
+        let message = format!("the session's agent conversation is unavailable: {category:?}").to_lowercase();
+        record_failure(ctx, &task, s.id, "agent_session_unavailable", &message).await?;
+        return Err(Error::AgentSessionUnavailable(category));
+    }
+    let profile = conversation::launch_profile(ctx, &profile, s.id)?;
     let owner = owner_of(&ctx.db.conn, &task).await?;
 
     // Admission: read-only, before anything changes or any process exists.
@@ -121,7 +133,18 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     };
     launch.record_running(pid, prompt.is_some()).await?;
     if let Some(text) = prompt {
-        deliver(ctx, s.id, &text).await?;
+        let current = reload(&ctx.db.conn, s.id).await?;
+        inbox::enqueue(ctx, &task, &current, &text, Default::default()).await?;
+    }
+    // Whatever waited for the agent (the prompt, messages posted while it was recovering) goes now.
+    inbox::wake(ctx, s.id);
+    if profile.protocol == crate::config::AgentProtocol::Pi {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            if let Err(e) = conversation::learn(&ctx, s.id, true).await {
+                tracing::warn!(session = %s.id, error = %e, "could not learn the agent's state");
+            }
+        });
     }
     project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
 }
@@ -332,7 +355,9 @@ pub(super) async fn record_failure(
         ..Default::default()
     };
     transition(&txn, ctx, task, &current, SessionEvent::Fail, patch).await?;
-    ctx.commit(txn).await
+    ctx.commit(txn).await?;
+    // A failed session's agent will not take what was waiting: cancelled, visibly.
+    inbox::cancel_queued(ctx, task, &current, "the session failed").await
 }
 
 /// Builds the admission candidate from the canonical inventory (never from a session's copy) and

@@ -115,6 +115,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
         desired_open: false,
         execution_id: None,
         agent_session_ref: None,
+        agent_state: None,
         last_error_code: None,
         last_error_message: None,
         last_activity_at: now,
@@ -196,6 +197,8 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
         .await?;
     }
     ctx.commit(txn).await?;
+    // Its conversation is session data: it goes with the session (its worktrees stay, I2).
+    super::conversation::remove(ctx, id).await;
     Ok(())
 }
 

@@ -1,12 +1,14 @@
 //! Sessions: agent conversations that use their task's environment and own nothing physical.
 //!
 //! Where things are: who may see a session and how it is shown (`access`), create/list/delete/primary
-//! (`lifecycle`), launching an agent through admission (`launch`), messages, stop and answers
-//! (`control`), what the agent's reports do (`reports`), restore after a restart or a crash
+//! (`lifecycle`), launching an agent through admission (`launch`), a Pi agent's conversation file
+//! (`conversation`), the durable inbox of messages and abort (`inbox`), stop and answers (`control`), what the agent's reports do (`reports`), restore after a restart or a crash
 //! (`restore`), the snapshot a client loads (`snapshot`), and the state machines with the one helper
 //! that writes a state change (`state`).
 mod access;
 mod control;
+mod conversation;
+mod inbox;
 mod launch;
 mod lifecycle;
 mod reports;
@@ -19,7 +21,8 @@ use super::environments;
 
 pub use access::SessionView;
 pub(crate) use access::visible;
-pub use control::{Answer, answer_attention, send_message, stop};
+pub use control::{Answer, answer_attention, stop};
+pub use inbox::{abort, cancel as cancel_message, list as list_messages, post as post_message, view as message_view};
 pub use launch::launch;
 pub use lifecycle::{NewSession, create, delete, get, list, make_primary};
 pub use reports::consume;

@@ -72,7 +72,9 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     // Outside running/idle/attention, or already there, a report changes no state.
     let moves = session_event(&event).filter(|e| s.state.on(*e).is_ok());
     if moves.is_none() {
-        store::touch(&txn, session_id, now).await?;
+        // A notice (status line, title, notification) is kept for snapshots, in the row's one write.
+        let noticed = super::conversation::noticed(s.agent_state.as_ref(), &event);
+        store::touch_with(&txn, session_id, now, noticed).await?;
     }
     let subject = Subject {
         session_id: Some(session_id),
@@ -98,8 +100,19 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     ctx.commit(txn).await?;
     if matches!(event["type"].as_str(), Some("agent_end" | "agent_settled")) {
         // Seed 004: a finished turn is captured as a completion observation of the environment.
-        let ctx = ctx.clone();
-        tokio::spawn(async move { crate::domain::git_status::capture_completion(&ctx, session_id).await });
+        let c = ctx.clone();
+        tokio::spawn(async move { crate::domain::git_status::capture_completion(&c, session_id).await });
+        // The turn settled: what waited for it goes now, and a Pi agent tells who it is (its
+        // conversation file exists from the first turn on).
+        super::inbox::wake(ctx, session_id);
+        if super::conversation::protocol_of(ctx, &s) == crate::config::AgentProtocol::Pi {
+            let c = ctx.clone();
+            tokio::spawn(async move {
+                if let Err(e) = super::conversation::learn(&c, session_id, false).await {
+                    tracing::warn!(session = %session_id, error = %e, "could not learn the agent's state");
+                }
+            });
+        }
     }
     Ok(())
 }

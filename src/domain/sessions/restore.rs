@@ -29,6 +29,13 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
     let stale =
         crate::store::executions::live_of_other_instances(&ctx.db.conn, &ctx.config.node_id, ctx.instance_id).await?;
     for e in &stale {
+        // A crashed berth may have left the agent running: end its process group before relaunching, so
+        // the session never has two agents (I27). Only a process proven to be that execution's is signalled.
+        if let Some(pid) = e.pid
+            && crate::runtime::end_orphan(pid as u32, e.id)
+        {
+            tracing::info!(session = %e.session_id, pid, "ended an agent a previous berth left running");
+        }
         let patch = ExecutionPatch {
             exit_code: Some(None),
             ended_at: Some(crate::clock::now()),
@@ -38,7 +45,7 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
     }
     let mut to_open = Vec::new();
     for s in store::in_states(&ctx.db.conn, &CLAIMING).await? {
-        if ctx.runtime.is_live(s.id) {
+        if ctx.runtime.is_live(s.id) || runs_elsewhere(ctx, &s).await? {
             continue;
         }
         if let Some(s) = settle_claim(ctx, s).await? {
@@ -57,6 +64,7 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
                     Ok(_) => true,
                     Err(e) => {
                         tracing::warn!(session = %id, error = %e, "could not restore a session");
+                        fail_if_recovering(ctx, id, &e).await;
                         false
                     }
                 };
@@ -116,6 +124,40 @@ pub(super) fn restart_after_crash(ctx: &Ctx, session_id: Uuid, execution_id: Uui
         }
         if let Err(e) = launch_session(&ctx, current, None).await {
             tracing::warn!(session = %session_id, error = %e, "restarting a crashed agent failed");
+            fail_if_recovering(&ctx, session_id, &e).await;
         }
     });
+}
+
+/// Whether the session's agent is another node's (its current execution was recorded there): that node
+/// restores it, this one leaves it alone.
+async fn runs_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<bool> {
+    let Some(execution_id) = s.execution_id else {
+        return Ok(false);
+    };
+    Ok(crate::store::executions::find(&ctx.db.conn, execution_id)
+        .await?
+        .is_some_and(|e| e.node_id != ctx.config.node_id))
+}
+
+/// A relaunch that failed for any reason (a removed profile, a cleanup barrier, the database) fails the
+/// session with that reason, instead of leaving it `recovering` for good. Launch refusals that already
+/// failed it (admission, the conversation) find it failed and leave it so.
+async fn fail_if_recovering(ctx: &Ctx, session_id: Uuid, e: &crate::error::Error) {
+    let result: Result<()> = async {
+        let Some(s) = store::find(&ctx.db.conn, session_id).await? else {
+            return Ok(());
+        };
+        if s.state != SessionState::Recovering {
+            return Ok(());
+        }
+        let Some(task) = task_store::find(&ctx.db.conn, s.task_id).await? else {
+            return Ok(());
+        };
+        super::launch::record_failure(ctx, &task, session_id, "restore_failed", &format!("restore failed: {e}")).await
+    }
+    .await;
+    if let Err(e) = result {
+        tracing::warn!(session = %session_id, error = %e, "could not record a failed restore");
+    }
 }

@@ -22,6 +22,9 @@ pub struct SessionSnapshot {
     pub active_tool: Option<String>,
     pub last_activity_at: chrono::DateTime<chrono::Utc>,
     pub attention_requests: Vec<serde_json::Value>,
+    /// Queued in berth's inbox plus held in the agent's own queue.
+    pub queue_length: u64,
+    pub agent_state: Option<serde_json::Value>,
     pub instance_id: Uuid,
     pub latest_seq: i64,
 }
@@ -35,7 +38,15 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
         .iter()
         .find(|m| m.role == MessageRole::User)
         .and_then(|m| m.content["text"].as_str().map(str::to_string));
-    let label = if !s.name.is_empty() {
+    let agent_name = s
+        .agent_state
+        .as_ref()
+        .and_then(|a| a["session_name"].as_str())
+        .filter(|n| !n.trim().is_empty())
+        .map(str::to_string);
+    let label = if let Some(name) = agent_name {
+        name
+    } else if !s.name.is_empty() {
         s.name.clone()
     } else {
         first_prompt
@@ -58,6 +69,9 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
     let last_activity_at = s.last_activity_at;
     let messages = transcript.len() as u64;
     let attention_requests = ctx.runtime.attention(s.id);
+    let queue_length =
+        crate::store::inbox::count_queued(&ctx.db.conn, s.id).await? + ctx.runtime.agent_queue(s.id) as u64;
+    let agent_state = s.agent_state.clone();
     let view = project(&ctx.db.conn, s).await?;
     Ok(SessionSnapshot {
         view,
@@ -71,6 +85,8 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
         active_tool,
         last_activity_at,
         attention_requests,
+        queue_length,
+        agent_state,
         instance_id: ctx.instance_id,
         latest_seq,
     })

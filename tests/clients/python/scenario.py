@@ -39,7 +39,7 @@ from berth_client.api.sessions import (
 from berth_client.api.tasks import archive_task, create_task
 from berth_client.api.workspaces import create_workspace
 from berth_client.models import (
-    Accepted,
+    Message,
     AgentProfileList,
     ArchiveResult,
     CleanupJob,
@@ -328,9 +328,10 @@ def main() -> None:
         "send_message",
         send_message.sync_detailed(s1.id, client=api, body=SendMessage(text=text)),
         202,
-        Accepted,
+        Message,
     )
-    eq(accepted.accepted, True, "send_message accepted")
+    eq(accepted.text, text, "send_message stored the text")
+    eq(accepted.session_id, s1.id, "send_message's session")
     eq(wait_replies(s1.id, 2)[1], text, "session 1 agent's echo")
 
     begin("session delete")
@@ -353,7 +354,7 @@ def main() -> None:
         "send_message",
         send_message.sync_detailed(s1.id, client=api, body=SendMessage(text="write notes.txt work in progress")),
         202,
-        Accepted,
+        Message,
     )
     eq(wait_replies(s1.id, 3)[2], "wrote notes.txt", "session 1 agent's write")
 

@@ -276,7 +276,8 @@ async function main(): Promise<void> {
     await api.POST("/api/v1/sessions/{id}/messages", { params: { path: { id: s1.id } }, body: { text } }),
     202,
   );
-  eq(accepted.accepted, true, "send_message accepted");
+  eq(accepted.text, text, "send_message stored the text");
+  eq(accepted.session_id, s1.id, "send_message's session");
   eq((await waitReplies(s1.id, 2))[1], text, "session 1 agent's echo");
 
   begin("session delete");

@@ -1,0 +1,131 @@
+//! HTTP for a session's inbox: messages are stored first, then delivered by the node running the agent.
+use actix_web::{HttpResponse, delete, get, post, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_actix_web::service_config::ServiceConfig;
+use uuid::Uuid;
+
+use super::AppState;
+use super::extract::{Authorized, SessionsRead, SessionsWrite};
+use super::problem::Problem;
+use crate::domain::sessions;
+use crate::entity::session_inbox::{self as inbox, Delivery, InboxState};
+use crate::error::Error;
+
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(send_message).service(list_messages).service(cancel_message);
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendMessage {
+    pub text: String,
+    /// `auto` (default): a prompt when the agent is idle, the next prompt after the turn while it works;
+    /// `steer`: read by the working agent before its next model call; `follow_up`: after the turn.
+    #[serde(default)]
+    pub delivery: Delivery,
+}
+
+/// A message for the session's agent and where it is.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Message {
+    pub id: Uuid,
+    pub session_id: Uuid,
+    pub text: String,
+    pub delivery: Delivery,
+    pub state: InboxState,
+    /// Why it was refused (the agent's words) or cancelled.
+    pub reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<inbox::Model> for Message {
+    fn from(m: inbox::Model) -> Self {
+        Message {
+            id: m.id,
+            session_id: m.session_id,
+            text: m.text,
+            delivery: m.delivery,
+            state: m.state,
+            reason: m.reason,
+            created_at: m.created_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessageList {
+    /// Oldest first.
+    pub items: Vec<Message>,
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:write"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    request_body = SendMessage,
+    responses(
+        (status = 202, description = "Stored, then delivered as soon as the agent can take it; each change of its state is a `session.message_updated` event", body = Message),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session has no running agent (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Empty or too long (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/sessions/{id}/messages")]
+async fn send_message(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    body: web::Json<SendMessage>,
+) -> Result<HttpResponse, Error> {
+    let body = body.into_inner();
+    let message = sessions::post_message(&state.ctx, &auth, *id, &body.text, body.delivery).await?;
+    Ok(HttpResponse::Accepted().json(Message::from(message)))
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:read"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session's messages, oldest first", body = MessageList),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/sessions/{id}/messages")]
+async fn list_messages(
+    auth: Authorized<SessionsRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<MessageList>, Error> {
+    let items = sessions::list_messages(&state.ctx, &auth, *id).await?;
+    Ok(web::Json(MessageList {
+        items: items.into_iter().map(Into::into).collect(),
+    }))
+}
+
+#[utoipa::path(
+    tag = "sessions",
+    security(("bearer" = ["sessions:write"])),
+    params(
+        ("id" = Uuid, Path, description = "Session id"),
+        ("message_id" = Uuid, Path, description = "Message id"),
+    ),
+    responses(
+        (status = 200, description = "Cancelled before it reached the agent", body = Message),
+        (status = 404, description = "No such session or message (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already delivered, refused or cancelled (`conflict`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[delete("/sessions/{id}/messages/{message_id}")]
+async fn cancel_message(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    path: web::Path<(Uuid, Uuid)>,
+) -> Result<web::Json<Message>, Error> {
+    let (id, message_id) = path.into_inner();
+    Ok(web::Json(
+        sessions::cancel_message(&state.ctx, &auth, id, message_id).await?.into(),
+    ))
+}

@@ -1,0 +1,276 @@
+//! A session's inbox (issue 15): a message is stored before anything is sent, and only then handed to the
+//! agent, by the node that runs it, one at a time. While the agent works, `auto` and `follow_up` messages
+//! wait in berth and go as the next prompt when the turn settles (Pi's RPC cannot take back a follow-up it
+//! was given, so berth keeps them until then); a `steer` is forwarded at once. Every change of a
+//! message's state is an event; none is ever dropped silently.
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::Ctx;
+use super::access::{SessionView, project, reload, subject, visible, visible_with_task};
+use crate::auth::Principal;
+use crate::config::AgentProtocol;
+use crate::entity::session_inbox::{self as inbox, Delivery, InboxState};
+use crate::entity::session_message::MessageRole;
+use crate::entity::task;
+use crate::entity::task_session::{self as session, SessionState};
+use crate::error::{Error, Result};
+use crate::events::{self, EventType};
+use crate::store::inbox as store;
+
+/// How long berth waits for the agent to accept a message.
+const ACCEPT: Duration = Duration::from_secs(60);
+/// The longest message.
+const MAX_TEXT: usize = 200_000;
+
+/// The states in which a session takes messages: its agent runs, or is about to (again).
+const TAKES_MESSAGES: [SessionState; 5] = [
+    SessionState::Starting,
+    SessionState::Running,
+    SessionState::Idle,
+    SessionState::Attention,
+    SessionState::Recovering,
+];
+
+/// Stores a message for the session's agent (202: it is delivered as soon as the agent can take it).
+pub async fn post(ctx: &Ctx, p: &Principal, session_id: Uuid, text: &str, delivery: Delivery) -> Result<inbox::Model> {
+    if text.trim().is_empty() || text.len() > MAX_TEXT {
+        return Err(Error::invalid("text", "must be 1 to 200000 bytes"));
+    }
+    let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
+    if !TAKES_MESSAGES.contains(&s.state) {
+        return Err(Error::InvalidState(
+            "the session has no running agent; launch or resume it".into(),
+        ));
+    }
+    let message = enqueue(ctx, &task, &s, text, delivery).await?;
+    wake(ctx, s.id);
+    Ok(message)
+}
+
+/// A session's messages, oldest first.
+pub async fn list(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Vec<inbox::Model>> {
+    let s = visible(&ctx.db.conn, p, session_id).await?;
+    store::of_session(&ctx.db.conn, s.id).await
+}
+
+/// Takes back a message that is still queued (409 once the agent has it).
+pub async fn cancel(ctx: &Ctx, p: &Principal, session_id: Uuid, message_id: Uuid) -> Result<inbox::Model> {
+    let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
+    let message = store::find(&ctx.db.conn, s.id, message_id)
+        .await?
+        .ok_or(Error::NotFound("message"))?;
+    if message.state != InboxState::Queued {
+        return Err(Error::InvalidState(format!(
+            "the message is {}; only a queued message can be cancelled",
+            state_name(message.state)
+        )));
+    }
+    if !settle(ctx, &task, &s, message.id, InboxState::Cancelled, Some("cancelled by request")).await? {
+        return Err(Error::InvalidState(
+            "the message left the queue meanwhile; only a queued message can be cancelled".into(),
+        ));
+    }
+    store::find(&ctx.db.conn, s.id, message_id)
+        .await?
+        .ok_or(Error::NotFound("message"))
+}
+
+/// Ends the agent's current turn at once, ahead of anything queued: berth's queued messages are
+/// cancelled, the agent is told to abort, and the session goes back to `idle` with its agent running.
+pub async fn abort(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionView> {
+    let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
+    let Some(lock) = ctx.runtime.dispatch_lock(s.id) else {
+        return Err(Error::InvalidState(
+            "the session has no running agent; launch or resume it".into(),
+        ));
+    };
+    // Under the delivery lock: nothing queued can be handed over between the cancel and the abort.
+    let guard = lock.lock().await;
+    cancel_queued(ctx, &task, &s, "the turn was aborted").await?;
+    if super::conversation::protocol_of(ctx, &s) == AgentProtocol::Pi {
+        ctx.runtime
+            .request(s.id, json!({ "type": "abort" }), ACCEPT)
+            .await;
+    } else {
+        ctx.runtime.send(s.id, json!({ "type": "abort" }));
+    }
+    drop(guard);
+    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+}
+
+/// Stores a message (with its event) without waking the delivery.
+pub(super) async fn enqueue(
+    ctx: &Ctx,
+    task: &task::Model,
+    s: &session::Model,
+    text: &str,
+    delivery: Delivery,
+) -> Result<inbox::Model> {
+    let txn = ctx.db.begin_write().await?;
+    let message = store::insert(&txn, s.id, text, delivery, crate::clock::now()).await?;
+    record(&txn, ctx, task, s, &message).await?;
+    ctx.commit(txn).await?;
+    Ok(message)
+}
+
+/// Every queued message of an ending (or aborted) session is cancelled, visibly.
+pub(super) async fn cancel_queued(ctx: &Ctx, task: &task::Model, s: &session::Model, why: &str) -> Result<()> {
+    for m in store::queued(&ctx.db.conn, s.id).await? {
+        settle(ctx, task, s, m.id, InboxState::Cancelled, Some(why)).await?;
+    }
+    Ok(())
+}
+
+/// Delivers in the background (the caller does not wait for the agent to accept).
+pub(crate) fn wake(ctx: &Ctx, session_id: Uuid) {
+    if !ctx.runtime.is_live(session_id) {
+        return;
+    }
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        if let Err(e) = dispatch(&ctx, session_id).await {
+            tracing::warn!(session = %session_id, error = %e, "could not deliver a queued message");
+        }
+    });
+}
+
+/// Hands the agent what it can take now, oldest first: a prompt when it is idle, steers while it works.
+pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
+    let Some(lock) = ctx.runtime.dispatch_lock(session_id) else {
+        return Ok(());
+    };
+    let _guard = lock.lock().await;
+    let Some((s, Some(task))) = crate::store::sessions::find_with_task(&ctx.db.conn, session_id).await? else {
+        return Ok(());
+    };
+    let pi = super::conversation::protocol_of(ctx, &s) == AgentProtocol::Pi;
+    for m in store::queued(&ctx.db.conn, s.id).await? {
+        let working = ctx.runtime.is_working(s.id);
+        let kind = match (m.delivery, working) {
+            (_, false) => "prompt",
+            (Delivery::Steer, true) => "steer",
+            // Held until the turn settles.
+            (Delivery::Auto | Delivery::FollowUp, true) => continue,
+        };
+        let prompt = kind == "prompt";
+        if prompt {
+            ctx.runtime.mark_working(s.id, true);
+        }
+        let command = json!({ "type": kind, "message": m.text });
+        let outcome = if pi {
+            match ctx.runtime.request(s.id, command, ACCEPT).await {
+                Some(r) if r["success"] == true => Outcome::Delivered,
+                Some(r) => {
+                    let reason = r["error"].as_str().unwrap_or("refused by the agent").to_string();
+                    if prompt && is_busy_refusal(&reason) {
+                        // It was working after all: the message waits for the turn to settle.
+                        Outcome::Wait
+                    } else {
+                        Outcome::Refused(reason)
+                    }
+                }
+                None if !ctx.runtime.is_live(s.id) => return Ok(()),
+                None => Outcome::Refused("the agent did not acknowledge the message in time".into()),
+            }
+        } else if ctx.runtime.send(s.id, command) {
+            Outcome::Delivered
+        } else {
+            return Ok(());
+        };
+        match outcome {
+            Outcome::Delivered => {
+                if settle(ctx, &task, &s, m.id, InboxState::Delivered, None).await? {
+                    crate::store::messages::append(
+                        &ctx.db.conn,
+                        s.id,
+                        MessageRole::User,
+                        json!({ "text": m.text, "delivery": m.delivery }),
+                        crate::clock::now(),
+                    )
+                    .await?;
+                }
+            }
+            Outcome::Refused(reason) => {
+                if prompt {
+                    ctx.runtime.mark_working(s.id, false);
+                }
+                settle(ctx, &task, &s, m.id, InboxState::Refused, Some(&reason)).await?;
+            }
+            Outcome::Wait => {}
+        }
+    }
+    Ok(())
+}
+
+enum Outcome {
+    Delivered,
+    Refused(String),
+    Wait,
+}
+
+/// Pi refuses a plain prompt while it streams ("Agent is already processing. Specify streamingBehavior").
+fn is_busy_refusal(reason: &str) -> bool {
+    reason.contains("already processing") || reason.contains("streamingBehavior")
+}
+
+/// `queued` → `next`, with its event, if it was still queued.
+async fn settle(
+    ctx: &Ctx,
+    task: &task::Model,
+    s: &session::Model,
+    id: Uuid,
+    next: InboxState,
+    reason: Option<&str>,
+) -> Result<bool> {
+    let txn = ctx.db.begin_write().await?;
+    if !store::settle(&txn, id, next, reason, crate::clock::now()).await? {
+        return Ok(false);
+    }
+    let message = store::find(&txn, s.id, id).await?.ok_or(Error::NotFound("message"))?;
+    record(&txn, ctx, task, s, &message).await?;
+    ctx.commit(txn).await?;
+    Ok(true)
+}
+
+async fn record(
+    txn: &sea_orm::DatabaseTransaction,
+    ctx: &Ctx,
+    task: &task::Model,
+    s: &session::Model,
+    message: &inbox::Model,
+) -> Result<()> {
+    events::append(
+        txn,
+        ctx.instance_id,
+        EventType::SessionMessageUpdated,
+        subject(task, s),
+        json!({ "message": view(message) }),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A message as events and the API show it.
+pub fn view(m: &inbox::Model) -> Value {
+    json!({
+        "id": m.id,
+        "session_id": m.session_id,
+        "text": m.text,
+        "delivery": m.delivery,
+        "state": m.state,
+        "reason": m.reason,
+        "created_at": m.created_at,
+    })
+}
+
+fn state_name(s: InboxState) -> &'static str {
+    match s {
+        InboxState::Queued => "queued",
+        InboxState::Delivered => "delivered",
+        InboxState::Refused => "refused",
+        InboxState::Cancelled => "cancelled",
+    }
+}
