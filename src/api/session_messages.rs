@@ -126,6 +126,8 @@ async fn cancel_message(
 ) -> Result<web::Json<Message>, Error> {
     let (id, message_id) = path.into_inner();
     Ok(web::Json(
-        sessions::cancel_message(&state.ctx, &auth, id, message_id).await?.into(),
+        sessions::cancel_message(&state.ctx, &auth, id, message_id)
+            .await?
+            .into(),
     ))
 }

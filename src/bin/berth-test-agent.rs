@@ -14,6 +14,9 @@
 //! - `stream N`: N streamed output events, a tool call, and token usage
 //! - anything else: echo it back
 //!
+//! While a turn runs (`hang`), a plain `prompt` is refused as Pi refuses it, and a `steer` or `follow_up`
+//! ends the turn with a reply `steer TEXT` / `follow_up TEXT`.
+//!
 //! Flags: `--ignore-abort` (a `hang` ignores `abort`), `--ignore-term` (SIGTERM is ignored).
 use std::io::{BufRead, Write};
 
@@ -50,9 +53,26 @@ fn main() {
             continue;
         };
         match cmd["type"].as_str().unwrap_or_default() {
+            "prompt" if working => {
+                // As Pi does: a plain prompt while a turn runs is refused.
+                emit(
+                    json!({"type": "response", "id": cmd["id"], "command": "prompt", "success": false, "error": "Agent is already processing. Specify streamingBehavior ('steer' or 'followUp') to queue the message."}),
+                );
+            }
+            "steer" | "follow_up" if working => {
+                // A `hang` turn reads it and ends with it.
+                emit(json!({"type": "response", "id": cmd["id"], "command": cmd["type"], "success": true}));
+                working = false;
+                reply(&format!(
+                    "{} {}",
+                    cmd["type"].as_str().unwrap_or_default(),
+                    cmd["message"].as_str().unwrap_or_default()
+                ));
+                emit(json!({"type": "agent_end"}));
+            }
             "prompt" => {
                 let text = cmd["message"].as_str().unwrap_or_default().to_string();
-                emit(json!({"type": "response", "command": "prompt", "success": true}));
+                emit(json!({"type": "response", "id": cmd["id"], "command": "prompt", "success": true}));
                 emit(json!({"type": "agent_start"}));
                 emit(json!({"type": "message_start", "message": {"role": "user", "content": text}}));
                 let mut words = text.splitn(3, ' ');
@@ -102,11 +122,15 @@ fn main() {
                     }
                     "notify" => {
                         // Fire-and-forget notices (they carry ids too), then an ordinary reply.
-                        for method in ["notify", "setStatus", "setTitle"] {
-                            emit(
-                                json!({"type": "extension_ui_request", "id": format!("n-{method}"), "method": method, "message": "working on it"}),
-                            );
-                        }
+                        emit(
+                            json!({"type": "extension_ui_request", "id": "n-notify", "method": "notify", "message": "working on it", "notifyType": "info"}),
+                        );
+                        emit(
+                            json!({"type": "extension_ui_request", "id": "n-status", "method": "setStatus", "statusKey": "ext", "statusText": "busy"}),
+                        );
+                        emit(
+                            json!({"type": "extension_ui_request", "id": "n-title", "method": "setTitle", "title": "berth test"}),
+                        );
                         reply("notified");
                     }
                     _ => reply(&text),

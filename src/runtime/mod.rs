@@ -206,9 +206,7 @@ impl Runtime {
                 };
                 match event["type"].as_str() {
                     // An answer to one of berth's own commands goes to whoever waits for it, not to the log.
-                    Some("response")
-                        if event["id"].as_str().is_some_and(|id| id.starts_with(REQUEST_PREFIX)) =>
-                    {
+                    Some("response") if event["id"].as_str().is_some_and(|id| id.starts_with(REQUEST_PREFIX)) => {
                         let id = event["id"].as_str().unwrap_or_default().to_string();
                         if let Some(tx) = agent_r.waiting.lock().unwrap().remove(&id) {
                             let _ = tx.send(event);
@@ -319,11 +317,7 @@ impl Runtime {
 
     /// The lock that makes deliveries to this session's agent one at a time; `None` without a live agent.
     pub fn dispatch_lock(&self, session_id: Uuid) -> Option<Arc<tokio::sync::Mutex<()>>> {
-        self.agents
-            .lock()
-            .unwrap()
-            .get(&session_id)
-            .map(|a| a.dispatch.clone())
+        self.agents.lock().unwrap().get(&session_id).map(|a| a.dispatch.clone())
     }
 
     /// Marks the agent working as soon as berth hands it a prompt (before its `agent_start` arrives), so

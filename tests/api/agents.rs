@@ -36,7 +36,7 @@ both_backends!(
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn uuid(v: &Value) -> Uuid {
+pub(crate) fn uuid(v: &Value) -> Uuid {
     v.as_str()
         .unwrap_or_else(|| panic!("not a string: {v}"))
         .parse()
@@ -44,7 +44,7 @@ fn uuid(v: &Value) -> Uuid {
 }
 
 /// Polls the session until `pred` holds (with a deadline).
-async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
@@ -56,8 +56,27 @@ async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value)
     }
 }
 
+/// Waits until `n` of the session's inbox messages are delivered to its agent.
+pub(crate) async fn wait_delivered(app: &TestApp, id: Uuid, n: usize) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let list = app.get(&format!("/api/v1/sessions/{id}/messages")).await.ok(200);
+        let delivered = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["state"] == "delivered")
+            .count();
+        if delivered >= n {
+            return list;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never {n} delivered: {list}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The texts the agent replied with, from the `runtime.output` events of a session.
-async fn replies(app: &TestApp, session: Uuid) -> Vec<String> {
+pub(crate) async fn replies(app: &TestApp, session: Uuid) -> Vec<String> {
     let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
     page["events"]
         .as_array()
@@ -89,14 +108,14 @@ async fn wait_reply(app: &TestApp, session: Uuid, n: usize) -> Vec<String> {
     }
 }
 
-fn pid_alive(pid: i64) -> bool {
+pub(crate) fn pid_alive(pid: i64) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .unwrap_or_default()
             .contains(") Z ")
 }
 
-async fn execution_pid(app: &TestApp, execution: Uuid) -> i64 {
+pub(crate) async fn execution_pid(app: &TestApp, execution: Uuid) -> i64 {
     use sea_orm::EntityTrait;
     let e = berth::entity::agent_execution::Entity::find_by_id(execution)
         .one(app.db())
@@ -422,6 +441,8 @@ async fn stop_escalates_to_sigkill_for_an_agent_that_ignores_abort(app: TestApp)
     let s = wait_session(&app, id, "running", |s| s["state"] == "running").await;
     let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
     assert!(pid_alive(pid));
+    // The launch prompt is stored first, then handed to the agent: wait until it has it (it hangs).
+    wait_delivered(&app, id, 1).await;
     // Busy: a running session cannot be deleted.
     app.delete(&format!("/api/v1/sessions/{id}"))
         .await

@@ -11,6 +11,7 @@ mod errors;
 mod events;
 mod faults;
 mod hostile;
+mod inbox;
 mod migrations;
 mod openapi;
 mod ops;

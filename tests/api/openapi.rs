@@ -75,6 +75,7 @@ fn error_codes_are_the_contracts() {
             "workspace_preparing",
             "workspace_reuse_unsafe",
             "workspace_reuse_unsupported",
+            "agent_session_unavailable",
             "task_delete_dirty_worktree",
             "repository_in_use",
             "not_a_git_repository",

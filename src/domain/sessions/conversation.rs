@@ -56,7 +56,11 @@ pub(super) fn launch_profile(ctx: &Ctx, profile: &AgentProfile, session_id: Uuid
 
 /// Whether a relaunch may continue the session's recorded conversation: its file is there, is that
 /// conversation, and no other live session holds it. A session with nothing recorded starts one.
-pub(super) async fn check(ctx: &Ctx, profile: &AgentProfile, s: &session::Model) -> Result<Option<ConversationCategory>> {
+pub(super) async fn check(
+    ctx: &Ctx,
+    profile: &AgentProfile,
+    s: &session::Model,
+) -> Result<Option<ConversationCategory>> {
     if profile.protocol != AgentProtocol::Pi {
         return Ok(None);
     }
@@ -136,10 +140,7 @@ pub(super) async fn learn(ctx: &Ctx, session_id: Uuid, full: bool) -> Result<()>
 }
 
 async fn ask(ctx: &Ctx, session_id: Uuid, command: &str) -> Option<Value> {
-    let answer = ctx
-        .runtime
-        .request(session_id, json!({ "type": command }), ASK)
-        .await?;
+    let answer = ctx.runtime.request(session_id, json!({ "type": command }), ASK).await?;
     (answer["success"] == true).then(|| answer["data"].clone())
 }
 
@@ -192,18 +193,32 @@ mod tests {
         std::fs::write(&path, "garbage\n").unwrap();
         assert_eq!(header_of(&path, "a"), Some(ConversationCategory::Corrupt));
         std::fs::write(&path, "{\"type\":\"session\",\"id\":\"b\"}\n").unwrap();
-        assert_eq!(header_of(&path, "a"), Some(ConversationCategory::Corrupt), "another conversation");
+        assert_eq!(
+            header_of(&path, "a"),
+            Some(ConversationCategory::Corrupt),
+            "another conversation"
+        );
         std::fs::write(&path, "{\"type\":\"session\",\"id\":\"a\"}\n{}\n").unwrap();
         assert_eq!(header_of(&path, "a"), None);
     }
 
     #[test]
     fn notices_update_status_title_and_notifications() {
-        let n = |v: Value| json!({"type": "extension_ui_request", "id": "x"}).as_object().cloned().map(|mut o| {
-            o.extend(v.as_object().unwrap().clone());
-            Value::Object(o)
-        }).unwrap();
-        let k = noticed(None, &n(json!({"method": "setStatus", "statusKey": "ext", "statusText": "busy"}))).unwrap();
+        let n = |v: Value| {
+            json!({"type": "extension_ui_request", "id": "x"})
+                .as_object()
+                .cloned()
+                .map(|mut o| {
+                    o.extend(v.as_object().unwrap().clone());
+                    Value::Object(o)
+                })
+                .unwrap()
+        };
+        let k = noticed(
+            None,
+            &n(json!({"method": "setStatus", "statusKey": "ext", "statusText": "busy"})),
+        )
+        .unwrap();
         assert_eq!(k["status"]["ext"], "busy");
         let k = noticed(Some(&k), &n(json!({"method": "setTitle", "title": "pi - x"}))).unwrap();
         assert_eq!(k["title"], "pi - x");

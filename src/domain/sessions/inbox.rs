@@ -68,7 +68,16 @@ pub async fn cancel(ctx: &Ctx, p: &Principal, session_id: Uuid, message_id: Uuid
             state_name(message.state)
         )));
     }
-    if !settle(ctx, &task, &s, message.id, InboxState::Cancelled, Some("cancelled by request")).await? {
+    if !settle(
+        ctx,
+        &task,
+        &s,
+        message.id,
+        InboxState::Cancelled,
+        Some("cancelled by request"),
+    )
+    .await?
+    {
         return Err(Error::InvalidState(
             "the message left the queue meanwhile; only a queued message can be cancelled".into(),
         ));
@@ -91,9 +100,7 @@ pub async fn abort(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Session
     let guard = lock.lock().await;
     cancel_queued(ctx, &task, &s, "the turn was aborted").await?;
     if super::conversation::protocol_of(ctx, &s) == AgentProtocol::Pi {
-        ctx.runtime
-            .request(s.id, json!({ "type": "abort" }), ACCEPT)
-            .await;
+        ctx.runtime.request(s.id, json!({ "type": "abort" }), ACCEPT).await;
     } else {
         ctx.runtime.send(s.id, json!({ "type": "abort" }));
     }

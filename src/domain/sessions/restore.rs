@@ -154,7 +154,14 @@ async fn fail_if_recovering(ctx: &Ctx, session_id: Uuid, e: &crate::error::Error
         let Some(task) = task_store::find(&ctx.db.conn, s.task_id).await? else {
             return Ok(());
         };
-        super::launch::record_failure(ctx, &task, session_id, "restore_failed", &format!("restore failed: {e}")).await
+        super::launch::record_failure(
+            ctx,
+            &task,
+            session_id,
+            "restore_failed",
+            &format!("restore failed: {e}"),
+        )
+        .await
     }
     .await;
     if let Err(e) = result {
