@@ -71,6 +71,8 @@ impl Application {
             tokio::spawn(crate::worker::sweep(ctx.clone(), ctx.config.sweep_interval)).abort_handle(),
         ];
         background.push(tokio::spawn(crate::domain::sessions::consume(ctx.clone(), runtime_reports)).abort_handle());
+        // Issue 15, item 4: what other replicas route to the agents this node runs.
+        background.push(tokio::spawn(crate::domain::sessions::serve_routed(ctx.clone())).abort_handle());
         // I35: workers start only now, after the schema committed.
         background.extend(crate::worker::cleanup::start(&ctx));
         // I29: sessions that were open are relaunched through admission before the server serves.

@@ -4,6 +4,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261129_000001_task_owned_schema;
 mod m20261129_000002_claim_indexes;
 mod m20261201_000003_session_inbox;
+mod m20261201_000004_session_commands;
 
 pub struct Migrator;
 
@@ -14,6 +15,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261129_000001_task_owned_schema::Migration),
             Box::new(m20261129_000002_claim_indexes::Migration),
             Box::new(m20261201_000003_session_inbox::Migration),
+            Box::new(m20261201_000004_session_commands::Migration),
         ]
     }
 }

@@ -101,6 +101,9 @@ pub struct Config {
     pub event_retention_count: i64,
     pub event_retention_age: Duration,
     pub event_poll: Duration,
+    /// How often a node looks for commands and messages routed to the agents it runs (issue 15, item 4);
+    /// PostgreSQL `NOTIFY` wakes it sooner.
+    pub routing_poll: Duration,
     pub sse_keep_alive: Duration,
     /// After `abort`, and after closing an agent's stdin: how long before escalating.
     pub agent_stop_grace: Duration,
@@ -155,6 +158,7 @@ struct FileConfig {
     event_retention_count: Option<i64>,
     event_retention_secs: Option<u64>,
     event_poll_ms: Option<u64>,
+    routing_poll_ms: Option<u64>,
     sse_keep_alive_secs: Option<u64>,
     sweep_interval_ms: Option<u64>,
     agent_stop_grace_ms: Option<u64>,
@@ -283,6 +287,7 @@ impl Config {
             7 * 86400u64,
         )?;
         let event_poll_ms = parse_num(env, "BERTH_EVENT_POLL_MS", file.event_poll_ms, 1000u64)?;
+        let routing_poll_ms = parse_num(env, "BERTH_ROUTING_POLL_MS", file.routing_poll_ms, 500u64)?;
         let sse_keep_alive_secs = parse_num(env, "BERTH_SSE_KEEPALIVE_SECS", file.sse_keep_alive_secs, 15u64)?;
         let sweep_interval_ms = parse_num(env, "BERTH_SWEEP_INTERVAL_MS", file.sweep_interval_ms, 60_000u64)?;
         let agent_stop_grace_ms = parse_num(env, "BERTH_AGENT_STOP_GRACE_MS", file.agent_stop_grace_ms, 5000u64)?;
@@ -328,6 +333,7 @@ impl Config {
             ("BERTH_EVENT_BUFFER", event_buffer == 0),
             ("BERTH_EVENT_RETENTION_COUNT", event_retention_count < 1),
             ("BERTH_EVENT_POLL_MS", event_poll_ms == 0),
+            ("BERTH_ROUTING_POLL_MS", routing_poll_ms == 0),
             ("BERTH_SSE_KEEPALIVE_SECS", sse_keep_alive_secs == 0),
             ("BERTH_SWEEP_INTERVAL_MS", sweep_interval_ms == 0),
         ] {
@@ -417,6 +423,7 @@ impl Config {
             event_retention_count,
             event_retention_age: Duration::from_secs(event_retention_secs),
             event_poll: Duration::from_millis(event_poll_ms),
+            routing_poll: Duration::from_millis(routing_poll_ms),
             sse_keep_alive: Duration::from_secs(sse_keep_alive_secs),
             sweep_interval: Duration::from_millis(sweep_interval_ms),
             agent_stop_grace: Duration::from_millis(agent_stop_grace_ms),

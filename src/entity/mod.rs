@@ -4,6 +4,7 @@ pub mod cleanup_job;
 pub mod event;
 pub mod git_status_observation;
 pub mod repository;
+pub mod session_command;
 pub mod session_inbox;
 pub mod session_message;
 pub mod task;

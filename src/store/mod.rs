@@ -11,6 +11,7 @@ pub mod messages;
 pub mod migrate;
 pub mod observations;
 pub mod repositories;
+pub mod session_commands;
 pub mod sessions;
 pub mod tasks;
 pub mod workspaces;

@@ -14,7 +14,10 @@ use crate::store::tasks as task_store;
 /// I28: clear `desired_open` first, then stop the process with escalation; the transcript stays.
 pub async fn stop(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionView> {
     let s = visible(&ctx.db.conn, p, session_id).await?;
-    stop_session(ctx, &s).await?;
+    // Issue 15, item 4: another node runs the agent: it stops it there, by the rule below.
+    if !super::routing::forward(ctx, &s, super::routing::Command::Stop).await? {
+        stop_session(ctx, &s).await?;
+    }
     project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
 }
 
@@ -69,6 +72,25 @@ pub async fn answer_attention(
     answer: Answer,
 ) -> Result<SessionView> {
     let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
+    // Issue 15, item 4: another node runs the agent: the answer is checked and given there.
+    let routed = super::routing::Command::Answer {
+        request_id,
+        response: answer.response(),
+    };
+    if !super::routing::forward(ctx, &s, routed).await? {
+        answer_session(ctx, &task, &s, request_id, answer).await?;
+    }
+    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+}
+
+/// The answer itself, on the node that runs the agent.
+pub(super) async fn answer_session(
+    ctx: &Ctx,
+    task: &task::Model,
+    s: &session::Model,
+    request_id: &str,
+    answer: Answer,
+) -> Result<()> {
     let pending = ctx.runtime.attention(s.id);
     let request = pending
         .iter()
@@ -85,7 +107,7 @@ pub async fn answer_attention(
             transition(
                 &txn,
                 ctx,
-                &task,
+                task,
                 &current,
                 SessionEvent::Answered,
                 StatePatch::default(),
@@ -94,7 +116,7 @@ pub async fn answer_attention(
         }
         ctx.commit(txn).await?;
     }
-    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+    Ok(())
 }
 
 /// An answer to an agent's question, in the shape Pi's RPC `extension_ui_response` takes: a `value`
@@ -139,6 +161,11 @@ impl Answer {
             // A method this berth does not know: the agent judges the answer.
             _ => Ok(()),
         }
+    }
+
+    /// The answer [`Answer::response`] gave (an answer routed to the node that runs the agent).
+    pub(super) fn from_response(r: &serde_json::Value) -> Result<Answer> {
+        Answer::parse(r.get("value").cloned(), r["confirmed"].as_bool(), r["cancelled"].as_bool())
     }
 
     fn response(&self) -> serde_json::Value {

@@ -91,6 +91,15 @@ pub async fn cancel(ctx: &Ctx, p: &Principal, session_id: Uuid, message_id: Uuid
 /// cancelled, the agent is told to abort, and the session goes back to `idle` with its agent running.
 pub async fn abort(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionView> {
     let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
+    // Issue 15, item 4: another node runs the agent: it aborts there, by the rule below.
+    if !super::routing::forward(ctx, &s, super::routing::Command::Abort).await? {
+        abort_session(ctx, &task, &s).await?;
+    }
+    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+}
+
+/// The abort itself, on the node that runs the agent.
+pub(super) async fn abort_session(ctx: &Ctx, task: &task::Model, s: &session::Model) -> Result<()> {
     let Some(lock) = ctx.runtime.dispatch_lock(s.id) else {
         return Err(Error::InvalidState(
             "the session has no running agent; launch or resume it".into(),
@@ -98,14 +107,14 @@ pub async fn abort(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Session
     };
     // Under the delivery lock: nothing queued can be handed over between the cancel and the abort.
     let guard = lock.lock().await;
-    cancel_queued(ctx, &task, &s, "the turn was aborted").await?;
-    if super::conversation::protocol_of(ctx, &s) == AgentProtocol::Pi {
+    cancel_queued(ctx, task, s, "the turn was aborted").await?;
+    if super::conversation::protocol_of(ctx, s) == AgentProtocol::Pi {
         ctx.runtime.request(s.id, json!({ "type": "abort" }), ACCEPT).await;
     } else {
         ctx.runtime.send(s.id, json!({ "type": "abort" }));
     }
     drop(guard);
-    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+    Ok(())
 }
 
 /// Stores a message (with its event) without waking the delivery.
@@ -134,6 +143,8 @@ pub(super) async fn cancel_queued(ctx: &Ctx, task: &task::Model, s: &session::Mo
 /// Delivers in the background (the caller does not wait for the agent to accept).
 pub(crate) fn wake(ctx: &Ctx, session_id: Uuid) {
     if !ctx.runtime.is_live(session_id) {
+        // Issue 15, item 4: the node that runs it (if another one) delivers.
+        super::routing::nudge(ctx, session_id);
         return;
     }
     let ctx = ctx.clone();

@@ -46,7 +46,9 @@ pub async fn launch(ctx: &Ctx, p: &Principal, session_id: Uuid, prompt: Option<S
 
 pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<String>) -> Result<SessionView> {
     let prompt = prompt.filter(|t| !t.trim().is_empty());
-    if ctx.runtime.is_live(s.id) {
+    // I27 across replicas: an agent another node runs is returned as it is too (the prompt reaches it
+    // through the inbox); a launch racing that node's is refused by the database (`record_handle`).
+    if ctx.runtime.is_live(s.id) || super::routing::owner_elsewhere(ctx, &s).await?.is_some() {
         if let Some(text) = prompt {
             let task = task_store::find(&ctx.db.conn, s.task_id)
                 .await?

@@ -3,9 +3,11 @@
 //! Where things are: who may see a session and how it is shown (`access`), create/list/delete/primary
 //! (`lifecycle`), launching an agent through admission (`launch`), a Pi agent's conversation file
 //! (`conversation`), the durable inbox of messages and abort (`inbox`), stop and answers (`control`), what the agent's reports do (`reports`), restore after a restart or a crash
-//! (`restore`), the snapshot a client loads (`snapshot`), and the state machines with the one helper
+//! (`restore`), requests routed to the node that runs the agent (`routing`, and `commands` on that
+//! node), the snapshot a client loads (`snapshot`), and the state machines with the one helper
 //! that writes a state change (`state`).
 mod access;
+mod commands;
 mod control;
 mod conversation;
 mod inbox;
@@ -13,6 +15,7 @@ mod launch;
 mod lifecycle;
 mod reports;
 mod restore;
+mod routing;
 mod snapshot;
 pub mod state;
 
@@ -20,6 +23,7 @@ use super::Ctx;
 use super::environments;
 
 pub use access::SessionView;
+pub use commands::serve_routed;
 pub(crate) use access::visible;
 pub use control::{Answer, answer_attention, stop};
 pub use inbox::{abort, cancel as cancel_message, list as list_messages, post as post_message, view as message_view};

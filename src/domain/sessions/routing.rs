@@ -1,0 +1,193 @@
+//! Any replica reaches the agent (issue 15, item 4): a request for a session whose agent another node
+//! runs is stored as a command (`session_commands`), that node is woken (PostgreSQL `NOTIFY`; on SQLite its
+//! poll finds it), carries it out (`commands`) and records the result, which the caller waits for and
+//! answers with, errors included, as if the agent ran here. A message needs no command: it is in the inbox
+//! already, and the owner delivers it once woken.
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::Ctx;
+use crate::entity::agent_execution::ExecutionState;
+use crate::entity::session_command::{CommandKind, CommandState};
+use crate::entity::task_session as session;
+use crate::error::{Error, FieldError, Result};
+use crate::store::session_commands as store;
+
+/// How long a caller waits for the owning node to carry a command out (then 503, retryable).
+const DEADLINE: Duration = Duration::from_secs(30);
+/// How often the caller looks at its command meanwhile.
+const CHECK: Duration = Duration::from_millis(25);
+/// Every this many checks, whether the owner still runs the agent (if not, the request is handled here).
+const OWNER_CHECK_EVERY: u32 = 20;
+
+/// What a replica asks of the node that runs a session's agent.
+pub(super) enum Command<'a> {
+    Abort,
+    Stop,
+    /// An answer to the agent's question `request_id`, in the shape the agent takes it.
+    Answer { request_id: &'a str, response: Value },
+}
+
+/// The execution of the session's agent when another node runs it (it is `starting` or `running`
+/// there, and not here).
+pub(super) async fn owner_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<Option<Uuid>> {
+    if ctx.runtime.is_live(s.id) {
+        return Ok(None);
+    }
+    let Some(execution_id) = s.execution_id else {
+        return Ok(None);
+    };
+    Ok(crate::store::executions::find(&ctx.db.conn, execution_id)
+        .await?
+        .filter(|e| {
+            matches!(e.state, ExecutionState::Starting | ExecutionState::Running) && e.node_id != ctx.config.node_id
+        })
+        .map(|e| e.id))
+}
+
+/// Carries the request out on the node that runs the agent, if that is another one: `true` when it was
+/// done there (its error is returned as this node would answer it); `false`: this node handles it.
+pub(super) async fn forward(ctx: &Ctx, s: &session::Model, command: Command<'_>) -> Result<bool> {
+    let Some(execution_id) = owner_elsewhere(ctx, s).await? else {
+        return Ok(false);
+    };
+    let (kind, payload) = match command {
+        Command::Abort => (CommandKind::Abort, json!({})),
+        Command::Stop => (CommandKind::Stop, json!({})),
+        Command::Answer { request_id, response } => (
+            CommandKind::Answer,
+            json!({ "request_id": request_id, "response": response }),
+        ),
+    };
+    let conn = &ctx.db.conn;
+    let id = store::insert(conn, s.id, execution_id, kind, payload, crate::clock::now()).await?;
+    if let Err(e) = store::notify(conn, s.id).await {
+        tracing::warn!(session = %s.id, error = %e, "NOTIFY failed; the owner's poll finds the command");
+    }
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut checks = 0u32;
+    loop {
+        tokio::time::sleep(CHECK).await;
+        // Gone with its session (a delete): so is the session.
+        let c = store::find(conn, id).await?.ok_or(Error::NotFound("session"))?;
+        match c.state {
+            CommandState::Done => return Ok(true),
+            CommandState::Failed => return Err(decode(c.result.as_ref().unwrap_or(&Value::Null))),
+            CommandState::Pending => {}
+        }
+        checks += 1;
+        let owner_gone = checks.is_multiple_of(OWNER_CHECK_EVERY) && {
+            let now = super::access::reload(conn, s.id).await?;
+            owner_elsewhere(ctx, &now).await? != Some(execution_id)
+        };
+        let late = tokio::time::Instant::now() >= deadline;
+        if (owner_gone || late) && give_up(ctx, id, owner_gone).await? {
+            if owner_gone {
+                // The agent ended there meanwhile: the request is this node's to answer.
+                return Ok(false);
+            }
+            return Err(Error::Unavailable(format!(
+                "the node running the session's agent did not carry out the {kind:?} command in time"
+            )));
+        }
+    }
+}
+
+/// Marks a command the caller no longer waits for as failed, so that it never runs late; false when the
+/// owner finished it first.
+async fn give_up(ctx: &Ctx, id: Uuid, owner_gone: bool) -> Result<bool> {
+    let why = if owner_gone {
+        "the agent is no longer running on that node"
+    } else {
+        "the caller stopped waiting"
+    };
+    store::finish(
+        &ctx.db.conn,
+        id,
+        CommandState::Failed,
+        json!({ "code": "abandoned", "message": why }),
+        crate::clock::now(),
+    )
+    .await
+}
+
+/// Wakes the node that may run the session's agent to deliver what its inbox holds (PostgreSQL only;
+/// elsewhere the owner's poll finds it).
+pub(super) fn nudge(ctx: &Ctx, session_id: Uuid) {
+    if ctx.db.is_sqlite() {
+        return;
+    }
+    let conn = ctx.db.conn.clone();
+    tokio::spawn(async move {
+        if let Err(e) = store::notify(&conn, session_id).await {
+            tracing::warn!(session = %session_id, error = %e, "NOTIFY failed; the owner's poll delivers");
+        }
+    });
+}
+
+/// The result of a command that failed on the owner, kept so the caller answers with the same problem.
+pub(super) fn encode(e: &Error) -> Value {
+    match e {
+        Error::NotFound(what) => json!({ "code": "not_found", "what": what }),
+        Error::Invalid { detail, errors } => json!({ "code": "invalid", "message": detail, "errors": errors }),
+        Error::InvalidState(m) => json!({ "code": "invalid_state", "message": m }),
+        Error::Stale(m) => json!({ "code": "stale", "message": m }),
+        Error::SessionBusy => json!({ "code": "session_busy" }),
+        Error::Unavailable(m) => json!({ "code": "unavailable", "message": m }),
+        other => json!({ "code": "internal", "message": other.to_string() }),
+    }
+}
+
+/// The error a failed command's result stands for (the inverse of [`encode`]).
+fn decode(result: &Value) -> Error {
+    let message = result["message"].as_str().unwrap_or_default().to_string();
+    match result["code"].as_str() {
+        Some("not_found") => Error::NotFound(match result["what"].as_str() {
+            Some("attention request") => "attention request",
+            Some("message") => "message",
+            _ => "session",
+        }),
+        Some("invalid") => Error::Invalid {
+            detail: message,
+            errors: result["errors"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|f| FieldError {
+                    field: f["field"].as_str().unwrap_or_default().to_string(),
+                    message: f["message"].as_str().unwrap_or_default().to_string(),
+                })
+                .collect(),
+        },
+        Some("invalid_state") => Error::InvalidState(message),
+        Some("stale") => Error::Stale(message),
+        Some("session_busy") => Error::SessionBusy,
+        Some("unavailable" | "abandoned") => Error::Unavailable(message),
+        _ => Error::Internal(anyhow::anyhow!("the node running the agent failed: {message}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_come_back_as_they_were() {
+        let cases = [
+            Error::NotFound("attention request"),
+            Error::invalid("confirmed", "a confirm question is answered with confirmed"),
+            Error::InvalidState("no agent".into()),
+            Error::Stale("retry".into()),
+            Error::SessionBusy,
+            Error::Unavailable("later".into()),
+        ];
+        for e in cases {
+            let back = decode(&encode(&e));
+            assert_eq!(back.to_string(), e.to_string());
+            assert_eq!(std::mem::discriminant(&back), std::mem::discriminant(&e));
+        }
+        assert!(matches!(decode(&json!({"code": "internal", "message": "x"})), Error::Internal(_)));
+    }
+}
