@@ -16,6 +16,7 @@ mod migrations;
 mod openapi;
 mod ops;
 mod pagination;
+mod replicas;
 mod repositories;
 mod sessions;
 mod tasks;

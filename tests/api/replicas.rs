@@ -1,0 +1,257 @@
+//! Issue 15, item 4: two berth processes on one database behave as one service. A second
+//! `Application` with another `node_id` serves its own port; messages, aborts, stops, answers and a
+//! launch posted to it reach the agent the first one runs, through the database (PostgreSQL `NOTIFY`, or
+//! the owner's poll on SQLite). Restore relaunching only a node's own sessions is
+//! `inbox::restore_leaves_another_nodes_sessions_alone`.
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::agents::{execution_pid, pid_alive, replies, uuid, wait_delivered, wait_session};
+use crate::both_backends;
+use crate::helpers::{Reply, TestApp};
+
+both_backends!(
+    a_message_posted_to_another_replica_reaches_the_agent,
+    an_abort_posted_to_another_replica_ends_the_turn_there,
+    a_stop_posted_to_another_replica_stops_the_agent,
+    an_answer_posted_to_another_replica_reaches_the_agent,
+    a_launch_posted_to_another_replica_returns_the_running_agent,
+);
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A second berth on the same database and data directory, as node `replica-b`, serving HTTP.
+struct Replica {
+    base: String,
+    client: reqwest::Client,
+    token: String,
+    state: actix_web::web::Data<berth::api::AppState>,
+    handle: actix_web::dev::ServerHandle,
+    background: Vec<tokio::task::AbortHandle>,
+}
+
+impl Replica {
+    async fn start(app: &TestApp) -> Replica {
+        let mut config = app.config.clone();
+        config.node_id = "replica-b".into();
+        let server = berth::startup::Application::build(config)
+            .await
+            .expect("the second replica starts");
+        let replica = Replica {
+            base: format!("http://127.0.0.1:{}", server.port()),
+            client: reqwest::Client::new(),
+            token: app.token("admin"),
+            state: server.state.clone(),
+            handle: server.handle(),
+            background: server.background(),
+        };
+        tokio::spawn(server.run_until_stopped());
+        replica
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Reply {
+        let res = self
+            .client
+            .request(Method::POST, format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let status = res.status();
+        let headers = res.headers().clone();
+        let text = res.text().await.unwrap();
+        Reply { status, headers, text }
+    }
+
+    async fn stop(self) {
+        self.state.ctx.runtime.stop_all().await;
+        for b in &self.background {
+            b.abort();
+        }
+        self.handle.stop(false).await;
+    }
+}
+
+/// A running `test` agent on the first replica; with `prompt`, that is its first message.
+async fn session(app: &TestApp, prompt: Option<&str>) -> Uuid {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Replicas", &[repo]).await;
+    let mut body = json!({"executor_type": "worktree", "agent_profile": "test"});
+    if let Some(p) = prompt {
+        body["prompt"] = p.into();
+    }
+    let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
+    uuid(&s["id"])
+}
+
+async fn messages(app: &TestApp, id: Uuid) -> Vec<Value> {
+    app.get(&format!("/api/v1/sessions/{id}/messages")).await.ok(200)["items"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+async fn wait_message(app: &TestApp, id: Uuid, message: &Value, state: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let found = messages(app, id)
+            .await
+            .into_iter()
+            .find(|m| m["id"] == message["id"])
+            .expect("the message is listed");
+        if found["state"] == state {
+            return found;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "message never {state}: {found}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_replies(app: &TestApp, id: Uuid, n: usize) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let r = replies(app, id).await;
+        if r.len() >= n {
+            return r;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never {n} replies: {r:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The agent runs on the first replica only.
+fn runs_on_first(app: &TestApp, b: &Replica, id: Uuid) {
+    assert!(app.app_state.ctx.runtime.is_live(id), "the first replica runs the agent");
+    assert!(!b.state.ctx.runtime.is_live(id), "the second replica runs nothing for it");
+}
+
+async fn a_message_posted_to_another_replica_reaches_the_agent(app: TestApp) {
+    let id = session(&app, None).await;
+    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let b = Replica::start(&app).await;
+    runs_on_first(&app, &b, id);
+    let m = b
+        .post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "hello from b"}))
+        .await
+        .ok(202);
+    assert_eq!(m["session_id"], id.to_string());
+    wait_message(&app, id, &m, "delivered").await;
+    assert_eq!(wait_replies(&app, id, 1).await, ["hello from b"]);
+    // And the next one, while the first replica's agent is still the one that answers.
+    let again = b
+        .post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "again"}))
+        .await
+        .ok(202);
+    wait_message(&app, id, &again, "delivered").await;
+    assert_eq!(wait_replies(&app, id, 2).await, ["hello from b", "again"]);
+    runs_on_first(&app, &b, id);
+    b.stop().await;
+}
+
+async fn an_abort_posted_to_another_replica_ends_the_turn_there(app: TestApp) {
+    let id = session(&app, Some("hang")).await;
+    wait_delivered(&app, id, 1).await;
+    let s = wait_session(&app, id, "running", |s| s["state"] == "running").await;
+    let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
+    let b = Replica::start(&app).await;
+    let queued = b
+        .post(
+            &format!("/api/v1/sessions/{id}/messages"),
+            json!({"text": "queued behind", "delivery": "follow_up"}),
+        )
+        .await
+        .ok(202);
+    let aborted = b.post(&format!("/api/v1/sessions/{id}/abort"), json!({})).await.ok(200);
+    assert_eq!(aborted["id"], id.to_string());
+    let cancelled = wait_message(&app, id, &queued, "cancelled").await;
+    assert!(cancelled["reason"].as_str().unwrap().contains("abort"), "{cancelled}");
+    let after = wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    assert_eq!(after["desired_open"], true);
+    assert_eq!(after["execution_id"], s["execution_id"], "the same agent");
+    assert!(pid_alive(pid), "the agent still runs");
+    runs_on_first(&app, &b, id);
+    // The agent takes the next message, posted to either replica.
+    let m = b
+        .post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "still here"}))
+        .await
+        .ok(202);
+    wait_message(&app, id, &m, "delivered").await;
+    assert_eq!(wait_replies(&app, id, 1).await, ["still here"]);
+    b.stop().await;
+}
+
+async fn a_stop_posted_to_another_replica_stops_the_agent(app: TestApp) {
+    let id = session(&app, Some("hang")).await;
+    wait_delivered(&app, id, 1).await;
+    let s = wait_session(&app, id, "running", |s| s["state"] == "running").await;
+    let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
+    let b = Replica::start(&app).await;
+    let waiting = app
+        .post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "never sent"}))
+        .await
+        .ok(202);
+    let stopped = b.post(&format!("/api/v1/sessions/{id}/stop"), json!({})).await.ok(200);
+    assert_eq!(stopped["state"], "stopped", "answered once the owner stopped it: {stopped}");
+    assert_eq!(stopped["desired_open"], false);
+    assert!(!app.app_state.ctx.runtime.is_live(id), "the first replica's agent is gone");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while pid_alive(pid) {
+        assert!(tokio::time::Instant::now() < deadline, "the agent process still runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = wait_message(&app, id, &waiting, "cancelled").await;
+    assert!(m["reason"].as_str().unwrap().contains("stopped"), "{m}");
+    // Nothing runs anywhere now: an abort on either replica is refused as on one.
+    b.post(&format!("/api/v1/sessions/{id}/abort"), json!({}))
+        .await
+        .problem(409, "conflict");
+    assert_eq!(b.state.ctx.runtime.live_count(), 0);
+    b.stop().await;
+}
+
+async fn an_answer_posted_to_another_replica_reaches_the_agent(app: TestApp) {
+    let id = session(&app, Some("ask")).await;
+    wait_session(&app, id, "asking", |s| s["state"] == "attention").await;
+    let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+    let request_id = snap["attention_requests"][0]["id"].as_str().unwrap().to_string();
+    let b = Replica::start(&app).await;
+    let path = format!("/api/v1/sessions/{id}/attention/{request_id}");
+    // The owner's refusals come back as the same problems: a wrong shape, an unknown request.
+    let wrong = b.post(&path, json!({"value": "yes"})).await.problem(422, "validation_failed");
+    assert_eq!(wrong["errors"][0]["field"], "confirmed", "{wrong}");
+    b.post(&format!("/api/v1/sessions/{id}/attention/nope"), json!({"confirmed": true}))
+        .await
+        .problem(404, "not_found");
+    let still = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+    assert_eq!(still["attention_requests"].as_array().unwrap().len(), 1, "{still}");
+    b.post(&path, json!({"confirmed": true})).await.ok(200);
+    assert_eq!(wait_replies(&app, id, 1).await, ["answered true"]);
+    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    // Answered: no longer pending, wherever it is asked.
+    b.post(&path, json!({"confirmed": true}))
+        .await
+        .problem(404, "not_found");
+    b.stop().await;
+}
+
+// I27 across replicas: launching on the replica that does not run the agent returns the session as it
+// is (no second process), and its prompt reaches the running agent.
+async fn a_launch_posted_to_another_replica_returns_the_running_agent(app: TestApp) {
+    let id = session(&app, None).await;
+    let s = wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let b = Replica::start(&app).await;
+    let launched = b
+        .post(&format!("/api/v1/sessions/{id}/launch"), json!({"prompt": "via b"}))
+        .await
+        .ok(200);
+    assert_eq!(launched["execution_id"], s["execution_id"], "the same agent: {launched}");
+    assert_eq!(wait_replies(&app, id, 1).await, ["via b"]);
+    assert_eq!(b.state.ctx.runtime.live_count(), 0, "no second process");
+    runs_on_first(&app, &b, id);
+    b.stop().await;
+}
