@@ -126,8 +126,14 @@ async fn wait_replies(app: &TestApp, id: Uuid, n: usize) -> Vec<String> {
 
 /// The agent runs on the first replica only.
 fn runs_on_first(app: &TestApp, b: &Replica, id: Uuid) {
-    assert!(app.app_state.ctx.runtime.is_live(id), "the first replica runs the agent");
-    assert!(!b.state.ctx.runtime.is_live(id), "the second replica runs nothing for it");
+    assert!(
+        app.app_state.ctx.runtime.is_live(id),
+        "the first replica runs the agent"
+    );
+    assert!(
+        !b.state.ctx.runtime.is_live(id),
+        "the second replica runs nothing for it"
+    );
 }
 
 async fn a_message_posted_to_another_replica_reaches_the_agent(app: TestApp) {
@@ -136,7 +142,10 @@ async fn a_message_posted_to_another_replica_reaches_the_agent(app: TestApp) {
     let b = Replica::start(&app).await;
     runs_on_first(&app, &b, id);
     let m = b
-        .post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "hello from b"}))
+        .post(
+            &format!("/api/v1/sessions/{id}/messages"),
+            json!({"text": "hello from b"}),
+        )
         .await
         .ok(202);
     assert_eq!(m["session_id"], id.to_string());
@@ -177,7 +186,10 @@ async fn an_abort_posted_to_another_replica_ends_the_turn_there(app: TestApp) {
     runs_on_first(&app, &b, id);
     // The agent takes the next message, posted to either replica.
     let m = b
-        .post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "still here"}))
+        .post(
+            &format!("/api/v1/sessions/{id}/messages"),
+            json!({"text": "still here"}),
+        )
         .await
         .ok(202);
     wait_message(&app, id, &m, "delivered").await;
@@ -192,13 +204,22 @@ async fn a_stop_posted_to_another_replica_stops_the_agent(app: TestApp) {
     let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
     let b = Replica::start(&app).await;
     let waiting = app
-        .post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "never sent"}))
+        .post(
+            &format!("/api/v1/sessions/{id}/messages"),
+            json!({"text": "never sent"}),
+        )
         .await
         .ok(202);
     let stopped = b.post(&format!("/api/v1/sessions/{id}/stop"), json!({})).await.ok(200);
-    assert_eq!(stopped["state"], "stopped", "answered once the owner stopped it: {stopped}");
+    assert_eq!(
+        stopped["state"], "stopped",
+        "answered once the owner stopped it: {stopped}"
+    );
     assert_eq!(stopped["desired_open"], false);
-    assert!(!app.app_state.ctx.runtime.is_live(id), "the first replica's agent is gone");
+    assert!(
+        !app.app_state.ctx.runtime.is_live(id),
+        "the first replica's agent is gone"
+    );
     let deadline = tokio::time::Instant::now() + WAIT;
     while pid_alive(pid) {
         assert!(tokio::time::Instant::now() < deadline, "the agent process still runs");
@@ -222,11 +243,17 @@ async fn an_answer_posted_to_another_replica_reaches_the_agent(app: TestApp) {
     let b = Replica::start(&app).await;
     let path = format!("/api/v1/sessions/{id}/attention/{request_id}");
     // The owner's refusals come back as the same problems: a wrong shape, an unknown request.
-    let wrong = b.post(&path, json!({"value": "yes"})).await.problem(422, "validation_failed");
-    assert_eq!(wrong["errors"][0]["field"], "confirmed", "{wrong}");
-    b.post(&format!("/api/v1/sessions/{id}/attention/nope"), json!({"confirmed": true}))
+    let wrong = b
+        .post(&path, json!({"value": "yes"}))
         .await
-        .problem(404, "not_found");
+        .problem(422, "validation_failed");
+    assert_eq!(wrong["errors"][0]["field"], "confirmed", "{wrong}");
+    b.post(
+        &format!("/api/v1/sessions/{id}/attention/nope"),
+        json!({"confirmed": true}),
+    )
+    .await
+    .problem(404, "not_found");
     let still = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
     assert_eq!(still["attention_requests"].as_array().unwrap().len(), 1, "{still}");
     b.post(&path, json!({"confirmed": true})).await.ok(200);
@@ -249,7 +276,10 @@ async fn a_launch_posted_to_another_replica_returns_the_running_agent(app: TestA
         .post(&format!("/api/v1/sessions/{id}/launch"), json!({"prompt": "via b"}))
         .await
         .ok(200);
-    assert_eq!(launched["execution_id"], s["execution_id"], "the same agent: {launched}");
+    assert_eq!(
+        launched["execution_id"], s["execution_id"],
+        "the same agent: {launched}"
+    );
     assert_eq!(wait_replies(&app, id, 1).await, ["via b"]);
     assert_eq!(b.state.ctx.runtime.live_count(), 0, "no second process");
     runs_on_first(&app, &b, id);

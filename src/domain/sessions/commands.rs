@@ -132,7 +132,9 @@ async fn execute(ctx: &Ctx, c: &command::Model) -> Result<()> {
         return Err(Error::NotFound("session"));
     };
     if s.execution_id != Some(c.execution_id) {
-        return Err(Error::Stale("the session's agent was relaunched meanwhile; retry".into()));
+        return Err(Error::Stale(
+            "the session's agent was relaunched meanwhile; retry".into(),
+        ));
     }
     match c.kind {
         CommandKind::Abort => inbox::abort_session(ctx, &task, &s).await,

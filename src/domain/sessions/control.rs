@@ -104,15 +104,7 @@ pub(super) async fn answer_session(
         let txn = ctx.db.begin_write().await?;
         let current = reload_locked(&txn, s.id).await?;
         if current.state == SessionState::Attention {
-            transition(
-                &txn,
-                ctx,
-                task,
-                &current,
-                SessionEvent::Answered,
-                StatePatch::default(),
-            )
-            .await?;
+            transition(&txn, ctx, task, &current, SessionEvent::Answered, StatePatch::default()).await?;
         }
         ctx.commit(txn).await?;
     }
@@ -165,7 +157,11 @@ impl Answer {
 
     /// The answer [`Answer::response`] gave (an answer routed to the node that runs the agent).
     pub(super) fn from_response(r: &serde_json::Value) -> Result<Answer> {
-        Answer::parse(r.get("value").cloned(), r["confirmed"].as_bool(), r["cancelled"].as_bool())
+        Answer::parse(
+            r.get("value").cloned(),
+            r["confirmed"].as_bool(),
+            r["cancelled"].as_bool(),
+        )
     }
 
     fn response(&self) -> serde_json::Value {

@@ -23,8 +23,8 @@ use super::Ctx;
 use super::environments;
 
 pub use access::SessionView;
-pub use commands::serve_routed;
 pub(crate) use access::visible;
+pub use commands::serve_routed;
 pub use control::{Answer, answer_attention, stop};
 pub use inbox::{abort, cancel as cancel_message, list as list_messages, post as post_message, view as message_view};
 pub use launch::launch;

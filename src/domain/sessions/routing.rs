@@ -27,7 +27,10 @@ pub(super) enum Command<'a> {
     Abort,
     Stop,
     /// An answer to the agent's question `request_id`, in the shape the agent takes it.
-    Answer { request_id: &'a str, response: Value },
+    Answer {
+        request_id: &'a str,
+        response: Value,
+    },
 }
 
 /// The execution of the session's agent when another node runs it (it is `starting` or `running`
@@ -188,6 +191,9 @@ mod tests {
             assert_eq!(back.to_string(), e.to_string());
             assert_eq!(std::mem::discriminant(&back), std::mem::discriminant(&e));
         }
-        assert!(matches!(decode(&json!({"code": "internal", "message": "x"})), Error::Internal(_)));
+        assert!(matches!(
+            decode(&json!({"code": "internal", "message": "x"})),
+            Error::Internal(_)
+        ));
     }
 }
