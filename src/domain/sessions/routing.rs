@@ -3,6 +3,14 @@
 //! poll finds it), carries it out (`commands`) and records the result, which the caller waits for and
 //! answers with, errors included, as if the agent ran here. A message needs no command: it is in the inbox
 //! already, and the owner delivers it once woken.
+//!
+//! Stop and launch of one session are serialized across replicas by the database, not by this module: a
+//! launch's `record_handle` and a stop's transition both take the session row (`FOR UPDATE` on
+//! PostgreSQL, the writer lock on SQLite); a launch that finds it `stopping` is refused (`session_busy`)
+//! and one that finds it `starting` answers with it; `ux_agent_executions_live` admits one `starting` or
+//! `running` execution per session over all nodes, so a second launch elsewhere fails `session_busy`
+//! with nothing spawned. A launch on a replica while another runs the agent returns it as it is
+//! (`launch_session`), and a stop is carried out by the node that runs it.
 use std::time::Duration;
 
 use serde_json::{Value, json};
