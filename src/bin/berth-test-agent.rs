@@ -8,6 +8,7 @@
 //! - `env NAME`: reply with an environment variable
 //! - `envkeys`: reply with the names of every environment variable, sorted, space-separated
 //! - `ask`: ask a confirm question and wait for the answer
+//! - `ask-timeout MS`: ask a select question that expires after MS milliseconds, and keep working
 //! - `notify`: send fire-and-forget UI notices (notify, setStatus, setTitle), then reply `notified`
 //! - `hang`: start working and never finish (until aborted)
 //! - `crash`: exit with status 3
@@ -109,6 +110,15 @@ fn main() {
                         );
                     }
                     "hang" => {
+                        working = true;
+                        continue;
+                    }
+                    "ask-timeout" => {
+                        // A question with its own timeout (Pi resolves it with a default when it passes).
+                        let ms: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(200);
+                        emit(
+                            json!({"type": "extension_ui_request", "id": "q-timed", "method": "select", "title": "Pick", "options": ["a", "b"], "timeout": ms}),
+                        );
                         working = true;
                         continue;
                     }
