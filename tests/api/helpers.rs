@@ -221,6 +221,17 @@ impl TestApp {
             ..Default::default()
         };
         config.agents.insert("test".into(), profile(&[]));
+        // The test agent keeping a conversation file as Pi does (`--session`), with berth's Pi protocol.
+        config.agents.insert(
+            "fakepi".into(),
+            berth::config::AgentProfile {
+                protocol: berth::config::AgentProtocol::Pi,
+                env: [("TEST_AGENT_SESSION_NAME".to_string(), "fake pi work".to_string())]
+                    .into_iter()
+                    .collect(),
+                ..profile(&[])
+            },
+        );
         config
             .agents
             .insert("stubborn".into(), profile(&["--ignore-abort", "--ignore-term"]));

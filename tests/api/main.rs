@@ -7,6 +7,7 @@ mod agents;
 mod architecture;
 mod auth;
 mod cleanup;
+mod conversations;
 mod errors;
 mod events;
 mod faults;
