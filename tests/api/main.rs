@@ -12,6 +12,7 @@ mod events;
 mod faults;
 mod hostile;
 mod migrations;
+mod model_server;
 mod openapi;
 mod ops;
 mod pagination;
