@@ -16,6 +16,7 @@ mod model_server;
 mod openapi;
 mod ops;
 mod pagination;
+mod pi;
 mod repositories;
 mod sessions;
 mod tasks;
