@@ -946,7 +946,8 @@ async fn a_pi_conversation_survives_a_crash_of_the_agent(app: TestApp) {
     stop(&app, id).await;
 }
 
-// I28, issue 15 item 1: stop keeps the conversation; resume, and launch after another stop, continue it.
+// I27, I28, issue 15 item 1: stop keeps the conversation; resume, and launch after another stop, continue
+// it; deleting the session deletes it.
 async fn a_pi_conversation_survives_stop_and_resume(app: TestApp) {
     let Some((app, pi)) = with_pi(app, &[]).await else {
         return;
@@ -956,6 +957,16 @@ async fn a_pi_conversation_survives_stop_and_resume(app: TestApp) {
     turn(&app, &pi, id, "one", 1).await;
     let recorded = agent_session_ref(&app, id).await;
     let pid = execution_pid(&app, &s["execution_id"]).await;
+    let dir = conversation_file(&app, id).parent().unwrap().to_path_buf();
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o700, "conversations are owner-only");
+    // I27: resuming a live session returns it as it is, no second process.
+    let same = app
+        .post(&format!("/api/v1/sessions/{id}/resume"), json!({}))
+        .await
+        .ok(200);
+    assert_eq!(same["execution_id"], s["execution_id"]);
+    assert_eq!(app.app_state.ctx.runtime.live_count(), 1);
     stop(&app, id).await;
     assert!(!pid_alive(pid));
     assert!(conversation_file(&app, id).exists(), "stop keeps the conversation");
@@ -983,6 +994,13 @@ async fn a_pi_conversation_survives_stop_and_resume(app: TestApp) {
     );
     assert_eq!(agent_session_ref(&app, id).await, recorded);
     stop(&app, id).await;
+    // The conversation is session data: deleting the session deletes it (the worktree stays).
+    app.delete(&format!("/api/v1/sessions/{id}")).await.ok(204);
+    assert!(
+        !conversation_file(&app, id).exists(),
+        "the conversation file went with the session"
+    );
+    assert!(Path::new(s["workspace_path"].as_str().unwrap()).is_dir());
 }
 
 /// Sends `first` with a gated reply and waits until the turn runs: the model holds it, berth says `running`.
