@@ -158,6 +158,9 @@ pub struct Session {
     /// The environment's effective workspace path (never a copy kept on the session).
     pub workspace_path: Option<String>,
     pub execution_id: Option<Uuid>,
+    /// The agent's own identity of the conversation this session continues (Pi: its `sessionId`), once
+    /// recorded; every relaunch continues exactly that conversation.
+    pub agent_session_ref: Option<String>,
     pub last_error: Option<SessionError>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -180,6 +183,7 @@ impl From<SessionView> for Session {
             desired_open: s.desired_open,
             workspace_path: v.workspace_path,
             execution_id: s.execution_id,
+            agent_session_ref: s.agent_session_ref.clone(),
             last_error: s.last_error_code.map(|code| SessionError {
                 code,
                 message: s.last_error_message.unwrap_or_default(),

@@ -6,8 +6,10 @@
 //! - `pwd`: reply with the working directory
 //! - `write NAME TEXT`: write a file in the working directory
 //! - `env NAME`: reply with an environment variable
+//! - `history`: with `--session PATH`, reply with how many prompts the conversation file holds
 //! - `envkeys`: reply with the names of every environment variable, sorted, space-separated
 //! - `ask`: ask a confirm question and wait for the answer
+//! - `ask-timeout MS`: ask a select question that expires after MS milliseconds, and keep working
 //! - `notify`: send fire-and-forget UI notices (notify, setStatus, setTitle), then reply `notified`
 //! - `hang`: start working and never finish (until aborted)
 //! - `crash`: exit with status 3
@@ -43,6 +45,19 @@ fn main() {
             libc::signal(libc::SIGTERM, libc::SIG_IGN);
         }
     }
+    // `--session PATH` (as berth passes a Pi profile): a conversation file like Pi's, a header line with the
+    // conversation's id and one line per prompt, written from the first prompt on.
+    let session_file = args
+        .iter()
+        .position(|a| a == "--session")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
+    let mut conversation_id = session_file
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|t| t.lines().next().map(str::to_string))
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+        .and_then(|h| h["id"].as_str().map(str::to_string));
     let mut working = false;
     let mut asked: Option<String> = None;
     let stdin = std::io::stdin();
@@ -73,6 +88,17 @@ fn main() {
             "prompt" => {
                 let text = cmd["message"].as_str().unwrap_or_default().to_string();
                 emit(json!({"type": "response", "id": cmd["id"], "command": "prompt", "success": true}));
+                if let Some(path) = &session_file {
+                    let id = conversation_id
+                        .get_or_insert_with(|| format!("conv-{}-{}", std::process::id(), text.len()))
+                        .clone();
+                    let mut lines = std::fs::read_to_string(path).unwrap_or_default();
+                    if lines.is_empty() {
+                        lines = format!("{}\n", json!({"type": "session", "version": 3, "id": id}));
+                    }
+                    lines.push_str(&format!("{}\n", json!({"type": "message", "text": text})));
+                    std::fs::write(path, lines).unwrap();
+                }
                 emit(json!({"type": "agent_start"}));
                 emit(json!({"type": "message_start", "message": {"role": "user", "content": text}}));
                 let mut words = text.splitn(3, ' ');
@@ -83,6 +109,14 @@ fn main() {
                         let body = words.next().unwrap_or_default();
                         std::fs::write(name, body).unwrap();
                         reply(&format!("wrote {name}"));
+                    }
+                    // How many prompts this conversation has seen, this one included (it spans relaunches).
+                    "history" => {
+                        let n = session_file
+                            .as_ref()
+                            .and_then(|p| std::fs::read_to_string(p).ok())
+                            .map_or(0, |t| t.lines().count().saturating_sub(1));
+                        reply(&format!("history {n}"));
                     }
                     "env" => reply(&std::env::var(words.next().unwrap_or_default()).unwrap_or_default()),
                     "envkeys" => {
@@ -109,6 +143,15 @@ fn main() {
                         );
                     }
                     "hang" => {
+                        working = true;
+                        continue;
+                    }
+                    "ask-timeout" => {
+                        // A question with its own timeout (Pi resolves it with a default when it passes).
+                        let ms: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(200);
+                        emit(
+                            json!({"type": "extension_ui_request", "id": "q-timed", "method": "select", "title": "Pick", "options": ["a", "b"], "timeout": ms}),
+                        );
                         working = true;
                         continue;
                     }
@@ -145,7 +188,20 @@ fn main() {
                 }
             }
             "get_state" => emit(
-                json!({"type": "response", "command": "get_state", "success": true, "data": {"isStreaming": working}}),
+                json!({"type": "response", "id": cmd["id"], "command": "get_state", "success": true, "data": {
+                    "isStreaming": working,
+                    "sessionId": conversation_id,
+                    "sessionFile": session_file,
+                    "sessionName": std::env::var("TEST_AGENT_SESSION_NAME").ok(),
+                    "thinkingLevel": "off",
+                    "model": {"id": "echo", "provider": "test"},
+                }}),
+            ),
+            "get_commands" => emit(
+                json!({"type": "response", "id": cmd["id"], "command": "get_commands", "success": true, "data": {"commands": [{"name": "review", "source": "prompt"}]}}),
+            ),
+            "get_available_models" => emit(
+                json!({"type": "response", "id": cmd["id"], "command": "get_available_models", "success": true, "data": {"models": [{"id": "echo", "provider": "test"}]}}),
             ),
             "extension_ui_response" => {
                 if asked.as_deref() == cmd["id"].as_str() {

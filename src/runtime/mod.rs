@@ -240,6 +240,9 @@ impl Runtime {
                     }
                     Some("extension_ui_request") if event["id"].is_string() && is_dialog(&event) => {
                         agent_r.pending.lock().unwrap().push(event.clone());
+                        if let Some(ms) = event["timeout"].as_u64() {
+                            expire_after(&agent_r, &events, session_id, execution_id, &event, ms);
+                        }
                     }
                     _ => {}
                 }
@@ -424,6 +427,40 @@ impl Runtime {
         let ids: Vec<Uuid> = self.agents.lock().unwrap().keys().copied().collect();
         futures_util::future::join_all(ids.into_iter().map(|id| self.stop(id))).await;
     }
+}
+
+/// A dialog with its own `timeout` is resolved by the agent when it passes (Pi answers it with a
+/// default): berth then forgets the question and reports `{"type": "extension_ui_expired", "id"}`, so the
+/// session does not wait for an answer nobody can give any more.
+fn expire_after(
+    agent: &Arc<Agent>,
+    events: &mpsc::Sender<RuntimeEvent>,
+    session_id: Uuid,
+    execution_id: Uuid,
+    request: &serde_json::Value,
+    ms: u64,
+) {
+    let (agent, events, id) = (Arc::downgrade(agent), events.clone(), request["id"].clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        let Some(agent) = agent.upgrade() else { return };
+        let expired = {
+            let mut pending = agent.pending.lock().unwrap();
+            let before = pending.len();
+            pending.retain(|r| r["id"] != id);
+            pending.len() < before
+        };
+        if expired {
+            let event = serde_json::json!({ "type": "extension_ui_expired", "id": id });
+            let _ = events
+                .send(RuntimeEvent::Output {
+                    session_id,
+                    execution_id,
+                    event,
+                })
+                .await;
+        }
+    });
 }
 
 /// Ends the process group a previous berth left running for an execution, if `pid` is still that agent:

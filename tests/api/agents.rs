@@ -165,7 +165,7 @@ async fn profiles_are_listed_without_their_environment(app: TestApp) {
         .iter()
         .map(|p| p["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, vec!["missing", "stubborn", "test"]);
+    assert_eq!(names, vec!["fakepi", "missing", "stubborn", "test"]);
     assert!(
         !r.text.contains("s3cret-value"),
         "environment values never leave the config"

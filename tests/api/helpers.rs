@@ -177,6 +177,15 @@ impl TestApp {
 
     /// Spawns the app with extra `BERTH_*` settings (`{scratch}` in a value is replaced by the scratch dir).
     pub async fn spawn_with(backend: Backend, extra: &[(&str, &str)]) -> Option<TestApp> {
+        TestApp::spawn_with_profiles(backend, extra, Vec::new()).await
+    }
+
+    /// `spawn_with`, plus these agent profiles in the configuration (the real-Pi tests add a `pi` one).
+    pub async fn spawn_with_profiles(
+        backend: Backend,
+        extra: &[(&str, &str)],
+        profiles: Vec<(String, berth::config::AgentProfile)>,
+    ) -> Option<TestApp> {
         let pg = match backend {
             Backend::Postgres => Some(PgDatabase::create().await?),
             Backend::Sqlite => None,
@@ -221,6 +230,17 @@ impl TestApp {
             ..Default::default()
         };
         config.agents.insert("test".into(), profile(&[]));
+        // The test agent keeping a conversation file as Pi does (`--session`), with berth's Pi protocol.
+        config.agents.insert(
+            "fakepi".into(),
+            berth::config::AgentProfile {
+                protocol: berth::config::AgentProtocol::Pi,
+                env: [("TEST_AGENT_SESSION_NAME".to_string(), "fake pi work".to_string())]
+                    .into_iter()
+                    .collect(),
+                ..profile(&[])
+            },
+        );
         config
             .agents
             .insert("stubborn".into(), profile(&["--ignore-abort", "--ignore-term"]));
@@ -231,6 +251,7 @@ impl TestApp {
                 ..Default::default()
             },
         );
+        config.agents.extend(profiles);
         berth::telemetry::init_for_tests();
         let app = Application::build(config.clone()).await.expect("the app starts");
         let base = format!("http://127.0.0.1:{}", app.port());
@@ -349,14 +370,21 @@ impl TestApp {
     }
 }
 
-impl Drop for TestApp {
-    fn drop(&mut self) {
-        // Stop the workers and the server before the database is dropped.
+impl TestApp {
+    /// Stops this berth's HTTP server and background workers (its agents are the runtime's `stop_all`), as
+    /// a test that restarts berth on the same data dir and database does first.
+    pub fn stop_server(&self) {
         for task in &self.background {
             task.abort();
         }
-        let handle = self.handle.clone();
-        std::mem::drop(handle.stop(false));
+        std::mem::drop(self.handle.clone().stop(false));
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        // Stop the workers and the server before the database is dropped.
+        self.stop_server();
     }
 }
 

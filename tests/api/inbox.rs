@@ -23,6 +23,7 @@ both_backends!(
     restore_leaves_another_nodes_sessions_alone,
     a_restore_that_cannot_launch_fails_the_session,
     restore_ends_an_agent_a_crashed_berth_left_running,
+    a_question_expires_with_its_own_timeout,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -355,4 +356,45 @@ async fn restore_ends_an_agent_a_crashed_berth_left_running(app: TestApp) {
     for b in restarted.background() {
         b.abort();
     }
+}
+
+// Item 5: a dialog's own timeout expires it: the session stops waiting for an answer nobody can give.
+async fn a_question_expires_with_its_own_timeout(app: TestApp) {
+    let id = session(&app, None).await;
+    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let m = send(&app, id, "ask-timeout 300", "auto").await;
+    wait_message(&app, id, &m, "delivered").await;
+    // It asks (attention), then the question expires and the session works on, with nothing pending.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut asked = false;
+    loop {
+        let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+        let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
+        let expired = page["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["type"] == "runtime.output" && e["data"]["event"]["type"] == "extension_ui_expired");
+        asked |= page["events"].as_array().unwrap().iter().any(|e| {
+            e["type"] == "session.state_changed"
+                && e["session_id"] == id.to_string()
+                && e["data"]["state"] == "attention"
+        });
+        if expired && snap["state"] == "running" {
+            assert!(snap["attention_requests"].as_array().unwrap().is_empty(), "{snap}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the question never expired: {snap}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(asked, "the question put the session in attention first");
+    app.post(
+        &format!("/api/v1/sessions/{id}/attention/q-timed"),
+        json!({"value": "a"}),
+    )
+    .await
+    .problem(404, "not_found");
 }

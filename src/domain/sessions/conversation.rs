@@ -100,7 +100,7 @@ fn header_of(path: &std::path::Path, recorded: &str) -> Option<ConversationCateg
 }
 
 /// Removes a deleted session's conversation (conversations are session data; worktrees are not).
-pub(super) async fn remove(ctx: &Ctx, session_id: Uuid) {
+pub(crate) async fn remove(ctx: &Ctx, session_id: Uuid) {
     let path = file(ctx, session_id);
     match tokio::fs::remove_file(&path).await {
         Ok(()) => {}

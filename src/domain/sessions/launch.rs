@@ -133,7 +133,11 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
             return Err(Error::AgentStartFailed);
         }
     };
-    launch.record_running(pid, prompt.is_some()).await?;
+    if let Err(e) = launch.record_running(pid, prompt.is_some()).await {
+        // A process whose launch cannot be recorded must not run unrecorded (I26, I27): end it.
+        ctx.runtime.stop(s.id).await;
+        return Err(e);
+    }
     if let Some(text) = prompt {
         let current = reload(&ctx.db.conn, s.id).await?;
         inbox::enqueue(ctx, &task, &current, &text, Default::default()).await?;

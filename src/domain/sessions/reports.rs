@@ -47,6 +47,8 @@ fn session_event(output: &serde_json::Value) -> Option<SessionEvent> {
         Some("agent_start") => Some(SessionEvent::AgentStart),
         Some("agent_end" | "agent_settled") => Some(SessionEvent::AgentEnd),
         Some("extension_ui_request") if crate::runtime::is_dialog(output) => Some(SessionEvent::UiRequest),
+        // A question whose own timeout passed: like an answer (the agent resolved it with its default).
+        Some("extension_ui_expired") => Some(SessionEvent::Answered),
         _ => None,
     }
 }
@@ -90,21 +92,28 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
         json!({ "event": event }),
     )
     .await?;
+    // Another question may still be pending after one expired: then the session keeps waiting.
+    let moves = moves.filter(|e| *e != SessionEvent::Answered || ctx.runtime.attention(session_id).is_empty());
+    let mut settled = false;
     if let Some(e) = moves {
         let patch = StatePatch {
             last_activity_at: Some(now),
             ..Default::default()
         };
-        transition(&txn, ctx, &task, &s, e, patch).await?;
+        settled = transition(&txn, ctx, &task, &s, e, patch).await?.is_some() && e == SessionEvent::AgentEnd;
     }
     ctx.commit(txn).await?;
+    // What waited for the turn goes now (a steer or an abort may end a turn without a state change).
     if matches!(event["type"].as_str(), Some("agent_end" | "agent_settled")) {
+        super::inbox::wake(ctx, session_id);
+    }
+    // Once per turn: a newer Pi sends both `agent_end` and `agent_settled`; only the one that moved the
+    // session to `idle` settles the turn.
+    if settled {
         // Seed 004: a finished turn is captured as a completion observation of the environment.
         let c = ctx.clone();
         tokio::spawn(async move { crate::domain::git_status::capture_completion(&c, session_id).await });
-        // The turn settled: what waited for it goes now, and a Pi agent tells who it is (its
-        // conversation file exists from the first turn on).
-        super::inbox::wake(ctx, session_id);
+        // A Pi agent tells who it is (its conversation file exists from the first turn on).
         if super::conversation::protocol_of(ctx, &s) == crate::config::AgentProtocol::Pi {
             let c = ctx.clone();
             tokio::spawn(async move {

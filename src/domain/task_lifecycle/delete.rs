@@ -99,6 +99,15 @@ pub(crate) async fn delete_tasks(
     }
     ctx.commit(txn).await?;
     stop_agents(ctx, &jobs).await;
+    let mut sessions = Vec::new();
+    for t in tasks {
+        sessions.extend(
+            sessions_store::of_task(&ctx.db.conn, t.id)
+                .await?
+                .into_iter()
+                .map(|s| s.id),
+        );
+    }
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
         lock_in_order(&txn, tasks).await?;
@@ -127,7 +136,14 @@ pub(crate) async fn delete_tasks(
         ctx.commit(txn).await
     }
     .await;
+    let deleted = result.is_ok();
     settle(ctx, &jobs, result).await?;
+    if deleted {
+        // Their sessions went with them; so do the sessions' conversations (worktrees go by the jobs).
+        for id in sessions {
+            crate::domain::sessions::remove_conversation(ctx, id).await;
+        }
+    }
     Ok(jobs)
 }
 
