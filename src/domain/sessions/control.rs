@@ -87,7 +87,9 @@ pub async fn answer_attention(
                 ctx,
                 &task,
                 &current,
-                SessionEvent::Answered,
+                SessionEvent::Answered {
+                    working: ctx.runtime.is_working(s.id),
+                },
                 StatePatch::default(),
             )
             .await?;
