@@ -134,20 +134,15 @@ impl Pi {
         ])
     }
 
+    /// The profile as an operator declares it: Pi's protocol (issue 15, item 1).
     pub fn profile(&self) -> berth::config::AgentProfile {
-        pi_protocol(berth::config::AgentProfile {
+        berth::config::AgentProfile {
             command: self.binary.display().to_string(),
             args: self.args(),
             env: self.env(),
-        })
+            protocol: berth::config::AgentProtocol::Pi,
+        }
     }
-}
-
-/// Declares the profile's protocol as Pi's (issue 15, item 1).
-/// SHIM until `AgentProfile { protocol }` lands: then this one line becomes
-/// `berth::config::AgentProfile { protocol: berth::config::AgentProtocol::Pi, ..profile }`.
-fn pi_protocol(profile: berth::config::AgentProfile) -> berth::config::AgentProfile {
-    profile
 }
 
 /// Replaces the app `both_backends!` made with one on the same backend that also has the `pi` profile
@@ -1162,13 +1157,13 @@ async fn abort_cancels_queued_messages_and_keeps_the_agent(app: TestApp) {
     stop(&app, id).await;
 }
 
-/// The texts of the snapshot's latest notifications (an entry is a string or has a `message`).
+/// The texts of the snapshot's latest notifications (`agent.notifications`, each with a `message`).
 fn notification_texts(snap: &Value) -> Vec<String> {
-    snap["notifications"]
+    snap["agent"]["notifications"]
         .as_array()
         .unwrap_or_else(|| panic!("no notifications in the snapshot: {snap}"))
         .iter()
-        .filter_map(|n| n.as_str().or_else(|| n["message"].as_str()).map(str::to_string))
+        .filter_map(|n| n["message"].as_str().map(str::to_string))
         .collect()
 }
 
@@ -1217,11 +1212,13 @@ async fn notices_from_pi_leave_the_state_alone(app: TestApp) {
     let id = uuid(&pi_session(&app).await["id"]);
     let m = say(&app, id, "/notice all is well", None).await;
     let snap = wait_snapshot(&app, id, "the notice", |s| {
-        s["notifications"].is_array() && notification_texts(s).contains(&"all is well".to_string())
+        s["agent"]["notifications"].is_array()
+            && notification_texts(s).contains(&"all is well".to_string())
+            && s["agent"]["title"].is_string()
     })
     .await;
-    assert_eq!(snap["status"]["berth-test"], "status: all is well", "{snap}");
-    assert_eq!(snap["title"], "title: all is well", "{snap}");
+    assert_eq!(snap["agent"]["status"]["berth-test"], "status: all is well", "{snap}");
+    assert_eq!(snap["agent"]["title"], "title: all is well", "{snap}");
     assert!(snap["attention_requests"].as_array().unwrap().is_empty(), "{snap}");
     wait_message(&app, id, &m, "delivered").await;
     wait_session(&app, id, "idle", |v| v["state"] == "idle").await;

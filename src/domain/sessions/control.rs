@@ -104,7 +104,17 @@ pub(super) async fn answer_session(
         let txn = ctx.db.begin_write().await?;
         let current = reload_locked(&txn, s.id).await?;
         if current.state == SessionState::Attention {
-            transition(&txn, ctx, task, &current, SessionEvent::Answered, StatePatch::default()).await?;
+            transition(
+                &txn,
+                ctx,
+                task,
+                &current,
+                SessionEvent::Answered {
+                    working: ctx.runtime.is_working(s.id),
+                },
+                StatePatch::default(),
+            )
+            .await?;
         }
         ctx.commit(txn).await?;
     }

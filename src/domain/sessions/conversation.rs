@@ -116,19 +116,17 @@ pub(super) async fn learn(ctx: &Ctx, session_id: Uuid, full: bool) -> Result<()>
     let Some(state) = ask(ctx, session_id, "get_state").await else {
         return Ok(());
     };
-    let Some(s) = store::find(&ctx.db.conn, session_id).await? else {
-        return Ok(());
-    };
-    let mut known = s.agent_state.clone().unwrap_or_else(|| json!({}));
-    known["model"] = state["model"].clone();
-    known["thinking_level"] = state["thinkingLevel"].clone();
-    known["session_name"] = state["sessionName"].clone();
+    let mut learned = json!({
+        "model": state["model"],
+        "thinking_level": state["thinkingLevel"],
+        "session_name": state["sessionName"],
+    });
     if full {
         if let Some(c) = ask(ctx, session_id, "get_commands").await {
-            known["commands"] = c["commands"].clone();
+            learned["commands"] = c["commands"].clone();
         }
         if let Some(m) = ask(ctx, session_id, "get_available_models").await {
-            known["models"] = m["models"].clone();
+            learned["models"] = m["models"].clone();
         }
     }
     // The identity only once Pi has written the file berth gave it (it writes lazily, after the first
@@ -136,7 +134,18 @@ pub(super) async fn learn(ctx: &Ctx, session_id: Uuid, full: bool) -> Result<()>
     let id = state["sessionId"].as_str().map(str::to_string);
     let exists = tokio::fs::metadata(file(ctx, session_id)).await.is_ok();
     let reference = id.filter(|_| exists);
-    store::record_agent(&ctx.db.conn, session_id, reference.as_deref(), known).await
+    // Merged into what is known under the row's lock: notices recorded meanwhile are kept.
+    let txn = ctx.db.begin_write().await?;
+    let Some(s) = store::find_locked(&txn, session_id).await? else {
+        return Ok(());
+    };
+    let mut known = s.agent_state.unwrap_or_else(|| json!({}));
+    if let (Some(known), Some(learned)) = (known.as_object_mut(), learned.as_object()) {
+        known.extend(learned.clone());
+    }
+    store::record_agent(&txn, session_id, reference.as_deref(), known).await?;
+    txn.commit().await?;
+    Ok(())
 }
 
 async fn ask(ctx: &Ctx, session_id: Uuid, command: &str) -> Option<Value> {

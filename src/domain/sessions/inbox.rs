@@ -174,11 +174,21 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
             (Delivery::Auto | Delivery::FollowUp, true) => continue,
         };
         let prompt = kind == "prompt";
-        if prompt {
+        // Pi runs an extension command (`/name`) at once, outside any turn (no agent_start/agent_end), and
+        // answers its prompt only when the command is done (after a dialog is answered, say): it is handed
+        // over without waiting, and does not make the agent look busy.
+        let command_line = prompt && m.text.starts_with('/');
+        if prompt && !command_line {
             ctx.runtime.mark_working(s.id, true);
         }
         let command = json!({ "type": kind, "message": m.text });
-        let outcome = if pi {
+        let outcome = if command_line {
+            if ctx.runtime.send(s.id, command) {
+                Outcome::Delivered
+            } else {
+                return Ok(());
+            }
+        } else if pi {
             match ctx.runtime.request(s.id, command, ACCEPT).await {
                 Some(r) if r["success"] == true => Outcome::Delivered,
                 Some(r) => {
@@ -191,7 +201,8 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
                     }
                 }
                 None if !ctx.runtime.is_live(s.id) => return Ok(()),
-                None => Outcome::Refused("the agent did not acknowledge the message in time".into()),
+                // It has the message and did not refuse it: a refusal comes at once.
+                None => Outcome::Delivered,
             }
         } else if ctx.runtime.send(s.id, command) {
             Outcome::Delivered
@@ -212,7 +223,7 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
                 }
             }
             Outcome::Refused(reason) => {
-                if prompt {
+                if prompt && !command_line {
                     ctx.runtime.mark_working(s.id, false);
                 }
                 settle(ctx, &task, &s, m.id, InboxState::Refused, Some(&reason)).await?;

@@ -48,7 +48,7 @@ fn session_event(output: &serde_json::Value) -> Option<SessionEvent> {
         Some("agent_end" | "agent_settled") => Some(SessionEvent::AgentEnd),
         Some("extension_ui_request") if crate::runtime::is_dialog(output) => Some(SessionEvent::UiRequest),
         // A question whose own timeout passed: like an answer (the agent resolved it with its default).
-        Some("extension_ui_expired") => Some(SessionEvent::Answered),
+        Some("extension_ui_expired") => Some(SessionEvent::Answered { working: true }),
         _ => None,
     }
 }
@@ -93,7 +93,13 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     )
     .await?;
     // Another question may still be pending after one expired: then the session keeps waiting.
-    let moves = moves.filter(|e| *e != SessionEvent::Answered || ctx.runtime.attention(session_id).is_empty());
+    let moves = match moves {
+        Some(SessionEvent::Answered { .. }) if !ctx.runtime.attention(session_id).is_empty() => None,
+        Some(SessionEvent::Answered { .. }) => Some(SessionEvent::Answered {
+            working: ctx.runtime.is_working(session_id),
+        }),
+        other => other,
+    };
     let mut settled = false;
     if let Some(e) = moves {
         let patch = StatePatch {

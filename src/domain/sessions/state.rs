@@ -29,8 +29,9 @@ pub enum SessionEvent {
     AgentEnd,
     /// The agent asked a question (`extension_ui_request`).
     UiRequest,
-    /// The last pending question was answered.
-    Answered,
+    /// The last pending question was answered (or expired); `working` when the agent's turn goes on (an
+    /// extension command asks outside any turn: then the session is idle again).
+    Answered { working: bool },
     /// Stop requested; `live` when a process must be stopped first.
     Stop { live: bool },
     /// The stopped process is gone.
@@ -91,7 +92,8 @@ impl SessionState {
             (S::Idle | S::Attention, E::AgentStart) => Some(S::Running),
             (S::Running | S::Attention, E::AgentEnd) => Some(S::Idle),
             (S::Running | S::Idle, E::UiRequest) => Some(S::Attention),
-            (S::Attention, E::Answered) => Some(S::Running),
+            (S::Attention, E::Answered { working: true }) => Some(S::Running),
+            (S::Attention, E::Answered { working: false }) => Some(S::Idle),
             (S::Stopping, E::Stop { live: true }) => None,
             // I28: whatever it was, a live process is stopped with escalation.
             (_, E::Stop { live: true }) => Some(S::Stopping),
@@ -203,14 +205,15 @@ mod tests {
     use SessionEvent as E;
     use SessionState as S;
 
-    const ALL_EVENTS: [SessionEvent; 15] = [
+    const ALL_EVENTS: [SessionEvent; 16] = [
         E::Launch,
         E::Spawned { working: true },
         E::Spawned { working: false },
         E::AgentStart,
         E::AgentEnd,
         E::UiRequest,
-        E::Answered,
+        E::Answered { working: true },
+        E::Answered { working: false },
         E::Stop { live: true },
         E::Stop { live: false },
         E::Settled,
@@ -244,7 +247,8 @@ mod tests {
         t.push((S::Attention, E::AgentEnd, S::Idle));
         t.push((S::Running, E::UiRequest, S::Attention));
         t.push((S::Idle, E::UiRequest, S::Attention));
-        t.push((S::Attention, E::Answered, S::Running));
+        t.push((S::Attention, E::Answered { working: true }, S::Running));
+        t.push((S::Attention, E::Answered { working: false }, S::Idle));
         for from in S::iter().filter(|s| *s != S::Stopping) {
             t.push((from, E::Stop { live: true }, S::Stopping));
         }
@@ -323,7 +327,7 @@ mod tests {
         // Only a starting session is spawned.
         assert!(S::Idle.on(E::Spawned { working: false }).is_err());
         // An answer with no pending question.
-        assert!(S::Running.on(E::Answered).is_err());
+        assert!(S::Running.on(E::Answered { working: true }).is_err());
         // A stopped session has nothing to settle, crash or cancel.
         assert!(S::Stopped.on(E::Settled).is_err());
         assert!(S::Stopped.on(E::Crashed).is_err());
