@@ -211,15 +211,20 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
         };
         match outcome {
             Outcome::Delivered => {
-                if settle(ctx, &task, &s, m.id, InboxState::Delivered, None).await? {
+                // Delivered and in the transcript at once: nothing the agent answers can come first.
+                let txn = ctx.db.begin_write().await?;
+                if store::settle(&txn, m.id, InboxState::Delivered, None, crate::clock::now()).await? {
                     crate::store::messages::append(
-                        &ctx.db.conn,
+                        &txn,
                         s.id,
                         MessageRole::User,
                         json!({ "text": m.text, "delivery": m.delivery }),
                         crate::clock::now(),
                     )
                     .await?;
+                    let delivered = store::find(&txn, s.id, m.id).await?.ok_or(Error::NotFound("message"))?;
+                    record(&txn, ctx, &task, &s, &delivered).await?;
+                    ctx.commit(txn).await?;
                 }
             }
             Outcome::Refused(reason) => {
