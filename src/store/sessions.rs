@@ -309,6 +309,8 @@ pub struct StatePatch {
     pub last_activity_at: Option<DateTime<Utc>>,
     pub started_at: Option<DateTime<Utc>>,
     pub ended_at: Option<DateTime<Utc>>,
+    /// What the agent told about itself (for snapshots), when it changed.
+    pub agent_state: Option<serde_json::Value>,
 }
 
 /// `UPDATE task_sessions SET state = next, .. WHERE id = ? AND state = from AND execution_id IS NOT
@@ -348,6 +350,9 @@ pub(crate) async fn compare_and_set_state(
     }
     if let Some(v) = patch.ended_at {
         q = q.col_expr(session::Column::EndedAt, Expr::value(Some(v)));
+    }
+    if let Some(v) = &patch.agent_state {
+        q = q.col_expr(session::Column::AgentState, Expr::value(v.clone()));
     }
     let execution = match from_execution {
         Some(e) => session::Column::ExecutionId.eq(e),

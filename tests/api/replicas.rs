@@ -53,14 +53,22 @@ impl Replica {
     }
 
     async fn post(&self, path: &str, body: Value) -> Reply {
-        let res = self
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        self.call(Method::GET, path, None).await
+    }
+
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+        let mut req = self
             .client
-            .request(Method::POST, format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .json(&body)
-            .send()
-            .await
-            .expect("request");
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let res = req.send().await.expect("request");
         let status = res.status();
         let headers = res.headers().clone();
         let text = res.text().await.unwrap();
@@ -238,9 +246,19 @@ async fn a_stop_posted_to_another_replica_stops_the_agent(app: TestApp) {
 async fn an_answer_posted_to_another_replica_reaches_the_agent(app: TestApp) {
     let id = session(&app, Some("ask")).await;
     wait_session(&app, id, "asking", |s| s["state"] == "attention").await;
-    let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
-    let request_id = snap["attention_requests"][0]["id"].as_str().unwrap().to_string();
     let b = Replica::start(&app).await;
+    // The question shows on the replica that does not run the agent, as its node recorded it.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let snap = loop {
+        let snap = b.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+        if snap["attention_requests"].as_array().is_some_and(|a| !a.is_empty()) {
+            break snap;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no question on b: {snap}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(snap["attention_requests"][0]["method"], "confirm");
+    let request_id = snap["attention_requests"][0]["id"].as_str().unwrap().to_string();
     let path = format!("/api/v1/sessions/{id}/attention/{request_id}");
     // The owner's refusals come back as the same problems: a wrong shape, an unknown request.
     let wrong = b
@@ -259,6 +277,8 @@ async fn an_answer_posted_to_another_replica_reaches_the_agent(app: TestApp) {
     b.post(&path, json!({"confirmed": true})).await.ok(200);
     assert_eq!(wait_replies(&app, id, 1).await, ["answered true"]);
     wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let snap = b.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+    assert!(snap["attention_requests"].as_array().unwrap().is_empty(), "{snap}");
     // Answered: no longer pending, wherever it is asked.
     b.post(&path, json!({"confirmed": true}))
         .await

@@ -100,24 +100,23 @@ pub(super) async fn answer_session(
     if !ctx.runtime.answer(s.id, request_id, answer.response()) {
         return Err(Error::NotFound("attention request"));
     }
-    if ctx.runtime.attention(s.id).is_empty() {
-        let txn = ctx.db.begin_write().await?;
-        let current = reload_locked(&txn, s.id).await?;
-        if current.state == SessionState::Attention {
-            transition(
-                &txn,
-                ctx,
-                task,
-                &current,
-                SessionEvent::Answered {
-                    working: ctx.runtime.is_working(s.id),
-                },
-                StatePatch::default(),
-            )
-            .await?;
-        }
-        ctx.commit(txn).await?;
+    let left = ctx.runtime.attention(s.id);
+    let txn = ctx.db.begin_write().await?;
+    let current = reload_locked(&txn, s.id).await?;
+    let agent_state = super::conversation::with_attention(current.agent_state.as_ref(), &left);
+    if left.is_empty() && current.state == SessionState::Attention {
+        let patch = StatePatch {
+            agent_state,
+            ..Default::default()
+        };
+        let event = SessionEvent::Answered {
+            working: ctx.runtime.is_working(s.id),
+        };
+        transition(&txn, ctx, task, &current, event, patch).await?;
+    } else if agent_state.is_some() {
+        crate::store::sessions::touch_with(&txn, s.id, crate::clock::now(), agent_state).await?;
     }
+    ctx.commit(txn).await?;
     Ok(())
 }
 

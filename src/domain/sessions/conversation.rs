@@ -190,6 +190,21 @@ pub(super) fn noticed(known: Option<&Value>, event: &Value) -> Option<Value> {
     Some(known)
 }
 
+/// The questions pending on the agent, kept with what it said about itself so that any replica's snapshot
+/// shows them (the agent's own node holds them in memory); `None` when nothing changed.
+pub(super) fn with_attention(known: Option<&Value>, pending: &[Value]) -> Option<Value> {
+    let stored = known
+        .and_then(|k| k["attention"].as_array())
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    if stored == pending {
+        return None;
+    }
+    let mut known = known.cloned().unwrap_or_else(|| json!({}));
+    known["attention"] = Value::Array(pending.to_vec());
+    Some(known)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

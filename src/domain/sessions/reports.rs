@@ -73,10 +73,13 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     }
     // Outside running/idle/attention, or already there, a report changes no state.
     let moves = session_event(&event).filter(|e| s.state.on(*e).is_ok());
+    // A notice (status line, title, notification) and the pending questions are kept for snapshots, in
+    // the row's one write.
+    let noticed = super::conversation::noticed(s.agent_state.as_ref(), &event);
+    let known = noticed.as_ref().or(s.agent_state.as_ref());
+    let agent_state = super::conversation::with_attention(known, &ctx.runtime.attention(session_id)).or(noticed);
     if moves.is_none() {
-        // A notice (status line, title, notification) is kept for snapshots, in the row's one write.
-        let noticed = super::conversation::noticed(s.agent_state.as_ref(), &event);
-        store::touch_with(&txn, session_id, now, noticed).await?;
+        store::touch_with(&txn, session_id, now, agent_state.clone()).await?;
     }
     let subject = Subject {
         session_id: Some(session_id),
@@ -104,6 +107,7 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     if let Some(e) = moves {
         let patch = StatePatch {
             last_activity_at: Some(now),
+            agent_state,
             ..Default::default()
         };
         settled = transition(&txn, ctx, &task, &s, e, patch).await?.is_some() && e == SessionEvent::AgentEnd;

@@ -68,7 +68,16 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
     let active_tool = ctx.runtime.active_tool(s.id);
     let last_activity_at = s.last_activity_at;
     let messages = transcript.len() as u64;
-    let attention_requests = ctx.runtime.attention(s.id);
+    // The agent's node holds its questions; any other replica shows what that node last recorded.
+    let attention_requests = if ctx.runtime.is_live(s.id) {
+        ctx.runtime.attention(s.id)
+    } else {
+        s.agent_state
+            .as_ref()
+            .and_then(|a| a["attention"].as_array().cloned())
+            .filter(|_| s.state == crate::entity::task_session::SessionState::Attention)
+            .unwrap_or_default()
+    };
     let queue_length =
         crate::store::inbox::count_queued(&ctx.db.conn, s.id).await? + ctx.runtime.agent_queue(s.id) as u64;
     let agent_state = s.agent_state.clone();
