@@ -108,6 +108,7 @@ async fn resume_session(
     responses(
         (status = 200, description = "Stopped: desired_open cleared, a working agent aborted, then terminated with escalation; the transcript is kept", body = Session),
         (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Another replica runs the agent and did not carry the request out in time; nothing was done (`unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/sessions/{id}/stop")]
@@ -126,6 +127,7 @@ async fn stop_session(
     responses(
         (status = 200, description = "The current turn is aborted ahead of anything queued: berth's queued messages are cancelled, and the session goes back to idle with its agent running", body = Session),
         (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Another replica runs the agent and did not carry the request out in time; nothing was done (`unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The session has no running agent (`conflict`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -346,6 +348,7 @@ pub struct AttentionAnswer {
     responses(
         (status = 200, description = "Answered; the agent goes on", body = Session),
         (status = 404, description = "That request is not pending on this session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Another replica runs the agent and did not carry the request out in time; nothing was done (`unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not the shape the question's method takes: `value` (select, input, editor), `confirmed` (confirm) or `cancelled: true` (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
