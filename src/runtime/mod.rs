@@ -56,6 +56,8 @@ struct Agent {
     stdin: Mutex<Option<mpsc::UnboundedSender<String>>>,
     working: watch::Sender<bool>,
     exited: watch::Receiver<bool>,
+    /// The exit status, once the process is gone.
+    exit_code: Mutex<Option<i32>>,
     stopping: std::sync::atomic::AtomicBool,
 }
 
@@ -143,6 +145,7 @@ impl Runtime {
             tool: Mutex::new(None),
             working,
             exited,
+            exit_code: Mutex::new(None),
             stopping: std::sync::atomic::AtomicBool::new(false),
         });
         agents.insert(session_id, agent.clone());
@@ -266,6 +269,7 @@ impl Runtime {
                 String::from_utf8_lossy(&tail.lock().unwrap().iter().copied().collect::<Vec<u8>>()).into_owned();
             let expected = agent_e.stopping.load(std::sync::atomic::Ordering::Acquire);
             let code = status.ok().and_then(|s| s.code());
+            *agent_e.exit_code.lock().unwrap() = code;
             let _ = exited_tx.send(true);
             let _ = events
                 .send(RuntimeEvent::Exited {
@@ -390,12 +394,13 @@ impl Runtime {
     }
 
     /// I28: abort a working agent, wait; close stdin, wait; SIGTERM the process group, wait; SIGKILL.
-    /// Returns once the process has exited (and is forgotten).
-    pub async fn stop(&self, session_id: Uuid) {
-        let agent = self.agents.lock().unwrap().get(&session_id).cloned();
-        let Some(agent) = agent else { return };
+    /// Returns once the process has exited (and is forgotten): which execution it was, and its status.
+    pub async fn stop(&self, session_id: Uuid) -> Option<(Uuid, Option<i32>)> {
+        let agent = self.agents.lock().unwrap().get(&session_id).cloned()?;
         self.escalate(session_id, &agent).await;
         self.forget(session_id, agent.execution_id);
+        let code = *agent.exit_code.lock().unwrap();
+        Some((agent.execution_id, code))
     }
 
     async fn escalate(&self, session_id: Uuid, agent: &Agent) {
@@ -426,6 +431,7 @@ impl Runtime {
     pub async fn stop_all(&self) {
         let ids: Vec<Uuid> = self.agents.lock().unwrap().keys().copied().collect();
         futures_util::future::join_all(ids.into_iter().map(|id| self.stop(id))).await;
+        // (The exits are recorded by their reports.)
     }
 }
 

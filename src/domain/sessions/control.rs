@@ -43,16 +43,36 @@ pub(crate) async fn stop_session(ctx: &Ctx, s: &session::Model) -> Result<()> {
     // What was still waiting will not be delivered by this agent: visibly cancelled, never lost silently.
     super::inbox::cancel_queued(ctx, &task, s, "the session was stopped").await?;
     if live {
-        ctx.runtime.stop(s.id).await;
-        settle_stopped(ctx, &task, s.id).await?;
+        let ended = ctx.runtime.stop(s.id).await;
+        settle_stopped(ctx, &task, s.id, ended).await?;
     }
     Ok(())
 }
 
-/// `stopping` → `stopped`, once (the exit report may get there first).
-async fn settle_stopped(ctx: &Ctx, task: &task::Model, session_id: Uuid) -> Result<()> {
+/// `stopping` → `stopped`, once (the exit report may get there first). The execution is over as the stop
+/// returns, before its exit report is read: a launch right after the stop must not find it still live.
+async fn settle_stopped(
+    ctx: &Ctx,
+    task: &task::Model,
+    session_id: Uuid,
+    ended: Option<(Uuid, Option<i32>)>,
+) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     let current = reload_locked(&txn, session_id).await?;
+    if let Some((execution_id, code)) = ended {
+        let patch = crate::store::executions::ExecutionPatch {
+            exit_code: Some(code),
+            ended_at: Some(crate::clock::now()),
+            ..Default::default()
+        };
+        super::state::transition_execution(
+            &txn,
+            execution_id,
+            super::state::ExecutionEvent::Exited { expected: true },
+            patch,
+        )
+        .await?;
+    }
     if current.state == SessionState::Stopping {
         let patch = StatePatch {
             ended_at: Some(crate::clock::now()),
