@@ -8,25 +8,37 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use uuid::Uuid;
 
 use crate::config::AgentProfile;
 use crate::executor::admission::AdmittedWorkspace;
 
 /// The longest stdout line kept; longer lines are dropped (an agent must not grow berth's memory).
-const MAX_LINE: usize = 8 * 1024 * 1024;
+pub const MAX_LINE: usize = 8 * 1024 * 1024;
 const STDERR_TAIL: usize = 16 * 1024;
 /// Agent reports waiting to be recorded; past this, agents' output waits in their pipes.
 const REPORT_BUFFER: usize = 1024;
+/// The bytes of agent output parsed or waiting to be recorded, all agents together. A reader takes a
+/// line's share before parsing it (an upper bound of its parsed size, `parsed_bound`), keeps what the
+/// line holds once stripped, and the domain gives it back when the line is recorded; past this, agents'
+/// output waits in their pipes. A line whose parsed form could exceed the whole budget is dropped.
+pub const REPORT_BYTES: usize = 64 * 1024 * 1024;
+/// What one parsed JSON value may cost beyond its strings (the `Value`, its slot in a growing `Vec` or a
+/// `BTreeMap` node, allocator overhead), for `parsed_bound` and `held_bytes`.
+const VALUE_COST: usize = 160;
+/// An agent's line buffer goes back to this capacity after a long line.
+const LINE_KEEP: usize = 64 * 1024;
 
 #[derive(Debug)]
 pub enum RuntimeEvent {
-    /// One JSON line the agent printed.
+    /// One JSON line the agent printed (a streamed delta without its `partial` copy of the message).
     Output {
         session_id: Uuid,
         execution_id: Uuid,
         event: serde_json::Value,
+        /// The line's share of `REPORT_BYTES`: drop it once the line is recorded.
+        held: InFlight,
     },
     /// The process ended; `expected` when berth stopped it.
     Exited {
@@ -51,10 +63,22 @@ struct Agent {
     stopping: std::sync::atomic::AtomicBool,
 }
 
+/// A report's share of the in-flight output budget (`REPORT_BYTES`), returned when dropped.
+#[derive(Debug)]
+pub struct InFlight(#[allow(dead_code)] OwnedSemaphorePermit);
+
+impl InFlight {
+    pub fn bytes(&self) -> usize {
+        self.0.num_permits()
+    }
+}
+
 pub struct Runtime {
     agents: Mutex<HashMap<Uuid, Arc<Agent>>>,
-    /// Bounded: a flooding agent waits on its stdout pipe instead of growing berth's memory.
+    /// Bounded in count and, through `in_flight`, in bytes: a flooding agent waits on its stdout pipe
+    /// instead of growing berth's memory.
     events: mpsc::Sender<RuntimeEvent>,
+    in_flight: Arc<Semaphore>,
     /// After `abort`, and after closing stdin: how long to wait before escalating.
     grace: Duration,
     /// After SIGTERM: how long before SIGKILL.
@@ -76,6 +100,7 @@ impl Runtime {
             Arc::new(Runtime {
                 agents: Mutex::new(HashMap::new()),
                 events,
+                in_flight: Arc::new(Semaphore::new(REPORT_BYTES)),
                 grace,
                 term_grace,
             }),
@@ -89,6 +114,11 @@ impl Runtime {
 
     pub fn live_count(&self) -> usize {
         self.agents.lock().unwrap().len()
+    }
+
+    /// Bytes of agent output parsed or waiting to be recorded (at most `REPORT_BYTES`).
+    pub fn bytes_in_flight(&self) -> usize {
+        REPORT_BYTES - self.in_flight.available_permits()
     }
 
     /// Starts the agent in the admitted workspace — the only way a process gets a working directory.
@@ -167,13 +197,19 @@ impl Runtime {
             }
         });
         // stdout: LF-delimited JSON lines (never split on U+2028/U+2029, which JSON strings may hold).
+        // Memory per agent: this line buffer (at most MAX_LINE + 1, back to LINE_KEEP after a long line),
+        // the reader's 64 KiB, the stderr tail; what is parsed or queued counts in REPORT_BYTES.
         let stdout = child.stdout.take().expect("piped stdout");
         let events = self.events.clone();
+        let in_flight = self.in_flight.clone();
         let agent_r = agent.clone();
         let stdout_task = tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout);
+            let mut reader = BufReader::with_capacity(64 * 1024, stdout);
             let mut line = Vec::new();
             loop {
+                if line.capacity() > LINE_KEEP {
+                    line = Vec::new();
+                }
                 line.clear();
                 match (&mut reader)
                     .take(MAX_LINE as u64 + 1)
@@ -184,15 +220,29 @@ impl Runtime {
                     Ok(_) => {}
                 }
                 if line.len() > MAX_LINE {
-                    // Skip the rest of an oversized line.
-                    let mut rest = Vec::new();
-                    let _ = reader.read_until(b'\n', &mut rest).await;
+                    // An endless line is read through, never kept.
+                    line = Vec::new();
+                    if skip_line(&mut reader).await.is_err() {
+                        break;
+                    }
                     tracing::warn!(%session_id, "dropped an oversized agent output line");
                     continue;
                 }
-                let Ok(event) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                let bound = parsed_bound(&line);
+                if bound > REPORT_BYTES {
+                    tracing::warn!(%session_id, "dropped an agent output line too dense to parse within the budget");
+                    continue;
+                }
+                let Ok(mut held) = in_flight.clone().acquire_many_owned(bound as u32).await else {
+                    break;
+                };
+                let Ok(mut event) = serde_json::from_slice::<serde_json::Value>(&line) else {
                     continue;
                 };
+                strip_partial(&mut event);
+                // Keep only the share of what the stripped line holds.
+                let keep = held_bytes(&event).min(bound);
+                drop(held.split(bound - keep));
                 match event["type"].as_str() {
                     Some("agent_start") => {
                         agent_r.working.send_replace(true);
@@ -223,6 +273,7 @@ impl Runtime {
                         session_id,
                         execution_id,
                         event,
+                        held: InFlight(held),
                     })
                     .await;
             }
@@ -349,6 +400,77 @@ impl Runtime {
     pub async fn stop_all(&self) {
         let ids: Vec<Uuid> = self.agents.lock().unwrap().keys().copied().collect();
         futures_util::future::join_all(ids.into_iter().map(|id| self.stop(id))).await;
+    }
+}
+
+/// Reads up to and including the next newline (or the end), keeping nothing: an endless line costs no
+/// memory.
+async fn skip_line<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R) -> std::io::Result<()> {
+    loop {
+        let buf = reader.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => {
+                reader.consume(i + 1);
+                return Ok(());
+            }
+            None => {
+                let n = buf.len();
+                reader.consume(n);
+            }
+        }
+    }
+}
+
+/// An upper bound of the memory a JSON line takes once parsed: its bytes (strings and keys) plus
+/// `VALUE_COST` for every value, and every value but the first follows a `[`, `,` or `:` outside a string.
+pub fn parsed_bound(line: &[u8]) -> usize {
+    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in line {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'[' | b',' | b':' => values += 1,
+                _ => {}
+            }
+        }
+    }
+    line.len() + values * VALUE_COST
+}
+
+/// The memory a parsed value holds, counted as `parsed_bound` counts it.
+pub fn held_bytes(v: &serde_json::Value) -> usize {
+    VALUE_COST
+        + match v {
+            serde_json::Value::String(s) => s.len(),
+            serde_json::Value::Array(a) => a.iter().map(held_bytes).sum(),
+            serde_json::Value::Object(o) => o.iter().map(|(k, v)| k.len() + held_bytes(v)).sum(),
+            _ => 0,
+        }
+}
+
+/// Pi repeats the whole message so far in every `message_update` (`message`, and `partial` in its
+/// `assistantMessageEvent`): O(n^2) bytes for an n-token answer. Only the delta is kept; the complete
+/// message comes once, at `message_end`.
+pub fn strip_partial(event: &mut serde_json::Value) {
+    if event["type"] != "message_update" {
+        return;
+    }
+    if let Some(o) = event.as_object_mut() {
+        o.remove("message");
+    }
+    if let Some(o) = event["assistantMessageEvent"].as_object_mut() {
+        o.remove("partial");
     }
 }
 

@@ -17,5 +17,6 @@ mod ops;
 mod pagination;
 mod repositories;
 mod sessions;
+mod streaming;
 mod tasks;
 mod workspaces;

@@ -3,8 +3,8 @@
 //! Where things are: who may see a session and how it is shown (`access`), create/list/delete/primary
 //! (`lifecycle`), launching an agent through admission (`launch`), messages, stop and answers
 //! (`control`), what the agent's reports do (`reports`), restore after a restart or a crash
-//! (`restore`), the snapshot a client loads (`snapshot`), and the state machines with the one helper
-//! that writes a state change (`state`).
+//! (`restore`), streamed deltas coalesced before they are written (`stream`), the snapshot a client loads
+//! (`snapshot`), and the state machines with the one helper that writes a state change (`state`).
 mod access;
 mod control;
 mod launch;
@@ -13,6 +13,7 @@ mod reports;
 mod restore;
 mod snapshot;
 pub mod state;
+mod stream;
 
 use super::Ctx;
 use super::environments;
