@@ -107,14 +107,18 @@ fn main() {
                             let delta = format!("delta {i} ");
                             text.push_str(&delta);
                             let partial = json!({"role": "assistant", "content": [{"type": "text", "text": text}]});
-                            emit(json!({"type": "message_update", "message": partial, "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": delta, "partial": partial}}));
+                            emit(
+                                json!({"type": "message_update", "message": partial, "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": delta, "partial": partial}}),
+                            );
                             // Paced against the start, so a late wake-up does not slow the whole stream.
                             let next = start + std::time::Duration::from_secs_f64((i + 1) as f64 / rate);
                             if let Some(wait) = next.checked_duration_since(std::time::Instant::now()) {
                                 std::thread::sleep(wait);
                             }
                         }
-                        emit(json!({"type": "message_end", "message": {"role": "assistant", "content": [{"type": "text", "text": text}]}}));
+                        emit(
+                            json!({"type": "message_end", "message": {"role": "assistant", "content": [{"type": "text", "text": text}]}}),
+                        );
                     }
                     "flood-line" => {
                         let bytes: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(1 << 20);
@@ -138,7 +142,9 @@ fn main() {
                         let count: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(16);
                         let body = "y".repeat(1 << 20);
                         for i in 0..count {
-                            emit(json!({"type": "tool_execution_update", "toolName": "bash", "n": i, "partialResult": {"content": [{"type": "text", "text": body}]}}));
+                            emit(
+                                json!({"type": "tool_execution_update", "toolName": "bash", "n": i, "partialResult": {"content": [{"type": "text", "text": body}]}}),
+                            );
                         }
                         reply("flooded");
                     }

@@ -508,3 +508,54 @@ pub fn is_dialog(event: &serde_json::Value) -> bool {
             .as_str()
             .is_some_and(|m| FIRE_AND_FORGET_UI.contains(&m))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_parse_bound_covers_what_parsing_holds() {
+        for line in [
+            json!({"type": "message_update", "delta": "x".repeat(1000)}).to_string(),
+            serde_json::Value::from(vec![0; 1000]).to_string(),
+            json!({"a": [[], {}, "b\"[,:", null, true, 1.5], "c": {"d": {"e": "f"}}}).to_string(),
+            "[]".to_string(),
+            "\"[,:\\\\\"".to_string(),
+        ] {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert!(held_bytes(&v) <= parsed_bound(line.as_bytes()), "{line}");
+        }
+        // A dense line counts each value: `[0,0,...]` of 8 MiB could not be parsed within the budget.
+        assert!(parsed_bound(&[b"[0".as_slice(), &b",0".repeat(MAX_LINE / 2 - 2), b"]"].concat()) > REPORT_BYTES);
+        assert!(parsed_bound(format!("\"{}\"", "x".repeat(MAX_LINE - 2)).as_bytes()) < REPORT_BYTES);
+    }
+
+    #[test]
+    fn partial_copies_are_stripped_from_message_updates_only() {
+        let mut update = json!({"type": "message_update", "message": {"content": "so far"},
+            "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": "far", "partial": {"content": "so far"}}});
+        strip_partial(&mut update);
+        assert_eq!(
+            update,
+            json!({"type": "message_update", "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": "far"}})
+        );
+        let mut end = json!({"type": "message_end", "message": {"content": "so far"}});
+        strip_partial(&mut end);
+        assert_eq!(end["message"]["content"], "so far");
+    }
+
+    #[tokio::test]
+    async fn an_oversized_line_is_skipped_to_its_newline() {
+        let input = [vec![b'x'; 300_000], b"\n{\"next\":1}\n".to_vec()].concat();
+        let mut reader = BufReader::with_capacity(4096, input.as_slice());
+        skip_line(&mut reader).await.unwrap();
+        let mut rest = String::new();
+        reader.read_line(&mut rest).await.unwrap();
+        assert_eq!(rest, "{\"next\":1}\n");
+        // An endless line ends with the output.
+        let mut endless = BufReader::new(&[b'y'; 10_000][..]);
+        skip_line(&mut endless).await.unwrap();
+        assert!(endless.fill_buf().await.unwrap().is_empty());
+    }
+}

@@ -159,7 +159,9 @@ fn delta(event: &Value) -> Option<(Run, &str)> {
     if let Some(piece) = line.get("assistantMessageEvent") {
         let piece = piece.as_object()?;
         let kind = piece.get("type")?.as_str()?;
-        let only_known = line.keys().all(|k| matches!(k.as_str(), "type" | "assistantMessageEvent"))
+        let only_known = line
+            .keys()
+            .all(|k| matches!(k.as_str(), "type" | "assistantMessageEvent"))
             && piece
                 .keys()
                 .all(|k| matches!(k.as_str(), "type" | "contentIndex" | "delta"));
@@ -267,7 +269,18 @@ mod tests {
             .map(|(k, t)| (k.to_string(), t.to_string()))
         );
         let counts: Vec<&Value> = writes.iter().map(|w| &w.event["coalesced"]).collect();
-        assert_eq!(counts, [&json!(2), &json!(2), &json!(1), &json!(1), &Value::Null, &json!(2), &Value::Null]);
+        assert_eq!(
+            counts,
+            [
+                &json!(2),
+                &json!(2),
+                &json!(1),
+                &json!(1),
+                &Value::Null,
+                &json!(2),
+                &Value::Null
+            ]
+        );
         assert!(c.drain().is_empty());
     }
 
@@ -316,6 +329,9 @@ mod tests {
             assert!(delta(&line).is_none(), "{line}");
         }
         assert!(delta(&pi("toolcall_delta", 2, "{")).is_some());
-        assert!(delta(&json!({"type": "message_update", "assistantMessageEvent": {"type": "text_delta", "delta": "x"}})).is_some());
+        assert!(
+            delta(&json!({"type": "message_update", "assistantMessageEvent": {"type": "text_delta", "delta": "x"}}))
+                .is_some()
+        );
     }
 }
