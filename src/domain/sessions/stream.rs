@@ -12,8 +12,10 @@
 //! `{"type":"message_update","delta":"<joined>","coalesced":N}`
 //!
 //! A delta of another run, any other line of the session and its exit write what is held first (order
-//! is kept: an event never holds two runs, so every event keeps the agent's own shape); so does the
-//! interval (counted from the first delta held) and a buffer past `STREAM_CAP` bytes.
+//! is kept: an event never holds two runs, so every event keeps the agent's own shape); so does a
+//! buffer past `STREAM_CAP` bytes, and the interval: a buffer is due one interval after its first delta,
+//! or one interval after the session's previous due time while the agent keeps streaming, so a steady
+//! stream is written on a fixed cadence (ten times a second by default) and never more often.
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -45,7 +47,7 @@ enum Run {
 
 struct Held {
     execution_id: Uuid,
-    since: Instant,
+    due: Instant,
     run: Run,
     text: String,
     count: usize,
@@ -76,6 +78,8 @@ pub struct Coalescer {
     interval: Duration,
     cap: usize,
     held: HashMap<Uuid, Held>,
+    /// When each streaming session's last buffer was due, for the cadence (dropped an interval later).
+    last_due: HashMap<Uuid, Instant>,
 }
 
 impl Coalescer {
@@ -84,6 +88,7 @@ impl Coalescer {
             interval,
             cap,
             held: HashMap::new(),
+            last_due: HashMap::new(),
         }
     }
 
@@ -106,9 +111,13 @@ impl Coalescer {
         {
             out.extend(self.flush(session_id));
         }
+        let due = match self.last_due.get(&session_id) {
+            Some(last) if now < *last + self.interval => *last + self.interval,
+            _ => now + self.interval,
+        };
         let held = self.held.entry(session_id).or_insert_with(|| Held {
             execution_id,
-            since: now,
+            due,
             run,
             text: String::new(),
             count: 0,
@@ -128,18 +137,27 @@ impl Coalescer {
 
     /// When the oldest buffer is due.
     pub fn next_due(&self) -> Option<Instant> {
-        self.held.values().map(|h| h.since + self.interval).min()
+        self.held.values().map(|h| h.due).min()
     }
 
     /// The buffers held for an interval or longer, as events.
     pub fn due(&mut self, now: Instant) -> Vec<Write> {
-        let due: Vec<Uuid> = self
+        let interval = self.interval;
+        let held = &self.held;
+        self.last_due
+            .retain(|id, last| held.contains_key(id) || now < *last + interval);
+        let due: Vec<(Uuid, Instant)> = self
             .held
             .iter()
-            .filter(|(_, h)| h.since + self.interval <= now)
-            .map(|(id, _)| *id)
+            .filter(|(_, h)| h.due <= now)
+            .map(|(id, h)| (*id, h.due))
             .collect();
-        due.into_iter().filter_map(|id| self.flush(id)).collect()
+        due.into_iter()
+            .filter_map(|(id, at)| {
+                self.last_due.insert(id, at);
+                self.flush(id)
+            })
+            .collect()
     }
 
     /// Everything held (the reports ended).
@@ -301,6 +319,39 @@ mod tests {
         assert_eq!((w[0].execution_id, w[0].event["delta"].as_str()), (y, Some("b1")));
         let rest = c.drain();
         assert_eq!((rest[0].execution_id, rest[0].event["delta"].as_str()), (z, Some("b2")));
+    }
+
+    #[test]
+    fn a_steady_stream_is_written_on_a_fixed_cadence() {
+        let (s, x) = (Uuid::now_v7(), Uuid::now_v7());
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let mut c = Coalescer::new(ms(100), STREAM_CAP);
+        let mut at = Vec::new();
+        // A delta every 5 ms for a second, the timer checked 3 ms late each time.
+        for i in 0..200u64 {
+            let now = t + ms(5 * i);
+            assert!(c.offer(s, x, plain("."), now).is_empty());
+            if let Some(due) = c.next_due()
+                && due + ms(3) <= now
+            {
+                let w = c.due(now);
+                assert_eq!(w.len(), 1);
+                at.push(due - t);
+            }
+        }
+        assert_eq!(
+            at,
+            (1..=9).map(|k| ms(100 * k)).collect::<Vec<_>>(),
+            "due every 100 ms, not 103"
+        );
+        // Once the agent is quiet for an interval, the next buffer is due an interval after its delta.
+        let later = t + ms(5000);
+        assert_eq!(c.due(later).len(), 1);
+        assert!(c.due(later).is_empty());
+        assert!(c.last_due.is_empty(), "the cadence is forgotten");
+        assert!(c.offer(s, x, plain("."), later).is_empty());
+        assert_eq!(c.next_due(), Some(later + ms(100)));
     }
 
     #[test]
