@@ -388,14 +388,17 @@ pub(crate) async fn streaming(table: &mut Table, backend: &'static str, pg_serve
     // Memory under a flooding agent: an endless 1 GiB line, then 1,024 lines of 1 MiB (1 GiB).
     let rss_before = status_kib(pid, "VmRSS");
     let (line_peak, line_time) = flood(&api, pid, sessions[0], &format!("flood-line {GIB}")).await;
+    let rss_quarter = status_kib(pid, "VmRSS");
+    let (quarter_peak, quarter_time) = flood(&api, pid, sessions[1], "flood-lines 256").await;
     let rss_between = status_kib(pid, "VmRSS");
-    let (lines_peak, lines_time) = flood(&api, pid, sessions[1], "flood-lines 1024").await;
+    let (lines_peak, lines_time) = flood(&api, pid, sessions[2], "flood-lines 1024").await;
     let hwm = status_kib(pid, "VmHWM");
     // The stated bound (runtime/mod.rs): REPORT_BYTES in flight, one line buffer per flooding agent,
     // STREAM_CAP per session.
     let bound_kib = ((berth::runtime::REPORT_BYTES + berth::runtime::MAX_LINE + SESSIONS * 256 * 1024) / 1024) as u64;
     for (what, base, peak, took) in [
         ("an endless 1 GiB line", rss_before, line_peak, line_time),
+        ("256 lines of 1 MiB (256 MiB)", rss_quarter, quarter_peak, quarter_time),
         ("1,024 lines of 1 MiB (1 GiB)", rss_between, lines_peak, lines_time),
     ] {
         let growth = peak.saturating_sub(base);
@@ -409,7 +412,7 @@ pub(crate) async fn streaming(table: &mut Table, backend: &'static str, pg_serve
                 growth / 1024,
                 hwm / 1024
             ),
-            format!("1 GiB printed and answered in {}", fmt_d(took)),
+            format!("printed and answered in {}", fmt_d(took)),
             "-".into(),
             &format!("growth <= {} MiB (in flight + a line + 16 buffers)", bound_kib / 1024),
             Some(growth <= bound_kib),

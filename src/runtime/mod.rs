@@ -12,7 +12,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use uuid::Uuid;
 
 use crate::config::AgentProfile;
+
+mod lines;
 use crate::executor::admission::AdmittedWorkspace;
+pub use lines::{held_bytes, parsed_bound, strip_partial};
+use lines::{parse, skip_line};
 
 /// The longest stdout line kept; longer lines are dropped (an agent must not grow berth's memory).
 pub const MAX_LINE: usize = 8 * 1024 * 1024;
@@ -24,9 +28,6 @@ const REPORT_BUFFER: usize = 1024;
 /// line holds once stripped, and the domain gives it back when the line is recorded; past this, agents'
 /// output waits in their pipes. A line whose parsed form could exceed the whole budget is dropped.
 pub const REPORT_BYTES: usize = 64 * 1024 * 1024;
-/// What one parsed JSON value may cost beyond its strings (the `Value`, its slot in a growing `Vec` or a
-/// `BTreeMap` node, allocator overhead), for `parsed_bound` and `held_bytes`.
-const VALUE_COST: usize = 160;
 /// An agent's line buffer goes back to this capacity after a long line.
 const LINE_KEEP: usize = 64 * 1024;
 
@@ -236,10 +237,9 @@ impl Runtime {
                 let Ok(mut held) = in_flight.clone().acquire_many_owned(bound as u32).await else {
                     break;
                 };
-                let Ok(mut event) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                let Some(event) = parse(&line) else {
                     continue;
                 };
-                strip_partial(&mut event);
                 // Keep only the share of what the stripped line holds.
                 let keep = held_bytes(&event).min(bound);
                 drop(held.split(bound - keep));
@@ -403,77 +403,6 @@ impl Runtime {
     }
 }
 
-/// Reads up to and including the next newline (or the end), keeping nothing: an endless line costs no
-/// memory.
-async fn skip_line<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R) -> std::io::Result<()> {
-    loop {
-        let buf = reader.fill_buf().await?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        match buf.iter().position(|b| *b == b'\n') {
-            Some(i) => {
-                reader.consume(i + 1);
-                return Ok(());
-            }
-            None => {
-                let n = buf.len();
-                reader.consume(n);
-            }
-        }
-    }
-}
-
-/// An upper bound of the memory a JSON line takes once parsed: its bytes (strings and keys) plus
-/// `VALUE_COST` for every value, and every value but the first follows a `[`, `,` or `:` outside a string.
-pub fn parsed_bound(line: &[u8]) -> usize {
-    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
-    for &b in line {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-        } else {
-            match b {
-                b'"' => in_string = true,
-                b'[' | b',' | b':' => values += 1,
-                _ => {}
-            }
-        }
-    }
-    line.len() + values * VALUE_COST
-}
-
-/// The memory a parsed value holds, counted as `parsed_bound` counts it.
-pub fn held_bytes(v: &serde_json::Value) -> usize {
-    VALUE_COST
-        + match v {
-            serde_json::Value::String(s) => s.len(),
-            serde_json::Value::Array(a) => a.iter().map(held_bytes).sum(),
-            serde_json::Value::Object(o) => o.iter().map(|(k, v)| k.len() + held_bytes(v)).sum(),
-            _ => 0,
-        }
-}
-
-/// Pi repeats the whole message so far in every `message_update` (`message`, and `partial` in its
-/// `assistantMessageEvent`): O(n^2) bytes for an n-token answer. Only the delta is kept; the complete
-/// message comes once, at `message_end`.
-pub fn strip_partial(event: &mut serde_json::Value) {
-    if event["type"] != "message_update" {
-        return;
-    }
-    if let Some(o) = event.as_object_mut() {
-        o.remove("message");
-    }
-    if let Some(o) = event["assistantMessageEvent"].as_object_mut() {
-        o.remove("partial");
-    }
-}
-
 fn signal_group(pgid: u32, signal: i32) {
     if pgid == 0 {
         return;
@@ -507,55 +436,4 @@ pub fn is_dialog(event: &serde_json::Value) -> bool {
         && !event["method"]
             .as_str()
             .is_some_and(|m| FIRE_AND_FORGET_UI.contains(&m))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn the_parse_bound_covers_what_parsing_holds() {
-        for line in [
-            json!({"type": "message_update", "delta": "x".repeat(1000)}).to_string(),
-            serde_json::Value::from(vec![0; 1000]).to_string(),
-            json!({"a": [[], {}, "b\"[,:", null, true, 1.5], "c": {"d": {"e": "f"}}}).to_string(),
-            "[]".to_string(),
-            "\"[,:\\\\\"".to_string(),
-        ] {
-            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-            assert!(held_bytes(&v) <= parsed_bound(line.as_bytes()), "{line}");
-        }
-        // A dense line counts each value: `[0,0,...]` of 8 MiB could not be parsed within the budget.
-        assert!(parsed_bound(&[b"[0".as_slice(), &b",0".repeat(MAX_LINE / 2 - 2), b"]"].concat()) > REPORT_BYTES);
-        assert!(parsed_bound(format!("\"{}\"", "x".repeat(MAX_LINE - 2)).as_bytes()) < REPORT_BYTES);
-    }
-
-    #[test]
-    fn partial_copies_are_stripped_from_message_updates_only() {
-        let mut update = json!({"type": "message_update", "message": {"content": "so far"},
-            "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": "far", "partial": {"content": "so far"}}});
-        strip_partial(&mut update);
-        assert_eq!(
-            update,
-            json!({"type": "message_update", "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": "far"}})
-        );
-        let mut end = json!({"type": "message_end", "message": {"content": "so far"}});
-        strip_partial(&mut end);
-        assert_eq!(end["message"]["content"], "so far");
-    }
-
-    #[tokio::test]
-    async fn an_oversized_line_is_skipped_to_its_newline() {
-        let input = [vec![b'x'; 300_000], b"\n{\"next\":1}\n".to_vec()].concat();
-        let mut reader = BufReader::with_capacity(4096, input.as_slice());
-        skip_line(&mut reader).await.unwrap();
-        let mut rest = String::new();
-        reader.read_line(&mut rest).await.unwrap();
-        assert_eq!(rest, "{\"next\":1}\n");
-        // An endless line ends with the output.
-        let mut endless = BufReader::new(&[b'y'; 10_000][..]);
-        skip_line(&mut endless).await.unwrap();
-        assert!(endless.fill_buf().await.unwrap().is_empty());
-    }
 }

@@ -4,6 +4,8 @@ use uuid::Uuid;
 
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+
 use super::Ctx;
 use super::launch::record_failure;
 use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
@@ -16,6 +18,9 @@ use crate::runtime::RuntimeEvent;
 use crate::store::executions::ExecutionPatch;
 use crate::store::sessions::{self as store, StatePatch};
 use crate::store::tasks as task_store;
+
+/// How many sessions' due deltas are written at once (each its own transaction and connection).
+const DUE_WRITERS: usize = 4;
 
 /// Applies the runtime's reports, in order, forever; streamed deltas are coalesced (`stream`) into one
 /// event per session per `BERTH_STREAM_INTERVAL_MS`.
@@ -62,9 +67,11 @@ pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>
             }
             None => {}
         }
-        for w in streams.due(Instant::now()) {
-            write(&ctx, w).await;
-        }
+        // Due buffers are of different sessions (order matters only within one): written side by side,
+        // so a slow database writes every streaming session each interval, not a few of them.
+        futures_util::stream::iter(streams.due(Instant::now()))
+            .for_each_concurrent(DUE_WRITERS, |w| write(&ctx, w))
+            .await;
     }
     for w in streams.drain() {
         write(&ctx, w).await;
