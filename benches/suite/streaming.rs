@@ -21,6 +21,28 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU seconds (user + system) of a process and of its live children (the agents).
+fn cpu_secs(pid: u32) -> (f64, f64) {
+    let ticks = |stat: &str| -> Option<(u32, f64)> {
+        // Fields after the command's closing parenthesis: state, ppid, ..., utime (14th), stime (15th).
+        let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ppid = rest.get(1)?.parse().ok()?;
+        let t: f64 = rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?;
+        Some((ppid, t / 100.0))
+    };
+    let own = ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default()).map_or(0.0, |t| t.1);
+    let mut children = 0.0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
+            && let Some((ppid, t)) = ticks(&stat)
+            && ppid == pid
+        {
+            children += t;
+        }
+    }
+    (own, children)
+}
+
 struct Api {
     http: reqwest::Client,
     url: String,
@@ -299,6 +321,7 @@ pub(crate) async fn streaming(table: &mut Table, backend: &'static str, pg_serve
     let stop = Arc::new(AtomicBool::new(false));
     let busy = tokio::spawn(get_p99(api.clone(), sessions[0], stop.clone()));
     let start = Instant::now();
+    let cpu_before = cpu_secs(pid);
     let prompt = format!("deltas {DELTAS} {RATE}");
     futures_util::future::join_all(sessions.iter().map(|s| {
         let (api, path, body) = (
@@ -314,6 +337,7 @@ pub(crate) async fn streaming(table: &mut Table, backend: &'static str, pg_serve
         seen.push(s.await.unwrap());
     }
     let elapsed = start.elapsed();
+    let cpu_after = cpu_secs(pid);
     stop.store(true, Ordering::Relaxed);
     let busy_p99 = busy.await.unwrap();
 
@@ -352,8 +376,10 @@ pub(crate) async fn streaming(table: &mut Table, backend: &'static str, pg_serve
         backend,
         "16 sessions streaming 2,000 deltas at 200/s: write transactions (runtime.output events)",
         format!(
-            "{:.0}/s ({per_session:.1} deltas writes per session per s); {outputs} runtime.output of {all} events in {secs:.1} s",
-            outputs as f64 / secs
+            "{:.0}/s ({per_session:.1} delta writes per session per s); {outputs} runtime.output of {all} events in {secs:.1} s; CPU: berth {:.0}%, the agents {:.0}% of a core",
+            outputs as f64 / secs,
+            (cpu_after.0 - cpu_before.0) / secs * 100.0,
+            (cpu_after.1 - cpu_before.1) / secs * 100.0
         ),
         format!("{:.0} deltas/s printed (one write each before)", deltas / secs),
         format!("{:.3} writes per delta", outputs as f64 / deltas),

@@ -20,7 +20,7 @@ use crate::store::sessions::{self as store, StatePatch};
 use crate::store::tasks as task_store;
 
 /// How many sessions' due deltas are written at once (each its own transaction and connection).
-const DUE_WRITERS: usize = 4;
+const DUE_WRITERS: usize = 2;
 
 /// Applies the runtime's reports, in order, forever; streamed deltas are coalesced (`stream`) into one
 /// event per session per `BERTH_STREAM_INTERVAL_MS`.
