@@ -10,6 +10,8 @@
 //!
 //! Knobs: `BERTH_BENCH_SECS` (each throughput window, default 8), `BERTH_BENCH_SKIP_SQLITE`,
 //! `BERTH_BENCH_GROWTH` (largest task count, default 100000), `BERTH_BENCH_JOBS` (default 10000).
+//! A filter argument runs only the groups whose name contains it: `admission`, `backend` (everything
+//! measured on `run_backend`'s server), `streaming` (`cargo bench --bench suite -- streaming`).
 mod admission;
 mod backend;
 mod claims;
@@ -17,6 +19,7 @@ mod events;
 mod git_status;
 mod load;
 mod materialize;
+mod streaming;
 mod util;
 
 use std::collections::BTreeMap;
@@ -41,6 +44,7 @@ use events::*;
 use git_status::*;
 use load::*;
 use materialize::*;
+use streaming::*;
 use util::*;
 
 pub(crate) const SECRET: &str = "bench-secret-bench-secret-bench-secret-0123";
@@ -148,14 +152,27 @@ pub(crate) fn main() {
         .unwrap();
     let mut table = Table::default();
     println!("| backend | what | berth | bare | ratio | target | met |\n| --- | --- | --- | --- | --- | --- | --- |");
-    admission(&mut table);
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let wants = |group: &str| filter.as_deref().is_none_or(|f| group.contains(f));
+    if wants("admission") {
+        admission(&mut table);
+    }
     rt.block_on(async {
+        let mut backends = Vec::new();
         if std::env::var("BERTH_BENCH_SKIP_SQLITE").is_err() {
-            run_backend(&mut table, "sqlite", None).await;
+            backends.push(("sqlite", None));
         }
         match std::env::var("BERTH_BENCH_POSTGRES_URL") {
-            Ok(url) => run_backend(&mut table, "postgres", Some(url)).await,
+            Ok(url) => backends.push(("postgres", Some(url))),
             Err(_) => eprintln!("BERTH_BENCH_POSTGRES_URL is not set: SQLite only"),
+        }
+        for (backend, url) in backends {
+            if wants("backend") {
+                run_backend(&mut table, backend, url.clone()).await;
+            }
+            if wants("streaming") {
+                streaming(&mut table, backend, url).await;
+            }
         }
     });
     let target = std::env::var("CARGO_TARGET_DIR")

@@ -14,6 +14,11 @@
 //! - `hang`: start working and never finish (until aborted)
 //! - `crash`: exit with status 3
 //! - `stream N`: N streamed output events, a tool call, and token usage
+//! - `deltas N RATE`: N Pi text deltas (`delta 0 `, `delta 1 `, ...), RATE a second, each with the whole
+//!   message so far in `message` and `partial` as Pi sends them; then `message_end` with the full text
+//! - `flood-line BYTES`: one line of BYTES without a newline, then the newline, then `flooded`
+//! - `flood-lines COUNT`: COUNT lines of 1 MiB (tool output updates) as fast as the pipe takes them,
+//!   then `flooded`
 //! - anything else: echo it back
 //!
 //! While a turn runs (`hang`), a plain `prompt` is refused as Pi refuses it, and a `steer` or `follow_up`
@@ -141,6 +146,61 @@ fn main() {
                         emit(
                             json!({"type": "message_end", "message": {"role": "assistant", "content": [{"type": "text", "text": format!("streamed {n}")}], "usage": {"input": 10, "output": 20, "cost": {"total": 0.5}}}}),
                         );
+                    }
+                    "deltas" => {
+                        let n: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(100);
+                        let rate: f64 = words
+                            .next()
+                            .and_then(|w| w.parse().ok())
+                            .filter(|r: &f64| *r > 0.0)
+                            .unwrap_or(100.0);
+                        let start = std::time::Instant::now();
+                        let mut text = String::new();
+                        emit(json!({"type": "message_start", "message": {"role": "assistant", "content": []}}));
+                        for i in 0..n {
+                            let delta = format!("delta {i} ");
+                            text.push_str(&delta);
+                            let partial = json!({"role": "assistant", "content": [{"type": "text", "text": text}]});
+                            emit(
+                                json!({"type": "message_update", "message": partial, "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": delta, "partial": partial}}),
+                            );
+                            // Paced against the start, so a late wake-up does not slow the whole stream.
+                            let next = start + std::time::Duration::from_secs_f64((i + 1) as f64 / rate);
+                            if let Some(wait) = next.checked_duration_since(std::time::Instant::now()) {
+                                std::thread::sleep(wait);
+                            }
+                        }
+                        emit(
+                            json!({"type": "message_end", "message": {"role": "assistant", "content": [{"type": "text", "text": text}]}}),
+                        );
+                    }
+                    "flood-line" => {
+                        let bytes: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(1 << 20);
+                        let mut out = std::io::stdout().lock();
+                        let chunk = vec![b'x'; 1 << 16];
+                        let _ = out.write_all(br#"{"type":"message_update","delta":""#);
+                        let mut left = bytes;
+                        while left > 0 {
+                            let n = left.min(chunk.len());
+                            if out.write_all(&chunk[..n]).is_err() {
+                                break;
+                            }
+                            left -= n;
+                        }
+                        let _ = out.write_all(b"\"}\n");
+                        let _ = out.flush();
+                        drop(out);
+                        reply("flooded");
+                    }
+                    "flood-lines" => {
+                        let count: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(16);
+                        let body = "y".repeat(1 << 20);
+                        for i in 0..count {
+                            emit(
+                                json!({"type": "tool_execution_update", "toolName": "bash", "n": i, "partialResult": {"content": [{"type": "text", "text": body}]}}),
+                            );
+                        }
+                        reply("flooded");
                     }
                     "hang" => {
                         working = true;

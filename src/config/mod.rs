@@ -125,6 +125,8 @@ pub struct Config {
     pub agent_restart_backoff: Duration,
     /// At most one live git inspection per repository per this interval while an agent works (I25).
     pub git_status_interval: Duration,
+    /// An agent's streamed deltas are written as one `runtime.output` event per session per interval.
+    pub stream_interval: Duration,
     /// A quick-chat task idle this long with no live session is deleted.
     pub quick_chat_retention: Duration,
     /// Period of the background sweeps (event retention).
@@ -170,6 +172,7 @@ struct FileConfig {
     cleanup_prepared_grace_secs: Option<u64>,
     quick_chat_retention_secs: Option<u64>,
     git_status_interval_ms: Option<u64>,
+    stream_interval_ms: Option<u64>,
     agent_restart_max: Option<u32>,
     agent_restart_window_secs: Option<u64>,
     agent_restart_backoff_ms: Option<u64>,
@@ -290,6 +293,7 @@ impl Config {
         let routing_poll_ms = parse_num(env, "BERTH_ROUTING_POLL_MS", file.routing_poll_ms, 500u64)?;
         let sse_keep_alive_secs = parse_num(env, "BERTH_SSE_KEEPALIVE_SECS", file.sse_keep_alive_secs, 15u64)?;
         let sweep_interval_ms = parse_num(env, "BERTH_SWEEP_INTERVAL_MS", file.sweep_interval_ms, 60_000u64)?;
+        let stream_interval_ms = parse_num(env, "BERTH_STREAM_INTERVAL_MS", file.stream_interval_ms, 100u64)?;
         let agent_stop_grace_ms = parse_num(env, "BERTH_AGENT_STOP_GRACE_MS", file.agent_stop_grace_ms, 5000u64)?;
         let agent_term_grace_ms = parse_num(env, "BERTH_AGENT_TERM_GRACE_MS", file.agent_term_grace_ms, 5000u64)?;
         let delays = env
@@ -336,6 +340,7 @@ impl Config {
             ("BERTH_ROUTING_POLL_MS", routing_poll_ms == 0),
             ("BERTH_SSE_KEEPALIVE_SECS", sse_keep_alive_secs == 0),
             ("BERTH_SWEEP_INTERVAL_MS", sweep_interval_ms == 0),
+            ("BERTH_STREAM_INTERVAL_MS", stream_interval_ms == 0),
         ] {
             if zero {
                 return Err(bad(name, "must be at least 1"));
@@ -455,6 +460,7 @@ impl Config {
                 2000u64,
             )?),
             agent_term_grace: Duration::from_millis(agent_term_grace_ms),
+            stream_interval: Duration::from_millis(stream_interval_ms),
             agents: file.agents,
         })
     }
@@ -530,6 +536,7 @@ mod tests {
             ("BERTH_LOG_FORMAT", "xml"),
             ("BERTH_DB_MAX_CONNECTIONS", "many"),
             ("BERTH_DB_MAX_CONNECTIONS", "0"),
+            ("BERTH_STREAM_INTERVAL_MS", "0"),
             ("BERTH_DATABASE_URL", "mysql://x"),
             ("BERTH_JWT_SECRET", "short"),
             ("BERTH_JWT_SECRET_FILE", "/nonexistent/secret"),

@@ -8,27 +8,40 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use uuid::Uuid;
 
 use crate::config::AgentProfile;
+
+mod lines;
 use crate::executor::admission::AdmittedWorkspace;
+pub use lines::{held_bytes, parsed_bound, strip_partial};
+use lines::{parse, skip_line};
 
 /// The `id` prefix of berth's own commands, whose responses are routed back instead of logged.
 const REQUEST_PREFIX: &str = "berth-";
 /// The longest stdout line kept; longer lines are dropped (an agent must not grow berth's memory).
-const MAX_LINE: usize = 8 * 1024 * 1024;
+pub const MAX_LINE: usize = 8 * 1024 * 1024;
 const STDERR_TAIL: usize = 16 * 1024;
 /// Agent reports waiting to be recorded; past this, agents' output waits in their pipes.
 const REPORT_BUFFER: usize = 1024;
+/// The bytes of agent output parsed or waiting to be recorded, all agents together. A reader takes a
+/// line's share before parsing it (an upper bound of its parsed size, `parsed_bound`), keeps what the
+/// line holds once stripped, and the domain gives it back when the line is recorded; past this, agents'
+/// output waits in their pipes. A line whose parsed form could exceed the whole budget is dropped.
+pub const REPORT_BYTES: usize = 64 * 1024 * 1024;
+/// An agent's line buffer goes back to this capacity after a long line.
+const LINE_KEEP: usize = 64 * 1024;
 
 #[derive(Debug)]
 pub enum RuntimeEvent {
-    /// One JSON line the agent printed.
+    /// One JSON line the agent printed (a streamed delta without its `partial` copy of the message).
     Output {
         session_id: Uuid,
         execution_id: Uuid,
         event: serde_json::Value,
+        /// The line's share of `REPORT_BYTES`: drop it once the line is recorded.
+        held: InFlight,
     },
     /// The process ended; `expected` when berth stopped it.
     Exited {
@@ -61,10 +74,27 @@ struct Agent {
     stopping: std::sync::atomic::AtomicBool,
 }
 
+/// A report's share of the in-flight output budget (`REPORT_BYTES`), returned when dropped.
+#[derive(Debug)]
+pub struct InFlight(Option<OwnedSemaphorePermit>);
+
+impl InFlight {
+    pub fn bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, OwnedSemaphorePermit::num_permits)
+    }
+
+    /// For a report berth makes itself (no agent line behind it).
+    fn none() -> InFlight {
+        InFlight(None)
+    }
+}
+
 pub struct Runtime {
     agents: Mutex<HashMap<Uuid, Arc<Agent>>>,
-    /// Bounded: a flooding agent waits on its stdout pipe instead of growing berth's memory.
+    /// Bounded in count and, through `in_flight`, in bytes: a flooding agent waits on its stdout pipe
+    /// instead of growing berth's memory.
     events: mpsc::Sender<RuntimeEvent>,
+    in_flight: Arc<Semaphore>,
     /// After `abort`, and after closing stdin: how long to wait before escalating.
     grace: Duration,
     /// After SIGTERM: how long before SIGKILL.
@@ -86,6 +116,7 @@ impl Runtime {
             Arc::new(Runtime {
                 agents: Mutex::new(HashMap::new()),
                 events,
+                in_flight: Arc::new(Semaphore::new(REPORT_BYTES)),
                 grace,
                 term_grace,
             }),
@@ -99,6 +130,11 @@ impl Runtime {
 
     pub fn live_count(&self) -> usize {
         self.agents.lock().unwrap().len()
+    }
+
+    /// Bytes of agent output parsed or waiting to be recorded (at most `REPORT_BYTES`).
+    pub fn bytes_in_flight(&self) -> usize {
+        REPORT_BYTES - self.in_flight.available_permits()
     }
 
     /// Starts the agent in the admitted workspace — the only way a process gets a working directory.
@@ -181,13 +217,19 @@ impl Runtime {
             }
         });
         // stdout: LF-delimited JSON lines (never split on U+2028/U+2029, which JSON strings may hold).
+        // Memory per agent: this line buffer (at most MAX_LINE + 1, back to LINE_KEEP after a long line),
+        // the reader's 64 KiB, the stderr tail; what is parsed or queued counts in REPORT_BYTES.
         let stdout = child.stdout.take().expect("piped stdout");
         let events = self.events.clone();
+        let in_flight = self.in_flight.clone();
         let agent_r = agent.clone();
         let stdout_task = tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout);
+            let mut reader = BufReader::with_capacity(64 * 1024, stdout);
             let mut line = Vec::new();
             loop {
+                if line.capacity() > LINE_KEEP {
+                    line = Vec::new();
+                }
                 line.clear();
                 match (&mut reader)
                     .take(MAX_LINE as u64 + 1)
@@ -198,15 +240,28 @@ impl Runtime {
                     Ok(_) => {}
                 }
                 if line.len() > MAX_LINE {
-                    // Skip the rest of an oversized line.
-                    let mut rest = Vec::new();
-                    let _ = reader.read_until(b'\n', &mut rest).await;
+                    // An endless line is read through, never kept.
+                    line = Vec::new();
+                    if skip_line(&mut reader).await.is_err() {
+                        break;
+                    }
                     tracing::warn!(%session_id, "dropped an oversized agent output line");
                     continue;
                 }
-                let Ok(event) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                let bound = parsed_bound(&line);
+                if bound > REPORT_BYTES {
+                    tracing::warn!(%session_id, "dropped an agent output line too dense to parse within the budget");
+                    continue;
+                }
+                let Ok(mut held) = in_flight.clone().acquire_many_owned(bound as u32).await else {
+                    break;
+                };
+                let Some(event) = parse(&line) else {
                     continue;
                 };
+                // Keep only the share of what the stripped line holds.
+                let keep = held_bytes(&event).min(bound);
+                drop(held.split(bound - keep));
                 match event["type"].as_str() {
                     // An answer to one of berth's own commands goes to whoever waits for it, not to the log.
                     Some("response") if event["id"].as_str().is_some_and(|id| id.starts_with(REQUEST_PREFIX)) => {
@@ -254,6 +309,7 @@ impl Runtime {
                         session_id,
                         execution_id,
                         event,
+                        held: InFlight(Some(held)),
                     })
                     .await;
             }
@@ -463,6 +519,7 @@ fn expire_after(
                     session_id,
                     execution_id,
                     event,
+                    held: InFlight::none(),
                 })
                 .await;
         }

@@ -22,5 +22,6 @@ mod pi;
 mod replicas;
 mod repositories;
 mod sessions;
+mod streaming;
 mod tasks;
 mod workspaces;

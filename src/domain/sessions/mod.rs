@@ -2,10 +2,11 @@
 //!
 //! Where things are: who may see a session and how it is shown (`access`), create/list/delete/primary
 //! (`lifecycle`), launching an agent through admission (`launch`), a Pi agent's conversation file
-//! (`conversation`), the durable inbox of messages and abort (`inbox`), stop and answers (`control`), what the agent's reports do (`reports`), restore after a restart or a crash
-//! (`restore`), requests routed to the node that runs the agent (`routing`, and `commands` on that
-//! node), the snapshot a client loads (`snapshot`), and the state machines with the one helper
-//! that writes a state change (`state`).
+//! (`conversation`), the durable inbox of messages and abort (`inbox`), stop and answers (`control`),
+//! what the agent's reports do (`reports`), streamed deltas coalesced before they are written (`stream`),
+//! restore after a restart or a crash (`restore`), requests routed to the node that runs the agent
+//! (`routing`, and `commands` on that node), the snapshot a client loads (`snapshot`), and the state
+//! machines with the one helper that writes a state change (`state`).
 mod access;
 mod commands;
 mod control;
@@ -18,6 +19,7 @@ mod restore;
 mod routing;
 mod snapshot;
 pub mod state;
+mod stream;
 
 use super::Ctx;
 use super::environments;

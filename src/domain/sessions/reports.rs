@@ -2,9 +2,14 @@
 use serde_json::json;
 use uuid::Uuid;
 
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
 use super::Ctx;
 use super::launch::record_failure;
 use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
+use super::stream::{Coalescer, STREAM_CAP, Write};
 use crate::entity::session_message::MessageRole;
 use crate::error::Result;
 use crate::events::EventType;
@@ -14,30 +19,68 @@ use crate::store::executions::ExecutionPatch;
 use crate::store::sessions::{self as store, StatePatch};
 use crate::store::tasks as task_store;
 
-/// Applies the runtime's reports, in order, forever.
+/// How many sessions' due deltas are written at once (each its own transaction and connection).
+const DUE_WRITERS: usize = 2;
+
+/// Applies the runtime's reports, in order, forever; streamed deltas are coalesced (`stream`) into one
+/// event per session per `BERTH_STREAM_INTERVAL_MS`.
 pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>) {
-    while let Some(report) = rx.recv().await {
-        let result = match report {
-            RuntimeEvent::Output {
+    let mut streams = Coalescer::new(ctx.config.stream_interval, STREAM_CAP);
+    loop {
+        let due = streams.next_due();
+        let wake = tokio::time::Instant::from_std(due.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600)));
+        let report = tokio::select! {
+            r = rx.recv() => match r {
+                Some(r) => Some(r),
+                None => break,
+            },
+            _ = tokio::time::sleep_until(wake), if due.is_some() => None,
+        };
+        match report {
+            Some(RuntimeEvent::Output {
                 session_id,
                 execution_id,
                 event,
-            } => on_output(&ctx, session_id, execution_id, event).await,
-            RuntimeEvent::Exited {
+                held,
+            }) => {
+                for w in streams.offer(session_id, execution_id, event, Instant::now()) {
+                    write(&ctx, w).await;
+                }
+                // The line is recorded, or held in its session's bounded buffer: its bytes are free.
+                drop(held);
+            }
+            Some(RuntimeEvent::Exited {
                 session_id,
                 execution_id,
                 code,
                 expected,
                 stderr_tail,
-            } => {
+            }) => {
+                if let Some(w) = streams.flush(session_id) {
+                    write(&ctx, w).await;
+                }
                 let r = on_exit(&ctx, session_id, execution_id, code, expected, &stderr_tail).await;
                 ctx.runtime.forget(session_id, execution_id);
-                r
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "could not record an agent report");
+                }
             }
-        };
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "could not record an agent report");
+            None => {}
         }
+        // Due buffers are of different sessions (order matters only within one): written side by side,
+        // so a slow database writes every streaming session each interval, not a few of them.
+        futures_util::stream::iter(streams.due(Instant::now()))
+            .for_each_concurrent(DUE_WRITERS, |w| write(&ctx, w))
+            .await;
+    }
+    for w in streams.drain() {
+        write(&ctx, w).await;
+    }
+}
+
+async fn write(ctx: &Ctx, w: Write) {
+    if let Err(e) = on_output(ctx, w.session_id, w.execution_id, w.event).await {
+        tracing::warn!(error = %e, "could not record an agent report");
     }
 }
 
