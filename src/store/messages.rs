@@ -12,16 +12,22 @@ pub async fn append<C: ConnectionTrait>(
     role: MessageRole,
     content: serde_json::Value,
     now: DateTime<Utc>,
-) -> Result<()> {
-    message::Entity::insert(message::ActiveModel {
+) -> Result<i64> {
+    let r = message::Entity::insert(message::ActiveModel {
         session_id: Set(session_id),
         role: Set(role),
         content: Set(content),
         created_at: Set(now),
         ..Default::default()
     })
-    .exec_without_returning(conn)
+    .exec(conn)
     .await?;
+    Ok(r.last_insert_id)
+}
+
+/// Takes back a transcript entry (a prompt the agent refused).
+pub async fn remove<C: ConnectionTrait>(conn: &C, id: i64) -> Result<()> {
+    message::Entity::delete_by_id(id).exec(conn).await?;
     Ok(())
 }
 

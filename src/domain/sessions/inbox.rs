@@ -68,6 +68,12 @@ pub async fn cancel(ctx: &Ctx, p: &Principal, session_id: Uuid, message_id: Uuid
             state_name(message.state)
         )));
     }
+    // Not while this node hands messages to the agent: a message being sent is not cancelled under it.
+    let lock = ctx.runtime.dispatch_lock(s.id);
+    let _guard = match &lock {
+        Some(l) => Some(l.lock().await),
+        None => None,
+    };
     if !settle(
         ctx,
         &task,
@@ -181,12 +187,22 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
         if prompt && !command_line {
             ctx.runtime.mark_working(s.id, true);
         }
+        // In the transcript before the agent can answer it (a reply must never come first); taken back if
+        // the agent does not take the message.
+        let entry = crate::store::messages::append(
+            &ctx.db.conn,
+            s.id,
+            MessageRole::User,
+            json!({ "text": m.text, "delivery": m.delivery }),
+            crate::clock::now(),
+        )
+        .await?;
         let command = json!({ "type": kind, "message": m.text });
         let outcome = if command_line {
             if ctx.runtime.send(s.id, command) {
                 Outcome::Delivered
             } else {
-                return Ok(());
+                Outcome::Gone
             }
         } else if pi {
             match ctx.runtime.request(s.id, command, ACCEPT).await {
@@ -200,40 +216,34 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
                         Outcome::Refused(reason)
                     }
                 }
-                None if !ctx.runtime.is_live(s.id) => return Ok(()),
+                None if !ctx.runtime.is_live(s.id) => Outcome::Gone,
                 // It has the message and did not refuse it: a refusal comes at once.
                 None => Outcome::Delivered,
             }
         } else if ctx.runtime.send(s.id, command) {
             Outcome::Delivered
         } else {
-            return Ok(());
+            Outcome::Gone
         };
         match outcome {
             Outcome::Delivered => {
-                // Delivered and in the transcript at once: nothing the agent answers can come first.
-                let txn = ctx.db.begin_write().await?;
-                if store::settle(&txn, m.id, InboxState::Delivered, None, crate::clock::now()).await? {
-                    crate::store::messages::append(
-                        &txn,
-                        s.id,
-                        MessageRole::User,
-                        json!({ "text": m.text, "delivery": m.delivery }),
-                        crate::clock::now(),
-                    )
-                    .await?;
-                    let delivered = store::find(&txn, s.id, m.id).await?.ok_or(Error::NotFound("message"))?;
-                    record(&txn, ctx, &task, &s, &delivered).await?;
-                    ctx.commit(txn).await?;
-                }
+                settle(ctx, &task, &s, m.id, InboxState::Delivered, None).await?;
             }
             Outcome::Refused(reason) => {
+                crate::store::messages::remove(&ctx.db.conn, entry).await?;
                 if prompt && !command_line {
                     ctx.runtime.mark_working(s.id, false);
                 }
                 settle(ctx, &task, &s, m.id, InboxState::Refused, Some(&reason)).await?;
             }
-            Outcome::Wait => {}
+            Outcome::Wait => {
+                crate::store::messages::remove(&ctx.db.conn, entry).await?;
+            }
+            // The agent is gone: the message stays queued for its next launch (or is cancelled by a stop).
+            Outcome::Gone => {
+                crate::store::messages::remove(&ctx.db.conn, entry).await?;
+                return Ok(());
+            }
         }
     }
     Ok(())
@@ -243,6 +253,7 @@ enum Outcome {
     Delivered,
     Refused(String),
     Wait,
+    Gone,
 }
 
 /// Pi refuses a plain prompt while it streams ("Agent is already processing. Specify streamingBehavior").
