@@ -12,6 +12,7 @@ use uuid::Uuid;
 use crate::agents::{execution_pid, pid_alive, replies, uuid, wait_delivered, wait_session};
 use crate::both_backends;
 use crate::helpers::TestApp;
+use crate::inbox::wait_replies;
 
 both_backends!(
     a_pi_session_continues_its_conversation_on_every_relaunch,
@@ -46,18 +47,6 @@ async fn say(app: &TestApp, id: Uuid, text: &str) {
         .await
         .ok(202);
     wait_replies(app, id, before + 1).await;
-}
-
-async fn wait_replies(app: &TestApp, id: Uuid, n: usize) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let r = replies(app, id).await;
-        if r.len() >= n {
-            return r;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never {n} replies: {r:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn last_reply(app: &TestApp, id: Uuid) -> String {

@@ -50,7 +50,7 @@ async fn send(app: &TestApp, id: Uuid, text: &str, delivery: &str) -> Value {
     .ok(202)
 }
 
-async fn messages(app: &TestApp, id: Uuid) -> Vec<Value> {
+pub(crate) async fn messages(app: &TestApp, id: Uuid) -> Vec<Value> {
     app.get(&format!("/api/v1/sessions/{id}/messages")).await.ok(200)["items"]
         .as_array()
         .unwrap()
@@ -58,7 +58,7 @@ async fn messages(app: &TestApp, id: Uuid) -> Vec<Value> {
 }
 
 /// Polls until the message is in `state`.
-async fn wait_message(app: &TestApp, id: Uuid, message: &Value, state: &str) -> Value {
+pub(crate) async fn wait_message(app: &TestApp, id: Uuid, message: &Value, state: &str) -> Value {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let found = messages(app, id)
@@ -74,7 +74,7 @@ async fn wait_message(app: &TestApp, id: Uuid, message: &Value, state: &str) -> 
     }
 }
 
-async fn wait_replies(app: &TestApp, id: Uuid, n: usize) -> Vec<String> {
+pub(crate) async fn wait_replies(app: &TestApp, id: Uuid, n: usize) -> Vec<String> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let r = replies(app, id).await;

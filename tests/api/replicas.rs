@@ -9,9 +9,10 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::agents::{execution_pid, pid_alive, replies, uuid, wait_delivered, wait_session};
+use crate::agents::{execution_pid, pid_alive, uuid, wait_delivered, wait_session};
 use crate::both_backends;
 use crate::helpers::{Reply, TestApp};
+use crate::inbox::{wait_message, wait_replies};
 
 both_backends!(
     a_message_posted_to_another_replica_reaches_the_agent,
@@ -95,41 +96,6 @@ async fn session(app: &TestApp, prompt: Option<&str>) -> Uuid {
     }
     let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
     uuid(&s["id"])
-}
-
-async fn messages(app: &TestApp, id: Uuid) -> Vec<Value> {
-    app.get(&format!("/api/v1/sessions/{id}/messages")).await.ok(200)["items"]
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
-async fn wait_message(app: &TestApp, id: Uuid, message: &Value, state: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let found = messages(app, id)
-            .await
-            .into_iter()
-            .find(|m| m["id"] == message["id"])
-            .expect("the message is listed");
-        if found["state"] == state {
-            return found;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "message never {state}: {found}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn wait_replies(app: &TestApp, id: Uuid, n: usize) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let r = replies(app, id).await;
-        if r.len() >= n {
-            return r;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never {n} replies: {r:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The agent runs on the first replica only.
