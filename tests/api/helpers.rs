@@ -293,7 +293,22 @@ impl TestApp {
     }
 
     pub async fn call(&self, method: Method, path: &str, token: Option<&str>, body: Option<Value>) -> Reply {
+        self.call_with(method, path, token, body, &[]).await
+    }
+
+    /// `call` with extra request headers (`Idempotency-Key`, `If-Match`, `Origin`, `Prefer`, ...).
+    pub async fn call_with(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
         let mut req = self.client.request(method, format!("{}{}", self.base, path));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
