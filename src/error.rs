@@ -49,6 +49,9 @@ pub enum Error {
     PathNotAllowed(&'static str),
     #[error("invalid cursor")]
     InvalidCursor,
+    /// 412: an `If-Match` names a version that is no longer current; nothing changed.
+    #[error("precondition failed: {0}")]
+    PreconditionFailed(&'static str),
     #[error("a cleanup of the task is in progress")]
     TaskCleanupInProgress,
     #[error("the workspace is being prepared")]

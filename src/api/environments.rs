@@ -1,5 +1,5 @@
 //! HTTP for environments: the task-owned workspace and its worktree inventory.
-use actix_web::{get, web};
+use actix_web::{HttpResponse, get, web};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -90,7 +90,7 @@ impl From<EnvironmentView> for Environment {
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Task id")),
     responses(
-        (status = 200, description = "The task's current environment (its parent's for an inherit_parent subtask)", body = Environment),
+        (status = 200, description = "The task's current environment (its parent's for an inherit_parent subtask)", body = Environment, headers(("ETag" = String, description = "The environment's version, inventory included"))),
         (status = 404, description = "No such task, or it has no environment yet (`not_found`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -99,8 +99,9 @@ async fn get_task_environment(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
-) -> Result<web::Json<Environment>, Error> {
-    Ok(web::Json(environments::of_task(&state.ctx, &auth, *id).await?.into()))
+) -> Result<HttpResponse, Error> {
+    let view = environments::of_task(&state.ctx, &auth, *id).await?;
+    Ok(super::ok_tagged(&view.etag(), &Environment::from(view)))
 }
 
 #[utoipa::path(
@@ -108,7 +109,7 @@ async fn get_task_environment(
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Environment id")),
     responses(
-        (status = 200, description = "The environment, current or superseded", body = Environment),
+        (status = 200, description = "The environment, current or superseded", body = Environment, headers(("ETag" = String, description = "The environment's version, inventory included"))),
         (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -117,6 +118,7 @@ async fn get_environment(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
-) -> Result<web::Json<Environment>, Error> {
-    Ok(web::Json(environments::get(&state.ctx, &auth, *id).await?.into()))
+) -> Result<HttpResponse, Error> {
+    let view = environments::get(&state.ctx, &auth, *id).await?;
+    Ok(super::ok_tagged(&view.etag(), &Environment::from(view)))
 }

@@ -10,6 +10,7 @@ use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 
 use super::AppState;
 use crate::auth::{Principal, Scope, UnboundPrincipal};
+use crate::domain::precondition::IfMatch;
 use crate::error::Error;
 
 pub trait RequiredScope {
@@ -40,6 +41,25 @@ scope_markers! {
     TasksDelete => Scope::TasksDelete,
     CleanupRead => Scope::CleanupRead,
     CleanupAdmin => Scope::CleanupAdmin,
+}
+
+/// The request's `If-Match` (absent when not sent); a malformed one is a 400.
+pub struct IfMatchHeader(pub IfMatch);
+
+impl FromRequest for IfMatchHeader {
+    type Error = Error;
+    type Future = Ready<Result<Self, Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let value = req.headers().get(actix_web::http::header::IF_MATCH).map(|v| v.to_str());
+        ready(match value {
+            Some(Err(_)) => Err(Error::BadRequest("If-Match must be visible ASCII".into())),
+            Some(Ok(v)) => IfMatch::parse(Some(v))
+                .map(IfMatchHeader)
+                .ok_or_else(|| Error::BadRequest("If-Match must be `*` or a list of quoted entity tags".into())),
+            None => Ok(IfMatchHeader(IfMatch::Absent)),
+        })
+    }
 }
 
 pub struct Authorized<S>(pub Principal, PhantomData<S>);

@@ -196,6 +196,19 @@ pub fn created<T: serde::Serialize>(location: String, body: &T) -> HttpResponse 
         .json(body)
 }
 
+/// Puts a resource's `ETag` (its row version, issue 16) on an answer.
+pub fn tagged(mut res: HttpResponse, etag: &str) -> HttpResponse {
+    if let Ok(value) = actix_web::http::header::HeaderValue::from_str(etag) {
+        res.headers_mut().insert(actix_web::http::header::ETAG, value);
+    }
+    res
+}
+
+/// `200 OK` with a JSON body and the resource's `ETag`.
+pub fn ok_tagged<T: serde::Serialize>(etag: &str, body: &T) -> HttpResponse {
+    tagged(HttpResponse::Ok().json(body), etag)
+}
+
 /// Unmatched routes answer problem+json too, never an empty or HTML page.
 pub async fn not_found() -> Result<HttpResponse, Error> {
     Err(Error::NotFound("route"))

@@ -28,6 +28,7 @@ pub enum ErrorCode {
     NotAGitRepository,
     PathNotAllowed,
     InvalidCursor,
+    PreconditionFailed,
     Unavailable,
     Internal,
 }
@@ -52,6 +53,7 @@ impl ErrorCode {
             ErrorCode::NotAGitRepository => "not_a_git_repository",
             ErrorCode::PathNotAllowed => "path_not_allowed",
             ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::PreconditionFailed => "precondition_failed",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
         }
@@ -225,6 +227,15 @@ impl From<&Error> for Problem {
                 "Invalid cursor",
                 "the cursor is not one this list returned; start again without it",
             ),
+            Error::PreconditionFailed(what) => Problem {
+                action: Some(format!("reload_{what}")),
+                ..Problem::new(
+                    S::PRECONDITION_FAILED,
+                    C::PreconditionFailed,
+                    "Changed since you read it",
+                    format!("the {what} changed since the version in If-Match; reload it and apply your change again"),
+                )
+            },
             Error::TaskCleanupInProgress => Problem::new(
                 S::CONFLICT,
                 C::TaskCleanupInProgress,

@@ -225,7 +225,7 @@ pub struct CreateSession {
     params(("id" = Uuid, Path, description = "Task id")),
     request_body = CreateSession,
     responses(
-        (status = 201, description = "Attached to the task's ready environment, materializing it first if needed", body = Session, headers(("Location" = String))),
+        (status = 201, description = "Attached to the task's ready environment, materializing it first if needed", body = Session, headers(("Location" = String), ("ETag" = String, description = "The session's version"))),
         (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`workspace_preparing` (retry), `task_archived`, `task_cleanup_in_progress`, `workspace_reuse_unsafe`, `workspace_reuse_unsupported`, or `conflict` when preparing the workspace failed", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
@@ -247,9 +247,10 @@ async fn create_session(
         start: body.start,
     };
     let view = sessions::create(&state.ctx, &auth, *id, input).await?;
-    Ok(super::created(
-        format!("/api/v1/sessions/{}", view.session.id),
-        &Session::from(view),
+    let etag = view.etag();
+    Ok(super::tagged(
+        super::created(format!("/api/v1/sessions/{}", view.session.id), &Session::from(view)),
+        &etag,
     ))
 }
 
@@ -281,7 +282,7 @@ async fn list_sessions(
     security(("bearer" = ["sessions:read"])),
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
-        (status = 200, description = "The session", body = Session),
+        (status = 200, description = "The session", body = Session, headers(("ETag" = String, description = "The session's version"))),
         (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -290,8 +291,9 @@ async fn get_session(
     auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
-) -> Result<web::Json<Session>, Error> {
-    Ok(web::Json(sessions::get(&state.ctx, &auth, *id).await?.into()))
+) -> Result<HttpResponse, Error> {
+    let view = sessions::get(&state.ctx, &auth, *id).await?;
+    Ok(super::ok_tagged(&view.etag(), &Session::from(view)))
 }
 
 #[utoipa::path(

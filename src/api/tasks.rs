@@ -7,7 +7,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
 use super::cleanup_jobs::CleanupJob;
-use super::extract::{Authorized, TasksArchive, TasksDelete, TasksRead, TasksWrite, Unbound};
+use super::extract::{Authorized, IfMatchHeader, TasksArchive, TasksDelete, TasksRead, TasksWrite, Unbound};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::task_lifecycle::{self as lifecycle, BranchRecovery};
@@ -142,7 +142,7 @@ pub struct TaskListQuery {
     params(("id" = Uuid, Path, description = "Workspace id")),
     request_body = CreateTask,
     responses(
-        (status = 201, description = "Created", body = Task, headers(("Location" = String))),
+        (status = 201, description = "Created", body = Task, headers(("Location" = String), ("ETag" = String, description = "The task's version, for `If-Match`"))),
         (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The parent task is archived (`task_archived`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid task (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
@@ -173,9 +173,10 @@ async fn create_task(
             .collect(),
     };
     let task = tasks::create(&state.ctx, &auth, *id, input).await?;
-    Ok(super::created(
-        format!("/api/v1/tasks/{}", task.task.id),
-        &Task::from(task),
+    let etag = task.etag();
+    Ok(super::tagged(
+        super::created(format!("/api/v1/tasks/{}", task.task.id), &Task::from(task)),
+        &etag,
     ))
 }
 
@@ -216,7 +217,7 @@ async fn list_tasks(
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Task id")),
     responses(
-        (status = 200, description = "The task", body = Task),
+        (status = 200, description = "The task", body = Task, headers(("ETag" = String, description = "The task's version, for `If-Match`"))),
         (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -225,17 +226,22 @@ async fn get_task(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
-) -> Result<web::Json<Task>, Error> {
-    Ok(web::Json(tasks::get(&state.ctx, &auth, *id).await?.into()))
+) -> Result<HttpResponse, Error> {
+    let task = tasks::get(&state.ctx, &auth, *id).await?;
+    Ok(super::ok_tagged(&task.etag(), &Task::from(task)))
 }
 
 #[utoipa::path(
     tag = "tasks",
     security(("bearer" = ["tasks:write"])),
-    params(("id" = Uuid, Path, description = "Task id")),
+    params(
+        ("id" = Uuid, Path, description = "Task id"),
+        ("If-Match" = Option<String>, Header, description = "The `ETag` the change is based on; `412 precondition_failed` if the task changed since"),
+    ),
     request_body = UpdateTask,
     responses(
-        (status = 200, description = "The updated task", body = Task),
+        (status = 200, description = "The updated task", body = Task, headers(("ETag" = String, description = "The task's new version"))),
+        (status = 412, description = "The task changed since the `If-Match` version (`precondition_failed`); nothing changed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The task is archived (`task_archived`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid field (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
@@ -247,13 +253,15 @@ async fn update_task(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
     body: web::Json<UpdateTask>,
-) -> Result<web::Json<Task>, Error> {
+    if_match: IfMatchHeader,
+) -> Result<HttpResponse, Error> {
     let body = body.into_inner();
     let patch = TaskPatch {
         title: body.title,
         description: body.description,
     };
-    Ok(web::Json(tasks::update(&state.ctx, &auth, *id, patch).await?.into()))
+    let task = tasks::update(&state.ctx, &auth, *id, patch, &if_match.0).await?;
+    Ok(super::ok_tagged(&task.etag(), &Task::from(task)))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -4,6 +4,7 @@ pub mod environments;
 pub mod events;
 pub mod git_status;
 pub mod pagination;
+pub mod precondition;
 pub mod repositories;
 pub mod sessions;
 pub mod task_lifecycle;

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::Ctx;
 use super::pagination::{Page, PageRequest};
+use super::precondition::{IfMatch, etag};
 use crate::auth::{Principal, UnboundPrincipal};
 use crate::entity::task::{self, TaskKind, WorkspaceMode};
 use crate::entity::task_repository;
@@ -50,6 +51,14 @@ pub struct TaskView {
     pub session_count: u64,
 }
 
+impl TaskView {
+    /// The task row's version: its own fields (title, description, archive state, slots). The derived
+    /// `session_count` and `primary_session_id` are not versioned by it.
+    pub fn etag(&self) -> String {
+        etag(self.task.row_version)
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TaskFilter {
     pub archived: bool,
@@ -89,6 +98,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
         last_activity_at: now,
         created_at: now,
         updated_at: now,
+        row_version: 1,
     };
     let rows: Vec<task_repository::Model> = slots
         .into_iter()
@@ -224,7 +234,14 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<TaskView> {
     Ok(views(&ctx.db.conn, vec![task]).await?.remove(0))
 }
 
-pub async fn update(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid, patch: TaskPatch) -> Result<TaskView> {
+/// Applies a patch; with `if_match`, only while the task is still the version the caller read.
+pub async fn update(
+    ctx: &Ctx,
+    p: &UnboundPrincipal,
+    id: Uuid,
+    patch: TaskPatch,
+    if_match: &IfMatch,
+) -> Result<TaskView> {
     let title = patch
         .title
         .as_deref()
@@ -235,6 +252,10 @@ pub async fn update(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid, patch: TaskPatch)
     let task = store::lock_task(&txn, id).await?;
     if !p.sees_workspace(task.workspace_id) {
         return Err(Error::NotFound("task"));
+    }
+    // Checked under the row lock: of two writers that read one version, the second gets 412.
+    if !if_match.admits(&etag(task.row_version)) {
+        return Err(Error::PreconditionFailed("task"));
     }
     if task.archived_at.is_some() {
         return Err(Error::TaskArchived);

@@ -39,6 +39,8 @@ pub struct Model {
     pub last_activity_at: DateTimeUtc,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
+    /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
+    pub row_version: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -48,6 +48,8 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
     pub superseded_at: Option<DateTimeUtc>,
+    /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
+    pub row_version: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

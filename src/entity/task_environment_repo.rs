@@ -36,6 +36,8 @@ pub struct Model {
     pub updated_at: DateTimeUtc,
     pub merged_at: Option<DateTimeUtc>,
     pub deleted_at: Option<DateTimeUtc>,
+    /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
+    pub row_version: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -58,6 +58,8 @@ pub struct Model {
     pub updated_at: DateTimeUtc,
     pub started_at: Option<DateTimeUtc>,
     pub ended_at: Option<DateTimeUtc>,
+    /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
+    pub row_version: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

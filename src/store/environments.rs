@@ -203,6 +203,7 @@ pub async fn insert_repo_rows(txn: &DatabaseTransaction, env_id: Uuid, rows: Vec
             created_at: Set(now),
             updated_at: Set(now),
             merged_at: Set(None),
+            row_version: Set(1),
             deleted_at: Set(None),
         })
         .collect();

@@ -772,6 +772,7 @@ async fn insert_creating(app: &TestApp, task: Uuid, updated_at: chrono::DateTime
         created_at: Set(updated_at),
         updated_at: Set(updated_at),
         superseded_at: Set(None),
+        row_version: Set(1),
     })
     .exec_without_returning(app.db())
     .await

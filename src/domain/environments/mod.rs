@@ -44,6 +44,13 @@ pub struct EnvironmentView {
     pub repos: Vec<env_repo::Model>,
 }
 
+impl EnvironmentView {
+    /// The environment's version together with its inventory's.
+    pub fn etag(&self) -> String {
+        crate::domain::precondition::environment_etag(self.env.row_version, self.repos.iter().map(|r| r.row_version))
+    }
+}
+
 /// The current (non-superseded) environment of an owner task.
 pub(crate) async fn current<C: ConnectionTrait>(conn: &C, owner_task_id: Uuid) -> Result<Option<env::Model>> {
     let mut envs = store::live_of(conn, owner_task_id).await?;
@@ -248,6 +255,7 @@ pub(super) async fn new_candidate(
         created_at: now,
         updated_at: now,
         superseded_at: None,
+        row_version: 1,
     };
     match store::insert(txn, &model).await {
         // The partial unique index is the backstop: someone else is materializing.

@@ -17,6 +17,13 @@ pub struct SessionView {
     pub workspace_path: Option<String>,
 }
 
+impl SessionView {
+    /// The session row's version (`workspace_path` is the environment's, versioned there).
+    pub fn etag(&self) -> String {
+        crate::domain::precondition::etag(self.session.row_version)
+    }
+}
+
 /// A session the principal may act on: in a visible workspace and, for a session-bound token, itself.
 pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<session::Model> {
     Ok(visible_with_task(conn, p, id).await?.0)

@@ -123,6 +123,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
         updated_at: now,
         started_at: None,
         ended_at: None,
+        row_version: 1,
     };
     store::insert(&txn, model.clone()).await?;
     task_store::touch(&txn, task.id, now).await?;
