@@ -72,6 +72,7 @@ pub(crate) async fn fill_tasks(b: &Bench, n: usize) {
             last_activity_at: Set(now),
             created_at: Set(now),
             updated_at: Set(now),
+            row_version: Set(1),
         });
         task::Entity::insert_many(rows)
             .exec_without_returning(conn)
