@@ -40,6 +40,8 @@ fn every_non_public_operation_declares_bearer() {
             let bearer = security.iter().any(|s| s.get("bearer").is_some());
             if public {
                 assert!(!bearer, "{method} {path} is public but declares a token");
+                // `security: []` in so many words: no token, not "unspecified" (I33).
+                assert_eq!(op.get("security"), Some(&Value::Array(vec![])), "{method} {path}");
             } else {
                 assert!(bearer, "{method} {path} lacks the bearer security scheme");
                 let scopes = security[0]["bearer"].as_array().unwrap();
@@ -49,6 +51,19 @@ fn every_non_public_operation_declares_bearer() {
         }
     }
     assert!(operations >= 14, "{operations}");
+    // Each public path the spec lists is one of the public operations (I33).
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert!(spec["paths"].get(path).is_some(), "{path} is missing from the spec");
+    }
+}
+
+#[test]
+fn one_relative_server() {
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    let servers = spec["servers"].as_array().expect("servers");
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    assert_eq!(servers[0]["url"], "/");
+    assert!(servers[0]["description"].as_str().is_some_and(|d| !d.is_empty()));
 }
 
 #[test]
