@@ -85,7 +85,12 @@ impl From<EnvironmentView> for Environment {
     }
 }
 
+/// Get a task's current environment
+///
+/// The environment the task's sessions use now (its parent's, for an `inherit_parent` subtask), with its
+/// worktree inventory. `404` before the first session has materialized one. Scope `tasks:read`.
 #[utoipa::path(
+    operation_id = "getTaskEnvironment",
     tag = "environments",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Task id")),
@@ -103,7 +108,12 @@ async fn get_task_environment(
     Ok(web::Json(environments::of_task(&state.ctx, &auth, *id).await?.into()))
 }
 
+/// Get an environment
+///
+/// One environment by id, current or superseded, with its worktree inventory: each repository's worktree,
+/// branch and state. Scope `tasks:read`.
 #[utoipa::path(
+    operation_id = "getEnvironment",
     tag = "environments",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Environment id")),

@@ -57,6 +57,59 @@ fn every_non_public_operation_declares_bearer() {
     }
 }
 
+/// Generated clients name their methods after operation ids, and a reader of the spec sees the summary
+/// first: every operation has an explicit verbNoun id that is unique, a summary and a description.
+#[test]
+fn every_operation_has_an_id_a_summary_and_a_description() {
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    const VERBS: [&str; 17] = [
+        "list",
+        "get",
+        "create",
+        "update",
+        "delete",
+        "register",
+        "archive",
+        "unarchive",
+        "reset",
+        "launch",
+        "resume",
+        "stop",
+        "abort",
+        "make",
+        "answer",
+        "send",
+        "cancel",
+    ];
+    const MORE_VERBS: [&str; 4] = ["report", "refresh", "retry", "stream"];
+    let mut ids = std::collections::BTreeSet::new();
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap_or_default();
+            let verb: String = id.chars().take_while(|c| c.is_ascii_lowercase()).collect();
+            assert!(
+                VERBS.contains(&verb.as_str()) || MORE_VERBS.contains(&verb.as_str()),
+                "{method} {path}: operation id {id:?} should be verbNoun"
+            );
+            assert!(
+                id.len() > verb.len() && id.chars().all(|c| c.is_ascii_alphanumeric()),
+                "{method} {path}: operation id {id:?} should be verbNoun"
+            );
+            assert!(ids.insert(id.to_string()), "operation id {id} is used twice");
+            for field in ["summary", "description"] {
+                let text = op[field].as_str().unwrap_or_default();
+                assert!(text.len() >= 10, "{method} {path} has no {field}");
+                assert!(!text.contains("/api/v1"), "{method} {path}: the {field} names a path");
+            }
+        }
+    }
+    // The id says what comes back: the session route answers its environment's git status.
+    assert_eq!(
+        spec["paths"]["/api/v1/sessions/{id}/git-status"]["get"]["operationId"],
+        "getSessionGitStatus"
+    );
+}
+
 #[test]
 fn one_relative_server() {
     let spec: Value = serde_json::from_str(&generated()).unwrap();

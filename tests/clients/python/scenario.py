@@ -23,18 +23,18 @@ from uuid import UUID
 
 import httpx
 from berth_client import AuthenticatedClient
-from berth_client.api.cleanup import get_job, list_jobs
+from berth_client.api.cleanup import get_cleanup_job, list_cleanup_jobs
 from berth_client.api.environments import get_task_environment
-from berth_client.api.events import replay_events
-from berth_client.api.git_status import refresh_status, session_status
+from berth_client.api.events import list_events
+from berth_client.api.git_status import refresh_environment_git_status, get_session_git_status
 from berth_client.api.repositories import register_repository
 from berth_client.api.sessions import (
     create_session,
     delete_session,
     get_session,
     list_agent_profiles,
-    list_sessions,
-    send_message,
+    list_task_sessions,
+    send_session_message,
 )
 from berth_client.api.tasks import archive_task, create_task
 from berth_client.api.workspaces import create_workspace
@@ -158,8 +158,8 @@ def replay() -> list[Event]:
     instance: UUID | None = None
     while True:
         page = expect(
-            "replay_events",
-            replay_events.sync_detailed(
+            "list_events",
+            list_events.sync_detailed(
                 client=api, after=after, limit=200, instance_id=instance if instance else UNSET
             ),
             200,
@@ -325,13 +325,13 @@ def main() -> None:
     wait_state(s1.id, SessionState.IDLE)
     text = f"hello from the {CLIENT} client"
     accepted = expect(
-        "send_message",
-        send_message.sync_detailed(s1.id, client=api, body=SendMessage(text=text)),
+        "send_session_message",
+        send_session_message.sync_detailed(s1.id, client=api, body=SendMessage(text=text)),
         202,
         Message,
     )
-    eq(accepted.text, text, "send_message stored the text")
-    eq(accepted.session_id, s1.id, "send_message's session")
+    eq(accepted.text, text, "send_session_message stored the text")
+    eq(accepted.session_id, s1.id, "send_session_message's session")
     eq(wait_replies(s1.id, 2)[1], text, "session 1 agent's echo")
 
     begin("session delete")
@@ -345,21 +345,21 @@ def main() -> None:
     eq(gone.parsed.code, ErrorCode.NOT_FOUND, "problem code after delete")
     eq(gone.headers.get("content-type"), "application/problem+json", "error content type")
     check(os.path.isdir(workspace_path), f"deleting a session removed the worktree {workspace_path}")
-    left = expect("list_sessions", list_sessions.sync_detailed(task.id, client=api), 200, SessionList)
+    left = expect("list_task_sessions", list_task_sessions.sync_detailed(task.id, client=api), 200, SessionList)
     eq([s.id for s in left.items], [s1.id], "the task's sessions after delete")
 
     begin("git status refresh")
     wait_state(s1.id, SessionState.IDLE)
     expect(
-        "send_message",
-        send_message.sync_detailed(s1.id, client=api, body=SendMessage(text="write notes.txt work in progress")),
+        "send_session_message",
+        send_session_message.sync_detailed(s1.id, client=api, body=SendMessage(text="write notes.txt work in progress")),
         202,
         Message,
     )
     eq(wait_replies(s1.id, 3)[2], "wrote notes.txt", "session 1 agent's write")
 
     def refresh() -> GitStatusList:
-        return expect("refresh_status", refresh_status.sync_detailed(env_id, client=api), 200, GitStatusList)
+        return expect("refresh_environment_git_status", refresh_environment_git_status.sync_detailed(env_id, client=api), 200, GitStatusList)
 
     dirty = refresh()
     eq(len(dirty.items), 1, "git status items")
@@ -372,7 +372,7 @@ def main() -> None:
     notes = [f for f in st.files if f.path == "notes.txt"]
     check(notes, f"notes.txt is not in the git status: {st.files!r}")
     eq(notes[0].worktree_status, "untracked", "notes.txt worktree_status")
-    via_session = expect("session_status", session_status.sync_detailed(s1.id, client=api), 200, GitStatusList)
+    via_session = expect("get_session_git_status", get_session_git_status.sync_detailed(s1.id, client=api), 200, GitStatusList)
     eq(via_session.items[0].task_environment_id, env_id, "session git status task_environment_id")
     # A clean worktree again, so that archive may remove it.
     os.remove(os.path.join(workspace_path, "notes.txt"))
@@ -394,7 +394,7 @@ def main() -> None:
 
     def probe() -> CleanupJob | None:
         nonlocal last_job
-        last_job = expect("get_job", get_job.sync_detailed(job.id, client=api), 200, CleanupJob)
+        last_job = expect("get_cleanup_job", get_cleanup_job.sync_detailed(job.id, client=api), 200, CleanupJob)
         check(
             last_job.state not in (CleanupJobState.FAILED, CleanupJobState.CANCELLED),
             f"cleanup job {job.id} is {last_job.state}: {last_job.last_error}",
@@ -410,8 +410,8 @@ def main() -> None:
     eq(s1_after.state, SessionState.CANCELLED, "session 1 state after archive")
     eq(s1_after.desired_open, False, "session 1 desired_open after archive")
     succeeded = expect(
-        "list_jobs",
-        list_jobs.sync_detailed(client=api, task_id=task.id, state=CleanupJobState.SUCCEEDED),
+        "list_cleanup_jobs",
+        list_cleanup_jobs.sync_detailed(client=api, task_id=task.id, state=CleanupJobState.SUCCEEDED),
         200,
         CleanupJobList,
     )
