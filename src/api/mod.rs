@@ -3,6 +3,7 @@ pub mod agent_profiles;
 pub mod cleanup_jobs;
 pub mod environments;
 pub mod events;
+pub mod examples;
 pub mod extract;
 pub mod git_status;
 pub mod middleware;
@@ -152,6 +153,7 @@ pub fn finish_spec(spec: &mut utoipa::openapi::OpenApi) {
     spec.info.version = env!("CARGO_PKG_VERSION").to_string();
     mark_public_operations(spec);
     add_common_responses(spec);
+    examples::add(spec);
 }
 
 /// `security: []` on every operation under PUBLIC_PATHS: the spec says in so many words that they need

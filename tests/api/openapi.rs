@@ -110,6 +110,67 @@ fn every_operation_has_an_id_a_summary_and_a_description() {
     );
 }
 
+/// The operation with this id, wherever it lives.
+fn operation<'a>(spec: &'a Value, id: &str) -> &'a Value {
+    spec["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|item| item.as_object().unwrap().values())
+        .find(|op| op["operationId"] == id)
+        .unwrap_or_else(|| panic!("no operation {id}"))
+}
+
+fn example_values(content: &Value) -> Vec<Value> {
+    let examples = content["examples"].as_object().cloned().unwrap_or_default();
+    examples.values().map(|e| e["value"].clone()).collect()
+}
+
+/// The main flows carry request and response examples, and each request example is a body the handler
+/// accepts (the request types refuse unknown fields, so a stale example fails here). Redocly checks every
+/// example against its schema (.ci/lint-spec).
+#[test]
+fn main_flows_have_examples_that_the_handlers_accept() {
+    fn parses<T: serde::de::DeserializeOwned>(spec: &Value, id: &str) {
+        let content = &operation(spec, id)["requestBody"]["content"]["application/json"];
+        let values = example_values(content);
+        assert!(!values.is_empty(), "{id} has no request example");
+        for v in values {
+            serde_json::from_value::<T>(v.clone()).unwrap_or_else(|e| panic!("{id}: {e}: {v}"));
+        }
+    }
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    parses::<berth::api::workspaces::CreateWorkspace>(&spec, "createWorkspace");
+    parses::<berth::api::repositories::RegisterRepository>(&spec, "registerRepository");
+    parses::<berth::api::tasks::CreateTask>(&spec, "createTask");
+    parses::<berth::api::sessions::CreateSession>(&spec, "createSession");
+    parses::<berth::api::session_messages::SendMessage>(&spec, "sendSessionMessage");
+    for (id, status) in [
+        ("createWorkspace", "201"),
+        ("registerRepository", "201"),
+        ("createTask", "201"),
+        ("createSession", "201"),
+        ("sendSessionMessage", "202"),
+        ("getSessionSnapshot", "200"),
+        ("listEvents", "200"),
+        ("archiveTask", "202"),
+        ("deleteTask", "202"),
+        ("deleteTask", "409"),
+    ] {
+        let content = operation(&spec, id)["responses"][status]["content"]
+            .as_object()
+            .and_then(|c| c.values().next().cloned())
+            .unwrap_or_default();
+        assert!(!example_values(&content).is_empty(), "{id} {status} has no example");
+    }
+    let problems = spec["components"]["schemas"]["Problem"]["examples"].as_array().unwrap();
+    assert!(
+        problems
+            .iter()
+            .all(|p| p["type"].as_str().unwrap().ends_with(p["code"].as_str().unwrap()))
+    );
+}
+
 #[test]
 fn one_relative_server() {
     let spec: Value = serde_json::from_str(&generated()).unwrap();
