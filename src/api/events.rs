@@ -21,7 +21,8 @@ pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(replay_events).service(stream_events);
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+/// The spec's schema is a union by `type`, hand-written in `event_schema.rs`.
+#[derive(Debug, Serialize)]
 pub struct Event {
     /// Always `v1`.
     pub version: String,

@@ -2,6 +2,7 @@
 pub mod agent_profiles;
 pub mod cleanup_jobs;
 pub mod environments;
+pub mod event_schema;
 pub mod events;
 pub mod examples;
 pub mod extract;

@@ -171,6 +171,58 @@ fn main_flows_have_examples_that_the_handlers_accept() {
     );
 }
 
+/// `Event` is a union discriminated by `type`: every `EventType` berth can append has its own member with
+/// a typed `data`, so a new type cannot be forgotten in the spec; the wire stays one flat object.
+#[test]
+fn every_event_type_has_a_schema_in_the_event_union() {
+    use sea_orm::Iterable;
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    let schemas = &spec["components"]["schemas"];
+    let event = &schemas["Event"];
+    assert_eq!(event["discriminator"]["propertyName"], "type");
+    let mapping = event["discriminator"]["mapping"].as_object().unwrap();
+    let members: Vec<&str> = event["oneOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["$ref"].as_str().unwrap())
+        .collect();
+    assert_eq!(members.len(), mapping.len(), "one member per mapped type");
+    let mut types: Vec<String> = berth::events::EventType::iter()
+        .map(|t| t.as_str().to_string())
+        .collect();
+    // Issue 16's contract: asynchronous session creation reports progress (helper retries appends it).
+    types.push("environment.progress".into());
+    for t in &types {
+        let target = mapping
+            .get(t.as_str())
+            .and_then(|m| m.as_str())
+            .unwrap_or_else(|| panic!("{t} has no member in the Event union"));
+        assert!(members.contains(&target), "{t} maps to {target}, which is not a member");
+        let name = target.trim_start_matches("#/components/schemas/");
+        let member = &schemas[name];
+        assert_eq!(member["properties"]["type"]["enum"], serde_json::json!([t]), "{name}");
+        let data = member["properties"]["data"]["$ref"].as_str().expect("typed data");
+        let data = &schemas[data.trim_start_matches("#/components/schemas/")];
+        assert_eq!(data["type"], "object", "{t}: data");
+        assert!(
+            data["properties"].as_object().is_some_and(|p| !p.is_empty()),
+            "{t}: data has no fields"
+        );
+        for field in ["version", "instance_id", "seq", "type", "data", "created_at"] {
+            assert!(
+                member["required"].as_array().unwrap().iter().any(|r| r == field),
+                "{name} does not require {field}"
+            );
+        }
+    }
+    assert_eq!(
+        mapping.len(),
+        types.len(),
+        "a member for a type berth does not know: {mapping:?}"
+    );
+}
+
 #[test]
 fn one_relative_server() {
     let spec: Value = serde_json::from_str(&generated()).unwrap();

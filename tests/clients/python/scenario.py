@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import httpx
@@ -51,8 +51,9 @@ from berth_client.models import (
     Environment,
     EnvironmentStatus,
     ErrorCode,
-    Event,
+    CleanupJobUpdatedEvent,
     EventPage,
+    RuntimeOutputEvent,
     ExecutorType,
     GitStatusList,
     Problem,
@@ -67,7 +68,7 @@ from berth_client.models import (
     TaskRepositoryInput,
     Workspace,
 )
-from berth_client.types import UNSET, Response
+from berth_client.types import UNSET, Response, Unset
 
 CLIENT = "python"
 WAIT_S = 60.0
@@ -140,7 +141,7 @@ def until(what: str, probe: Callable[[], T | None], last: Callable[[], object] =
 
 
 def field(value: Any, *path: str | int) -> Any:
-    """A field of an untyped JSON value (`Event.data` is free-form by design)."""
+    """A field of a JSON value another party wrote (the agent's own events, under `runtime.output`)."""
     for key in path:
         if isinstance(value, dict) and isinstance(key, str):
             value = value.get(key)
@@ -149,6 +150,22 @@ def field(value: Any, *path: str | int) -> Any:
         else:
             return None
     return value
+
+
+class Event(Protocol):
+    """What every member of the spec's `Event` union has (each has its own typed `data`; narrow with
+    isinstance to read it)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def type_(self) -> str: ...
+    @property
+    def workspace_id(self) -> None | Unset | UUID: ...
+    @property
+    def task_id(self) -> None | Unset | UUID: ...
+    @property
+    def session_id(self) -> None | Unset | UUID: ...
 
 
 def replay() -> list[Event]:
@@ -181,9 +198,10 @@ def replies(events: list[Event], session: UUID) -> list[str]:
     """The texts a session's agent replied with, in order, from the `runtime.output` events."""
     out = []
     for e in events:
-        if e.type_ != "runtime.output" or e.session_id != session:
+        # The union is discriminated by `type`: a runtime.output event's `data.event` is the agent's own.
+        if not isinstance(e, RuntimeOutputEvent) or e.session_id != session:
             continue
-        agent = field(e.data, "event")
+        agent = e.data.event.additional_properties
         if field(agent, "type") == "message_end" and field(agent, "message", "role") == "assistant":
             out.append(str(field(agent, "message", "content", 0, "text")))
     return out
@@ -420,9 +438,9 @@ def main() -> None:
     check(any(e.type_ == "task.archived" and e.task_id == task.id for e in tail), "no task.archived event")
     check(
         any(
-            e.type_ == "cleanup_job.updated"
-            and field(e.data, "cleanup_job_id") == str(job.id)
-            and field(e.data, "state") == "succeeded"
+            isinstance(e, CleanupJobUpdatedEvent)
+            and e.data.cleanup_job_id == job.id
+            and e.data.state == CleanupJobState.SUCCEEDED
             for e in tail
         ),
         "no cleanup_job.updated event with state succeeded",
