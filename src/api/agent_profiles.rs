@@ -23,7 +23,13 @@ pub struct AgentProfileList {
     pub items: Vec<AgentProfile>,
 }
 
+/// List agent profiles
+///
+/// The agent profiles configured on the server (name and command, never their environment values), which
+/// sessions name in `agent_profile`. Profiles are defined only in berth's config file. Scope
+/// `sessions:read`.
 #[utoipa::path(
+    operation_id = "listAgentProfiles",
     tag = "sessions",
     security(("bearer" = ["sessions:read"])),
     responses((status = 200, description = "The configured profiles (never their environment values)", body = AgentProfileList))

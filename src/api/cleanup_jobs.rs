@@ -136,7 +136,12 @@ pub struct JobQuery {
     pub cursor: Option<String>,
 }
 
+/// List cleanup jobs
+///
+/// Cleanup jobs, newest first, optionally by state, task or trigger. Cleanup jobs are the only way berth
+/// removes files: durable, retried with backoff, resumed after a restart. Scope `cleanup:read`.
 #[utoipa::path(
+    operation_id = "listCleanupJobs",
     tag = "cleanup",
     security(("bearer" = ["cleanup:read"])),
     params(JobQuery),
@@ -163,7 +168,11 @@ async fn list_jobs(
     }))
 }
 
+/// Get a cleanup job
+///
+/// One cleanup job with its state, attempts and last error. Scope `cleanup:read`.
 #[utoipa::path(
+    operation_id = "getCleanupJob",
     tag = "cleanup",
     security(("bearer" = ["cleanup:read"])),
     params(("id" = Uuid, Path, description = "Cleanup job id")),
@@ -181,7 +190,12 @@ async fn get_job(
     Ok(web::Json(cleanup::get(&state.ctx, &auth, *id).await?.into()))
 }
 
+/// Retry a failed cleanup job
+///
+/// A `failed` job becomes `pending` again with a fresh attempt budget; any other state is `409 conflict`.
+/// Scope `cleanup:admin`.
 #[utoipa::path(
+    operation_id = "retryCleanupJob",
     tag = "cleanup",
     security(("bearer" = ["cleanup:admin"])),
     params(("id" = Uuid, Path, description = "Cleanup job id")),
@@ -200,7 +214,12 @@ async fn retry_job(
     Ok(web::Json(cleanup::retry(&state.ctx, &auth, *id).await?.into()))
 }
 
+/// Cancel a cleanup job
+///
+/// Only a job that has not started (`prepared`, `pending` or `retry_wait`) can be cancelled; a running or
+/// finished one is `409 conflict`, so a removal is never half-cancelled. Scope `cleanup:admin`.
 #[utoipa::path(
+    operation_id = "cancelCleanupJob",
     tag = "cleanup",
     security(("bearer" = ["cleanup:admin"])),
     params(("id" = Uuid, Path, description = "Cleanup job id")),

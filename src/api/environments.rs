@@ -85,7 +85,12 @@ impl From<EnvironmentView> for Environment {
     }
 }
 
+/// Get a task's current environment
+///
+/// The environment the task's sessions use now (its parent's, for an `inherit_parent` subtask), with its
+/// worktree inventory. `404` before the first session has materialized one. Scope `tasks:read`.
 #[utoipa::path(
+    operation_id = "getTaskEnvironment",
     tag = "environments",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Task id")),
@@ -104,7 +109,12 @@ async fn get_task_environment(
     Ok(super::ok_tagged(&view.etag(), &Environment::from(view)))
 }
 
+/// Get an environment
+///
+/// One environment by id, current or superseded, with its worktree inventory: each repository's worktree,
+/// branch and state. Scope `tasks:read`.
 #[utoipa::path(
+    operation_id = "getEnvironment",
     tag = "environments",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Environment id")),

@@ -21,7 +21,8 @@ pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(replay_events).service(stream_events);
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+/// The spec's schema is a union by `type`, hand-written in `event_schema.rs`.
+#[derive(Debug, Serialize)]
 pub struct Event {
     /// Always `v1`.
     pub version: String,
@@ -121,7 +122,14 @@ pub struct StreamQuery {
     pub instance_id: Option<Uuid>,
 }
 
+/// List events after a sequence number
+///
+/// Events with `seq` after `after`, oldest first, limited to what the token may see (its workspaces, and
+/// its session when bound to one). `seq` is strictly increasing across all events. `truncated` is true when
+/// the events after `after` are no longer all available or `instance_id` names another instance: reload
+/// snapshots, then continue from `latest_seq`. Scope `events:read`.
 #[utoipa::path(
+    operation_id = "listEvents",
     tag = "events",
     security(("bearer" = ["events:read"])),
     params(ReplayQuery),
@@ -138,7 +146,14 @@ async fn replay_events(
     Ok(web::Json(page.into()))
 }
 
+/// Follow events as server-sent events
+///
+/// A `text/event-stream`: the events after `after` (or `Last-Event-ID`), then `event: ready`, then live
+/// events, with no gap and no duplicate; each SSE `id` is the event's `seq`. A subscriber that falls behind
+/// gets `event: reset` and the stream ends: reload snapshots and reconnect. A `: keep-alive` comment every
+/// 15 s. Limited to what the token may see. Scope `events:read`.
 #[utoipa::path(
+    operation_id = "streamEvents",
     tag = "events",
     security(("bearer" = ["events:read"])),
     params(StreamQuery, ("Last-Event-ID" = Option<String>, Header, description = "Overrides `after`")),

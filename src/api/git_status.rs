@@ -93,7 +93,12 @@ fn list(items: Vec<git_status_observation::Model>) -> web::Json<GitStatusList> {
     })
 }
 
+/// Get an environment's git status
+///
+/// One status per repository of the environment: the newest observation, whatever its kind (live,
+/// completion or archive); while an agent works there, a fresh inspection. Scope `tasks:read`.
 #[utoipa::path(
+    operation_id = "getEnvironmentGitStatus",
     tag = "git-status",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Environment id")),
@@ -111,7 +116,15 @@ async fn environment_status(
     Ok(list(git_status::current(&state.ctx, &auth, *id).await?))
 }
 
+/// Report a git status observation
+///
+/// Records an observation made by an agent-side monitor. Observations are ordered by `observed_at`: one
+/// older than the current one is kept as history or ignored, and changes nothing. Only a ready environment
+/// takes them (`409 conflict`); a repository or session of another environment, a future `observed_at` or
+/// too many files is `422`. A session-bound token reports only for its own environment. Scope
+/// `sessions:write`.
 #[utoipa::path(
+    operation_id = "reportGitStatusObservation",
     tag = "git-status",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Environment id")),
@@ -147,7 +160,13 @@ async fn report_observation(
     Ok(HttpResponse::Created().json(GitStatus::from(stored)))
 }
 
+/// Refresh an environment's git status
+///
+/// berth inspects the environment's worktrees itself (read-only) and records live observations, then
+/// answers the current status per repository. Refused with `409 conflict` when the environment is not
+/// ready. Scope `sessions:write`.
 #[utoipa::path(
+    operation_id = "refreshEnvironmentGitStatus",
     tag = "git-status",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Environment id")),
@@ -166,7 +185,12 @@ async fn refresh_status(
     Ok(list(git_status::refresh(&state.ctx, &auth, *id).await?))
 }
 
+/// Get the git status of a session's environment
+///
+/// The same status as its environment's: the route is by session for a session-bound token, the identity is
+/// the environment's, so every session of it answers the same. Scope `sessions:read`.
 #[utoipa::path(
+    operation_id = "getSessionGitStatus",
     tag = "git-status",
     security(("bearer" = ["sessions:read"])),
     params(("id" = Uuid, Path, description = "Session id")),

@@ -2,7 +2,9 @@
 pub mod agent_profiles;
 pub mod cleanup_jobs;
 pub mod environments;
+pub mod event_schema;
 pub mod events;
+pub mod examples;
 pub mod extract;
 pub mod git_status;
 pub mod middleware;
@@ -42,8 +44,9 @@ pub const PUBLIC_PATHS: [&str; 5] = ["/healthz", "/readyz", "/metrics", "/openap
     info(
         title = "berth",
         description = "Control plane for coding agents working in git worktrees. A task owns its environment and worktrees; sessions only use them.",
-        license(name = "MIT")
+        license(name = "MIT", identifier = "MIT")
     ),
+    servers((url = "/", description = "The berth serving this spec (it serves it at `/openapi.json`): paths are relative to that origin, whatever host and port a deployment listens on (`berth serve` defaults to 127.0.0.1:8080).")),
     components(schemas(problem::Problem, problem::ErrorCode, crate::error::FieldError, crate::error::ReuseCategory, crate::entity::cleanup_job::CleanupJobState, crate::entity::cleanup_job::CleanupTrigger)),
     modifiers(&SecurityAddon),
     tags(
@@ -103,7 +106,7 @@ fn add_common_responses(openapi: &mut utoipa::openapi::OpenApi) {
         .into_iter()
         .flatten()
         {
-            if op.security.is_none() {
+            if op.security.as_ref().is_none_or(|s| s.is_empty()) {
                 continue;
             }
             let has_body = op.request_body.is_some();
@@ -149,7 +152,31 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 pub fn finish_spec(spec: &mut utoipa::openapi::OpenApi) {
     spec.info.version = env!("CARGO_PKG_VERSION").to_string();
+    mark_public_operations(spec);
     add_common_responses(spec);
+    examples::add(spec);
+}
+
+/// `security: []` on every operation under PUBLIC_PATHS: the spec says in so many words that they need
+/// no token (I33), instead of leaving a client to guess from a missing field.
+fn mark_public_operations(spec: &mut utoipa::openapi::OpenApi) {
+    for (path, item) in spec.paths.paths.iter_mut() {
+        if !PUBLIC_PATHS.contains(&path.as_str()) {
+            continue;
+        }
+        for op in [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            op.security = Some(Vec::new());
+        }
+    }
 }
 
 /// Every route. `startup` and `openapi()` both build from this, so the spec cannot miss a route.

@@ -12,13 +12,22 @@ pub struct Health {
     pub status: String,
 }
 
-#[utoipa::path(tag = "operations", responses((status = 200, description = "The process is up", body = Health)))]
+/// Check that the process is up
+///
+/// Answers `{"status": "ok"}` as long as the process serves HTTP; it looks at nothing else (use
+/// `getReadiness` to know whether requests can succeed). Public: no token.
+#[utoipa::path(operation_id = "getHealth", tag = "operations", responses((status = 200, description = "The process is up", body = Health)))]
 #[get("/healthz")]
 pub async fn healthz() -> web::Json<Health> {
     web::Json(Health { status: "ok".into() })
 }
 
+/// Check that berth can serve requests
+///
+/// Ready when the database answers and every migration is applied; otherwise `503` with a retryable
+/// problem, so a load balancer or an orchestrator holds traffic back until it clears. Public: no token.
 #[utoipa::path(
+    operation_id = "getReadiness",
     tag = "operations",
     responses(
         (status = 200, description = "Database reachable and migrations applied", body = Health),
@@ -49,7 +58,12 @@ fn not_ready(detail: &str) -> HttpResponse {
     .response()
 }
 
+/// Read the Prometheus metrics
+///
+/// The Prometheus text exposition: request counters and latencies, database pool usage, cleanup jobs by
+/// state, restore counters and live agents. Public: no token.
 #[utoipa::path(
+    operation_id = "getMetrics",
     tag = "operations",
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain; version=0.0.4"))
 )]

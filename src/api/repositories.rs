@@ -67,7 +67,15 @@ pub struct RegisterRepository {
     pub default_branch: Option<String>,
 }
 
+/// Register a repository in a workspace
+///
+/// Registers an existing, non-bare git work tree so tasks can use it. The path must be absolute and
+/// canonical, and inside the configured repository roots when those are set (`422 path_not_allowed`); it
+/// must be a git work tree root (`422 not_a_git_repository`). The repository's identity is its common git
+/// directory: registering the same repository twice in a workspace is `409 conflict`. Nothing on disk is
+/// changed. Scope `workspaces:admin`.
 #[utoipa::path(
+    operation_id = "registerRepository",
     tag = "repositories",
     security(("bearer" = ["workspaces:admin"])),
     params(("id" = Uuid, Path, description = "Workspace id")),
@@ -99,7 +107,12 @@ async fn register_repository(
     ))
 }
 
+/// List a workspace's repositories
+///
+/// The repositories registered in the workspace, newest first, one keyset page at a time. Scope
+/// `tasks:read`.
 #[utoipa::path(
+    operation_id = "listWorkspaceRepositories",
     tag = "repositories",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Workspace id"), PageQuery),
@@ -122,7 +135,11 @@ async fn list_repositories(
     }))
 }
 
+/// Get a repository
+///
+/// One registered repository, with its canonical path and default branch. Scope `tasks:read`.
 #[utoipa::path(
+    operation_id = "getRepository",
     tag = "repositories",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Repository id")),
@@ -140,7 +157,13 @@ async fn get_repository(
     Ok(web::Json(repositories::get(&state.ctx, &auth, *id).await?.into()))
 }
 
+/// Deregister a repository
+///
+/// Removes the registration only: the repository on disk is never touched. Refused with `409
+/// repository_in_use` while a task that is not deleted still uses it, so no environment loses its source.
+/// Scope `workspaces:admin`.
 #[utoipa::path(
+    operation_id = "deleteRepository",
     tag = "repositories",
     security(("bearer" = ["workspaces:admin"])),
     params(("id" = Uuid, Path, description = "Repository id")),

@@ -60,7 +60,13 @@ pub struct MessageList {
     pub items: Vec<Message>,
 }
 
+/// Send a message to a session's agent
+///
+/// Stores the message at once (`202`) and delivers it as soon as the agent can take it, in order; each
+/// change of its state (queued, delivered, refused, cancelled) is a `session.message_updated` event.
+/// Refused with `409 conflict` when no agent runs. Scope `sessions:write`.
 #[utoipa::path(
+    operation_id = "sendSessionMessage",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Session id")),
@@ -84,7 +90,11 @@ async fn send_message(
     Ok(HttpResponse::Accepted().json(Message::from(message)))
 }
 
+/// List a session's messages
+///
+/// The messages sent to the session and their delivery state, oldest first. Scope `sessions:read`.
 #[utoipa::path(
+    operation_id = "listSessionMessages",
     tag = "sessions",
     security(("bearer" = ["sessions:read"])),
     params(("id" = Uuid, Path, description = "Session id")),
@@ -105,7 +115,12 @@ async fn list_messages(
     }))
 }
 
+/// Cancel a queued message
+///
+/// Cancels a message that has not reached the agent yet. Refused with `409 conflict` once it was
+/// delivered, refused or cancelled. Scope `sessions:write`.
 #[utoipa::path(
+    operation_id = "cancelSessionMessage",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
     params(

@@ -52,7 +52,15 @@ fn optional_body<T: serde::de::DeserializeOwned + Default>(bytes: &web::Bytes) -
     })
 }
 
+/// Launch a session's agent
+///
+/// Starts the agent in the session's environment after admission; if the agent already runs, answers the
+/// session as it is. Refused with `409 workspace_reuse_unsafe` (nothing started or changed),
+/// `session_busy`, `task_archived` or `task_cleanup_in_progress`; `409 conflict` when the agent command
+/// could not start (the session is then `failed`); `422` when the session has no agent profile. Scope
+/// `sessions:write`.
 #[utoipa::path(
+    operation_id = "launchSession",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Session id")),
@@ -77,7 +85,12 @@ async fn launch_session(
     ))
 }
 
+/// Resume a stopped session
+///
+/// Starts the agent again in the same environment, through admission, continuing the same agent
+/// conversation. Refused as `launchSession` is. Scope `sessions:write`.
 #[utoipa::path(
+    operation_id = "resumeSession",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Session id")),
@@ -101,7 +114,14 @@ async fn resume_session(
     ))
 }
 
+/// Stop a session's agent
+///
+/// Clears `desired_open` so nothing restarts it, aborts a working agent, then terminates it (escalating if
+/// it does not exit). The transcript is kept and the session can be resumed. On a multi-replica deployment
+/// the replica running the agent carries it out; if it does not in time, `503 unavailable` (retryable) and
+/// nothing was done. Scope `sessions:write`.
 #[utoipa::path(
+    operation_id = "stopSession",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Session id")),
@@ -120,7 +140,13 @@ async fn stop_session(
     Ok(web::Json(sessions::stop(&state.ctx, &auth, *id).await?.into()))
 }
 
+/// Abort a session's current turn
+///
+/// Aborts what the agent is doing now, ahead of anything queued: messages berth has queued are cancelled,
+/// and the session goes back to idle with its agent still running. Refused with `409 conflict` when no
+/// agent runs. Scope `sessions:write`.
 #[utoipa::path(
+    operation_id = "abortSession",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Session id")),
@@ -219,7 +245,17 @@ pub struct CreateSession {
     pub start: Option<bool>,
 }
 
+/// Create a session on a task
+///
+/// A session is one agent conversation; it uses its task's environment and owns nothing on disk. It attaches
+/// to the task's ready environment, or materializes it first (the workspace directory and one worktree per
+/// repository). With `start` (the default when an agent profile resolves) the agent is launched after
+/// admission, which checks that the environment is safe to reuse. Refused with `409 workspace_preparing`
+/// (retryable) while another request prepares the environment, `409 workspace_reuse_unsafe` or
+/// `workspace_reuse_unsupported` when admission fails (nothing started), and `409 task_archived` or
+/// `task_cleanup_in_progress`. Scope `sessions:write`.
 #[utoipa::path(
+    operation_id = "createSession",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Task id")),
@@ -254,7 +290,11 @@ async fn create_session(
     ))
 }
 
+/// List a task's sessions
+///
+/// The task's sessions, newest first, one keyset page at a time. Scope `sessions:read`.
 #[utoipa::path(
+    operation_id = "listTaskSessions",
     tag = "sessions",
     security(("bearer" = ["sessions:read"])),
     params(("id" = Uuid, Path, description = "Task id"), PageQuery),
@@ -277,7 +317,13 @@ async fn list_sessions(
     }))
 }
 
+/// Get a session
+///
+/// One session with its state, whether it is the task's primary, whether it should be running
+/// (`desired_open`) and its last error. A token bound to a session sees only that one. Scope
+/// `sessions:read`.
 #[utoipa::path(
+    operation_id = "getSession",
     tag = "sessions",
     security(("bearer" = ["sessions:read"])),
     params(("id" = Uuid, Path, description = "Session id")),
@@ -296,7 +342,13 @@ async fn get_session(
     Ok(super::ok_tagged(&view.etag(), &Session::from(view)))
 }
 
+/// Delete a session
+///
+/// Deletes the session and its conversation. The task's environment, files, worktrees and branches remain:
+/// a session owns nothing physical. Refused with `409 session_busy` while it is starting, running,
+/// recovering or stopping (stop it first). Needs only `sessions:delete`, which grants nothing on the task.
 #[utoipa::path(
+    operation_id = "deleteSession",
     tag = "sessions",
     security(("bearer" = ["sessions:delete"])),
     params(("id" = Uuid, Path, description = "Session id")),
@@ -316,7 +368,12 @@ async fn delete_session(
     Ok(HttpResponse::NoContent().finish())
 }
 
+/// Make a session its task's primary
+///
+/// A task has at most one primary session, the one a client shows first; making this one primary clears the
+/// flag on the previous one. Scope `sessions:write`.
 #[utoipa::path(
+    operation_id = "makeSessionPrimary",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Session id")),
@@ -342,7 +399,14 @@ pub struct AttentionAnswer {
     pub cancelled: Option<bool>,
 }
 
+/// Answer an agent's attention request
+///
+/// Answers a question the agent asked (listed in the session snapshot's `attention_requests`): `value` for
+/// select, input and editor, `confirmed` for confirm, or `cancelled: true` to decline. `404` when that request
+/// is not pending on this session (already answered, or another session's). The agent then goes on. Scope
+/// `sessions:write`.
 #[utoipa::path(
+    operation_id = "answerAttentionRequest",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
     params(("id" = Uuid, Path, description = "Session id"), ("request_id" = String, Path, description = "The agent's request id")),
@@ -471,7 +535,14 @@ impl From<Option<serde_json::Value>> for AgentInfo {
     }
 }
 
+/// Get a session snapshot to follow from
+///
+/// Everything a client loads before following the event stream: the session, its state and label, the
+/// transcript, statistics, pending attention requests, the queue length, and `instance_id` with `latest_seq`.
+/// Every event up to `latest_seq` is reflected, so reading the stream after `latest_seq` misses nothing
+/// and repeats nothing. Scope `sessions:read`.
 #[utoipa::path(
+    operation_id = "getSessionSnapshot",
     tag = "sessions",
     security(("bearer" = ["sessions:read"])),
     params(("id" = Uuid, Path, description = "Session id")),

@@ -136,7 +136,15 @@ pub struct TaskListQuery {
     pub cursor: Option<String>,
 }
 
+/// Create a task in a workspace
+///
+/// A task is the unit of work and the owner of its environment: the workspace directory and one worktree
+/// per repository it lists, created when its first session needs them. A subtask (`parent_task_id`) with
+/// `workspace_mode: inherit_parent` shares its parent's environment and never gets one of its own. Refused
+/// with `409 task_archived` under an archived parent, and `422 validation_failed` for a repository from
+/// another workspace or an inconsistent mode. Scope `tasks:write`.
 #[utoipa::path(
+    operation_id = "createTask",
     tag = "tasks",
     security(("bearer" = ["tasks:write"])),
     params(("id" = Uuid, Path, description = "Workspace id")),
@@ -180,7 +188,13 @@ async fn create_task(
     ))
 }
 
+/// List a workspace's tasks
+///
+/// The workspace's tasks, newest first, one keyset page at a time: unarchived ones by default
+/// (`archived=true` for the archived ones), optionally only the subtasks of `parent_task_id`. Scope
+/// `tasks:read`.
 #[utoipa::path(
+    operation_id = "listWorkspaceTasks",
     tag = "tasks",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Workspace id"), TaskListQuery),
@@ -212,7 +226,12 @@ async fn list_tasks(
     }))
 }
 
+/// Get a task
+///
+/// One task, with its repositories, its primary session and its session count. A token bound to a session
+/// may read that session's task. Scope `tasks:read`.
 #[utoipa::path(
+    operation_id = "getTask",
     tag = "tasks",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Task id")),
@@ -231,7 +250,12 @@ async fn get_task(
     Ok(super::ok_tagged(&task.etag(), &Task::from(task)))
 }
 
+/// Update a task's title or description
+///
+/// Changes only the fields given; an archived task is read-only (`409 task_archived`). Scope
+/// `tasks:write`.
 #[utoipa::path(
+    operation_id = "updateTask",
     tag = "tasks",
     security(("bearer" = ["tasks:write"])),
     params(
@@ -304,7 +328,15 @@ pub struct ResetResult {
     pub cleanup_job: CleanupJob,
 }
 
+/// Archive a task
+///
+/// Stops the task's agents, cancels its sessions and marks it archived, then hands the removal of its clean
+/// worktrees to a durable cleanup job (branches are kept, and so is a worktree with uncommitted changes), so
+/// the work can be picked up again with `unarchiveTask`. With `cascade=true` its live subtasks are archived
+/// as well. Refused when already archived (`409 task_archived`) or while a cleanup runs (`409
+/// task_cleanup_in_progress`). Scope `tasks:archive`.
 #[utoipa::path(
+    operation_id = "archiveTask",
     tag = "tasks",
     security(("bearer" = ["tasks:archive"])),
     params(("id" = Uuid, Path, description = "Task id"), CascadeQuery),
@@ -328,7 +360,14 @@ async fn archive_task(
     }))
 }
 
+/// Unarchive a task
+///
+/// Makes the task live again: an archive cleanup not yet started is cancelled, a running one is waited
+/// for. The answer says, per repository, whether its branch is still there (`local`) or gone (`missing`),
+/// so the next session knows what it resumes from. Refused when the task is not archived (`409
+/// conflict`). Scope `tasks:archive`.
 #[utoipa::path(
+    operation_id = "unarchiveTask",
     tag = "tasks",
     security(("bearer" = ["tasks:archive"])),
     params(("id" = Uuid, Path, description = "Task id")),
@@ -352,7 +391,15 @@ async fn unarchive_task(
     }))
 }
 
+/// Delete a task
+///
+/// Deletes the task and hands the removal of its worktrees, branches and environment to durable cleanup
+/// jobs. Uncommitted work is never lost silently: if a worktree is dirty, the answer is `409
+/// task_delete_dirty_worktree` listing each repository with its count of dirty files, and nothing changes;
+/// repeat with `discard_worktree_changes=true` to consent. With `cascade=true` its subtasks are deleted too. Scope
+/// `tasks:delete`.
 #[utoipa::path(
+    operation_id = "deleteTask",
     tag = "tasks",
     security(("bearer" = ["tasks:delete"])),
     params(("id" = Uuid, Path, description = "Task id"), DeleteQuery),
@@ -376,7 +423,14 @@ async fn delete_task(
     }))
 }
 
+/// Reset a task's environment
+///
+/// Supersedes the task's current environment and hands the removal of its resources to a durable cleanup
+/// job; the next session materializes a fresh one. The way out of `workspace_reuse_unsafe`. Refused with
+/// `409 session_busy` while a session of the task runs, and while a cleanup is in progress. Scope
+/// `tasks:delete`.
 #[utoipa::path(
+    operation_id = "resetTaskEnvironment",
     tag = "tasks",
     security(("bearer" = ["tasks:delete"])),
     params(("id" = Uuid, Path, description = "Task id")),

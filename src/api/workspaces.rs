@@ -56,7 +56,14 @@ pub struct CreateWorkspace {
     pub name: String,
 }
 
+/// Create a workspace
+///
+/// A workspace is the tenancy boundary: repositories, tasks and their sessions belong to exactly one, and a
+/// token limited to some workspaces sees nothing of the others. Names are unique (a second one with the
+/// same name is `409 conflict`); the name confirms deletion later. Scope `workspaces:admin`, with a token
+/// not bound to a session.
 #[utoipa::path(
+    operation_id = "createWorkspace",
     tag = "workspaces",
     security(("bearer" = ["workspaces:admin"])),
     request_body = CreateWorkspace,
@@ -79,7 +86,12 @@ async fn create_workspace(
     ))
 }
 
+/// List workspaces
+///
+/// The workspaces the token may see (all of them, or those its `workspaces` claim names), newest first,
+/// one keyset page at a time. Scope `tasks:read`.
 #[utoipa::path(
+    operation_id = "listWorkspaces",
     tag = "workspaces",
     security(("bearer" = ["tasks:read"])),
     params(PageQuery),
@@ -98,7 +110,12 @@ async fn list_workspaces(
     }))
 }
 
+/// Get a workspace
+///
+/// One workspace. A workspace outside the token's `workspaces` claim answers `404`, never `403`, so its
+/// existence does not leak. Scope `tasks:read`.
 #[utoipa::path(
+    operation_id = "getWorkspace",
     tag = "workspaces",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Workspace id")),
@@ -123,7 +140,15 @@ pub struct DeleteWorkspaceQuery {
     pub confirm_name: Option<String>,
 }
 
+/// Delete a workspace with its tasks and repositories
+///
+/// Deletes the workspace, its repositories and every task in it, in one step, once `confirm_name` repeats the
+/// workspace's name (a mismatch is `400` and changes nothing). Files are never removed inline: each task's
+/// worktrees and environment are removed by a durable cleanup job, returned here, which survives restarts
+/// and is retried. Refused with `409 task_cleanup_in_progress` while a task's cleanup already runs. Scope
+/// `workspaces:admin`.
 #[utoipa::path(
+    operation_id = "deleteWorkspace",
     tag = "workspaces",
     security(("bearer" = ["workspaces:admin"])),
     params(("id" = Uuid, Path, description = "Workspace id"), DeleteWorkspaceQuery),
@@ -148,7 +173,13 @@ async fn delete_workspace(
     }))
 }
 
+/// Get a workspace's task and session counts
+///
+/// Counts for a dashboard: tasks by state, and sessions open, working, recovering, asking for attention and
+/// in error, in total and per environment directory (six or more open sessions in one directory add a
+/// warning). Scope `tasks:read`.
 #[utoipa::path(
+    operation_id = "getWorkspaceSummary",
     tag = "workspaces",
     security(("bearer" = ["tasks:read"])),
     params(("id" = Uuid, Path, description = "Workspace id")),

@@ -40,6 +40,8 @@ fn every_non_public_operation_declares_bearer() {
             let bearer = security.iter().any(|s| s.get("bearer").is_some());
             if public {
                 assert!(!bearer, "{method} {path} is public but declares a token");
+                // `security: []` in so many words: no token, not "unspecified" (I33).
+                assert_eq!(op.get("security"), Some(&Value::Array(vec![])), "{method} {path}");
             } else {
                 assert!(bearer, "{method} {path} lacks the bearer security scheme");
                 let scopes = security[0]["bearer"].as_array().unwrap();
@@ -49,6 +51,185 @@ fn every_non_public_operation_declares_bearer() {
         }
     }
     assert!(operations >= 14, "{operations}");
+    // Each public path the spec lists is one of the public operations (I33).
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert!(spec["paths"].get(path).is_some(), "{path} is missing from the spec");
+    }
+}
+
+/// Generated clients name their methods after operation ids, and a reader of the spec sees the summary
+/// first: every operation has an explicit verbNoun id that is unique, a summary and a description.
+#[test]
+fn every_operation_has_an_id_a_summary_and_a_description() {
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    const VERBS: [&str; 17] = [
+        "list",
+        "get",
+        "create",
+        "update",
+        "delete",
+        "register",
+        "archive",
+        "unarchive",
+        "reset",
+        "launch",
+        "resume",
+        "stop",
+        "abort",
+        "make",
+        "answer",
+        "send",
+        "cancel",
+    ];
+    const MORE_VERBS: [&str; 4] = ["report", "refresh", "retry", "stream"];
+    let mut ids = std::collections::BTreeSet::new();
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap_or_default();
+            let verb: String = id.chars().take_while(|c| c.is_ascii_lowercase()).collect();
+            assert!(
+                VERBS.contains(&verb.as_str()) || MORE_VERBS.contains(&verb.as_str()),
+                "{method} {path}: operation id {id:?} should be verbNoun"
+            );
+            assert!(
+                id.len() > verb.len() && id.chars().all(|c| c.is_ascii_alphanumeric()),
+                "{method} {path}: operation id {id:?} should be verbNoun"
+            );
+            assert!(ids.insert(id.to_string()), "operation id {id} is used twice");
+            for field in ["summary", "description"] {
+                let text = op[field].as_str().unwrap_or_default();
+                assert!(text.len() >= 10, "{method} {path} has no {field}");
+                assert!(!text.contains("/api/v1"), "{method} {path}: the {field} names a path");
+            }
+        }
+    }
+    // The id says what comes back: the session route answers its environment's git status.
+    assert_eq!(
+        spec["paths"]["/api/v1/sessions/{id}/git-status"]["get"]["operationId"],
+        "getSessionGitStatus"
+    );
+}
+
+/// The operation with this id, wherever it lives.
+fn operation<'a>(spec: &'a Value, id: &str) -> &'a Value {
+    spec["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|item| item.as_object().unwrap().values())
+        .find(|op| op["operationId"] == id)
+        .unwrap_or_else(|| panic!("no operation {id}"))
+}
+
+fn example_values(content: &Value) -> Vec<Value> {
+    let examples = content["examples"].as_object().cloned().unwrap_or_default();
+    examples.values().map(|e| e["value"].clone()).collect()
+}
+
+/// The main flows carry request and response examples, and each request example is a body the handler
+/// accepts (the request types refuse unknown fields, so a stale example fails here). Redocly checks every
+/// example against its schema (.ci/lint-spec).
+#[test]
+fn main_flows_have_examples_that_the_handlers_accept() {
+    fn parses<T: serde::de::DeserializeOwned>(spec: &Value, id: &str) {
+        let content = &operation(spec, id)["requestBody"]["content"]["application/json"];
+        let values = example_values(content);
+        assert!(!values.is_empty(), "{id} has no request example");
+        for v in values {
+            serde_json::from_value::<T>(v.clone()).unwrap_or_else(|e| panic!("{id}: {e}: {v}"));
+        }
+    }
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    parses::<berth::api::workspaces::CreateWorkspace>(&spec, "createWorkspace");
+    parses::<berth::api::repositories::RegisterRepository>(&spec, "registerRepository");
+    parses::<berth::api::tasks::CreateTask>(&spec, "createTask");
+    parses::<berth::api::sessions::CreateSession>(&spec, "createSession");
+    parses::<berth::api::session_messages::SendMessage>(&spec, "sendSessionMessage");
+    for (id, status) in [
+        ("createWorkspace", "201"),
+        ("registerRepository", "201"),
+        ("createTask", "201"),
+        ("createSession", "201"),
+        ("sendSessionMessage", "202"),
+        ("getSessionSnapshot", "200"),
+        ("listEvents", "200"),
+        ("archiveTask", "202"),
+        ("deleteTask", "202"),
+        ("deleteTask", "409"),
+    ] {
+        let content = operation(&spec, id)["responses"][status]["content"]
+            .as_object()
+            .and_then(|c| c.values().next().cloned())
+            .unwrap_or_default();
+        assert!(!example_values(&content).is_empty(), "{id} {status} has no example");
+    }
+    let problems = spec["components"]["schemas"]["Problem"]["examples"].as_array().unwrap();
+    assert!(
+        problems
+            .iter()
+            .all(|p| p["type"].as_str().unwrap().ends_with(p["code"].as_str().unwrap()))
+    );
+}
+
+/// `Event` is a union discriminated by `type`: every `EventType` berth can append has its own member with
+/// a typed `data`, so a new type cannot be forgotten in the spec; the wire stays one flat object.
+#[test]
+fn every_event_type_has_a_schema_in_the_event_union() {
+    use sea_orm::Iterable;
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    let schemas = &spec["components"]["schemas"];
+    let event = &schemas["Event"];
+    assert_eq!(event["discriminator"]["propertyName"], "type");
+    let mapping = event["discriminator"]["mapping"].as_object().unwrap();
+    let members: Vec<&str> = event["oneOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["$ref"].as_str().unwrap())
+        .collect();
+    assert_eq!(members.len(), mapping.len(), "one member per mapped type");
+    let mut types: Vec<String> = berth::events::EventType::iter()
+        .map(|t| t.as_str().to_string())
+        .collect();
+    // Issue 16's contract: asynchronous session creation reports progress (helper retries appends it).
+    types.push("environment.progress".into());
+    for t in &types {
+        let target = mapping
+            .get(t.as_str())
+            .and_then(|m| m.as_str())
+            .unwrap_or_else(|| panic!("{t} has no member in the Event union"));
+        assert!(members.contains(&target), "{t} maps to {target}, which is not a member");
+        let name = target.trim_start_matches("#/components/schemas/");
+        let member = &schemas[name];
+        assert_eq!(member["properties"]["type"]["enum"], serde_json::json!([t]), "{name}");
+        let data = member["properties"]["data"]["$ref"].as_str().expect("typed data");
+        let data = &schemas[data.trim_start_matches("#/components/schemas/")];
+        assert_eq!(data["type"], "object", "{t}: data");
+        assert!(
+            data["properties"].as_object().is_some_and(|p| !p.is_empty()),
+            "{t}: data has no fields"
+        );
+        for field in ["version", "instance_id", "seq", "type", "data", "created_at"] {
+            assert!(
+                member["required"].as_array().unwrap().iter().any(|r| r == field),
+                "{name} does not require {field}"
+            );
+        }
+    }
+    assert_eq!(
+        mapping.len(),
+        types.len(),
+        "a member for a type berth does not know: {mapping:?}"
+    );
+}
+
+#[test]
+fn one_relative_server() {
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    let servers = spec["servers"].as_array().expect("servers");
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    assert_eq!(servers[0]["url"], "/");
+    assert!(servers[0]["description"].as_str().is_some_and(|d| !d.is_empty()));
 }
 
 #[test]

@@ -18,23 +18,23 @@ import sys
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import httpx
 from berth_client import AuthenticatedClient
-from berth_client.api.cleanup import get_job, list_jobs
+from berth_client.api.cleanup import get_cleanup_job, list_cleanup_jobs
 from berth_client.api.environments import get_task_environment
-from berth_client.api.events import replay_events
-from berth_client.api.git_status import refresh_status, session_status
+from berth_client.api.events import list_events
+from berth_client.api.git_status import refresh_environment_git_status, get_session_git_status
 from berth_client.api.repositories import register_repository
 from berth_client.api.sessions import (
     create_session,
     delete_session,
     get_session,
     list_agent_profiles,
-    list_sessions,
-    send_message,
+    list_task_sessions,
+    send_session_message,
 )
 from berth_client.api.tasks import archive_task, create_task
 from berth_client.api.workspaces import create_workspace
@@ -51,8 +51,9 @@ from berth_client.models import (
     Environment,
     EnvironmentStatus,
     ErrorCode,
-    Event,
+    CleanupJobUpdatedEvent,
     EventPage,
+    RuntimeOutputEvent,
     ExecutorType,
     GitStatusList,
     Problem,
@@ -67,7 +68,7 @@ from berth_client.models import (
     TaskRepositoryInput,
     Workspace,
 )
-from berth_client.types import UNSET, Response
+from berth_client.types import UNSET, Response, Unset
 
 CLIENT = "python"
 WAIT_S = 60.0
@@ -140,7 +141,7 @@ def until(what: str, probe: Callable[[], T | None], last: Callable[[], object] =
 
 
 def field(value: Any, *path: str | int) -> Any:
-    """A field of an untyped JSON value (`Event.data` is free-form by design)."""
+    """A field of a JSON value another party wrote (the agent's own events, under `runtime.output`)."""
     for key in path:
         if isinstance(value, dict) and isinstance(key, str):
             value = value.get(key)
@@ -151,6 +152,22 @@ def field(value: Any, *path: str | int) -> Any:
     return value
 
 
+class Event(Protocol):
+    """What every member of the spec's `Event` union has (each has its own typed `data`; narrow with
+    isinstance to read it)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def type_(self) -> str: ...
+    @property
+    def workspace_id(self) -> None | Unset | UUID: ...
+    @property
+    def task_id(self) -> None | Unset | UUID: ...
+    @property
+    def session_id(self) -> None | Unset | UUID: ...
+
+
 def replay() -> list[Event]:
     """Replays every event from the start, page by page (`after` = the last seq seen)."""
     out: list[Event] = []
@@ -158,8 +175,8 @@ def replay() -> list[Event]:
     instance: UUID | None = None
     while True:
         page = expect(
-            "replay_events",
-            replay_events.sync_detailed(
+            "list_events",
+            list_events.sync_detailed(
                 client=api, after=after, limit=200, instance_id=instance if instance else UNSET
             ),
             200,
@@ -181,9 +198,10 @@ def replies(events: list[Event], session: UUID) -> list[str]:
     """The texts a session's agent replied with, in order, from the `runtime.output` events."""
     out = []
     for e in events:
-        if e.type_ != "runtime.output" or e.session_id != session:
+        # The union is discriminated by `type`: a runtime.output event's `data.event` is the agent's own.
+        if not isinstance(e, RuntimeOutputEvent) or e.session_id != session:
             continue
-        agent = field(e.data, "event")
+        agent = e.data.event.additional_properties
         if field(agent, "type") == "message_end" and field(agent, "message", "role") == "assistant":
             out.append(str(field(agent, "message", "content", 0, "text")))
     return out
@@ -325,13 +343,13 @@ def main() -> None:
     wait_state(s1.id, SessionState.IDLE)
     text = f"hello from the {CLIENT} client"
     accepted = expect(
-        "send_message",
-        send_message.sync_detailed(s1.id, client=api, body=SendMessage(text=text)),
+        "send_session_message",
+        send_session_message.sync_detailed(s1.id, client=api, body=SendMessage(text=text)),
         202,
         Message,
     )
-    eq(accepted.text, text, "send_message stored the text")
-    eq(accepted.session_id, s1.id, "send_message's session")
+    eq(accepted.text, text, "send_session_message stored the text")
+    eq(accepted.session_id, s1.id, "send_session_message's session")
     eq(wait_replies(s1.id, 2)[1], text, "session 1 agent's echo")
 
     begin("session delete")
@@ -345,21 +363,21 @@ def main() -> None:
     eq(gone.parsed.code, ErrorCode.NOT_FOUND, "problem code after delete")
     eq(gone.headers.get("content-type"), "application/problem+json", "error content type")
     check(os.path.isdir(workspace_path), f"deleting a session removed the worktree {workspace_path}")
-    left = expect("list_sessions", list_sessions.sync_detailed(task.id, client=api), 200, SessionList)
+    left = expect("list_task_sessions", list_task_sessions.sync_detailed(task.id, client=api), 200, SessionList)
     eq([s.id for s in left.items], [s1.id], "the task's sessions after delete")
 
     begin("git status refresh")
     wait_state(s1.id, SessionState.IDLE)
     expect(
-        "send_message",
-        send_message.sync_detailed(s1.id, client=api, body=SendMessage(text="write notes.txt work in progress")),
+        "send_session_message",
+        send_session_message.sync_detailed(s1.id, client=api, body=SendMessage(text="write notes.txt work in progress")),
         202,
         Message,
     )
     eq(wait_replies(s1.id, 3)[2], "wrote notes.txt", "session 1 agent's write")
 
     def refresh() -> GitStatusList:
-        return expect("refresh_status", refresh_status.sync_detailed(env_id, client=api), 200, GitStatusList)
+        return expect("refresh_environment_git_status", refresh_environment_git_status.sync_detailed(env_id, client=api), 200, GitStatusList)
 
     dirty = refresh()
     eq(len(dirty.items), 1, "git status items")
@@ -372,7 +390,7 @@ def main() -> None:
     notes = [f for f in st.files if f.path == "notes.txt"]
     check(notes, f"notes.txt is not in the git status: {st.files!r}")
     eq(notes[0].worktree_status, "untracked", "notes.txt worktree_status")
-    via_session = expect("session_status", session_status.sync_detailed(s1.id, client=api), 200, GitStatusList)
+    via_session = expect("get_session_git_status", get_session_git_status.sync_detailed(s1.id, client=api), 200, GitStatusList)
     eq(via_session.items[0].task_environment_id, env_id, "session git status task_environment_id")
     # A clean worktree again, so that archive may remove it.
     os.remove(os.path.join(workspace_path, "notes.txt"))
@@ -394,7 +412,7 @@ def main() -> None:
 
     def probe() -> CleanupJob | None:
         nonlocal last_job
-        last_job = expect("get_job", get_job.sync_detailed(job.id, client=api), 200, CleanupJob)
+        last_job = expect("get_cleanup_job", get_cleanup_job.sync_detailed(job.id, client=api), 200, CleanupJob)
         check(
             last_job.state not in (CleanupJobState.FAILED, CleanupJobState.CANCELLED),
             f"cleanup job {job.id} is {last_job.state}: {last_job.last_error}",
@@ -410,8 +428,8 @@ def main() -> None:
     eq(s1_after.state, SessionState.CANCELLED, "session 1 state after archive")
     eq(s1_after.desired_open, False, "session 1 desired_open after archive")
     succeeded = expect(
-        "list_jobs",
-        list_jobs.sync_detailed(client=api, task_id=task.id, state=CleanupJobState.SUCCEEDED),
+        "list_cleanup_jobs",
+        list_cleanup_jobs.sync_detailed(client=api, task_id=task.id, state=CleanupJobState.SUCCEEDED),
         200,
         CleanupJobList,
     )
@@ -420,9 +438,9 @@ def main() -> None:
     check(any(e.type_ == "task.archived" and e.task_id == task.id for e in tail), "no task.archived event")
     check(
         any(
-            e.type_ == "cleanup_job.updated"
-            and field(e.data, "cleanup_job_id") == str(job.id)
-            and field(e.data, "state") == "succeeded"
+            isinstance(e, CleanupJobUpdatedEvent)
+            and e.data.cleanup_job_id == job.id
+            and e.data.state == CleanupJobState.SUCCEEDED
             for e in tail
         ),
         "no cleanup_job.updated event with state succeeded",

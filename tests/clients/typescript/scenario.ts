@@ -81,7 +81,7 @@ async function until<T>(what: string, probe: () => Promise<T | undefined>, last:
   }
 }
 
-/** A field of an untyped JSON value (`Event.data` is free-form by design). */
+/** A field of a JSON value another party wrote (the agent's own events, under `runtime.output`). */
 function field(v: unknown, ...path: (string | number)[]): unknown {
   let cur = v;
   for (const k of path) {
@@ -116,11 +116,16 @@ async function replay(): Promise<Event[]> {
 
 /** The texts a session's agent replied with, in order, from the `runtime.output` events. */
 function replies(events: Event[], session: string): string[] {
-  return events
-    .filter((e) => e.type === "runtime.output" && e.session_id === session)
-    .map((e) => field(e.data, "event"))
-    .filter((a) => field(a, "type") === "message_end" && field(a, "message", "role") === "assistant")
-    .map((a) => String(field(a, "message", "content", 0, "text")));
+  const out: string[] = [];
+  for (const e of events) {
+    // `type` discriminates the union: here `e.data` is typed as a `runtime.output` event's data.
+    if (e.type !== "runtime.output" || e.session_id !== session) continue;
+    const agent = e.data.event;
+    if (field(agent, "type") === "message_end" && field(agent, "message", "role") === "assistant") {
+      out.push(String(field(agent, "message", "content", 0, "text")));
+    }
+  }
+  return out;
 }
 
 async function waitReplies(session: string, n: number): Promise<string[]> {
@@ -253,7 +258,7 @@ async function main(): Promise<void> {
   eq((await waitReplies(s2.id, 1))[0], workspacePath, "session 2 agent's pwd");
   const events = await replay();
   const ofTask = events.filter((e) => e.task_id === task.id).map((e) => e.type);
-  const expected: Schemas["EventType"][] = [
+  const expected: Event["type"][] = [
     "task.created",
     "environment.created",
     "environment.ready",
@@ -387,12 +392,7 @@ async function main(): Promise<void> {
     "no task.archived event",
   );
   check(
-    tail.some(
-      (e) =>
-        e.type === "cleanup_job.updated" &&
-        field(e.data, "cleanup_job_id") === job.id &&
-        field(e.data, "state") === "succeeded",
-    ),
+    tail.some((e) => e.type === "cleanup_job.updated" && e.data.cleanup_job_id === job.id && e.data.state === "succeeded"),
     "no cleanup_job.updated event with state succeeded",
   );
 
