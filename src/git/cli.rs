@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio::sync::Semaphore;
 
-use crate::managed_path::{Consent, ManagedPath};
+use crate::managed_path::{Consent, ManagedPath, RecordedRegistration};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {
@@ -84,8 +84,9 @@ pub trait GitMutations: Send + Sync {
         target: &ManagedPath,
         consent: &Consent,
     ) -> Result<(), GitError>;
-    /// `git worktree prune`, scoped to one repository.
-    async fn worktree_prune(&self, repo: &Path) -> Result<(), GitError>;
+    /// Forgets exactly one registration whose directory is gone, the one berth recorded (never a
+    /// repository-wide `git worktree prune`, which would drop the user's own missing worktrees too).
+    async fn worktree_forget(&self, repo: &Path, registration: &RecordedRegistration) -> Result<(), GitError>;
     /// How many files differ from HEAD or are untracked, without taking the index lock or writing it.
     async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError>;
 }
@@ -143,9 +144,12 @@ impl GitMutations for GitCli {
         Ok(())
     }
 
-    /// `git worktree prune`, scoped to one repository: forgets registrations whose directory is gone.
-    async fn worktree_prune(&self, repo: &Path) -> Result<(), GitError> {
-        self.run("worktree prune", repo, &["worktree", "prune"]).await?;
+    /// `git worktree remove` of a directory that is gone removes only that registration's admin
+    /// directory (git allows it without `--force`; it still refuses a locked one).
+    async fn worktree_forget(&self, repo: &Path, registration: &RecordedRegistration) -> Result<(), GitError> {
+        let target = registration.target().as_path().to_string_lossy().into_owned();
+        self.run("worktree remove", repo, &["worktree", "remove", "--", &target])
+            .await?;
         Ok(())
     }
 

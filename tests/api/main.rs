@@ -20,6 +20,7 @@ mod openapi;
 mod ops;
 mod pagination;
 mod pi;
+mod prune_scope;
 mod replicas;
 mod repositories;
 mod sessions;
