@@ -12,6 +12,7 @@ mod errors;
 mod etag;
 mod events;
 mod faults;
+mod git_concurrency;
 mod hostile;
 mod inbox;
 mod migrations;
