@@ -41,6 +41,19 @@ async fn wait_succeeded(app: &TestApp, id: Uuid) {
 }
 
 async fn twenty_creates_and_twenty_deletes_on_one_repository_at_once(app: TestApp) {
+    // More git processes at once than the default cap of 4, so that overlapping mutations would meet
+    // (with the old unserialized calls and repository-wide prune, most runs failed a create). Under this
+    // load a delete's prepared job can outlive the tests' 1 s reconcile grace (a retryable 409 that is
+    // not git's): give it room, as the default 60 s does.
+    let backend = app.backend;
+    drop(app);
+    let settings = [
+        ("BERTH_GIT_MAX_CONCURRENT", "16"),
+        ("BERTH_CLEANUP_PREPARED_GRACE_SECS", "30"),
+    ];
+    let Some(app) = TestApp::spawn_with(backend, &settings).await else {
+        return;
+    };
     let ws = app.workspace("ws").await;
     let (repo, source) = app.repository(ws, "svc").await;
     let mut doomed = Vec::new();
