@@ -354,7 +354,8 @@ fn fits(spec: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), Str
         Value::Array(_) => "array",
         Value::Object(_) => "object",
     };
-    if !types.is_empty() && !types.contains(&kind) && !(kind == "integer" && types.contains(&"number")) {
+    let allowed = types.is_empty() || types.contains(&kind) || (kind == "integer" && types.contains(&"number"));
+    if !allowed {
         return Err(format!("{at}: {value} is not {types:?}"));
     }
     if let Some(values) = schema["enum"].as_array()
