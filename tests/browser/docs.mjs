@@ -137,7 +137,7 @@ async function main() {
     const resp = await page.goto(docs, { waitUntil: 'load' });
     if (!resp || !resp.ok()) throw new Error(`GET ${docs}: ${resp ? resp.status() : 'no response'}`);
     log(`opened ${page.url()}`);
-    const op = page.locator('#operations-workspaces-list_workspaces');
+    const op = page.locator('#operations-workspaces-listWorkspaces');
     await op.waitFor({ state: 'visible' });
     log('the spec rendered (GET /api/v1/workspaces is listed)');
 
