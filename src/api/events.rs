@@ -14,8 +14,8 @@ use super::extract::{Authorized, EventsRead};
 use crate::domain::events::{self as domain_events, ReplayPage};
 use crate::entity::event as event_row;
 use crate::error::Error;
-use crate::events::EventType;
 use crate::events::stream::{self, Frame, StreamRequest};
+use crate::events::{EventType, Narrowing};
 
 pub fn routes(cfg: &mut ServiceConfig) {
     cfg.service(replay_events)
@@ -96,6 +96,15 @@ pub struct ReplayQuery {
     /// 1 to 1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u64>,
+    /// Only events about this workspace (narrows what the token sees; never widens it).
+    pub workspace_id: Option<Uuid>,
+    /// Only events about this task.
+    pub task_id: Option<Uuid>,
+    /// Only events about this session.
+    pub session_id: Option<Uuid>,
+    /// Comma-separated event types, each exact (`session.state_changed`) or a prefix ending in `.`
+    /// (`session.`). An entry that matches no type is `400 validation_failed`.
+    pub types: Option<String>,
 }
 
 /// One server-sent event frame, as SSE parsers present it (`data` of a `message` is one `Event` as JSON).
@@ -124,6 +133,15 @@ pub struct StreamQuery {
     /// A stream ticket (`POST /events/tickets`) instead of the `Authorization` header, for clients that
     /// cannot send headers (a browser's `EventSource`). Single use.
     pub ticket: Option<String>,
+    /// Only events about this workspace (narrows what the token sees; never widens it).
+    pub workspace_id: Option<Uuid>,
+    /// Only events about this task.
+    pub task_id: Option<Uuid>,
+    /// Only events about this session.
+    pub session_id: Option<Uuid>,
+    /// Comma-separated event types, each exact (`session.state_changed`) or a prefix ending in `.`
+    /// (`session.`). An entry that matches no type is `400 validation_failed`.
+    pub types: Option<String>,
 }
 
 /// A single-use credential for opening one event stream.
@@ -168,7 +186,13 @@ async fn replay_events(
     query: web::Query<ReplayQuery>,
 ) -> Result<web::Json<EventPage>, Error> {
     let after = domain_events::parse_cursor(query.after.as_deref())?;
-    let page = domain_events::replay(&state.ctx, &auth, after, query.instance_id, query.limit).await?;
+    let narrow = narrowing(
+        query.workspace_id,
+        query.task_id,
+        query.session_id,
+        query.types.as_deref(),
+    )?;
+    let page = domain_events::replay(&state.ctx, &auth, narrow, after, query.instance_id, query.limit).await?;
     Ok(web::Json(page.into()))
 }
 
@@ -201,11 +225,17 @@ async fn stream_events(
         .map(|v| v.to_str().map_err(|_| Error::InvalidCursor))
         .transpose()?;
     let after = domain_events::parse_cursor(last_event_id.or(query.after.as_deref()))?;
+    let narrow = narrowing(
+        query.workspace_id,
+        query.task_id,
+        query.session_id,
+        query.types.as_deref(),
+    )?;
     let ctx = &state.ctx;
     let (first_available, _) = crate::events::bounds(&ctx.db.conn).await?;
     let request = StreamRequest {
         after,
-        filter: domain_events::filter_for(ctx, &auth).await?,
+        filter: domain_events::filter_for(ctx, &auth, narrow).await?,
         truncated: domain_events::is_truncated(ctx, after, query.instance_id, first_available),
         keep_alive: ctx.config.sse_keep_alive,
         buffer: ctx.config.event_buffer,
@@ -225,6 +255,20 @@ async fn stream_events(
         .insert_header((header::CACHE_CONTROL, "no-cache"))
         .insert_header(("X-Accel-Buffering", "no"))
         .streaming(body))
+}
+
+fn narrowing(
+    workspace_id: Option<Uuid>,
+    task_id: Option<Uuid>,
+    session_id: Option<Uuid>,
+    types: Option<&str>,
+) -> Result<Narrowing, Error> {
+    Ok(Narrowing {
+        workspace_id,
+        task_id,
+        session_id,
+        types: domain_events::parse_types(types)?,
+    })
 }
 
 fn encode(frame: &Frame, instance_id: Uuid) -> String {

@@ -5,7 +5,7 @@ use super::Ctx;
 use crate::auth::Principal;
 use crate::entity::event;
 use crate::error::{Error, Result};
-use crate::events::{self, Filter};
+use crate::events::{self, EventType, Filter, Narrowing};
 
 pub const DEFAULT_LIMIT: u64 = 100;
 pub const MAX_LIMIT: u64 = 1000;
@@ -18,9 +18,17 @@ pub struct ReplayPage {
     pub events: Vec<event::Model>,
 }
 
+/// The token's view of the event log, narrowed by what the reader asked for.
+pub async fn filter_for(ctx: &Ctx, p: &Principal, narrow: Narrowing) -> Result<Filter> {
+    Ok(Filter {
+        narrow,
+        ..view_of(ctx, p).await?
+    })
+}
+
 /// The token's view of the event log: its workspaces, and for an agent's token its session and its
 /// session's environment.
-pub async fn filter_for(ctx: &Ctx, p: &Principal) -> Result<Filter> {
+async fn view_of(ctx: &Ctx, p: &Principal) -> Result<Filter> {
     let environment_id = match p.session_id {
         Some(sid) => crate::store::sessions::environment_of(&ctx.db.conn, sid).await?,
         None => None,
@@ -29,7 +37,39 @@ pub async fn filter_for(ctx: &Ctx, p: &Principal) -> Result<Filter> {
         workspaces: p.workspace_filter().map(<[Uuid]>::to_vec),
         session_id: p.session_id,
         environment_id,
+        narrow: Narrowing::default(),
     })
+}
+
+/// Parses `types`: comma-separated entries, each an exact event type (`session.state_changed`) or a
+/// prefix ending in `.` (`session.`). An entry that matches no type is refused, so a typo never reads
+/// as "no events".
+pub fn parse_types(raw: Option<&str>) -> Result<Option<Vec<EventType>>> {
+    use sea_orm::Iterable;
+    let Some(raw) = raw else { return Ok(None) };
+    let mut types = Vec::new();
+    for entry in raw.split(',').map(str::trim) {
+        let matching: Vec<EventType> = EventType::iter()
+            .filter(|t| {
+                if entry.ends_with('.') {
+                    t.as_str().starts_with(entry)
+                } else {
+                    t.as_str() == entry
+                }
+            })
+            .collect();
+        if matching.is_empty() {
+            return Err(Error::BadRequest(format!(
+                "types: {entry:?} is neither an event type nor a prefix of one ending in \".\""
+            )));
+        }
+        for t in matching {
+            if !types.contains(&t) {
+                types.push(t);
+            }
+        }
+    }
+    Ok(Some(types))
 }
 
 /// A cursor is a non-negative integer (the last seq a client saw).
@@ -49,6 +89,7 @@ pub fn is_truncated(ctx: &Ctx, after: i64, instance_id: Option<Uuid>, first_avai
 pub async fn replay(
     ctx: &Ctx,
     p: &Principal,
+    narrow: Narrowing,
     after: i64,
     instance_id: Option<Uuid>,
     limit: Option<u64>,
@@ -57,7 +98,7 @@ pub async fn replay(
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(Error::BadRequest(format!("limit must be between 1 and {MAX_LIMIT}")));
     }
-    let events = events::after(&ctx.db.conn, after, limit, &filter_for(ctx, p).await?).await?;
+    let events = events::after(&ctx.db.conn, after, limit, &filter_for(ctx, p, narrow).await?).await?;
     // Bounds after the read: retention trims a prefix, so a page read before a concurrent trim reached
     // `after` is whole, and one it raced is reported truncated (never a silent gap).
     let (first_available_seq, latest_seq) = events::bounds(&ctx.db.conn).await?;

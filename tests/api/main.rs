@@ -9,6 +9,7 @@ mod auth;
 mod cleanup;
 mod conversations;
 mod errors;
+mod event_filters;
 mod events;
 mod faults;
 mod hostile;
