@@ -184,6 +184,37 @@ mod tests {
     }
 }
 
+pub const SEQ_HEADER: &str = "x-berth-seq";
+
+/// The follow point (issue 16, item 3). Before the handler runs: the in-process tailer's last published
+/// seq, put in the request's extensions for list handlers (`extract::FollowPoint`). It is a lower bound
+/// of what the handler's queries will see, without a query of its own: the tailer publishes seq N only
+/// after reading it as committed, and seq order is commit order (I32), so every event up to N committed
+/// before this request read N. After: `X-Berth-Seq` on every successful GET under `/api/v1`.
+pub async fn follow_point(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody + 'static>, Error> {
+    let api = req.path().starts_with("/api/v1/");
+    let point = match req.app_data::<web::Data<AppState>>() {
+        Some(state) if api => Some(state.ctx.events.published()),
+        _ => None,
+    };
+    if let Some(seq) = point {
+        req.extensions_mut().insert(super::extract::FollowPoint(seq));
+    }
+    let get = req.method() == actix_web::http::Method::GET;
+    let mut res = next.call(req).await?;
+    if let Some(seq) = point
+        && get
+        && res.status().is_success()
+    {
+        res.headers_mut()
+            .insert(HeaderName::from_static(SEQ_HEADER), HeaderValue::from(seq));
+    }
+    Ok(res)
+}
+
 /// NUL is not text: PostgreSQL cannot store it and SQLite would, so both refuse it here, in one place,
 /// before any handler runs (a 422 that changed nothing). Bodies are checked when their length is known
 /// and within the body limit (larger ones get their 413 from the JSON extractor); query strings always.

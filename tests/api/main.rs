@@ -12,6 +12,7 @@ mod errors;
 mod event_filters;
 mod events;
 mod faults;
+mod follow;
 mod hostile;
 mod inbox;
 mod migrations;
