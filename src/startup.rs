@@ -126,6 +126,7 @@ impl Application {
                 .default_service(web::to(api::not_found))
                 .wrap(from_fn(follow_point))
                 .wrap(from_fn(reject_nul_text))
+                .wrap(from_fn(crate::api::cors::cors))
                 .wrap(TracingLogger::<BerthRootSpan>::new())
                 .wrap(from_fn(request_id_and_metrics))
         })

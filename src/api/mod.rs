@@ -1,6 +1,7 @@
 //! HTTP: one file per resource, thin handlers, request/response types with `ToSchema`.
 pub mod agent_profiles;
 pub mod cleanup_jobs;
+pub mod cors;
 pub mod environments;
 pub mod events;
 pub mod extract;

@@ -8,6 +8,7 @@ mod architecture;
 mod auth;
 mod cleanup;
 mod conversations;
+mod cors;
 mod errors;
 mod event_filters;
 mod events;
