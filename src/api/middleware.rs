@@ -162,28 +162,6 @@ fn percent_decoded(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::redacted_target;
-
-    #[test]
-    fn ticket_values_never_reach_the_log_target() {
-        for (uri, want) in [
-            ("/api/v1/events/stream", "/api/v1/events/stream"),
-            (
-                "/api/v1/events/stream?ticket=abc&after=3",
-                "/api/v1/events/stream?ticket=[redacted]&after=3",
-            ),
-            ("/x?after=3&ticket=abc", "/x?after=3&ticket=[redacted]"),
-            ("/x?ticke%74=abc", "/x?ticke%74=[redacted]"),
-            ("/x?TICKET=abc&ticket", "/x?TICKET=[redacted]&ticket=[redacted]"),
-            ("/x?tickets=abc", "/x?tickets=abc"),
-        ] {
-            assert_eq!(redacted_target(&uri.parse().unwrap()), want, "{uri}");
-        }
-    }
-}
-
 pub const SEQ_HEADER: &str = "x-berth-seq";
 
 /// The follow point (issue 16, item 3). Before the handler runs: the in-process tailer's last published
@@ -258,5 +236,27 @@ fn holds_nul(v: &serde_json::Value) -> bool {
         serde_json::Value::Array(items) => items.iter().any(holds_nul),
         serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted_target;
+
+    #[test]
+    fn ticket_values_never_reach_the_log_target() {
+        for (uri, want) in [
+            ("/api/v1/events/stream", "/api/v1/events/stream"),
+            (
+                "/api/v1/events/stream?ticket=abc&after=3",
+                "/api/v1/events/stream?ticket=[redacted]&after=3",
+            ),
+            ("/x?after=3&ticket=abc", "/x?after=3&ticket=[redacted]"),
+            ("/x?ticke%74=abc", "/x?ticke%74=[redacted]"),
+            ("/x?TICKET=abc&ticket", "/x?TICKET=[redacted]&ticket=[redacted]"),
+            ("/x?tickets=abc", "/x?tickets=abc"),
+        ] {
+            assert_eq!(redacted_target(&uri.parse().unwrap()), want, "{uri}");
+        }
     }
 }
