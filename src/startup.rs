@@ -9,7 +9,7 @@ use utoipa::OpenApi;
 use utoipa_actix_web::AppExt;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::api::middleware::{BerthRootSpan, reject_nul_text, request_id_and_metrics};
+use crate::api::middleware::{BerthRootSpan, follow_point, reject_nul_text, request_id_and_metrics};
 use crate::api::{self, ApiDoc, AppState, problem};
 use crate::auth::JwtVerifier;
 use crate::config::Config;
@@ -124,7 +124,9 @@ impl Application {
                         .config(utoipa_swagger_ui::Config::default().validator_url("none")),
                 )
                 .default_service(web::to(api::not_found))
+                .wrap(from_fn(follow_point))
                 .wrap(from_fn(reject_nul_text))
+                .wrap(from_fn(crate::api::cors::cors))
                 .wrap(TracingLogger::<BerthRootSpan>::new())
                 .wrap(from_fn(request_id_and_metrics))
         })
