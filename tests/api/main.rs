@@ -24,4 +24,5 @@ mod repositories;
 mod sessions;
 mod streaming;
 mod tasks;
+mod ui;
 mod workspaces;
