@@ -77,7 +77,8 @@ export function renderCleanup(main, taskId, { setCrumbs }) {
     if (stopped) return;
     live = new Live({
       filter: taskId ? { task_id: taskId } : {},
-      onEvent: (e) => { if (e.type === 'cleanup_job.updated') soon(); },
+      types: ['cleanup_job.'],
+      onEvent: () => soon(),
       onReset: async () => (await load()) ?? followPoint(),
     }).start(seq ?? from);
   })();

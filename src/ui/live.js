@@ -32,8 +32,10 @@ export class Live {
    * filter: {workspace_id?, task_id?, session_id?}; onEvent(event); onReset(): Promise<seq> reloads the
    * screen's snapshot and returns its follow point.
    */
-  constructor({ filter = {}, onEvent, onReset }) {
+  constructor({ filter = {}, types = [], onEvent, onReset }) {
     this.filter = filter;
+    // Event types or prefixes ending in `.` (`cleanup_job.`): the stream narrows to them, and so does this.
+    this.types = types;
     this.onEvent = onEvent;
     this.onReset = onReset;
     this.last = 0;
@@ -55,7 +57,8 @@ export class Live {
   }
 
   matches(e) {
-    return Object.entries(this.filter).every(([k, v]) => !v || e[k] === v);
+    const typed = !this.types.length || this.types.some((t) => (t.endsWith('.') ? e.type.startsWith(t) : e.type === t));
+    return typed && Object.entries(this.filter).every(([k, v]) => !v || e[k] === v);
   }
 
   deliver(e) {
@@ -108,6 +111,7 @@ export class Live {
   open(ticket) {
     const q = new URLSearchParams({ ticket, after: String(this.last) });
     for (const [k, v] of Object.entries(this.filter)) if (v) q.set(k, v);
+    if (this.types.length) q.set('types', this.types.join(','));
     const es = new EventSource(`/api/v1/events/stream?${q}`);
     this.source = es;
     es.onmessage = (m) => {

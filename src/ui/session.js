@@ -77,7 +77,7 @@ export function renderSession(main, id, { setCrumbs }) {
       await post(`/sessions/${id}/messages`, body, { key: sendKey });
       sendKey = null;
       text.value = '';
-      loadMessages();
+      soon();
     } catch (e) {
       clear(msgErr, problemBox(e, () => sendMessage(delivery)));
     }

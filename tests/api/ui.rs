@@ -44,7 +44,11 @@ async fn the_board_is_served_without_a_token_and_names_no_missing_file(app: Test
     for path in ["/ui", "/ui/", "/ui/index.html"] {
         let r = app.call(Method::GET, path, None, None).await;
         assert_eq!(r.status.as_u16(), 200, "GET {path}: {}", r.text);
-        assert_eq!(r.header("content-type").as_deref(), Some("text/html; charset=utf-8"), "{path}");
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("text/html; charset=utf-8"),
+            "{path}"
+        );
         assert_eq!(r.header("content-security-policy").as_deref(), Some(csp), "{path}");
         assert_eq!(r.header("cache-control").as_deref(), Some("no-cache"), "{path}");
         assert_eq!(r.header("x-content-type-options").as_deref(), Some("nosniff"), "{path}");
@@ -56,7 +60,10 @@ async fn the_board_is_served_without_a_token_and_names_no_missing_file(app: Test
     }
     // Everything the page names is served, and so is everything those modules import, transitively.
     let mut queue = references(&index_text.unwrap());
-    assert!(queue.contains(&"app.js".to_string()) && queue.contains(&"style.css".to_string()), "{queue:?}");
+    assert!(
+        queue.contains(&"app.js".to_string()) && queue.contains(&"style.css".to_string()),
+        "{queue:?}"
+    );
     let mut seen = vec!["index.html".to_string()];
     while let Some(name) = queue.pop() {
         if seen.contains(&name) {
@@ -85,7 +92,10 @@ async fn the_board_is_served_without_a_token_and_names_no_missing_file(app: Test
     assert!(seen.len() >= 5, "{seen:?}");
     // Every embedded file is reachable from the page (nothing dead ships in the binary).
     for (name, _, _) in berth::ui::FILES {
-        assert!(seen.iter().any(|s| s == name), "{name} is embedded but never referenced");
+        assert!(
+            seen.iter().any(|s| s == name),
+            "{name} is embedded but never referenced"
+        );
     }
     // A file that is not there is an ordinary problem+json 404, still without a token.
     app.call(Method::GET, "/ui/nope.js", None, None)

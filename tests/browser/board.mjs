@@ -239,6 +239,36 @@ async function main() {
     await page.getByRole('link', { name: ws.name }).click();
     await page.locator('#tasks-archived .task-card', { hasText: 'Board task' }).waitFor();
 
+    // 9. Deleting a task whose worktree holds changes asks for explicit consent, naming the files. The
+    // change is made through the API: a session whose agent writes a file, then stopped.
+    const dirtyTask = await api('POST', `/workspaces/${ws.id}/tasks`, { title: 'Dirty task', repositories: [{ repository_id: repo.id }] });
+    const writer = await api('POST', `/tasks/${dirtyTask.id}/sessions`, { executor_type: 'worktree', agent_profile: 'test', prompt: 'write dirty.txt uncommitted' });
+    const until = Date.now() + 30_000;
+    for (;;) {
+      const snap = await api('GET', `/sessions/${writer.id}/snapshot`);
+      if (snap.state === 'idle' && snap.transcript.some((t) => t.role === 'assistant')) break;
+      if (Date.now() > until) throw new Error(`the writing session did not finish: ${snap.state}`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    await api('POST', `/sessions/${writer.id}/stop`);
+    await page.goto(`${BERTH_URL}/ui#/t/${dirtyTask.id}`);
+    await page.getByRole('heading', { name: 'Dirty task', level: 1 }).waitFor();
+    await page.getByRole('button', { name: 'Delete task…' }).click();
+    await page.locator('dialog.confirm').getByRole('button', { name: 'Delete task' }).click();
+    const consent = page.locator('dialog.confirm', { hasText: 'uncommitted changes' });
+    await consent.locator('code', { hasText: 'dirty.txt' }).waitFor();
+    const discard = consent.getByRole('button', { name: 'Delete and discard the changes' });
+    if (await discard.isEnabled()) throw new Error('discarding needs no explicit consent');
+    await shot('7-delete-consent');
+    await consent.getByRole('checkbox').check();
+    await discard.click();
+    await page.getByRole('heading', { name: ws.name, level: 1 }).waitFor();
+    await api('GET', `/tasks/${dirtyTask.id}`).then(
+      () => { throw new Error('the dirty task still exists'); },
+      (e) => { if (!/ 404 /.test(e.message)) throw e; },
+    );
+    log('deleting the dirty task asked for consent, named dirty.txt, then deleted it');
+
     // Nothing in local storage; the token only in session storage.
     const storage = await page.evaluate(() => ({ local: localStorage.length, session: sessionStorage.getItem('berth.token') }));
     if (storage.local !== 0) throw new Error(`local storage holds ${storage.local} items`);
