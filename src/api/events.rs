@@ -1,7 +1,7 @@
 //! HTTP for the event log: replay, and the server-sent event stream.
 use actix_web::http::header;
 use actix_web::web::Bytes;
-use actix_web::{HttpRequest, HttpResponse, get, web};
+use actix_web::{FromRequest, HttpRequest, HttpResponse, get, post, web};
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,9 @@ use crate::events::EventType;
 use crate::events::stream::{self, Frame, StreamRequest};
 
 pub fn routes(cfg: &mut ServiceConfig) {
-    cfg.service(replay_events).service(stream_events);
+    cfg.service(replay_events)
+        .service(stream_events)
+        .service(create_stream_ticket);
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -119,6 +121,38 @@ pub struct StreamQuery {
     pub after: Option<String>,
     /// The instance the client's state came from.
     pub instance_id: Option<Uuid>,
+    /// A stream ticket (`POST /events/tickets`) instead of the `Authorization` header, for clients that
+    /// cannot send headers (a browser's `EventSource`). Single use.
+    pub ticket: Option<String>,
+}
+
+/// A single-use credential for opening one event stream.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamTicket {
+    /// Opaque; pass it as `GET /events/stream?ticket=`. Valid once, until `expires_at`.
+    pub ticket: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Mint a stream ticket.
+///
+/// A browser's `EventSource` cannot send an `Authorization` header: it opens
+/// `GET /events/stream?ticket=<ticket>` instead. The ticket is single use and valid for 60 s, and it
+/// carries this token's subject, scopes, workspaces and session binding (a session-bound token's ticket
+/// sees only its session). `EventSource` reconnects with the same URL, which then fails: close it on
+/// `error`, mint a new ticket and reopen with `after=<last seq seen>`.
+#[utoipa::path(
+    tag = "events",
+    security(("bearer" = ["events:read"])),
+    responses((status = 201, description = "The ticket (not a resource: no `Location`)", body = StreamTicket))
+)]
+#[post("/events/tickets")]
+async fn create_stream_ticket(auth: Authorized<EventsRead>, state: web::Data<AppState>) -> Result<HttpResponse, Error> {
+    let minted = domain_events::mint_ticket(&state.ctx, &auth).await?;
+    Ok(HttpResponse::Created().json(StreamTicket {
+        ticket: minted.ticket,
+        expires_at: minted.expires_at,
+    }))
 }
 
 #[utoipa::path(
@@ -140,7 +174,7 @@ async fn replay_events(
 
 #[utoipa::path(
     tag = "events",
-    security(("bearer" = ["events:read"])),
+    security(("bearer" = ["events:read"]), ("ticket" = [])),
     params(StreamQuery, ("Last-Event-ID" = Option<String>, Header, description = "Overrides `after`")),
     responses((
         status = 200,
@@ -151,11 +185,16 @@ async fn replay_events(
 )]
 #[get("/events/stream")]
 async fn stream_events(
-    auth: Authorized<EventsRead>,
     state: web::Data<AppState>,
     query: web::Query<StreamQuery>,
     req: HttpRequest,
 ) -> Result<HttpResponse, Error> {
+    // A ticket, when given, is the credential instead of `Authorization`; redeeming it spends it.
+    let auth = match query.ticket.as_deref() {
+        Some(ticket) => domain_events::redeem_ticket(&state.ctx, ticket).await?,
+        None => Authorized::<EventsRead>::extract(&req).await?.0,
+    };
+    auth.require(crate::auth::Scope::EventsRead)?;
     let last_event_id = req
         .headers()
         .get("last-event-id")

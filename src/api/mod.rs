@@ -75,6 +75,16 @@ impl Modify for SecurityAddon {
                     .build(),
             ),
         );
+        // Issue 16: `GET /events/stream` also accepts a single-use ticket from `POST /events/tickets`.
+        components.add_security_scheme(
+            "ticket",
+            SecurityScheme::ApiKey(utoipa::openapi::security::ApiKey::Query(
+                utoipa::openapi::security::ApiKeyValue::with_description(
+                    "ticket",
+                    "A single-use stream ticket from `POST /api/v1/events/tickets` (for `EventSource`)",
+                ),
+            )),
+        );
     }
 }
 

@@ -70,3 +70,63 @@ pub async fn replay(
         events,
     })
 }
+
+/// How long a stream ticket may wait to be redeemed.
+pub const TICKET_TTL: chrono::Duration = chrono::Duration::seconds(60);
+
+/// A freshly minted stream ticket: the only time its value exists outside the caller.
+pub struct MintedTicket {
+    pub ticket: String,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+}
+
+fn ticket_hash(ticket: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(ticket.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Mints a single-use stream ticket for `p`: 32 random bytes (URL-safe base64), stored only as its
+/// SHA-256 with `p`'s sub, scopes, workspaces and session binding. Tickets that expired are deleted
+/// on the way.
+pub async fn mint_ticket(ctx: &Ctx, p: &Principal) -> Result<MintedTicket> {
+    use base64::Engine;
+    let mut raw = [0u8; 32];
+    getrandom::fill(&mut raw).map_err(|e| Error::Internal(anyhow::anyhow!("no random source: {e}")))?;
+    let ticket = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
+    let now = crate::clock::now();
+    let expires_at = now + TICKET_TTL;
+    crate::store::event_tickets::delete_expired(&ctx.db.conn, now).await?;
+    crate::store::event_tickets::insert(
+        &ctx.db.conn,
+        crate::entity::event_ticket::Model {
+            ticket_hash: ticket_hash(&ticket),
+            sub: p.sub.clone(),
+            scopes: p.scopes().iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" "),
+            workspaces: p.workspace_filter().map(|ids| serde_json::json!(ids)),
+            session_id: p.session_id,
+            created_at: now,
+            expires_at,
+            used_at: None,
+        },
+    )
+    .await?;
+    Ok(MintedTicket { ticket, expires_at })
+}
+
+/// Redeems a stream ticket (once, on any replica) and returns the principal it carries. Unknown, used
+/// and expired tickets are the same opaque 401.
+pub async fn redeem_ticket(ctx: &Ctx, ticket: &str) -> Result<Principal> {
+    const REFUSED: Error = Error::Unauthenticated("invalid, used or expired ticket");
+    let row = crate::store::event_tickets::redeem(&ctx.db.conn, &ticket_hash(ticket), crate::clock::now())
+        .await?
+        .ok_or(REFUSED)?;
+    let workspaces = match row.workspaces {
+        None => None,
+        Some(v) => Some(serde_json::from_value::<Vec<Uuid>>(v).map_err(|_| REFUSED)?),
+    };
+    let scopes = row.scopes.split_whitespace().filter_map(|s| s.parse().ok()).collect();
+    Ok(Principal::new(row.sub, scopes, workspaces, row.session_id))
+}

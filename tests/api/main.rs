@@ -24,5 +24,6 @@ mod repositories;
 mod sessions;
 mod streaming;
 mod tasks;
+mod tickets;
 mod ui;
 mod workspaces;
