@@ -116,7 +116,8 @@ impl Application {
                 .configure(api::configure)
                 .split_for_parts();
             api::finish_spec(&mut spec);
-            app.service(web::redirect("/docs", "/docs/"))
+            app.configure(crate::ui::routes)
+                .service(web::redirect("/docs", "/docs/"))
                 .service(
                     SwaggerUi::new("/docs/{_:.*}")
                         .url("/openapi.json", spec)

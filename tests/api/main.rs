@@ -29,4 +29,5 @@ mod sessions;
 mod streaming;
 mod tasks;
 mod tickets;
+mod ui;
 mod workspaces;
