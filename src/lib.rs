@@ -18,4 +18,5 @@ pub mod runtime;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod ui;
 pub mod worker;

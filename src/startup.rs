@@ -9,7 +9,7 @@ use utoipa::OpenApi;
 use utoipa_actix_web::AppExt;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::api::middleware::{BerthRootSpan, reject_nul_text, request_id_and_metrics};
+use crate::api::middleware::{BerthRootSpan, follow_point, reject_nul_text, request_id_and_metrics};
 use crate::api::{self, ApiDoc, AppState, problem};
 use crate::auth::JwtVerifier;
 use crate::config::Config;
@@ -116,7 +116,8 @@ impl Application {
                 .configure(api::configure)
                 .split_for_parts();
             api::finish_spec(&mut spec);
-            app.service(web::redirect("/docs", "/docs/"))
+            app.configure(crate::ui::routes)
+                .service(web::redirect("/docs", "/docs/"))
                 .service(
                     SwaggerUi::new("/docs/{_:.*}")
                         .url("/openapi.json", spec)
@@ -124,7 +125,9 @@ impl Application {
                         .config(utoipa_swagger_ui::Config::default().validator_url("none")),
                 )
                 .default_service(web::to(api::not_found))
+                .wrap(from_fn(follow_point))
                 .wrap(from_fn(reject_nul_text))
+                .wrap(from_fn(crate::api::cors::cors))
                 .wrap(TracingLogger::<BerthRootSpan>::new())
                 .wrap(from_fn(request_id_and_metrics))
         })

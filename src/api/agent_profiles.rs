@@ -5,7 +5,7 @@ use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::AppState;
-use super::extract::{Authorized, SessionsRead};
+use super::extract::{Authorized, FollowPoint, SessionsRead};
 use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
@@ -21,6 +21,9 @@ pub struct AgentProfile {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AgentProfileList {
     pub items: Vec<AgentProfile>,
+    /// Every event with `seq <= latest_seq` is reflected in this list: follow with
+    /// `GET /events/stream?after=<latest_seq>` to miss nothing.
+    pub latest_seq: i64,
 }
 
 /// List agent profiles
@@ -38,6 +41,7 @@ pub struct AgentProfileList {
 async fn list_agent_profiles(
     _auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
+    seq: FollowPoint,
 ) -> Result<web::Json<AgentProfileList>, Error> {
     let items = state
         .ctx
@@ -49,5 +53,8 @@ async fn list_agent_profiles(
             command: p.command.clone(),
         })
         .collect();
-    Ok(web::Json(AgentProfileList { items }))
+    Ok(web::Json(AgentProfileList {
+        items,
+        latest_seq: seq.0,
+    }))
 }

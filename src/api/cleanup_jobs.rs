@@ -7,7 +7,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
 use super::AppState;
-use super::extract::{CleanupAdmin, CleanupRead, Unbound};
+use super::extract::{CleanupAdmin, CleanupRead, FollowPoint, Unbound};
 use super::problem::Problem;
 use crate::domain::cleanup::jobs::Filter;
 use crate::domain::cleanup::{self, JobFilter};
@@ -120,6 +120,9 @@ mod tests {
 pub struct CleanupJobList {
     pub items: Vec<CleanupJob>,
     pub next_cursor: Option<String>,
+    /// Every event with `seq <= latest_seq` is reflected in this list: follow with
+    /// `GET /events/stream?after=<latest_seq>` to miss nothing.
+    pub latest_seq: i64,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -151,6 +154,7 @@ pub struct JobQuery {
 async fn list_jobs(
     auth: Unbound<CleanupRead>,
     state: web::Data<AppState>,
+    seq: FollowPoint,
     query: web::Query<JobQuery>,
 ) -> Result<web::Json<CleanupJobList>, Error> {
     let q = query.into_inner();
@@ -165,6 +169,7 @@ async fn list_jobs(
     Ok(web::Json(CleanupJobList {
         items: page.items.into_iter().map(Into::into).collect(),
         next_cursor: page.next_cursor,
+        latest_seq: seq.0,
     }))
 }
 

@@ -1,7 +1,7 @@
 //! HTTP for the event log: replay, and the server-sent event stream.
 use actix_web::http::header;
 use actix_web::web::Bytes;
-use actix_web::{HttpRequest, HttpResponse, get, web};
+use actix_web::{FromRequest, HttpRequest, HttpResponse, get, post, web};
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -14,11 +14,13 @@ use super::extract::{Authorized, EventsRead};
 use crate::domain::events::{self as domain_events, ReplayPage};
 use crate::entity::event as event_row;
 use crate::error::Error;
-use crate::events::EventType;
 use crate::events::stream::{self, Frame, StreamRequest};
+use crate::events::{EventType, Narrowing};
 
 pub fn routes(cfg: &mut ServiceConfig) {
-    cfg.service(replay_events).service(stream_events);
+    cfg.service(replay_events)
+        .service(stream_events)
+        .service(create_stream_ticket);
 }
 
 /// The spec's schema is a union by `type`, hand-written in `event_schema.rs`.
@@ -95,6 +97,15 @@ pub struct ReplayQuery {
     /// 1 to 1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u64>,
+    /// Only events about this workspace (narrows what the token sees; never widens it).
+    pub workspace_id: Option<Uuid>,
+    /// Only events about this task.
+    pub task_id: Option<Uuid>,
+    /// Only events about this session.
+    pub session_id: Option<Uuid>,
+    /// Comma-separated event types, each exact (`session.state_changed`) or a prefix ending in `.`
+    /// (`session.`). An entry that matches no type is `400 validation_failed`.
+    pub types: Option<String>,
 }
 
 /// One server-sent event frame, as SSE parsers present it (`data` of a `message` is one `Event` as JSON).
@@ -120,6 +131,48 @@ pub struct StreamQuery {
     pub after: Option<String>,
     /// The instance the client's state came from.
     pub instance_id: Option<Uuid>,
+    /// A stream ticket (`POST /events/tickets`) instead of the `Authorization` header, for clients that
+    /// cannot send headers (a browser's `EventSource`). Single use.
+    pub ticket: Option<String>,
+    /// Only events about this workspace (narrows what the token sees; never widens it).
+    pub workspace_id: Option<Uuid>,
+    /// Only events about this task.
+    pub task_id: Option<Uuid>,
+    /// Only events about this session.
+    pub session_id: Option<Uuid>,
+    /// Comma-separated event types, each exact (`session.state_changed`) or a prefix ending in `.`
+    /// (`session.`). An entry that matches no type is `400 validation_failed`.
+    pub types: Option<String>,
+}
+
+/// A single-use credential for opening one event stream.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamTicket {
+    /// Opaque; pass it as `GET /events/stream?ticket=`. Valid once, until `expires_at`.
+    pub ticket: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Mint a stream ticket.
+///
+/// A browser's `EventSource` cannot send an `Authorization` header: it opens
+/// `GET /events/stream?ticket=<ticket>` instead. The ticket is single use and valid for 60 s, and it
+/// carries this token's subject, scopes, workspaces and session binding (a session-bound token's ticket
+/// sees only its session). `EventSource` reconnects with the same URL, which then fails: close it on
+/// `error`, mint a new ticket and reopen with `after=<last seq seen>`.
+#[utoipa::path(
+    tag = "events",
+    operation_id = "createStreamTicket",
+    security(("bearer" = ["events:read"])),
+    responses((status = 201, description = "The ticket (not a resource: no `Location`)", body = StreamTicket))
+)]
+#[post("/events/tickets")]
+async fn create_stream_ticket(auth: Authorized<EventsRead>, state: web::Data<AppState>) -> Result<HttpResponse, Error> {
+    let minted = domain_events::mint_ticket(&state.ctx, &auth).await?;
+    Ok(HttpResponse::Created().json(StreamTicket {
+        ticket: minted.ticket,
+        expires_at: minted.expires_at,
+    }))
 }
 
 /// List events after a sequence number
@@ -142,7 +195,13 @@ async fn replay_events(
     query: web::Query<ReplayQuery>,
 ) -> Result<web::Json<EventPage>, Error> {
     let after = domain_events::parse_cursor(query.after.as_deref())?;
-    let page = domain_events::replay(&state.ctx, &auth, after, query.instance_id, query.limit).await?;
+    let narrow = narrowing(
+        query.workspace_id,
+        query.task_id,
+        query.session_id,
+        query.types.as_deref(),
+    )?;
+    let page = domain_events::replay(&state.ctx, &auth, narrow, after, query.instance_id, query.limit).await?;
     Ok(web::Json(page.into()))
 }
 
@@ -155,7 +214,7 @@ async fn replay_events(
 #[utoipa::path(
     operation_id = "streamEvents",
     tag = "events",
-    security(("bearer" = ["events:read"])),
+    security(("bearer" = ["events:read"]), ("ticket" = [])),
     params(StreamQuery, ("Last-Event-ID" = Option<String>, Header, description = "Overrides `after`")),
     responses((
         status = 200,
@@ -166,22 +225,33 @@ async fn replay_events(
 )]
 #[get("/events/stream")]
 async fn stream_events(
-    auth: Authorized<EventsRead>,
     state: web::Data<AppState>,
     query: web::Query<StreamQuery>,
     req: HttpRequest,
 ) -> Result<HttpResponse, Error> {
+    // A ticket, when given, is the credential instead of `Authorization`; redeeming it spends it.
+    let auth = match query.ticket.as_deref() {
+        Some(ticket) => domain_events::redeem_ticket(&state.ctx, ticket).await?,
+        None => Authorized::<EventsRead>::extract(&req).await?.0,
+    };
+    auth.require(crate::auth::Scope::EventsRead)?;
     let last_event_id = req
         .headers()
         .get("last-event-id")
         .map(|v| v.to_str().map_err(|_| Error::InvalidCursor))
         .transpose()?;
     let after = domain_events::parse_cursor(last_event_id.or(query.after.as_deref()))?;
+    let narrow = narrowing(
+        query.workspace_id,
+        query.task_id,
+        query.session_id,
+        query.types.as_deref(),
+    )?;
     let ctx = &state.ctx;
     let (first_available, _) = crate::events::bounds(&ctx.db.conn).await?;
     let request = StreamRequest {
         after,
-        filter: domain_events::filter_for(ctx, &auth).await?,
+        filter: domain_events::filter_for(ctx, &auth, narrow).await?,
         truncated: domain_events::is_truncated(ctx, after, query.instance_id, first_available),
         keep_alive: ctx.config.sse_keep_alive,
         buffer: ctx.config.event_buffer,
@@ -201,6 +271,20 @@ async fn stream_events(
         .insert_header((header::CACHE_CONTROL, "no-cache"))
         .insert_header(("X-Accel-Buffering", "no"))
         .streaming(body))
+}
+
+fn narrowing(
+    workspace_id: Option<Uuid>,
+    task_id: Option<Uuid>,
+    session_id: Option<Uuid>,
+    types: Option<&str>,
+) -> Result<Narrowing, Error> {
+    Ok(Narrowing {
+        workspace_id,
+        task_id,
+        session_id,
+        types: domain_events::parse_types(types)?,
+    })
 }
 
 fn encode(frame: &Frame, instance_id: Uuid) -> String {

@@ -124,3 +124,20 @@ fn authenticate(req: &HttpRequest) -> Result<Principal, Error> {
     }
     state.verifier.verify(token.trim())
 }
+
+/// The follow point of this request (issue 16, item 3): a seq such that every event with a seq at most
+/// this is committed, read before the handler's queries (the `follow_point` middleware), so whatever
+/// the handler reads reflects it. Lists return it as `latest_seq`; every GET carries it as `X-Berth-Seq`.
+#[derive(Debug, Clone, Copy)]
+pub struct FollowPoint(pub i64);
+
+impl FromRequest for FollowPoint {
+    type Error = Error;
+    type Future = Ready<Result<Self, Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        use actix_web::HttpMessage;
+        let point = req.extensions().get::<FollowPoint>().copied();
+        ready(point.ok_or_else(|| Error::Internal(anyhow::anyhow!("the follow_point middleware did not run"))))
+    }
+}

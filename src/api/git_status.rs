@@ -7,7 +7,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
 use super::AppState;
-use super::extract::{Authorized, SessionsRead, SessionsWrite, TasksRead};
+use super::extract::{Authorized, FollowPoint, SessionsRead, SessionsWrite, TasksRead};
 use super::problem::Problem;
 use crate::domain::git_status::{self, Report, ReportedFile};
 use crate::entity::git_status_observation::{self, ObservationKind, ReportedKind};
@@ -61,6 +61,9 @@ impl From<git_status_observation::Model> for GitStatus {
 pub struct GitStatusList {
     /// One current status per repository of the environment.
     pub items: Vec<GitStatus>,
+    /// Every event with `seq <= latest_seq` is reflected in this list: follow with
+    /// `GET /events/stream?after=<latest_seq>` to miss nothing.
+    pub latest_seq: i64,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -87,9 +90,10 @@ pub struct ReportObservation {
     pub files: Vec<ReportedFile>,
 }
 
-fn list(items: Vec<git_status_observation::Model>) -> web::Json<GitStatusList> {
+fn list(items: Vec<git_status_observation::Model>, seq: FollowPoint) -> web::Json<GitStatusList> {
     web::Json(GitStatusList {
         items: items.into_iter().map(Into::into).collect(),
+        latest_seq: seq.0,
     })
 }
 
@@ -111,9 +115,10 @@ fn list(items: Vec<git_status_observation::Model>) -> web::Json<GitStatusList> {
 async fn environment_status(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
+    seq: FollowPoint,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<GitStatusList>, Error> {
-    Ok(list(git_status::current(&state.ctx, &auth, *id).await?))
+    Ok(list(git_status::current(&state.ctx, &auth, *id).await?, seq))
 }
 
 /// Report a git status observation
@@ -180,9 +185,10 @@ async fn report_observation(
 async fn refresh_status(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
+    seq: FollowPoint,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<GitStatusList>, Error> {
-    Ok(list(git_status::refresh(&state.ctx, &auth, *id).await?))
+    Ok(list(git_status::refresh(&state.ctx, &auth, *id).await?, seq))
 }
 
 /// Get the git status of a session's environment
@@ -203,7 +209,8 @@ async fn refresh_status(
 async fn session_status(
     auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
+    seq: FollowPoint,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<GitStatusList>, Error> {
-    Ok(list(git_status::of_session(&state.ctx, &auth, *id).await?))
+    Ok(list(git_status::of_session(&state.ctx, &auth, *id).await?, seq))
 }

@@ -58,7 +58,9 @@ pub async fn request_id_and_metrics(
     Ok(res)
 }
 
-/// Puts our request id (not tracing-actix-web's own) on the root span of every request.
+/// The root span of every request: tracing-actix-web's fields, with our request id (not its own) and a
+/// target whose secrets are redacted. Its `root_span!` records the raw query as `http.target`, which
+/// would put a stream ticket (`?ticket=`) in every log line of that request; so the span is built here.
 pub struct BerthRootSpan;
 
 impl RootSpanBuilder for BerthRootSpan {
@@ -68,12 +70,127 @@ impl RootSpanBuilder for BerthRootSpan {
             .get::<RequestId>()
             .map(|r| r.0.clone())
             .unwrap_or_default();
-        tracing_actix_web::root_span!(request, request_id = %id)
+        let route = request.match_pattern().unwrap_or_else(|| "default".to_string());
+        let method = request.method().as_str();
+        let user_agent = request
+            .headers()
+            .get("User-Agent")
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        let flavor = match request.version() {
+            actix_web::http::Version::HTTP_09 => "0.9",
+            actix_web::http::Version::HTTP_10 => "1.0",
+            actix_web::http::Version::HTTP_2 => "2.0",
+            actix_web::http::Version::HTTP_3 => "3.0",
+            _ => "1.1",
+        };
+        let conn = request.connection_info();
+        tracing::info_span!(
+            "HTTP request",
+            http.method = %method,
+            http.route = %route,
+            http.flavor = %flavor,
+            http.scheme = %conn.scheme(),
+            http.host = %conn.host(),
+            http.client_ip = %conn.realip_remote_addr().unwrap_or(""),
+            http.user_agent = %user_agent,
+            http.target = %redacted_target(request.uri()),
+            http.status_code = tracing::field::Empty,
+            otel.name = %format!("{method} {route}"),
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            request_id = %id,
+            exception.message = tracing::field::Empty,
+            exception.details = tracing::field::Empty,
+        )
     }
 
     fn on_request_end<B: MessageBody>(span: tracing::Span, outcome: &Result<ServiceResponse<B>, Error>) {
         DefaultRootSpanBuilder::on_request_end(span, outcome);
     }
+}
+
+/// Query parameters whose values are credentials: never logged.
+const SECRET_PARAMS: [&str; 1] = ["ticket"];
+
+/// The path and query of `uri` with the value of every secret parameter replaced by `[redacted]`. A name
+/// is compared after percent-decoding, as the query extractor decodes it.
+pub fn redacted_target(uri: &actix_web::http::Uri) -> String {
+    let Some(query) = uri.query() else {
+        return uri.path().to_string();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| {
+            let name = pair.split('=').next().unwrap_or("");
+            if SECRET_PARAMS
+                .iter()
+                .any(|s| percent_decoded(name).eq_ignore_ascii_case(s))
+            {
+                format!("{name}=[redacted]")
+            } else {
+                pair.to_string()
+            }
+        })
+        .collect();
+    format!("{}?{}", uri.path(), pairs.join("&"))
+}
+
+fn percent_decoded(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                match std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub const SEQ_HEADER: &str = "x-berth-seq";
+
+/// The follow point (issue 16, item 3). Before the handler runs: the in-process tailer's last published
+/// seq, put in the request's extensions for list handlers (`extract::FollowPoint`). It is a lower bound
+/// of what the handler's queries will see, without a query of its own: the tailer publishes seq N only
+/// after reading it as committed, and seq order is commit order (I32), so every event up to N committed
+/// before this request read N. After: `X-Berth-Seq` on every successful GET under `/api/v1`.
+pub async fn follow_point(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody + 'static>, Error> {
+    let api = req.path().starts_with("/api/v1/");
+    let point = match req.app_data::<web::Data<AppState>>() {
+        Some(state) if api => Some(state.ctx.events.published()),
+        _ => None,
+    };
+    if let Some(seq) = point {
+        req.extensions_mut().insert(super::extract::FollowPoint(seq));
+    }
+    let get = req.method() == actix_web::http::Method::GET;
+    let mut res = next.call(req).await?;
+    if let Some(seq) = point
+        && get
+        && res.status().is_success()
+    {
+        res.headers_mut()
+            .insert(HeaderName::from_static(SEQ_HEADER), HeaderValue::from(seq));
+    }
+    Ok(res)
 }
 
 /// NUL is not text: PostgreSQL cannot store it and SQLite would, so both refuse it here, in one place,
@@ -119,5 +236,27 @@ fn holds_nul(v: &serde_json::Value) -> bool {
         serde_json::Value::Array(items) => items.iter().any(holds_nul),
         serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted_target;
+
+    #[test]
+    fn ticket_values_never_reach_the_log_target() {
+        for (uri, want) in [
+            ("/api/v1/events/stream", "/api/v1/events/stream"),
+            (
+                "/api/v1/events/stream?ticket=abc&after=3",
+                "/api/v1/events/stream?ticket=[redacted]&after=3",
+            ),
+            ("/x?after=3&ticket=abc", "/x?after=3&ticket=[redacted]"),
+            ("/x?ticke%74=abc", "/x?ticke%74=[redacted]"),
+            ("/x?TICKET=abc&ticket", "/x?TICKET=[redacted]&ticket=[redacted]"),
+            ("/x?tickets=abc", "/x?tickets=abc"),
+        ] {
+            assert_eq!(redacted_target(&uri.parse().unwrap()), want, "{uri}");
+        }
     }
 }

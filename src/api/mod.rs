@@ -1,6 +1,7 @@
 //! HTTP: one file per resource, thin handlers, request/response types with `ToSchema`.
 pub mod agent_profiles;
 pub mod cleanup_jobs;
+pub mod cors;
 pub mod environments;
 pub mod event_schema;
 pub mod events;
@@ -36,8 +37,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
 }
 
-/// Routes that need no token (I33). Everything else declares the bearer scheme.
-pub const PUBLIC_PATHS: [&str; 5] = ["/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"];
+/// Routes that need no token (I33). Everything else declares the bearer scheme. `/docs` and `/ui` (the
+/// board's static files) are pages, not operations: neither is in the spec.
+pub const PUBLIC_PATHS: [&str; 6] = ["/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/ui"];
 
 #[derive(OpenApi)]
 #[openapi(
@@ -76,6 +78,16 @@ impl Modify for SecurityAddon {
                     .bearer_format("JWT")
                     .build(),
             ),
+        );
+        // Issue 16: `GET /events/stream` also accepts a single-use ticket from `POST /events/tickets`.
+        components.add_security_scheme(
+            "ticket",
+            SecurityScheme::ApiKey(utoipa::openapi::security::ApiKey::Query(
+                utoipa::openapi::security::ApiKeyValue::with_description(
+                    "ticket",
+                    "A single-use stream ticket from `POST /api/v1/events/tickets` (for `EventSource`)",
+                ),
+            )),
         );
     }
 }
@@ -154,6 +166,7 @@ pub fn finish_spec(spec: &mut utoipa::openapi::OpenApi) {
     spec.info.version = env!("CARGO_PKG_VERSION").to_string();
     mark_public_operations(spec);
     add_common_responses(spec);
+    add_follow_point_header(spec);
     examples::add(spec);
 }
 
@@ -175,6 +188,33 @@ fn mark_public_operations(spec: &mut utoipa::openapi::OpenApi) {
         .flatten()
         {
             op.security = Some(Vec::new());
+        }
+    }
+}
+
+/// Issue 16, item 3: every successful GET under `/api/v1` carries `X-Berth-Seq` (the `follow_point`
+/// middleware sets it for all of them, so the spec says so for all of them here).
+fn add_follow_point_header(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    let header = utoipa::openapi::HeaderBuilder::new()
+        .schema(Some(ObjectBuilder::new().schema_type(Type::Integer).format(Some(
+            utoipa::openapi::SchemaFormat::KnownFormat(utoipa::openapi::KnownFormat::Int64),
+        ))))
+        .description(Some(
+            "Every event with `seq` up to this is reflected in the response: follow with \
+             `GET /api/v1/events/stream?after=<X-Berth-Seq>` to miss nothing",
+        ))
+        .build();
+    for (path, item) in openapi.paths.paths.iter_mut() {
+        let Some(op) = item.get.as_mut().filter(|_| path.starts_with("/api/v1/")) else {
+            continue;
+        };
+        for (code, response) in op.responses.responses.iter_mut() {
+            if let (true, RefOr::T(response)) = (code.starts_with('2'), response) {
+                response
+                    .headers
+                    .insert("X-Berth-Seq".to_string(), RefOr::T(header.clone()));
+            }
         }
     }
 }

@@ -6,7 +6,7 @@ use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
-use super::extract::{TasksRead, Unbound, WorkspacesAdmin};
+use super::extract::{FollowPoint, TasksRead, Unbound, WorkspacesAdmin};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::repositories::{self, NewRepository};
@@ -54,6 +54,9 @@ impl From<repository::Model> for Repository {
 pub struct RepositoryList {
     pub items: Vec<Repository>,
     pub next_cursor: Option<String>,
+    /// Every event with `seq <= latest_seq` is reflected in this list: follow with
+    /// `GET /events/stream?after=<latest_seq>` to miss nothing.
+    pub latest_seq: i64,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -125,6 +128,7 @@ async fn register_repository(
 async fn list_repositories(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
+    seq: FollowPoint,
     id: web::Path<Uuid>,
     query: web::Query<PageQuery>,
 ) -> Result<web::Json<RepositoryList>, Error> {
@@ -132,6 +136,7 @@ async fn list_repositories(
     Ok(web::Json(RepositoryList {
         items: page.items.into_iter().map(Into::into).collect(),
         next_cursor: page.next_cursor,
+        latest_seq: seq.0,
     }))
 }
 

@@ -7,7 +7,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
 use super::AppState;
-use super::extract::{Authorized, SessionsRead, SessionsWrite};
+use super::extract::{Authorized, FollowPoint, SessionsRead, SessionsWrite};
 use super::problem::Problem;
 use crate::domain::sessions;
 use crate::entity::session_inbox::{self as inbox, Delivery, InboxState};
@@ -58,6 +58,9 @@ impl From<inbox::Model> for Message {
 pub struct MessageList {
     /// Oldest first.
     pub items: Vec<Message>,
+    /// Every event with `seq <= latest_seq` is reflected in this list: follow with
+    /// `GET /events/stream?after=<latest_seq>` to miss nothing.
+    pub latest_seq: i64,
 }
 
 /// Send a message to a session's agent
@@ -107,11 +110,13 @@ async fn send_message(
 async fn list_messages(
     auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
+    seq: FollowPoint,
     id: web::Path<Uuid>,
 ) -> Result<web::Json<MessageList>, Error> {
     let items = sessions::list_messages(&state.ctx, &auth, *id).await?;
     Ok(web::Json(MessageList {
         items: items.into_iter().map(Into::into).collect(),
+        latest_seq: seq.0,
     }))
 }
 

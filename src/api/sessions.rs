@@ -6,7 +6,7 @@ use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
-use super::extract::{Authorized, SessionsDelete, SessionsRead, SessionsWrite, Unbound};
+use super::extract::{Authorized, FollowPoint, SessionsDelete, SessionsRead, SessionsWrite, Unbound};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::sessions::{self, NewSession, SessionView};
@@ -228,6 +228,9 @@ impl From<SessionView> for Session {
 pub struct SessionList {
     pub items: Vec<Session>,
     pub next_cursor: Option<String>,
+    /// Every event with `seq <= latest_seq` is reflected in this list: follow with
+    /// `GET /events/stream?after=<latest_seq>` to miss nothing.
+    pub latest_seq: i64,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -307,6 +310,7 @@ async fn create_session(
 async fn list_sessions(
     auth: Unbound<SessionsRead>,
     state: web::Data<AppState>,
+    seq: FollowPoint,
     id: web::Path<Uuid>,
     query: web::Query<PageQuery>,
 ) -> Result<web::Json<SessionList>, Error> {
@@ -314,6 +318,7 @@ async fn list_sessions(
     Ok(web::Json(SessionList {
         items: page.items.into_iter().map(Into::into).collect(),
         next_cursor: page.next_cursor,
+        latest_seq: seq.0,
     }))
 }
 

@@ -7,7 +7,9 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
 use super::cleanup_jobs::CleanupJob;
-use super::extract::{Authorized, IfMatchHeader, TasksArchive, TasksDelete, TasksRead, TasksWrite, Unbound};
+use super::extract::{
+    Authorized, FollowPoint, IfMatchHeader, TasksArchive, TasksDelete, TasksRead, TasksWrite, Unbound,
+};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::task_lifecycle::{self as lifecycle, BranchRecovery};
@@ -91,6 +93,9 @@ impl From<TaskView> for Task {
 pub struct TaskList {
     pub items: Vec<Task>,
     pub next_cursor: Option<String>,
+    /// Every event with `seq <= latest_seq` is reflected in this list: follow with
+    /// `GET /events/stream?after=<latest_seq>` to miss nothing.
+    pub latest_seq: i64,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -207,6 +212,7 @@ async fn create_task(
 async fn list_tasks(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
+    seq: FollowPoint,
     id: web::Path<Uuid>,
     query: web::Query<TaskListQuery>,
 ) -> Result<web::Json<TaskList>, Error> {
@@ -223,6 +229,7 @@ async fn list_tasks(
     Ok(web::Json(TaskList {
         items: page.items.into_iter().map(Into::into).collect(),
         next_cursor: page.next_cursor,
+        latest_seq: seq.0,
     }))
 }
 

@@ -6,7 +6,7 @@ use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
-use super::extract::{TasksRead, Unbound, WorkspacesAdmin};
+use super::extract::{FollowPoint, TasksRead, Unbound, WorkspacesAdmin};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::workspaces;
@@ -47,6 +47,9 @@ impl From<workspace::Model> for Workspace {
 pub struct WorkspaceList {
     pub items: Vec<Workspace>,
     pub next_cursor: Option<String>,
+    /// Every event with `seq <= latest_seq` is reflected in this list: follow with
+    /// `GET /events/stream?after=<latest_seq>` to miss nothing.
+    pub latest_seq: i64,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -101,12 +104,14 @@ async fn create_workspace(
 async fn list_workspaces(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
+    seq: FollowPoint,
     query: web::Query<PageQuery>,
 ) -> Result<web::Json<WorkspaceList>, Error> {
     let page = workspaces::list(&state.ctx, &auth, query.page()?).await?;
     Ok(web::Json(WorkspaceList {
         items: page.items.into_iter().map(Into::into).collect(),
         next_cursor: page.next_cursor,
+        latest_seq: seq.0,
     }))
 }
 

@@ -22,6 +22,21 @@ pub struct Principal {
 }
 
 impl Principal {
+    /// A principal carried by something other than a token (a stream ticket records its minting token's).
+    pub fn new(sub: String, scopes: Vec<Scope>, workspaces: Option<Vec<Uuid>>, session_id: Option<Uuid>) -> Principal {
+        Principal {
+            sub,
+            scopes,
+            workspaces,
+            session_id,
+        }
+    }
+
+    /// The scopes as the token listed them (`admin` not expanded).
+    pub fn scopes(&self) -> &[Scope] {
+        &self.scopes
+    }
+
     pub fn has(&self, scope: Scope) -> bool {
         self.scopes.contains(&Scope::Admin) || self.scopes.contains(&scope)
     }

@@ -132,6 +132,9 @@ pub struct Config {
     /// Period of the background sweeps (event retention).
     pub sweep_interval: Duration,
     pub agents: BTreeMap<String, AgentProfile>,
+    /// Origins (`scheme://host[:port]`, compared exactly) whose pages may call the API from a browser
+    /// (issue 16, item 1). Empty: no CORS headers at all.
+    pub cors_origins: Vec<String>,
 }
 
 /// The TOML file: every key optional, unknown keys rejected so typos do not pass silently.
@@ -177,6 +180,7 @@ struct FileConfig {
     agent_restart_window_secs: Option<u64>,
     agent_restart_backoff_ms: Option<u64>,
     agent_term_grace_ms: Option<u64>,
+    cors_origins: Option<Vec<String>>,
     #[serde(default)]
     agents: BTreeMap<String, AgentProfile>,
 }
@@ -407,6 +411,19 @@ impl Config {
             }
         };
 
+        let cors_origins = match env.get("BERTH_CORS_ORIGINS") {
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
+            None => file.cors_origins.clone().unwrap_or_default(),
+        };
+        for origin in &cors_origins {
+            check_origin(origin).map_err(|reason| bad("BERTH_CORS_ORIGINS", format!("{origin:?}: {reason}")))?;
+        }
+
         Ok(Config {
             bind,
             data_dir,
@@ -462,12 +479,35 @@ impl Config {
             agent_term_grace: Duration::from_millis(agent_term_grace_ms),
             stream_interval: Duration::from_millis(stream_interval_ms),
             agents: file.agents,
+            cors_origins,
         })
     }
 
     pub fn is_sqlite(&self) -> bool {
         self.database_url.starts_with("sqlite:")
     }
+}
+
+/// An origin as a browser sends it: `http` or `https`, a host, an optional port, nothing else (no path,
+/// no trailing slash, no wildcard).
+fn check_origin(origin: &str) -> Result<(), &'static str> {
+    let rest = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+        .ok_or("an origin starts with http:// or https://")?;
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !p.contains(']') => (h, Some(p)),
+        _ => (rest, None),
+    };
+    if host.is_empty() || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.[]:".contains(&b)) {
+        return Err("an origin is scheme://host[:port], exactly as the browser sends it (no path, no wildcard)");
+    }
+    if let Some(p) = port
+        && p.parse::<u16>().is_err()
+    {
+        return Err("the port is not a number");
+    }
+    Ok(())
 }
 
 fn parse_num<T: std::str::FromStr + Copy>(
@@ -542,6 +582,10 @@ mod tests {
             ("BERTH_JWT_SECRET_FILE", "/nonexistent/secret"),
             ("BERTH_REPO_ROOTS", "/nonexistent/root"),
             ("BERTH_CONFIG", "/nonexistent/berth.toml"),
+            ("BERTH_CORS_ORIGINS", "*"),
+            ("BERTH_CORS_ORIGINS", "https://app.example/"),
+            ("BERTH_CORS_ORIGINS", "app.example"),
+            ("BERTH_CORS_ORIGINS", "https://ok.example,http://x:port"),
         ];
         for (var, value) in cases {
             let err = Config::load(&env(&[(var, value)], dir.path())).unwrap_err();
@@ -579,6 +623,7 @@ mod tests {
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.database_url, "postgres://u:p@db/berth");
         assert_eq!(c.agents["pi"].args, vec!["--mode", "rpc"]);
+        assert!(c.cors_origins.is_empty(), "no CORS by default");
         let JwtKey::Secret { secret, generated } = &c.jwt_key else {
             panic!()
         };

@@ -2,6 +2,7 @@
 pub mod agent_execution;
 pub mod cleanup_job;
 pub mod event;
+pub mod event_ticket;
 pub mod git_status_observation;
 pub mod repository;
 pub mod session_command;

@@ -157,6 +157,19 @@ pub async fn after<C: ConnectionTrait>(
         }
         q = q.filter(scope);
     }
+    let n = &filter.narrow;
+    if let Some(ws) = n.workspace_id {
+        q = q.filter(event::Column::WorkspaceId.eq(ws));
+    }
+    if let Some(task) = n.task_id {
+        q = q.filter(event::Column::TaskId.eq(task));
+    }
+    if let Some(session) = n.session_id {
+        q = q.filter(event::Column::SessionId.eq(session));
+    }
+    if let Some(types) = &n.types {
+        q = q.filter(event::Column::EventType.is_in(types.iter().copied()));
+    }
     q.order_by_asc(event::Column::Seq).limit(limit).all(conn).await
 }
 
@@ -172,10 +185,36 @@ pub struct Filter {
     /// For an agent's token: its session's environment, whose events (git status from siblings or a
     /// refresh) concern it too.
     pub environment_id: Option<Uuid>,
+    /// What the reader asked for, within what its token sees.
+    pub narrow: Narrowing,
+}
+
+/// A reader's own filters (issue 16, item 3): exact matches on the event's fields, and a set of types.
+/// They only narrow: an event must pass both these and the token's view.
+#[derive(Debug, Clone, Default)]
+pub struct Narrowing {
+    pub workspace_id: Option<Uuid>,
+    pub task_id: Option<Uuid>,
+    pub session_id: Option<Uuid>,
+    /// `None`: every type.
+    pub types: Option<Vec<EventType>>,
+}
+
+impl Narrowing {
+    pub fn admits(&self, e: &event::Model) -> bool {
+        let exact = |want: Option<Uuid>, got: Option<Uuid>| want.is_none() || want == got;
+        exact(self.workspace_id, e.workspace_id)
+            && exact(self.task_id, e.task_id)
+            && exact(self.session_id, e.session_id)
+            && self.types.as_ref().is_none_or(|t| t.contains(&e.event_type))
+    }
 }
 
 impl Filter {
     pub fn admits(&self, e: &event::Model) -> bool {
+        if !self.narrow.admits(e) {
+            return false;
+        }
         let ws_ok = match (&self.workspaces, e.workspace_id) {
             (None, _) => true,
             (Some(ids), Some(ws)) => ids.contains(&ws),

@@ -5,6 +5,7 @@
 //! is locked" under concurrency and sea-orm drops `FOR UPDATE` there. PostgreSQL: a pool, and row locks.
 pub mod cleanup_jobs;
 pub mod environments;
+pub mod event_tickets;
 pub mod executions;
 pub mod inbox;
 pub mod messages;

@@ -27,9 +27,9 @@ both_backends!(
 const WAIT: Duration = Duration::from_secs(90);
 
 /// A `berth serve` of its own (the release of a test, not the in-process server), on the test's database.
-struct Berth {
+pub(crate) struct Berth {
     child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Drop for Berth {
@@ -41,7 +41,7 @@ impl Drop for Berth {
 
 /// Settings for the processes: the test's database, its own data dir (so its node id is its own and the
 /// in-process server never claims its jobs), quick leases and retries.
-fn process_env(app: &TestApp, data_dir: &Path) -> BTreeMap<String, String> {
+pub(crate) fn process_env(app: &TestApp, data_dir: &Path) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     for key in ["BERTH_JWT_SECRET", "BERTH_DATABASE_URL"] {
         if let Some(v) = app.env.get(key) {
@@ -63,7 +63,7 @@ fn process_env(app: &TestApp, data_dir: &Path) -> BTreeMap<String, String> {
     env
 }
 
-fn start(env: &BTreeMap<String, String>, path_prefix: Option<&Path>, log: &Path) -> Berth {
+pub(crate) fn start(env: &BTreeMap<String, String>, path_prefix: Option<&Path>, log: &Path) -> Berth {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -88,7 +88,7 @@ fn start(env: &BTreeMap<String, String>, path_prefix: Option<&Path>, log: &Path)
     }
 }
 
-async fn wait_ready(client: &reqwest::Client, b: &mut Berth) {
+pub(crate) async fn wait_ready(client: &reqwest::Client, b: &mut Berth) {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Ok(r) = client.get(format!("{}/readyz", b.base)).send().await

@@ -25,8 +25,8 @@ both_backends!(
 const WAIT: Duration = Duration::from_secs(20);
 
 /// A second berth on the same database and data directory, as node `replica-b`, serving HTTP.
-struct Replica {
-    base: String,
+pub(crate) struct Replica {
+    pub(crate) base: String,
     client: reqwest::Client,
     token: String,
     state: actix_web::web::Data<berth::api::AppState>,
@@ -35,7 +35,7 @@ struct Replica {
 }
 
 impl Replica {
-    async fn start(app: &TestApp) -> Replica {
+    pub(crate) async fn start(app: &TestApp) -> Replica {
         let mut config = app.config.clone();
         config.node_id = "replica-b".into();
         let server = berth::startup::Application::build(config)
@@ -76,7 +76,7 @@ impl Replica {
         Reply { status, headers, text }
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.state.ctx.runtime.stop_all().await;
         for b in &self.background {
             b.abort();

@@ -137,7 +137,7 @@ async function main() {
     const resp = await page.goto(docs, { waitUntil: 'load' });
     if (!resp || !resp.ok()) throw new Error(`GET ${docs}: ${resp ? resp.status() : 'no response'}`);
     log(`opened ${page.url()}`);
-    const op = page.locator('#operations-workspaces-list_workspaces');
+    const op = page.locator('#operations-workspaces-listWorkspaces');
     await op.waitFor({ state: 'visible' });
     log('the spec rendered (GET /api/v1/workspaces is listed)');
 
@@ -145,11 +145,13 @@ async function main() {
     await page.locator('.auth-wrapper button.authorize').click();
     const modal = page.locator('.dialog-ux .modal-ux');
     await modal.waitFor({ state: 'visible' });
-    await modal.locator('.auth-container input').first().fill(TOKEN);
-    await modal.locator('button.modal-btn.authorize').click();
+    // The bearer scheme's form (the spec also describes the stream's `ticket` query scheme).
+    const bearer = modal.locator('.auth-container', { hasText: 'bearer' }).first();
+    await bearer.locator('input').first().fill(TOKEN);
+    await bearer.locator('button.modal-btn.authorize').click();
     // Once authorized the dialog offers "Logout" instead of "Authorize".
     await modal.locator('button.modal-btn.auth', { hasText: 'Logout' }).waitFor({ state: 'visible' });
-    await modal.locator('button.btn-done').click();
+    await modal.locator('button.btn-done').first().click();
     await modal.waitFor({ state: 'detached' });
     await page.locator('.auth-wrapper button.authorize.locked').waitFor({ state: 'visible' });
     log('authorized');

@@ -98,7 +98,7 @@ async function replay(): Promise<Event[]> {
   let instance: string | undefined;
   for (;;) {
     const query = { after, limit: 200, ...(instance === undefined ? {} : { instance_id: instance }) };
-    const page = expectStatus("replay_events", await api.GET("/api/v1/events", { params: { query } }), 200);
+    const page = expectStatus("listEvents", await api.GET("/api/v1/events", { params: { query } }), 200);
     check(!page.truncated, `the replay after ${after} is truncated`);
     instance ??= page.instance_id;
     eq(page.instance_id, instance, "instance_id across pages");
@@ -141,7 +141,7 @@ async function waitReplies(session: string, n: number): Promise<string[]> {
 }
 
 async function getSession(id: string): Promise<Session> {
-  return expectStatus("get_session", await api.GET("/api/v1/sessions/{id}", { params: { path: { id } } }), 200);
+  return expectStatus("getSession", await api.GET("/api/v1/sessions/{id}", { params: { path: { id } } }), 200);
 }
 
 async function waitState(id: string, states: Session["state"][]): Promise<Session> {
@@ -166,7 +166,7 @@ async function main(): Promise<void> {
   const branch = `client-e2e/${CLIENT}-${suffix}`;
 
   begin("agent profiles");
-  const profiles = expectStatus("list_agent_profiles", await api.GET("/api/v1/agent-profiles"), 200);
+  const profiles = expectStatus("listAgentProfiles", await api.GET("/api/v1/agent-profiles"), 200);
   check(
     profiles.items.some((p) => p.name === "test"),
     `no agent profile "test": ${JSON.stringify(profiles.items)}`,
@@ -181,7 +181,7 @@ async function main(): Promise<void> {
 
   begin("repository");
   const repo = expectStatus(
-    "register_repository",
+    "registerRepository",
     await api.POST("/api/v1/workspaces/{id}/repositories", {
       params: { path: { id: ws.id } },
       body: { path: repoPath },
@@ -193,7 +193,7 @@ async function main(): Promise<void> {
 
   begin("task");
   const task = expectStatus(
-    "create_task",
+    "createTask",
     await api.POST("/api/v1/workspaces/{id}/tasks", {
       params: { path: { id: ws.id } },
       body: {
@@ -211,7 +211,7 @@ async function main(): Promise<void> {
   begin("two sessions with the test agent");
   const createSession = async () =>
     expectStatus(
-      "create_session",
+      "createSession",
       await api.POST("/api/v1/tasks/{id}/sessions", {
         params: { path: { id: task.id } },
         body: { executor_type: "worktree", agent_profile: "test", prompt: "pwd" },
@@ -241,7 +241,7 @@ async function main(): Promise<void> {
   const envId = s1.task_environment_id;
   check(envId, "session 1 has no task_environment_id");
   const environment = expectStatus(
-    "get_task_environment",
+    "getTaskEnvironment",
     await api.GET("/api/v1/tasks/{id}/environment", { params: { path: { id: task.id } } }),
     200,
   );
@@ -277,7 +277,7 @@ async function main(): Promise<void> {
   await waitState(s1.id, ["idle"]);
   const text = `hello from the ${CLIENT} client`;
   const accepted = expectStatus(
-    "send_message",
+    "sendSessionMessage",
     await api.POST("/api/v1/sessions/{id}/messages", { params: { path: { id: s1.id } }, body: { text } }),
     202,
   );
@@ -295,7 +295,7 @@ async function main(): Promise<void> {
   eq(gone.response.headers.get("content-type"), "application/problem+json", "error content type");
   check(existsSync(workspacePath), `deleting a session removed the worktree ${workspacePath}`);
   const left = expectStatus(
-    "list_sessions",
+    "listTaskSessions",
     await api.GET("/api/v1/tasks/{id}/sessions", { params: { path: { id: task.id } } }),
     200,
   );
@@ -304,7 +304,7 @@ async function main(): Promise<void> {
   begin("git status refresh");
   await waitState(s1.id, ["idle"]);
   expectStatus(
-    "send_message",
+    "sendSessionMessage",
     await api.POST("/api/v1/sessions/{id}/messages", {
       params: { path: { id: s1.id } },
       body: { text: "write notes.txt work in progress" },
@@ -314,7 +314,7 @@ async function main(): Promise<void> {
   eq((await waitReplies(s1.id, 3))[2], "wrote notes.txt", "session 1 agent's write");
   const refresh = async () =>
     expectStatus(
-      "refresh_status",
+      "refreshEnvironmentGitStatus",
       await api.POST("/api/v1/environments/{id}/git-status/refresh", { params: { path: { id: envId } } }),
       200,
     );
@@ -330,7 +330,7 @@ async function main(): Promise<void> {
   check(notes, `notes.txt is not in the git status: ${JSON.stringify(st.files)}`);
   eq(notes.worktree_status, "untracked", "notes.txt worktree_status");
   const viaSession = expectStatus(
-    "session_status",
+    "getSessionGitStatus",
     await api.GET("/api/v1/sessions/{id}/git-status", { params: { path: { id: s1.id } } }),
     200,
   );
@@ -343,7 +343,7 @@ async function main(): Promise<void> {
   begin("archive");
   await waitState(s1.id, ["idle"]);
   const archived = expectStatus(
-    "archive_task",
+    "archiveTask",
     await api.POST("/api/v1/tasks/{id}/archive", { params: { path: { id: task.id } } }),
     202,
   );
@@ -361,7 +361,7 @@ async function main(): Promise<void> {
     `cleanup job ${job.id} to succeed`,
     async () => {
       lastJob = expectStatus(
-        "get_job",
+        "getCleanupJob",
         await api.GET("/api/v1/cleanup-jobs/{id}", { params: { path: { id: job.id } } }),
         200,
       );
@@ -381,7 +381,7 @@ async function main(): Promise<void> {
   eq(s1After.state, "cancelled", "session 1 state after archive");
   eq(s1After.desired_open, false, "session 1 desired_open after archive");
   const succeeded = expectStatus(
-    "list_jobs",
+    "listCleanupJobs",
     await api.GET("/api/v1/cleanup-jobs", { params: { query: { task_id: task.id, state: "succeeded" } } }),
     200,
   );

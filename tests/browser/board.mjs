@@ -1,0 +1,319 @@
+// The board at /ui, in a real browser and offline (issue 16, item 7).
+//
+// Headless Debian Chromium (driven by playwright-core, no downloaded browser) with every non-loopback
+// request aborted. Through the API the script creates a workspace and registers a git repository it
+// made itself; then, in the board: paste the token, open the workspace, create a task, start a session
+// with the `test` agent profile (berth-test-agent), send a message and watch the agent's text grow live
+// in the transcript (a streaming bubble holding part of the text before the whole of it), answer the
+// agent's confirm question in place, stop and delete the session, archive the task and see its cleanup
+// job succeed. A `#token=` fragment is taken and removed from the address bar at once; nothing lands in
+// local storage. Fails on any request beyond loopback, any console error or uncaught page error. A
+// screenshot of each screen goes to ${ARTIFACT_DIR:-target/ci-artifacts}/board-*.png (on failure:
+// board-failed.png).
+//
+// Environment: BERTH_URL, BERTH_TOKEN (admin), BOARD_REPO_DIR (a directory inside BERTH_REPO_ROOTS for
+// the repository), optionally ARTIFACT_DIR, CHROMIUM (default /usr/bin/chromium) and BOARD_TIMEOUT_MS
+// (the whole run's deadline, default 180000). Usually run by .ci/browser, which starts a server with an
+// agent profile `test` and mints the token.
+
+import { execFileSync } from 'node:child_process';
+import { mkdtemp, mkdir, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { chromium } from 'playwright-core';
+
+const BERTH_URL = (process.env.BERTH_URL ?? '').replace(/\/+$/, '');
+const TOKEN = process.env.BERTH_TOKEN ?? '';
+const REPO_DIR = process.env.BOARD_REPO_DIR ?? '';
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const ARTIFACT_DIR = process.env.ARTIFACT_DIR || 'target/ci-artifacts';
+const DEADLINE_MS = Number(process.env.BOARD_TIMEOUT_MS || 180_000);
+const STEP_MS = 20_000; // any single UI step
+const JOB_MS = 60_000; // a cleanup job until it succeeds
+
+if (!BERTH_URL || !TOKEN || !REPO_DIR) {
+  console.error('board.mjs: BERTH_URL, BERTH_TOKEN and BOARD_REPO_DIR must be set');
+  process.exit(2);
+}
+
+const started = Date.now();
+const log = (msg) => console.log(`[board ${((Date.now() - started) / 1000).toFixed(1)}s] ${msg}`);
+
+const LOOPBACK_HOSTS = new Set(['127.0.0.1', 'localhost', '[::1]', '::1']);
+const LOCAL_SCHEMES = new Set(['data:', 'blob:', 'about:', 'chrome:', 'chrome-extension:', 'devtools:']);
+function isLoopback(url) {
+  let u;
+  try {
+    u = new URL(url);
+  } catch {
+    return false;
+  }
+  if (LOCAL_SCHEMES.has(u.protocol)) return true;
+  return LOOPBACK_HOSTS.has(u.hostname);
+}
+// Chromium reports an aborted request (recorded separately) as a console error; a 4xx the board shows in
+// place (a 409 it answers with the consent flow, say) is logged as "Failed to load resource".
+const IGNORED_CONSOLE = [/net::ERR_FAILED/, /net::ERR_BLOCKED_BY_CLIENT/, /Failed to load resource: the server responded with a status of 4\d\d/];
+
+async function api(method, p, body) {
+  const res = await fetch(`${BERTH_URL}/api/v1${p}`, {
+    method,
+    headers: { Authorization: `Bearer ${TOKEN}`, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal: AbortSignal.timeout(STEP_MS),
+  });
+  const text = await res.text();
+  if (!res.ok) throw new Error(`${method} ${p}: ${res.status} ${text}`);
+  return text ? JSON.parse(text) : null;
+}
+
+function git(cwd, ...args) {
+  execFileSync('git', args, {
+    cwd,
+    stdio: ['ignore', 'ignore', 'inherit'],
+    env: { ...process.env, GIT_AUTHOR_NAME: 'ci', GIT_AUTHOR_EMAIL: 'ci@localhost', GIT_COMMITTER_NAME: 'ci', GIT_COMMITTER_EMAIL: 'ci@localhost' },
+  });
+}
+
+async function makeRepository(name) {
+  const dir = path.join(REPO_DIR, name);
+  await mkdir(dir, { recursive: true });
+  git(dir, 'init', '-q', '-b', 'main');
+  await writeFile(path.join(dir, 'README.md'), '# board test\n');
+  git(dir, 'add', 'README.md');
+  git(dir, 'commit', '-q', '-m', 'first');
+  return dir;
+}
+
+async function main() {
+  const suffix = randomBytes(4).toString('hex');
+  const ws = await api('POST', '/workspaces', { name: `board-${suffix}` });
+  const repoPath = await makeRepository(`repo-${suffix}`);
+  const repo = await api('POST', `/workspaces/${ws.id}/repositories`, { path: repoPath });
+  log(`workspace ${ws.name} with repository ${repo.name} (through the API)`);
+
+  await mkdir(ARTIFACT_DIR, { recursive: true });
+  const userDataDir = await mkdtemp(path.join(tmpdir(), 'berth-chromium-'));
+  const external = new Set();
+  const consoleErrors = [];
+  const ignoredConsole = [];
+  const context = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-quic', '--no-first-run', '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1280, height: 800 },
+    serviceWorkers: 'block',
+    timeout: STEP_MS,
+  });
+  let page;
+  let ok = false;
+  const shot = async (name) => {
+    const file = path.join(ARTIFACT_DIR, `board-${name}.png`);
+    await page.screenshot({ path: file, fullPage: true });
+    log(`screenshot: ${file}`);
+  };
+  try {
+    await context.route('**/*', (route) => {
+      const url = route.request().url();
+      if (isLoopback(url)) return route.continue();
+      external.add(`${route.request().method()} ${url}`);
+      return route.abort('blockedbyclient');
+    });
+    await context.routeWebSocket(/.*/, (s) => {
+      if (isLoopback(s.url().replace(/^ws/, 'http'))) return s.connectToServer();
+      external.add(`WEBSOCKET ${s.url()}`);
+      return s.close();
+    });
+    context.on('request', (req) => {
+      if (!isLoopback(req.url())) external.add(`${req.method()} ${req.url()}`);
+    });
+    page = context.pages()[0] ?? (await context.newPage());
+    page.setDefaultTimeout(STEP_MS);
+    page.on('console', (msg) => {
+      if (msg.type() !== 'error') return;
+      const text = `${msg.text()} @ ${msg.location()?.url ?? '?'}`;
+      (IGNORED_CONSOLE.some((re) => re.test(text)) ? ignoredConsole : consoleErrors).push(text);
+    });
+    page.on('pageerror', (err) => consoleErrors.push(`uncaught: ${err.message}`));
+    page.on('dialog', (d) => {
+      consoleErrors.push(`the page opened a ${d.type()} dialog: ${d.message()}`);
+      d.dismiss().catch(() => {});
+    });
+
+    // 1. Sign in: a wrong token is refused in place, then the real one is accepted.
+    const resp = await page.goto(`${BERTH_URL}/ui`, { waitUntil: 'load' });
+    if (!resp || !resp.ok()) throw new Error(`GET /ui: ${resp ? resp.status() : 'no response'}`);
+    const csp = resp.headers()['content-security-policy'] ?? '';
+    if (!csp.includes("default-src 'self'")) throw new Error(`/ui Content-Security-Policy: ${csp}`);
+    await page.locator('#token').fill('not-a-token');
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await page.locator('.problem', { hasText: 'does not accept this token' }).waitFor();
+    await shot('1-sign-in');
+    await page.locator('#token').fill(TOKEN);
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await page.getByRole('heading', { name: 'Workspaces' }).waitFor();
+    log('signed in with the pasted token');
+
+    // 2. Workspace: the repository, then a new task.
+    await page.getByRole('link', { name: ws.name }).click();
+    await page.getByRole('heading', { name: ws.name, level: 1 }).waitFor();
+    await page.locator('td', { hasText: repo.name }).first().waitFor();
+    await page.locator('#new-task summary').click();
+    await page.locator('#task-title').fill('Board task');
+    if (!(await page.locator('#pick-0').isChecked())) await page.locator('#pick-0').check();
+    await page.locator('#branch-0').fill(`board-${suffix}`);
+    await shot('2-workspace');
+    await page.getByRole('button', { name: 'Create task' }).click();
+    await page.getByRole('heading', { name: 'Board task', level: 1 }).waitFor();
+    const taskId = page.url().match(/#\/t\/([0-9a-f-]+)/)?.[1];
+    if (!taskId) throw new Error(`not on a task page: ${page.url()}`);
+    log(`created task ${taskId} in the board`);
+
+    // 3. Task: a session with the test agent.
+    await page.locator('#new-session summary').click();
+    await page.locator('#session-profile').selectOption('test');
+    await page.locator('#session-executor').selectOption('worktree');
+    await page.locator('#session-name').fill('board session');
+    await page.getByRole('button', { name: 'Start session' }).click();
+    await page.getByRole('heading', { name: 'board session', level: 1 }).waitFor();
+    await page.locator('#session-state .badge', { hasText: 'idle' }).waitFor({ timeout: 30_000 });
+    log('the session runs the test agent and is idle');
+
+    // 4. Session: the agent's text streams in live (40 deltas at 10 a second: about 4 s).
+    await page.locator('#message-text').fill('deltas 40 10');
+    await page.getByRole('button', { name: 'Send', exact: true }).click();
+    const streaming = page.locator('#transcript .msg.streaming .part.text');
+    await page.waitForFunction(() => {
+      const el = document.querySelector('#transcript .msg.streaming .part.text');
+      return el && /delta 2 /.test(el.textContent) && !/delta 39 /.test(el.textContent);
+    }, null, { timeout: 30_000 });
+    const partial = (await streaming.textContent()).trim();
+    log(`streaming, part of the text so far: ${JSON.stringify(partial.slice(0, 60))}…`);
+    await shot('3-session-streaming');
+    await page.locator('#transcript .msg.assistant:not(.streaming)', { hasText: 'delta 39' }).waitFor({ timeout: 30_000 });
+    const grown = await page.locator('#transcript .msg.assistant', { hasText: 'delta 39' }).count();
+    if (grown !== 1) throw new Error(`the finished message shows ${grown} times`);
+    log('the whole text arrived, once');
+
+    // 5. An attention request, answered in place.
+    await page.locator('#session-state .badge', { hasText: 'idle' }).waitFor();
+    await page.locator('#message-text').fill('ask');
+    await page.getByRole('button', { name: 'Send', exact: true }).click();
+    const question = page.locator('#attention .attention', { hasText: 'Proceed?' });
+    await question.waitFor({ timeout: 30_000 });
+    await page.locator('#session-state .badge', { hasText: 'attention' }).waitFor();
+    await shot('4-session-attention');
+    await question.getByRole('button', { name: 'Yes' }).click();
+    await page.locator('#transcript .msg.assistant', { hasText: 'answered true' }).waitFor({ timeout: 30_000 });
+    await page.locator('#attention .attention').waitFor({ state: 'detached' });
+    log('answered the confirm question in place; the agent replied');
+
+    // 6. Stop and delete the session (with a confirmation).
+    await page.locator('#session-state .badge', { hasText: 'idle' }).waitFor();
+    await page.getByRole('button', { name: 'Stop session' }).click();
+    await page.locator('#session-state .badge', { hasText: 'stopped' }).waitFor({ timeout: 30_000 });
+    await page.getByRole('button', { name: 'Delete session…' }).click();
+    await page.locator('dialog.confirm').getByRole('button', { name: 'Delete session' }).click();
+    await page.getByRole('heading', { name: 'Board task', level: 1 }).waitFor();
+    await page.locator('text=No session yet.').waitFor();
+    log('deleted the session; back on the task');
+
+    // 7. Archive the task; its cleanup job succeeds.
+    await page.locator('table.slots').waitFor();
+    await shot('5-task');
+    await page.getByRole('button', { name: 'Archive task…' }).click();
+    const dlg = page.locator('dialog.confirm');
+    await dlg.locator('text=branches are kept').waitFor();
+    await dlg.getByRole('button', { name: 'Archive task' }).click();
+    await page.locator('h1 .badge', { hasText: 'archived' }).waitFor();
+    await page.locator('table.jobs tr[data-state="succeeded"]', { hasText: 'archive' }).waitFor({ timeout: JOB_MS });
+    log('archived; the cleanup job succeeded');
+    await page.getByRole('link', { name: 'Cleanup jobs', exact: true }).click();
+    await page.getByRole('heading', { name: 'Cleanup jobs', level: 1 }).waitFor();
+    await page.locator('table.jobs tr[data-state="succeeded"]').first().waitFor();
+    await shot('6-cleanup-jobs');
+
+    // 8. The workspace shows the task among the archived.
+    await page.locator('#crumbs').getByRole('link', { name: 'Workspaces' }).click();
+    await page.getByRole('link', { name: ws.name }).click();
+    await page.locator('#tasks-archived .task-card', { hasText: 'Board task' }).waitFor();
+
+    // 9. Deleting a task whose worktree holds changes asks for explicit consent, naming the files. The
+    // change is made through the API: a session whose agent writes a file, then stopped.
+    const dirtyTask = await api('POST', `/workspaces/${ws.id}/tasks`, { title: 'Dirty task', repositories: [{ repository_id: repo.id }] });
+    const writer = await api('POST', `/tasks/${dirtyTask.id}/sessions`, { executor_type: 'worktree', agent_profile: 'test', prompt: 'write dirty.txt uncommitted' });
+    const until = Date.now() + 30_000;
+    for (;;) {
+      const snap = await api('GET', `/sessions/${writer.id}/snapshot`);
+      if (snap.state === 'idle' && snap.transcript.some((t) => t.role === 'assistant')) break;
+      if (Date.now() > until) throw new Error(`the writing session did not finish: ${snap.state}`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    await api('POST', `/sessions/${writer.id}/stop`);
+    await page.goto(`${BERTH_URL}/ui#/t/${dirtyTask.id}`);
+    await page.getByRole('heading', { name: 'Dirty task', level: 1 }).waitFor();
+    await page.getByRole('button', { name: 'Delete task…' }).click();
+    await page.locator('dialog.confirm').getByRole('button', { name: 'Delete task' }).click();
+    const consent = page.locator('dialog.confirm', { hasText: 'uncommitted changes' });
+    await consent.locator('code', { hasText: 'dirty.txt' }).waitFor();
+    const discard = consent.getByRole('button', { name: 'Delete and discard the changes' });
+    if (await discard.isEnabled()) throw new Error('discarding needs no explicit consent');
+    await shot('7-delete-consent');
+    await consent.getByRole('checkbox').check();
+    await discard.click();
+    await page.getByRole('heading', { name: ws.name, level: 1 }).waitFor();
+    await api('GET', `/tasks/${dirtyTask.id}`).then(
+      () => { throw new Error('the dirty task still exists'); },
+      (e) => { if (!/ 404 /.test(e.message)) throw e; },
+    );
+    log('deleting the dirty task asked for consent, named dirty.txt, then deleted it');
+
+    // Nothing in local storage; the token only in session storage.
+    const storage = await page.evaluate(() => ({ local: localStorage.length, session: sessionStorage.getItem('berth.token') }));
+    if (storage.local !== 0) throw new Error(`local storage holds ${storage.local} items`);
+    if (storage.session !== TOKEN) throw new Error('the token is not in session storage');
+
+    // A token in the URL fragment signs in and leaves the address bar at once.
+    const fresh = await context.newPage();
+    await fresh.goto(`${BERTH_URL}/ui#token=${encodeURIComponent(TOKEN)}`, { waitUntil: 'load' });
+    await fresh.getByRole('heading', { name: 'Workspaces' }).waitFor();
+    if (fresh.url().includes('token')) throw new Error(`the token stayed in the address bar: ${fresh.url()}`);
+    await fresh.close();
+    log('a #token= fragment signs in and is removed from the address bar');
+
+    await page.waitForLoadState('networkidle', { timeout: 3_000 }).catch(() => {});
+    if (external.size) throw new Error(`the page tried to reach beyond loopback (blocked):\n  ${[...external].join('\n  ')}`);
+    if (consoleErrors.length) throw new Error(`console errors:\n  ${consoleErrors.join('\n  ')}`);
+    if (ignoredConsole.length) log(`ignored console messages:\n  ${ignoredConsole.join('\n  ')}`);
+    ok = true;
+  } finally {
+    if (!ok) {
+      if (external.size) console.error(`non-loopback requests (blocked):\n  ${[...external].join('\n  ')}`);
+      if (consoleErrors.length) console.error(`console errors:\n  ${consoleErrors.join('\n  ')}`);
+      if (page) {
+        const file = path.join(ARTIFACT_DIR, 'board-failed.png');
+        await page.screenshot({ path: file, fullPage: true }).then(() => console.error(`failure screenshot: ${file}`), () => {});
+      }
+    }
+    await context.close().catch(() => {});
+    await rm(userDataDir, { recursive: true, force: true }).catch(() => {});
+  }
+}
+
+const deadline = setTimeout(() => {
+  console.error(`board.mjs: FAILED: no result within ${DEADLINE_MS} ms`);
+  process.exit(1);
+}, DEADLINE_MS);
+deadline.unref();
+
+main().then(
+  () => {
+    log('PASS: signed in, created a task and a session, watched the agent stream, answered it, deleted the session, archived the task and saw its cleanup succeed, offline');
+    process.exit(0);
+  },
+  (err) => {
+    console.error(`board.mjs: FAILED: ${err.stack ?? err}`);
+    process.exit(1);
+  },
+);
