@@ -81,6 +81,92 @@ impl ManagedRoot {
     }
 }
 
+/// Why a recorded worktree registration was not proven (and is left alone).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RegistrationError {
+    #[error("the recorded worktree id is not a plain name")]
+    NotPlain,
+    #[error("the worktree directory still exists")]
+    StillThere,
+    #[error("the registration's gitdir file cannot be read")]
+    Unreadable,
+    #[error("the registration's gitdir names {0}, not the worktree berth recorded")]
+    PointsElsewhere(String),
+    #[error("the registration is locked")]
+    Locked,
+}
+
+/// Proof that `<common>/worktrees/<id>` is the registration berth recorded for a managed worktree whose
+/// directory is gone: the id is the one the inventory recorded, and its `gitdir` file names
+/// `<managed path>/.git`. Forgetting a registration takes this, never a repository-wide prune (issue 17).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRegistration {
+    target: ManagedPath,
+    admin_dir: PathBuf,
+}
+
+impl RecordedRegistration {
+    /// `Ok(None)`: there is no such registration any more (already gone counts as done, I9).
+    pub fn prove(
+        target: &ManagedPath,
+        common_git_dir: &Path,
+        worktree_id: &str,
+    ) -> Result<Option<RecordedRegistration>, RegistrationError> {
+        let mut comps = Path::new(worktree_id).components();
+        if !matches!((comps.next(), comps.next()), (Some(Component::Normal(_)), None)) || worktree_id.contains('/') {
+            return Err(RegistrationError::NotPlain);
+        }
+        if std::fs::symlink_metadata(target.as_path()).is_ok() {
+            return Err(RegistrationError::StillThere);
+        }
+        let admin_dir = common_git_dir.join("worktrees").join(worktree_id);
+        match std::fs::symlink_metadata(&admin_dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Ok(m) if m.is_dir() => {}
+            _ => return Err(RegistrationError::Unreadable),
+        }
+        let named = std::fs::read_to_string(admin_dir.join("gitdir")).map_err(|_| RegistrationError::Unreadable)?;
+        let named = Path::new(named.trim_end_matches(['\n', '\r']));
+        // git may write it relative to the admin directory (`worktree.useRelativePaths`).
+        let named = lexically_normal(&admin_dir.join(named));
+        if named != target.as_path().join(".git") {
+            return Err(RegistrationError::PointsElsewhere(named.display().to_string()));
+        }
+        if admin_dir.join("locked").exists() {
+            return Err(RegistrationError::Locked);
+        }
+        Ok(Some(RecordedRegistration {
+            target: target.clone(),
+            admin_dir,
+        }))
+    }
+
+    /// The worktree path git knows the registration by (what `git worktree remove` is given).
+    pub fn target(&self) -> &ManagedPath {
+        &self.target
+    }
+
+    /// `<common>/worktrees/<id>`.
+    pub fn admin_dir(&self) -> &Path {
+        &self.admin_dir
+    }
+}
+
+/// `a/b/../c` as `a/c`, without touching the filesystem (the path may no longer exist).
+fn lexically_normal(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 /// I11: consent to destroy uncommitted or untracked work in a worktree (`git worktree remove --force`).
 /// Two ways to one: a request's explicit `discard_worktree_changes=true`, and reading back the cleanup
 /// job snapshot that recorded it (`recorded_consent`).
@@ -136,6 +222,65 @@ mod tests {
         assert_eq!(
             root.adopt(&root.path().join("t/r")).unwrap().as_path(),
             root.path().join("t/r")
+        );
+    }
+
+    #[test]
+    fn a_registration_is_proven_only_when_it_names_the_recorded_worktree() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let root = ManagedRoot::for_tests(dir.path().canonicalize().unwrap());
+        let common = tempfile::TempDir::new().unwrap();
+        let common = common.path().canonicalize().unwrap();
+        let target = root.join(&["task", "svc"]).unwrap();
+        let admin = common.join("worktrees/svc");
+        // No registration at all: already gone.
+        assert_eq!(RecordedRegistration::prove(&target, &common, "svc"), Ok(None));
+        std::fs::create_dir_all(&admin).unwrap();
+        std::fs::write(
+            admin.join("gitdir"),
+            format!("{}\n", target.as_path().join(".git").display()),
+        )
+        .unwrap();
+        let proof = RecordedRegistration::prove(&target, &common, "svc").unwrap().unwrap();
+        assert_eq!(proof.admin_dir(), admin);
+        // Relative, as `worktree.useRelativePaths` writes it.
+        let up = admin.ancestors().count() - 1;
+        let rel = format!(
+            "{}{}/.git",
+            "../".repeat(up),
+            target.as_path().strip_prefix("/").unwrap().display()
+        );
+        std::fs::write(admin.join("gitdir"), rel).unwrap();
+        assert!(RecordedRegistration::prove(&target, &common, "svc").unwrap().is_some());
+        // Someone else's worktree under that id is left alone.
+        std::fs::write(admin.join("gitdir"), "/home/user/elsewhere/.git\n").unwrap();
+        assert!(matches!(
+            RecordedRegistration::prove(&target, &common, "svc"),
+            Err(RegistrationError::PointsElsewhere(_))
+        ));
+        for bad in ["..", "a/b", "", "."] {
+            assert_eq!(
+                RecordedRegistration::prove(&target, &common, bad),
+                Err(RegistrationError::NotPlain),
+                "{bad:?}"
+            );
+        }
+        std::fs::write(
+            admin.join("gitdir"),
+            format!("{}\n", target.as_path().join(".git").display()),
+        )
+        .unwrap();
+        std::fs::write(admin.join("locked"), "on a drive\n").unwrap();
+        assert_eq!(
+            RecordedRegistration::prove(&target, &common, "svc"),
+            Err(RegistrationError::Locked)
+        );
+        std::fs::remove_file(admin.join("locked")).unwrap();
+        // A directory that is still there is removed with `git worktree remove`, not forgotten.
+        std::fs::create_dir_all(target.as_path()).unwrap();
+        assert_eq!(
+            RecordedRegistration::prove(&target, &common, "svc"),
+            Err(RegistrationError::StillThere)
         );
     }
 

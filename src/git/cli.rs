@@ -1,15 +1,25 @@
 //! Mutations through the `git` CLI: library-level worktree mutation has overwritten uncommitted work in
 //! other tools, so berth only ever asks git itself. Every call has a timeout and waits for a slot under a
 //! process-wide cap. Nothing here decides what to change; callers pass a `ManagedPath` as the target.
-use std::path::Path;
+//!
+//! Mutations of one source repository are serialized in the process (git's locks under `.git/worktrees`
+//! and the ref store make concurrent ones fail), and a failure that is git's lock contention (another
+//! process: a replica on the same disk, the user's own git) is retried with bounded backoff (issue 17).
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::process::Command;
 use tokio::sync::Semaphore;
 
-use crate::managed_path::{Consent, ManagedPath};
+use crate::managed_path::{Consent, ManagedPath, RecordedRegistration};
+
+/// Attempts of one mutation that meets git's lock contention, and the first and longest wait between.
+const LOCK_ATTEMPTS: u32 = 8;
+const LOCK_BACKOFF_FIRST: Duration = Duration::from_millis(25);
+const LOCK_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {
@@ -21,10 +31,86 @@ pub enum GitError {
     Spawn(#[from] std::io::Error),
 }
 
+impl GitError {
+    /// git failed because another process held one of its lock files: worth another attempt.
+    fn is_lock_contention(&self) -> bool {
+        matches!(self, GitError::Failed { stderr, .. } if is_lock_contention(stderr))
+    }
+}
+
+/// git's messages when a `*.lock` file (index, ref, config, packed-refs) is held by another process.
+fn is_lock_contention(stderr: &str) -> bool {
+    let s = stderr.to_ascii_lowercase();
+    let names_a_lock = s.contains(".lock")
+        || s.contains("cannot lock")
+        || s.contains("could not lock")
+        || s.contains("unable to lock");
+    s.contains("another git process seems to be running")
+        || (names_a_lock && (s.contains("file exists") || s.contains("unable to create")))
+}
+
+/// The wait before attempt `attempt + 1`: doubling from the first, capped, with jitter so that two
+/// processes backing off from each other do not collide again.
+fn backoff(attempt: u32) -> Duration {
+    let base = LOCK_BACKOFF_FIRST
+        .saturating_mul(1 << attempt.min(16))
+        .min(LOCK_BACKOFF_MAX);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    base + Duration::from_millis(u64::from(nanos) % (base.as_millis() as u64 / 2 + 1))
+}
+
+/// One async mutex per source repository, so that berth's own mutations of it never overlap.
+#[derive(Default)]
+struct RepoLocks(Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>);
+
+impl RepoLocks {
+    async fn lock(&self, repo: &Path) -> RepoGuard<'_> {
+        // The repository's canonical path is its key (callers pass the registered, canonical path; a
+        // spelling with symlinks still meets the same lock).
+        let key = std::fs::canonicalize(repo).unwrap_or_else(|_| repo.to_path_buf());
+        let lock = self
+            .0
+            .lock()
+            .expect("the repository lock map is never poisoned")
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let guard = lock.clone().lock_owned().await;
+        RepoGuard {
+            locks: self,
+            key,
+            lock,
+            _guard: Some(guard),
+        }
+    }
+}
+
+struct RepoGuard<'a> {
+    locks: &'a RepoLocks,
+    key: PathBuf,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    _guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for RepoGuard<'_> {
+    fn drop(&mut self) {
+        self._guard.take();
+        // Forget a repository nobody waits for (the map's and this guard's references are the only ones).
+        let mut map = self.locks.0.lock().expect("the repository lock map is never poisoned");
+        if Arc::strong_count(&self.lock) == 2 && map.get(&self.key).is_some_and(|l| Arc::ptr_eq(l, &self.lock)) {
+            map.remove(&self.key);
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct GitCli {
     slots: Arc<Semaphore>,
     timeout: Duration,
+    repos: Arc<RepoLocks>,
 }
 
 impl GitCli {
@@ -32,6 +118,29 @@ impl GitCli {
         GitCli {
             slots: Arc::new(Semaphore::new(max_concurrent.max(1))),
             timeout,
+            repos: Arc::default(),
+        }
+    }
+
+    /// A mutation of `repo`: under the repository's lock, retried while git reports lock contention.
+    async fn mutate(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<String, GitError> {
+        let _repo = self.repos.lock(repo).await;
+        self.run_retrying(op, repo, args).await
+    }
+
+    /// `run`, again after a backoff while the failure is lock contention, at most `LOCK_ATTEMPTS` times.
+    /// The caller holds the repository's lock.
+    async fn run_retrying(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<String, GitError> {
+        let mut attempt = 0;
+        loop {
+            match self.run(op, repo, args).await {
+                Err(e) if e.is_lock_contention() && attempt + 1 < LOCK_ATTEMPTS => {
+                    tracing::debug!(op, attempt, error = %e, "git lock contention; retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
         }
     }
 
@@ -84,8 +193,9 @@ pub trait GitMutations: Send + Sync {
         target: &ManagedPath,
         consent: &Consent,
     ) -> Result<(), GitError>;
-    /// `git worktree prune`, scoped to one repository.
-    async fn worktree_prune(&self, repo: &Path) -> Result<(), GitError>;
+    /// Forgets exactly one registration whose directory is gone, the one berth recorded (never a
+    /// repository-wide `git worktree prune`, which would drop the user's own missing worktrees too).
+    async fn worktree_forget(&self, repo: &Path, registration: &RecordedRegistration) -> Result<(), GitError>;
     /// How many files differ from HEAD or are untracked, without taking the index lock or writing it.
     async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError>;
 }
@@ -101,27 +211,44 @@ impl GitMutations for GitCli {
         base: Option<&str>,
     ) -> Result<(), GitError> {
         let target = target.as_path().to_string_lossy().into_owned();
-        match base {
-            Some(base) => {
-                self.run(
-                    "worktree add",
-                    repo,
-                    &["worktree", "add", "-b", branch, "--", &target, base],
-                )
-                .await?
+        let _repo = self.repos.lock(repo).await;
+        let mut attempt = 0;
+        loop {
+            // A failed attempt may have created the branch before it met a lock: the next one uses it.
+            let new_branch = match base {
+                Some(_) if attempt > 0 => !branch_exists(repo, branch).await,
+                Some(_) => true,
+                None => false,
+            };
+            let result = match (base, new_branch) {
+                (Some(base), true) => {
+                    self.run(
+                        "worktree add",
+                        repo,
+                        &["worktree", "add", "-b", branch, "--", &target, base],
+                    )
+                    .await
+                }
+                _ => {
+                    self.run("worktree add", repo, &["worktree", "add", "--", &target, branch])
+                        .await
+                }
+            };
+            match result {
+                Err(e) if e.is_lock_contention() && attempt + 1 < LOCK_ATTEMPTS => {
+                    tracing::debug!(attempt, error = %e, "git lock contention; retrying worktree add");
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                other => return other.map(|_| ()),
             }
-            None => {
-                self.run("worktree add", repo, &["worktree", "add", "--", &target, branch])
-                    .await?
-            }
-        };
-        Ok(())
+        }
     }
 
     /// `git worktree remove` without `--force`: git refuses a worktree with changes, which is the point.
     async fn worktree_remove(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError> {
         let target = target.as_path().to_string_lossy().into_owned();
-        self.run("worktree remove", repo, &["worktree", "remove", "--", &target])
+        self.mutate("worktree remove", repo, &["worktree", "remove", "--", &target])
             .await?;
         Ok(())
     }
@@ -134,7 +261,7 @@ impl GitMutations for GitCli {
         _consent: &Consent,
     ) -> Result<(), GitError> {
         let target = target.as_path().to_string_lossy().into_owned();
-        self.run(
+        self.mutate(
             "worktree remove",
             repo,
             &["worktree", "remove", "--force", "--", &target],
@@ -143,9 +270,12 @@ impl GitMutations for GitCli {
         Ok(())
     }
 
-    /// `git worktree prune`, scoped to one repository: forgets registrations whose directory is gone.
-    async fn worktree_prune(&self, repo: &Path) -> Result<(), GitError> {
-        self.run("worktree prune", repo, &["worktree", "prune"]).await?;
+    /// `git worktree remove` of a directory that is gone removes only that registration's admin
+    /// directory (git allows it without `--force`; it still refuses a locked one).
+    async fn worktree_forget(&self, repo: &Path, registration: &RecordedRegistration) -> Result<(), GitError> {
+        let target = registration.target().as_path().to_string_lossy().into_owned();
+        self.mutate("worktree remove", repo, &["worktree", "remove", "--", &target])
+            .await?;
         Ok(())
     }
 
@@ -159,5 +289,72 @@ impl GitMutations for GitCli {
             )
             .await?;
         Ok(out.lines().filter(|l| !l.trim().is_empty()).count())
+    }
+}
+
+/// Read in-process (gix), off the async threads.
+async fn branch_exists(repo: &Path, branch: &str) -> bool {
+    let (repo, branch) = (repo.to_path_buf(), branch.to_string());
+    tokio::task::spawn_blocking(move || super::branch_exists(&repo, &branch).unwrap_or(false))
+        .await
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_contention_is_told_from_other_failures() {
+        for contended in [
+            "fatal: Unable to create '/r/.git/index.lock': File exists.\n\nAnother git process seems to be running in this repository",
+            "error: cannot lock ref 'refs/heads/berth/t': Unable to create '/r/.git/refs/heads/berth/t.lock': File exists.",
+            "error: could not lock config file /r/.git/config: File exists",
+            "fatal: Unable to create '/r/.git/packed-refs.lock': File exists.",
+        ] {
+            assert!(is_lock_contention(contended), "{contended}");
+        }
+        for other in [
+            "fatal: a branch named 'berth/t' already exists",
+            "fatal: '/w/svc' already exists",
+            "fatal: cannot remove a locked working tree, lock reason: on a drive",
+            "fatal: '/w/svc' contains modified or untracked files, use --force to delete it",
+        ] {
+            assert!(!is_lock_contention(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn backoff_grows_and_stays_bounded() {
+        assert!(backoff(0) >= LOCK_BACKOFF_FIRST && backoff(0) < LOCK_BACKOFF_FIRST * 2);
+        assert!(backoff(3) >= LOCK_BACKOFF_FIRST * 8);
+        assert!(backoff(40) <= LOCK_BACKOFF_MAX + LOCK_BACKOFF_MAX / 2 + Duration::from_millis(1));
+    }
+
+    #[tokio::test]
+    async fn one_repository_mutates_one_at_a_time_and_others_do_not_wait() {
+        let locks = Arc::new(RepoLocks::default());
+        let dir = tempfile::TempDir::new().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let held = locks.lock(&a).await;
+        // Another spelling of the same repository waits; another repository does not.
+        let same = a.join("..").join("a");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), locks.lock(&same))
+                .await
+                .is_err()
+        );
+        let other = tokio::time::timeout(Duration::from_millis(50), locks.lock(&b)).await;
+        assert!(other.is_ok());
+        drop(other);
+        drop(held);
+        drop(
+            tokio::time::timeout(Duration::from_secs(5), locks.lock(&same))
+                .await
+                .unwrap(),
+        );
+        assert!(locks.0.lock().unwrap().is_empty(), "nobody waits: no entries kept");
     }
 }

@@ -1,5 +1,5 @@
 //! Git. Reads happen in-process with gix (repository identity, HEAD, worktree identity); mutations
-//! (worktree add/remove/prune, branch delete) go through the `git` CLI in `cli`, with a timeout and a
+//! (worktree add/remove, branch delete) go through the `git` CLI in `cli`, with a timeout and a
 //! process-wide concurrency cap.
 pub mod cli;
 pub mod status;

@@ -12,7 +12,7 @@ use crate::domain::{Ctx, environments};
 use crate::entity::cleanup_job as job;
 use crate::entity::task_environment::EnvironmentStatus;
 use crate::error::Result;
-use crate::managed_path::{Consent, ManagedRoot};
+use crate::managed_path::{Consent, ManagedPath, ManagedRoot, RecordedRegistration, RegistrationError};
 use crate::store::cleanup_jobs::JobPatch;
 use crate::store::tasks::{self as task_store, live_inheritors};
 use crate::store::{environments as env_store, sessions as sessions_store};
@@ -21,6 +21,9 @@ use crate::store::{environments as env_store, sessions as sessions_store};
 #[derive(Debug)]
 pub enum Outcome {
     Done,
+    /// Done, but something was left in place and is reported (in the job's `last_error`): a git
+    /// registration that could not be proven to be the one berth recorded.
+    DoneKeeping(Vec<String>),
     /// The reason for the job went away (the task was unarchived): nothing was removed.
     Cancelled(&'static str),
     /// Worth another attempt later.
@@ -45,6 +48,7 @@ pub fn record_of(ctx: &Ctx, j: &job::Model, outcome: Outcome) -> (JobEvent, JobP
     let now = crate::clock::now();
     let (event, error, next) = match outcome {
         Outcome::Done => (JobEvent::Succeed, None, None),
+        Outcome::DoneKeeping(kept) => (JobEvent::Succeed, Some(kept.join("; ")), None),
         Outcome::Cancelled(why) => (JobEvent::ReasonGone, Some(why.to_string()), None),
         Outcome::Terminal(e) => (JobEvent::Fail, Some(format!("{e:#}")), None),
         Outcome::Retry(e) if j.attempts >= j.max_attempts => (JobEvent::Fail, Some(format!("{e:#}")), None),
@@ -103,6 +107,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         Err(e) => return retry(e),
     }
     let root = ManagedRoot::from_config(&ctx.config);
+    let mut kept = Vec::new();
     for w in &env_snap.worktrees {
         if lost.load(Ordering::Acquire) {
             return Outcome::Retry(anyhow!("the lease was lost"));
@@ -113,7 +118,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             Ok(false) => {}
             Err(e) => return retry(e),
         }
-        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes.as_ref()).await {
+        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes.as_ref(), &mut kept).await {
             Outcome::Done => {}
             other => return other,
         }
@@ -125,7 +130,8 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         let _ = std::fs::remove_dir(dir.as_path());
     }
     match retire_environment(ctx, &snap, env_snap.id).await {
-        Ok(()) => Outcome::Done,
+        Ok(()) if kept.is_empty() => Outcome::Done,
+        Ok(()) => Outcome::DoneKeeping(kept),
         Err(e) => retry(e),
     }
 }
@@ -162,7 +168,13 @@ async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Res
     Ok(false)
 }
 
-async fn destroy_worktree(ctx: &Ctx, root: &ManagedRoot, w: &WorktreeSnapshot, consent: Option<&Consent>) -> Outcome {
+async fn destroy_worktree(
+    ctx: &Ctx,
+    root: &ManagedRoot,
+    w: &WorktreeSnapshot,
+    consent: Option<&Consent>,
+    kept: &mut Vec<String>,
+) -> Outcome {
     // I13: only inside the managed root, never through a symlink.
     let target = match root.adopt(Path::new(&w.worktree_path)) {
         Ok(t) => t,
@@ -175,11 +187,8 @@ async fn destroy_worktree(ctx: &Ctx, root: &ManagedRoot, w: &WorktreeSnapshot, c
     let repo = Path::new(&w.repository_path);
     let meta = std::fs::symlink_metadata(target.as_path());
     if meta.is_err() {
-        // Already gone counts as done; forget its registration if the repository is still there.
-        if repo.is_dir() {
-            let _ = ctx.git.worktree_prune(repo).await;
-        }
-        return Outcome::Done;
+        // Already gone counts as done (I9); forget its registration, and only that one.
+        return forget_registration(ctx, repo, &target, w, kept).await;
     }
     if meta.is_ok_and(|m| m.file_type().is_symlink()) {
         return Outcome::Terminal(anyhow!("the worktree path is a symlink; not following it"));
@@ -202,13 +211,50 @@ async fn destroy_worktree(ctx: &Ctx, root: &ManagedRoot, w: &WorktreeSnapshot, c
     if let Err(e) = removed {
         // Exit code 128 is not proof of anything: look.
         if std::fs::symlink_metadata(target.as_path()).is_err() {
-            let _ = ctx.git.worktree_prune(repo).await;
-            return Outcome::Done;
+            return forget_registration(ctx, repo, &target, w, kept).await;
         }
         return retry(e);
     }
-    let _ = ctx.git.worktree_prune(repo).await;
+    // `git worktree remove` removed its registration with it.
     Outcome::Done
+}
+
+/// The worktree directory is gone: remove the registration berth recorded for it (its worktree id),
+/// once proven to name this managed path; anything else is left and reported (issue 17: never a
+/// repository-wide prune, which drops the user's own missing worktrees too).
+async fn forget_registration(
+    ctx: &Ctx,
+    repo: &Path,
+    target: &ManagedPath,
+    w: &WorktreeSnapshot,
+    kept: &mut Vec<String>,
+) -> Outcome {
+    let Some(id) = w.worktree_id.as_deref() else {
+        // A planned path of an unfinished materialization: nothing recorded, nothing to prove.
+        return Outcome::Done;
+    };
+    if !repo.is_dir() {
+        return Outcome::Done;
+    }
+    let mut keep = |why: String| {
+        tracing::warn!(repository = %w.repository_id, worktree_id = id, reason = %why, "kept a worktree registration");
+        kept.push(format!(
+            "kept the registration {id} of repository {}: {why}",
+            w.repository_id
+        ));
+        Outcome::Done
+    };
+    match RecordedRegistration::prove(target, Path::new(&w.common_git_dir), id) {
+        Ok(None) => Outcome::Done,
+        // It came back between the two looks: the next attempt removes it properly.
+        Err(RegistrationError::StillThere) => retry(anyhow!("the worktree directory reappeared")),
+        Err(e) => keep(e.to_string()),
+        Ok(Some(proof)) => match ctx.git.worktree_forget(repo, &proof).await {
+            Ok(()) => Outcome::Done,
+            Err(_) if std::fs::symlink_metadata(proof.admin_dir()).is_err() => Outcome::Done,
+            Err(e) => keep(e.to_string()),
+        },
+    }
 }
 
 /// After destruction: the inventory rows are `deleted` and the environment superseded, if it still
