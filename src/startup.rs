@@ -124,6 +124,7 @@ impl Application {
                         .config(utoipa_swagger_ui::Config::default().validator_url("none")),
                 )
                 .default_service(web::to(api::not_found))
+                .wrap(from_fn(crate::api::idempotency::idempotency))
                 .wrap(from_fn(reject_nul_text))
                 .wrap(TracingLogger::<BerthRootSpan>::new())
                 .wrap(from_fn(request_id_and_metrics))

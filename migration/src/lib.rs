@@ -5,6 +5,7 @@ mod m20261129_000001_task_owned_schema;
 mod m20261129_000002_claim_indexes;
 mod m20261201_000003_session_inbox;
 mod m20261201_000004_session_commands;
+mod m20261202_000006_idempotency_keys;
 
 pub struct Migrator;
 
@@ -16,6 +17,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261129_000002_claim_indexes::Migration),
             Box::new(m20261201_000003_session_inbox::Migration),
             Box::new(m20261201_000004_session_commands::Migration),
+            Box::new(m20261202_000006_idempotency_keys::Migration),
         ]
     }
 }

@@ -3,6 +3,7 @@ pub mod agent_execution;
 pub mod cleanup_job;
 pub mod event;
 pub mod git_status_observation;
+pub mod idempotency_key;
 pub mod repository;
 pub mod session_command;
 pub mod session_inbox;

@@ -6,6 +6,7 @@
 pub mod cleanup_jobs;
 pub mod environments;
 pub mod executions;
+pub mod idempotency;
 pub mod inbox;
 pub mod messages;
 pub mod migrate;

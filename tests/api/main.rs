@@ -12,6 +12,7 @@ mod errors;
 mod events;
 mod faults;
 mod hostile;
+mod idempotency;
 mod inbox;
 mod migrations;
 mod model_server;

@@ -81,6 +81,7 @@ fn error_codes_are_the_contracts() {
             "not_a_git_repository",
             "path_not_allowed",
             "invalid_cursor",
+            "idempotency_key_reused",
             "unavailable",
             "internal",
         ]

@@ -25,17 +25,17 @@ both_backends!(
 const WAIT: Duration = Duration::from_secs(20);
 
 /// A second berth on the same database and data directory, as node `replica-b`, serving HTTP.
-struct Replica {
-    base: String,
-    client: reqwest::Client,
-    token: String,
+pub(crate) struct Replica {
+    pub(crate) base: String,
+    pub(crate) client: reqwest::Client,
+    pub(crate) token: String,
     state: actix_web::web::Data<berth::api::AppState>,
     handle: actix_web::dev::ServerHandle,
     background: Vec<tokio::task::AbortHandle>,
 }
 
 impl Replica {
-    async fn start(app: &TestApp) -> Replica {
+    pub(crate) async fn start(app: &TestApp) -> Replica {
         let mut config = app.config.clone();
         config.node_id = "replica-b".into();
         let server = berth::startup::Application::build(config)
@@ -76,7 +76,7 @@ impl Replica {
         Reply { status, headers, text }
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.state.ctx.runtime.stop_all().await;
         for b in &self.background {
             b.abort();
