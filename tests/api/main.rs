@@ -5,6 +5,7 @@ mod helpers;
 
 mod agents;
 mod architecture;
+mod async_create;
 mod auth;
 mod cleanup;
 mod conversations;
