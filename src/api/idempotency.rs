@@ -5,8 +5,8 @@
 //! two requests, on one replica or two. A repeat finds the row: done, it replays the stored answer; in
 //! progress, it waits a few seconds for it and then replays, else answers `409 conflict` (retryable). The
 //! same key with another method, path, query or body is `422 idempotency_key_reused`. Only answers that
-//! are final are kept (2xx and non-retryable 4xx); a retryable problem or a 5xx changed nothing, so the
-//! key is released and a retry runs again. The handler runs in its own task: a client that hangs up (a
+//! are final are kept (2xx and non-retryable 4xx other than 401/403); a retryable problem or a 5xx
+//! changed nothing, so the key is released and a retry runs again. The handler runs in its own task: a client that hangs up (a
 //! proxy timeout) does not cancel it, and its retry gets the answer the first request produced.
 //!
 //! Known limit: a claim left in progress by a process that died is taken over after [`STALE_CLAIM`]; if
@@ -42,9 +42,10 @@ fn valid_key(key: &str) -> bool {
     (1..=255).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
-fn fingerprint(req: &ServiceRequest, body: &[u8]) -> String {
+/// SHA-256 (hex) of what makes two requests the same one: method, path, query and body.
+pub fn fingerprint(method: &str, path: &str, query: &str, body: &[u8]) -> String {
     let mut h = Sha256::new();
-    for part in [req.method().as_str(), req.path(), req.query_string()] {
+    for part in [method, path, query] {
         h.update(part.as_bytes());
         h.update([0u8]);
     }
@@ -81,7 +82,7 @@ pub async fn idempotency(
             return Ok(answer(req, &Error::PayloadTooLarge { limit }));
         }
     };
-    let print = fingerprint(&req, &body);
+    let print = fingerprint(req.method().as_str(), req.path(), req.query_string(), &body);
     req.set_payload(actix_web::dev::Payload::from(body));
     let subject = principal.sub.clone();
     let conn = &state.ctx.db.conn;
@@ -190,10 +191,12 @@ fn header_text(res: &HttpResponse<()>, name: HeaderName) -> Option<String> {
         .map(str::to_string)
 }
 
-/// 2xx and non-retryable 4xx answers are final; a retryable problem or a 5xx changed nothing.
+/// 2xx and non-retryable 4xx answers are final; a retryable problem or a 5xx changed nothing. A 401 or
+/// 403 is about the token, not the request: a retry with a better token runs.
 fn is_final(res: &StoredResponse) -> bool {
     match res.status {
         200..=299 => true,
+        401 | 403 => false,
         400..=499 => {
             let retryable = serde_json::from_slice::<serde_json::Value>(&res.body)
                 .ok()

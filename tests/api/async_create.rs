@@ -18,6 +18,8 @@ both_backends!(
     the_synchronous_create_reports_progress_too,
     a_preparing_session_left_by_a_stopped_process_is_resumed,
     without_the_preference_the_create_is_synchronous,
+    an_async_create_is_refused_at_once_for_an_archived_task,
+    a_retried_async_create_returns_the_same_session,
 );
 
 async fn create_async(app: &TestApp, task: Uuid, body: Value) -> Reply {
@@ -194,4 +196,42 @@ async fn without_the_preference_the_create_is_synchronous(app: TestApp) {
         .await;
     assert_eq!(r.ok(201)["state"], "created");
     assert_eq!(r.header("preference-applied"), None);
+}
+
+/// The rules of a synchronous create hold before anything is recorded: an archived task (or one under a
+/// cleanup barrier, I7) refuses at once and no session row is written.
+async fn an_async_create_is_refused_at_once_for_an_archived_task(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Archived", &[repo]).await;
+    let archive = app.post(&format!("/api/v1/tasks/{task}/archive"), json!({})).await;
+    assert!(archive.status.is_success(), "{}", archive.text);
+    create_async(&app, task, json!({"executor_type": "worktree", "start": false}))
+        .await
+        .problem(409, "task_archived");
+    assert_eq!(app.count("task_sessions").await, 0);
+}
+
+async fn a_retried_async_create_returns_the_same_session(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, repo_path) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Retried", &[repo]).await;
+    let path = format!("/api/v1/tasks/{task}/sessions");
+    let send = || {
+        app.call_with(
+            Method::POST,
+            &path,
+            Some(&app.admin),
+            Some(json!({"executor_type": "worktree", "start": false})),
+            &[("Prefer", "respond-async"), ("Idempotency-Key", "async-1")],
+        )
+    };
+    let first = send().await;
+    let id = uuid(&first.ok(202)["id"]);
+    wait_session(&app, id, "created", |s| s["state"] == "created").await;
+    let again = send().await;
+    assert_eq!(again.header("idempotent-replayed").as_deref(), Some("true"));
+    assert_eq!(again.text, first.text, "the first answer, as given");
+    assert_eq!(app.count("task_sessions").await, 1);
+    assert_eq!(worktrees_of(&repo_path).len(), 2);
 }

@@ -21,6 +21,7 @@ both_backends!(
     a_retryable_failure_gives_the_key_back,
     two_replicas_sent_one_key_at_once_make_one_resource,
     deletes_and_actions_replay,
+    a_repeat_waits_for_the_first_then_gives_up_and_a_stale_claim_is_taken_over,
 );
 
 async fn post_key(app: &TestApp, path: &str, body: Value, key: &str) -> Reply {
@@ -180,7 +181,14 @@ async fn subjects_use_keys_independently(app: TestApp) {
         )
         .await;
     bad.problem(401, "unauthenticated");
+    // A refusal about the token is not kept either: the same key with a token that may write runs.
+    let reader = mint(&app.config, "carol", "tasks:read", None, None);
+    send(reader, "Carol's").await.problem(403, "insufficient_scope");
     assert_eq!(app.count("idempotency_keys").await, 2);
+    let carol = mint(&app.config, "carol", "tasks:write tasks:read", None, None);
+    let c = send(carol, "Carol's").await;
+    assert!(!replayed(&c));
+    c.ok(201);
 }
 
 async fn malformed_keys_are_refused(app: TestApp) {
@@ -302,4 +310,61 @@ async fn deletes_and_actions_replay(app: TestApp) {
     let a2 = post_key(&app, &archive, json!({}), "arch").await;
     assert!(replayed(&a2));
     assert_eq!(a2.text, a1.text);
+}
+
+/// A repeat while the first request is still running waits a few seconds, then answers a retryable 409;
+/// a claim left in progress past its bound (a crashed process's) is taken over and the request runs.
+async fn a_repeat_waits_for_the_first_then_gives_up_and_a_stale_claim_is_taken_over(app: TestApp) {
+    use berth::entity::idempotency_key as k;
+    use sea_orm::{ActiveValue::Set, EntityTrait};
+    let ws = app.workspace("ws").await;
+    let path = format!("/api/v1/workspaces/{ws}/tasks");
+    let body = json!({"title": "Held"});
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let now = chrono::Utc::now();
+    // As a first request that is still running (on this replica or another) holds it.
+    k::Entity::insert(k::ActiveModel {
+        subject: Set("admin".into()),
+        key: Set("held".into()),
+        fingerprint: Set(berth::api::idempotency::fingerprint("POST", &path, "", &bytes)),
+        state: Set(k::KeyState::InProgress),
+        response_status: Set(None),
+        response_content_type: Set(None),
+        response_body: Set(None),
+        response_location: Set(None),
+        response_etag: Set(None),
+        claim_id: Set(uuid::Uuid::now_v7()),
+        created_at: Set(now),
+        expires_at: Set(now + chrono::Duration::hours(24)),
+    })
+    .exec(app.db())
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let busy = post_key(&app, &path, body.clone(), "held").await;
+    let p = busy.problem(409, "conflict");
+    assert_eq!(p["retryable"], true);
+    assert!(p["retry_after_ms"].as_u64().is_some(), "{p}");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(4),
+        "it waited first"
+    );
+    assert_eq!(app.count("tasks").await, 0, "nothing ran");
+    // The holder crashed: past the bound, the claim is taken over and the request runs once.
+    k::Entity::update(k::ActiveModel {
+        subject: Set("admin".into()),
+        key: Set("held".into()),
+        created_at: Set(now - chrono::Duration::seconds(61)),
+        ..Default::default()
+    })
+    .exec(app.db())
+    .await
+    .unwrap();
+    let ran = post_key(&app, &path, body.clone(), "held").await;
+    assert!(!replayed(&ran));
+    let task = ran.ok(201);
+    let again = post_key(&app, &path, body, "held").await;
+    assert!(replayed(&again));
+    assert_eq!(id_of(&again.ok(201)), id_of(&task));
+    assert_eq!(app.count("tasks").await, 1);
 }
