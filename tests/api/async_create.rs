@@ -20,6 +20,7 @@ both_backends!(
     without_the_preference_the_create_is_synchronous,
     an_async_create_is_refused_at_once_for_an_archived_task,
     a_retried_async_create_returns_the_same_session,
+    a_launch_while_preparing_is_refused_and_changes_nothing,
 );
 
 async fn create_async(app: &TestApp, task: Uuid, body: Value) -> Reply {
@@ -234,4 +235,27 @@ async fn a_retried_async_create_returns_the_same_session(app: TestApp) {
     assert_eq!(again.text, first.text, "the first answer, as given");
     assert_eq!(app.count("task_sessions").await, 1);
     assert_eq!(worktrees_of(&repo_path).len(), 2);
+}
+
+async fn a_launch_while_preparing_is_refused_and_changes_nothing(app: TestApp) {
+    use berth::entity::task_session as s;
+    use sea_orm::{ActiveValue::Set, EntityTrait};
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Early", &[repo]).await;
+    let id = uuid(&app.session(task, "worktree").await["id"]);
+    s::Entity::update(s::ActiveModel {
+        id: Set(id),
+        state: Set(s::SessionState::Preparing),
+        task_environment_id: Set(None),
+        ..Default::default()
+    })
+    .exec(app.db())
+    .await
+    .unwrap();
+    let r = app.post(&format!("/api/v1/sessions/{id}/launch"), json!({})).await;
+    let p = r.problem(409, "workspace_preparing");
+    assert_eq!(p["retryable"], true);
+    let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+    assert_eq!(s["state"], "preparing", "not failed by the early launch: {s}");
 }
