@@ -14,6 +14,7 @@ pub mod ops;
 pub mod problem;
 pub mod repositories;
 pub mod session_messages;
+pub mod session_snapshot;
 pub mod sessions;
 pub mod tasks;
 pub mod workspaces;
@@ -303,6 +304,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(environments::routes)
                 .configure(sessions::routes)
                 .configure(session_messages::routes)
+                .configure(session_snapshot::routes)
                 .configure(events::routes)
                 .configure(agent_profiles::routes)
                 .configure(cleanup_jobs::routes)
