@@ -24,7 +24,10 @@ const WAIT: Duration = Duration::from_secs(30);
 async fn wait_done(app: &TestApp, id: &Value) -> Value {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{}", id.as_str().unwrap())).await.ok(200);
+        let j = app
+            .get(&format!("/api/v1/cleanup-jobs/{}", id.as_str().unwrap()))
+            .await
+            .ok(200);
         if j["state"] == "succeeded" {
             return j;
         }
@@ -53,7 +56,13 @@ async fn task_with_worktree(app: &TestApp, name: &str, slot: Value) -> (Uuid, Uu
     let s = app.session(task, "worktree").await;
     let env = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     let branch = env["repos"][0]["worktree_branch"].as_str().unwrap().to_string();
-    (ws, task, source, PathBuf::from(s["workspace_path"].as_str().unwrap()), branch)
+    (
+        ws,
+        task,
+        source,
+        PathBuf::from(s["workspace_path"].as_str().unwrap()),
+        branch,
+    )
 }
 
 fn commit_in(worktree: &Path, file: &str) {
@@ -85,11 +94,22 @@ async fn a_merged_berth_branch_is_deleted_on_task_delete(app: TestApp) {
     git(&source, &["merge", "-q", "--ff-only", &branch]);
     let (body, job) = delete(&app, task, "").await;
     let d = decision(&body["branches"], &branch);
-    assert_eq!((d["action"].as_str(), d["reason"].as_str()), (Some("delete"), Some("merged")), "{body}");
+    assert_eq!(
+        (d["action"].as_str(), d["reason"].as_str()),
+        (Some("delete"), Some("merged")),
+        "{body}"
+    );
     let d = decision(&job["resource_snapshot"]["branches"], &branch);
-    assert_eq!((d["action"].as_str(), d["reason"].as_str()), (Some("delete"), Some("merged")), "{job}");
+    assert_eq!(
+        (d["action"].as_str(), d["reason"].as_str()),
+        (Some("delete"), Some("merged")),
+        "{job}"
+    );
     assert!(!worktree.exists());
-    assert!(!branch_exists(&source, &branch), "a merged berth branch goes with its task");
+    assert!(
+        !branch_exists(&source, &branch),
+        "a merged berth branch goes with its task"
+    );
     // main keeps the work.
     assert!(source.join("done.txt").exists());
     let listed = app.get(&format!("/api/v1/workspaces/{ws}/branches")).await.ok(200);
@@ -101,9 +121,17 @@ async fn an_unmerged_branch_is_kept_reported_and_listed(app: TestApp) {
     commit_in(&worktree, "wip.txt");
     let (body, job) = delete(&app, task, "").await;
     let d = decision(&body["branches"], &branch);
-    assert_eq!((d["action"].as_str(), d["reason"].as_str()), (Some("keep"), Some("not_merged")), "{body}");
+    assert_eq!(
+        (d["action"].as_str(), d["reason"].as_str()),
+        (Some("keep"), Some("not_merged")),
+        "{body}"
+    );
     let d = decision(&job["resource_snapshot"]["branches"], &branch);
-    assert_eq!((d["action"].as_str(), d["reason"].as_str()), (Some("keep"), Some("not_merged")), "{job}");
+    assert_eq!(
+        (d["action"].as_str(), d["reason"].as_str()),
+        (Some("keep"), Some("not_merged")),
+        "{job}"
+    );
     assert!(!worktree.exists(), "the worktree goes");
     assert!(branch_exists(&source, &branch), "the unmerged commit stays reachable");
     let listed = app.get(&format!("/api/v1/workspaces/{ws}/branches")).await.ok(200);
@@ -119,7 +147,12 @@ async fn an_unmerged_branch_is_kept_reported_and_listed(app: TestApp) {
     // A token for another workspace sees nothing (I33).
     let other = app.token_for("tasks:read", Some(vec![Uuid::now_v7()]), None);
     let r = app
-        .call(reqwest::Method::GET, &format!("/api/v1/workspaces/{ws}/branches"), Some(&other), None)
+        .call(
+            reqwest::Method::GET,
+            &format!("/api/v1/workspaces/{ws}/branches"),
+            Some(&other),
+            None,
+        )
         .await;
     r.problem(404, "not_found");
 }
@@ -129,8 +162,15 @@ async fn an_unmerged_branch_is_deleted_with_consent(app: TestApp) {
     commit_in(&worktree, "throwaway.txt");
     let (body, job) = delete(&app, task, "?delete_branches=true").await;
     let d = decision(&body["branches"], &branch);
-    assert_eq!((d["action"].as_str(), d["reason"].as_str()), (Some("delete"), Some("consented")), "{body}");
-    assert_eq!(job["resource_snapshot"]["delete_branches"], true, "the consent is recorded: {job}");
+    assert_eq!(
+        (d["action"].as_str(), d["reason"].as_str()),
+        (Some("delete"), Some("consented")),
+        "{body}"
+    );
+    assert_eq!(
+        job["resource_snapshot"]["delete_branches"], true,
+        "the consent is recorded: {job}"
+    );
     let d = decision(&job["resource_snapshot"]["branches"], &branch);
     assert_eq!(d["action"], "delete", "{job}");
     assert!(!branch_exists(&source, &branch));
@@ -153,10 +193,21 @@ async fn a_user_named_existing_branch_is_never_deleted(app: TestApp) {
     commit_in(&worktree, "mine.txt");
     let (body, job) = delete(&app, task, "?delete_branches=true").await;
     let d = decision(&body["branches"], "feature/mine");
-    assert_eq!((d["action"].as_str(), d["reason"].as_str()), (Some("keep"), Some("user_named")), "{body}");
+    assert_eq!(
+        (d["action"].as_str(), d["reason"].as_str()),
+        (Some("keep"), Some("user_named")),
+        "{body}"
+    );
     let d = decision(&job["resource_snapshot"]["branches"], "feature/mine");
-    assert_eq!((d["action"].as_str(), d["reason"].as_str()), (Some("keep"), Some("user_named")), "{job}");
-    assert!(branch_exists(&source, "feature/mine"), "the user's branch stays, consent or not");
+    assert_eq!(
+        (d["action"].as_str(), d["reason"].as_str()),
+        (Some("keep"), Some("user_named")),
+        "{job}"
+    );
+    assert!(
+        branch_exists(&source, "feature/mine"),
+        "the user's branch stays, consent or not"
+    );
     // It is not berth's: not listed.
     let listed = app.get(&format!("/api/v1/workspaces/{ws}/branches")).await.ok(200);
     assert_eq!(listed["items"], serde_json::json!([]), "{listed}");
