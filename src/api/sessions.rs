@@ -248,6 +248,21 @@ pub struct CreateSession {
     pub start: Option<bool>,
 }
 
+/// RFC 7240: `Prefer: respond-async` (among other preferences, any case).
+fn prefers_async(req: &actix_web::HttpRequest) -> bool {
+    req.headers()
+        .get_all("prefer")
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| {
+            p.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("respond-async")
+        })
+}
+
 /// Create a session on a task
 ///
 /// A session is one agent conversation; it uses its task's environment and owns nothing on disk. It attaches
@@ -261,10 +276,14 @@ pub struct CreateSession {
     operation_id = "createSession",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
-    params(("id" = Uuid, Path, description = "Task id")),
+    params(
+        ("id" = Uuid, Path, description = "Task id"),
+        ("Prefer" = Option<String>, Header, description = "`respond-async`: answer `202` at once with the session `preparing`, and prepare the environment in the background (`environment.progress` events, then `session.state_changed`)", example = "respond-async"),
+    ),
     request_body = CreateSession,
     responses(
         (status = 201, description = "Attached to the task's ready environment, materializing it first if needed", body = Session, headers(("Location" = String), ("ETag" = String, description = "The session's version"))),
+        (status = 202, description = "With `Prefer: respond-async`: recorded `preparing`; the task's environment is being prepared. It then becomes `created` (or is launched when `start`), or `failed` with `last_error`", body = Session, headers(("Location" = String), ("Preference-Applied" = String, description = "`respond-async`"))),
         (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`workspace_preparing` (retry), `task_archived`, `task_cleanup_in_progress`, `workspace_reuse_unsafe`, `workspace_reuse_unsupported`, or `conflict` when preparing the workspace failed", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
@@ -275,6 +294,7 @@ async fn create_session(
     auth: Unbound<SessionsWrite>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
+    req: actix_web::HttpRequest,
     body: web::Json<CreateSession>,
 ) -> Result<HttpResponse, Error> {
     let body = body.into_inner();
@@ -285,6 +305,18 @@ async fn create_session(
         prompt: body.prompt,
         start: body.start,
     };
+    if prefers_async(&req) {
+        let view = sessions::create_async(&state.ctx, &auth, *id, input).await?;
+        let etag = view.etag();
+        let res = HttpResponse::Accepted()
+            .insert_header((
+                actix_web::http::header::LOCATION,
+                format!("/api/v1/sessions/{}", view.session.id),
+            ))
+            .insert_header(("Preference-Applied", "respond-async"))
+            .json(Session::from(view));
+        return Ok(super::tagged(res, &etag));
+    }
     let view = sessions::create(&state.ctx, &auth, *id, input).await?;
     let etag = view.etag();
     Ok(super::tagged(
