@@ -8,6 +8,7 @@ mod m20261201_000004_session_commands;
 mod m20261202_000005_event_tickets;
 mod m20261202_000006_idempotency_keys;
 mod m20261202_000007_row_versions;
+mod m20261202_000008_branch_ownership;
 
 pub struct Migrator;
 
@@ -22,6 +23,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000005_event_tickets::Migration),
             Box::new(m20261202_000006_idempotency_keys::Migration),
             Box::new(m20261202_000007_row_versions::Migration),
+            Box::new(m20261202_000008_branch_ownership::Migration),
         ]
     }
 }

@@ -76,7 +76,7 @@ fn redacted(snapshot: &serde_json::Value) -> serde_json::Value {
         .as_array()
         .map(|ws| {
             ws.iter()
-                .map(|w| serde_json::json!({"repository_id": w["repository_id"], "worktree_id": w["worktree_id"], "branch": w["branch"]}))
+                .map(|w| serde_json::json!({"repository_id": w["repository_id"], "worktree_id": w["worktree_id"], "branch": w["branch"], "branch_origin": w["branch_origin"]}))
                 .collect()
         })
         .unwrap_or_default();
@@ -86,6 +86,8 @@ fn redacted(snapshot: &serde_json::Value) -> serde_json::Value {
         "environment": if env.is_null() { serde_json::Value::Null } else { serde_json::json!({"id": env["id"], "worktrees": worktrees}) },
         "sessions": snapshot["sessions"],
         "discard_worktree_changes": snapshot["discard_worktree_changes"],
+        "delete_branches": snapshot["delete_branches"].as_bool().unwrap_or(false),
+        "branches": snapshot.get("branches").cloned().unwrap_or_else(|| serde_json::json!([])),
     })
 }
 

@@ -12,10 +12,12 @@ use super::extract::{
 };
 use super::problem::Problem;
 use super::{AppState, PageQuery};
+use crate::domain::cleanup::branch_report::BranchDecision;
 use crate::domain::task_lifecycle::{self as lifecycle, BranchRecovery};
 use crate::domain::tasks::{self, NewSlot, NewTask, TaskFilter, TaskPatch, TaskView};
 use crate::entity::task::{TaskKind, WorkspaceMode};
 use crate::error::Error;
+use crate::git::BranchDeletionConsent;
 use crate::managed_path::Consent;
 
 pub fn routes(cfg: &mut ServiceConfig) {
@@ -309,6 +311,10 @@ pub struct DeleteQuery {
     pub cascade: Option<bool>,
     /// Consent to remove worktrees that hold uncommitted or untracked changes.
     pub discard_worktree_changes: Option<bool>,
+    /// Consent to delete the branches berth created for the task even when they are not merged into
+    /// their base and their upstream lacks commits. Branches the user named or that existed before the
+    /// task are never deleted.
+    pub delete_branches: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -328,6 +334,9 @@ pub struct UnarchiveResult {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CleanupJobs {
     pub cleanup_jobs: Vec<CleanupJob>,
+    /// What the jobs will do with each worktree's branch, as things stand now (a job decides again
+    /// once its worktree is gone and records what it did in its `resource_snapshot.branches`).
+    pub branches: Vec<BranchDecision>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -403,8 +412,11 @@ async fn unarchive_task(
 /// Deletes the task and hands the removal of its worktrees, branches and environment to durable cleanup
 /// jobs. Uncommitted work is never lost silently: if a worktree is dirty, the answer is `409
 /// task_delete_dirty_worktree` listing each repository with its count of dirty files, and nothing changes;
-/// repeat with `discard_worktree_changes=true` to consent. With `cascade=true` its subtasks are deleted too. Scope
-/// `tasks:delete`.
+/// repeat with `discard_worktree_changes=true` to consent. With `cascade=true` its subtasks are deleted too.
+/// Once a worktree is gone, its branch is deleted only if berth created it and it is fully merged into its
+/// base, or its upstream has every commit, or the request says `delete_branches=true`; a branch the user
+/// named or that existed before the task is always kept. `branches` says, per branch, `delete` or `keep`
+/// and why. Scope `tasks:delete`.
 #[utoipa::path(
     operation_id = "deleteTask",
     tag = "tasks",
@@ -424,9 +436,13 @@ async fn delete_task(
     query: web::Query<DeleteQuery>,
 ) -> Result<HttpResponse, Error> {
     let consent = Consent::from_discard_flag(query.discard_worktree_changes);
-    let jobs = lifecycle::delete(&state.ctx, &auth, *id, query.cascade.unwrap_or(false), consent).await?;
+    let branch_consent = BranchDeletionConsent::from_flag(query.delete_branches);
+    let cascade = query.cascade.unwrap_or(false);
+    let jobs = lifecycle::delete(&state.ctx, &auth, *id, cascade, consent, branch_consent).await?;
+    let branches = crate::domain::branches::predict(&state.ctx, &jobs).await;
     Ok(HttpResponse::Accepted().json(CleanupJobs {
         cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
+        branches,
     }))
 }
 

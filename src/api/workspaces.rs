@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::extract::{FollowPoint, TasksRead, Unbound, WorkspacesAdmin};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
+use crate::domain::branches::LeftoverBranch;
 use crate::domain::workspaces;
 use crate::entity::workspace::{self, WorkspaceStatus};
 use crate::error::Error;
@@ -18,7 +19,8 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(list_workspaces)
         .service(get_workspace)
         .service(delete_workspace)
-        .service(workspace_summary);
+        .service(workspace_summary)
+        .service(list_workspace_branches);
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -173,8 +175,10 @@ async fn delete_workspace(
 ) -> Result<HttpResponse, Error> {
     let jobs =
         crate::domain::task_lifecycle::delete_workspace(&state.ctx, &auth, *id, query.confirm_name.as_deref()).await?;
+    let branches = crate::domain::branches::predict(&state.ctx, &jobs).await;
     Ok(HttpResponse::Accepted().json(super::tasks::CleanupJobs {
         cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
+        branches,
     }))
 }
 
@@ -202,4 +206,37 @@ async fn workspace_summary(
     Ok(web::Json(
         crate::domain::workspaces::summary(&state.ctx, &auth, *id).await?,
     ))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkspaceBranchList {
+    pub items: Vec<LeftoverBranch>,
+}
+
+/// List the branches berth created that are still there
+///
+/// The branches berth created for tasks of this workspace (the default `berth/<task>` branch, or a named
+/// branch that did not exist yet) that are still present in the workspace's repositories: those of live
+/// and archived tasks, and those a task delete kept because they were not merged (`task_id` is null once
+/// the task is gone). `merged` says whether every commit is in the branch's base or its upstream, so that
+/// deleting it would lose nothing. Branches the user named or that existed before a task are not listed:
+/// they are not berth's. Scope `tasks:read`.
+#[utoipa::path(
+    operation_id = "listWorkspaceBranches",
+    tag = "workspaces",
+    security(("bearer" = ["tasks:read"])),
+    params(("id" = Uuid, Path, description = "Workspace id")),
+    responses(
+        (status = 200, description = "The berth-created branches still present, oldest first", body = WorkspaceBranchList),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/workspaces/{id}/branches")]
+async fn list_workspace_branches(
+    auth: Unbound<TasksRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<WorkspaceBranchList>, Error> {
+    let items = crate::domain::branches::leftovers(&state.ctx, &auth, *id).await?;
+    Ok(web::Json(WorkspaceBranchList { items }))
 }

@@ -1,4 +1,5 @@
 //! The rules. Handlers call one function here; nothing here knows about HTTP.
+pub mod branches;
 pub mod cleanup;
 pub mod environments;
 pub mod events;

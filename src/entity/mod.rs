@@ -10,6 +10,7 @@ pub mod session_command;
 pub mod session_inbox;
 pub mod session_message;
 pub mod task;
+pub mod task_branch;
 pub mod task_environment;
 pub mod task_environment_repo;
 pub mod task_repository;

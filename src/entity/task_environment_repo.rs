@@ -16,6 +16,24 @@ pub enum EnvironmentRepoStatus {
     Failed,
 }
 
+/// Who made a worktree's branch (issue 17): only a branch berth `created` may ever be deleted by berth.
+/// Null on rows from before the record existed: unknown, so never deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, EnumIter, DeriveActiveEnum, Serialize, Deserialize, ToSchema)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+pub enum BranchOrigin {
+    /// berth created it for the task (`git worktree add -b`): the default `berth/<task>` branch, or a
+    /// named branch that did not exist yet.
+    #[sea_orm(string_value = "created")]
+    Created,
+    /// The user named a branch that already existed.
+    #[sea_orm(string_value = "user_named")]
+    UserNamed,
+    /// The default branch name already existed before the task (not berth's to delete).
+    #[sea_orm(string_value = "existed_before")]
+    ExistedBefore,
+}
+
 /// The canonical physical-worktree inventory: one active row per (environment, repository, branch slot).
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "task_environment_repos")]
@@ -38,6 +56,7 @@ pub struct Model {
     pub deleted_at: Option<DateTimeUtc>,
     /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
     pub row_version: i64,
+    pub branch_origin: Option<BranchOrigin>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -15,6 +15,8 @@ pub struct SlotPlan {
     pub common_git_dir: PathBuf,
     pub branch_slug: String,
     pub branch: String,
+    /// The user named the branch (else it is the default `berth/<task>`).
+    pub branch_named: bool,
     /// The start point when the branch does not exist yet.
     pub base: String,
     /// The directory name inside the task directory.
@@ -31,6 +33,9 @@ pub struct Materialized {
     pub worktree_id: Option<String>,
     pub worktree_path: String,
     pub worktree_branch: Option<String>,
+    /// This attempt ran `git worktree add` and found the branch already there (`Some(true)`) or created
+    /// it (`Some(false)`); `None` when it adopted a directory an earlier attempt left.
+    pub branch_existed: Option<bool>,
     /// Created by this attempt (and so the only kind of directory compensation may remove).
     created: Option<(PathBuf, ManagedPath)>,
 }
@@ -107,6 +112,7 @@ async fn materialize_slot(
     let target = root.join(&[task_dir, &plan.dir]).map_err(|e| e.to_string())?;
     let target_path = target.as_path().to_path_buf();
     let mut created = None;
+    let mut branch_existed = None;
     progress(plan.repository_id, Stage::Fetching).await;
     if std::fs::symlink_metadata(&target_path).is_err() {
         std::fs::create_dir_all(task_root.as_path()).map_err(|e| format!("cannot create the task directory: {e}"))?;
@@ -115,6 +121,7 @@ async fn materialize_slot(
             .await
             .map_err(|_| "the source repository is missing or is not a git repository".to_string())?;
         let base = (!exists).then_some(plan.base.as_str());
+        branch_existed = Some(exists);
         progress(plan.repository_id, Stage::CreatingWorktree).await;
         git.worktree_add(&plan.repository_path, &target, &plan.branch, base)
             .await
@@ -150,6 +157,7 @@ async fn materialize_slot(
             worktree_id: info.worktree_id,
             worktree_path: target_path.to_string_lossy().into_owned(),
             worktree_branch: Some(plan.branch.clone()),
+            branch_existed,
             created,
         }),
         Err(message) => {

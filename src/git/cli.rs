@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio::sync::Semaphore;
 
+use super::{BranchDeletionConsent, BranchName, MergedBranch};
 use crate::managed_path::{Consent, ManagedPath, RecordedRegistration};
 
 /// Attempts of one mutation that meets git's lock contention, and the first and longest wait between.
@@ -145,6 +146,28 @@ impl GitCli {
     }
 
     async fn run(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<String, GitError> {
+        match self.run_status(op, repo, args).await? {
+            (Some(0), stdout, _) => Ok(stdout),
+            (_, _, stderr) => Err(GitError::Failed { op, stderr }),
+        }
+    }
+
+    /// A read whose exit code is its answer (`merge-base --is-ancestor`, `rev-parse --verify --quiet`):
+    /// exit code 1 means "no"; anything else but 0 is a failure.
+    async fn run_yes_no(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<Option<String>, GitError> {
+        match self.run_status(op, repo, args).await? {
+            (Some(0), stdout, _) => Ok(Some(stdout)),
+            (Some(1), _, _) => Ok(None),
+            (_, _, stderr) => Err(GitError::Failed { op, stderr }),
+        }
+    }
+
+    async fn run_status(
+        &self,
+        op: &'static str,
+        repo: &Path,
+        args: &[&str],
+    ) -> Result<(Option<i32>, String, String), GitError> {
         let _slot = self.slots.acquire().await.expect("the semaphore is never closed");
         let mut cmd = Command::new("git");
         cmd.arg("-C")
@@ -162,13 +185,13 @@ impl GitCli {
                 op,
                 secs: self.timeout.as_secs(),
             })??;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            // Exit code 128 is not proof of absence; callers inspect before concluding anything.
-            let stderr = String::from_utf8_lossy(&out.stderr).trim().chars().take(2000).collect();
-            Err(GitError::Failed { op, stderr })
-        }
+        // Exit code 128 is not proof of absence; callers inspect before concluding anything.
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().chars().take(2000).collect();
+        Ok((
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr,
+        ))
     }
 }
 
@@ -198,6 +221,24 @@ pub trait GitMutations: Send + Sync {
     async fn worktree_forget(&self, repo: &Path, registration: &RecordedRegistration) -> Result<(), GitError>;
     /// How many files differ from HEAD or are untracked, without taking the index lock or writing it.
     async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError>;
+    /// The commit `refs/heads/<branch>` points at, `None` when there is no such branch (read-only).
+    async fn branch_tip(&self, repo: &Path, branch: &BranchName) -> Result<Option<String>, GitError>;
+    /// The commit the branch's upstream points at, `None` when it has none (read-only).
+    async fn upstream_tip(&self, repo: &Path, branch: &BranchName) -> Result<Option<String>, GitError>;
+    /// Whether `commit` is reachable from `rev` (`git merge-base --is-ancestor`, read-only).
+    async fn is_ancestor(&self, repo: &Path, commit: &str, rev: &str) -> Result<bool, GitError>;
+    /// The worktree paths (canonical, as git lists them) that have `branch` checked out (read-only).
+    async fn checked_out_at(&self, repo: &Path, branch: &BranchName) -> Result<Vec<PathBuf>, GitError>;
+    /// Deletes a branch proven to hold nothing its base or upstream lacks, only while it still points at
+    /// the commit that was proven (`git update-ref -d <ref> <oid>`), then drops its `branch.<name>` config.
+    async fn branch_delete_merged(&self, repo: &Path, proof: &MergedBranch) -> Result<(), GitError>;
+    /// `git branch -D`: only with the consent the delete request gave (`delete_branches=true`).
+    async fn branch_delete_consented(
+        &self,
+        repo: &Path,
+        branch: &BranchName,
+        consent: &BranchDeletionConsent,
+    ) -> Result<(), GitError>;
 }
 
 #[async_trait::async_trait]
@@ -289,6 +330,96 @@ impl GitMutations for GitCli {
             )
             .await?;
         Ok(out.lines().filter(|l| !l.trim().is_empty()).count())
+    }
+
+    async fn branch_tip(&self, repo: &Path, branch: &BranchName) -> Result<Option<String>, GitError> {
+        let r = format!("refs/heads/{}", branch.as_str());
+        let out = self
+            .run_yes_no(
+                "rev-parse",
+                repo,
+                &["rev-parse", "--verify", "--quiet", "--end-of-options", &r],
+            )
+            .await?;
+        Ok(out.map(|o| o.trim().to_string()).filter(|o| !o.is_empty()))
+    }
+
+    async fn upstream_tip(&self, repo: &Path, branch: &BranchName) -> Result<Option<String>, GitError> {
+        let r = format!("refs/heads/{}@{{upstream}}", branch.as_str());
+        // No upstream (or an upstream ref that is gone) is exit code 128 with `--verify`: read as none.
+        match self
+            .run_status(
+                "rev-parse",
+                repo,
+                &["rev-parse", "--verify", "--quiet", "--end-of-options", &r],
+            )
+            .await?
+        {
+            (Some(0), out, _) => Ok(Some(out.trim().to_string()).filter(|o| !o.is_empty())),
+            _ => Ok(None),
+        }
+    }
+
+    async fn is_ancestor(&self, repo: &Path, commit: &str, rev: &str) -> Result<bool, GitError> {
+        Ok(self
+            .run_yes_no(
+                "merge-base",
+                repo,
+                &["merge-base", "--is-ancestor", "--end-of-options", commit, rev],
+            )
+            .await?
+            .is_some())
+    }
+
+    async fn checked_out_at(&self, repo: &Path, branch: &BranchName) -> Result<Vec<PathBuf>, GitError> {
+        let out = self
+            .run("worktree list", repo, &["worktree", "list", "--porcelain"])
+            .await?;
+        let wanted = format!("branch refs/heads/{}", branch.as_str());
+        let mut at = Vec::new();
+        let mut path = None;
+        for line in out.lines() {
+            if let Some(p) = line.strip_prefix("worktree ") {
+                path = Some(PathBuf::from(p));
+            } else if line == wanted
+                && let Some(p) = path.take()
+            {
+                at.push(p);
+            }
+        }
+        Ok(at)
+    }
+
+    async fn branch_delete_merged(&self, repo: &Path, proof: &MergedBranch) -> Result<(), GitError> {
+        let r = format!("refs/heads/{}", proof.branch().as_str());
+        let _repo = self.repos.lock(repo).await;
+        self.run_retrying(
+            "update-ref",
+            repo,
+            &["update-ref", "-d", "--end-of-options", &r, proof.tip()],
+        )
+        .await?;
+        // Its tracking configuration, if any (`git branch -d` would drop it too); none is fine.
+        let section = format!("branch.{}", proof.branch().as_str());
+        let _ = self
+            .run_retrying(
+                "config",
+                repo,
+                &["config", "--remove-section", "--end-of-options", &section],
+            )
+            .await;
+        Ok(())
+    }
+
+    async fn branch_delete_consented(
+        &self,
+        repo: &Path,
+        branch: &BranchName,
+        _consent: &BranchDeletionConsent,
+    ) -> Result<(), GitError> {
+        self.mutate("branch delete", repo, &["branch", "-D", "--", branch.as_str()])
+            .await?;
+        Ok(())
     }
 }
 

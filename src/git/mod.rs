@@ -31,6 +31,78 @@ impl BranchName {
     }
 }
 
+/// Proof that a branch holds nothing that its base or its upstream lacks, at one commit: built only by
+/// `MergedBranch::prove`, which asked git. Deleting it loses no commit.
+#[derive(Debug, Clone)]
+pub struct MergedBranch {
+    branch: BranchName,
+    tip: String,
+}
+
+impl MergedBranch {
+    /// Asks git whether `tip` (the branch's commit now) is reachable from `base` or from the branch's
+    /// upstream. `Some(true)`: from the base; `Some(false)`: from the upstream; `None`: from neither.
+    pub async fn prove(
+        git: &dyn cli::GitMutations,
+        repo: &Path,
+        branch: &BranchName,
+        tip: &str,
+        base: Option<&str>,
+    ) -> Result<Option<(MergedBranch, bool)>, cli::GitError> {
+        let proof = || MergedBranch {
+            branch: branch.clone(),
+            tip: tip.to_string(),
+        };
+        if let Some(base) = base.filter(|b| !b.is_empty() && !b.starts_with('-'))
+            && git.is_ancestor(repo, tip, base).await.unwrap_or(false)
+        {
+            return Ok(Some((proof(), true)));
+        }
+        if let Some(upstream) = git.upstream_tip(repo, branch).await?
+            && git.is_ancestor(repo, tip, &upstream).await?
+        {
+            return Ok(Some((proof(), false)));
+        }
+        Ok(None)
+    }
+
+    pub fn branch(&self) -> &BranchName {
+        &self.branch
+    }
+
+    pub fn tip(&self) -> &str {
+        &self.tip
+    }
+}
+
+/// Consent to delete berth-created branches that are not merged: only from a delete request's explicit
+/// `delete_branches=true`, or read back from the cleanup job snapshot that recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchDeletionConsent {
+    _given: (),
+}
+
+impl BranchDeletionConsent {
+    pub(crate) fn from_flag(delete_branches: Option<bool>) -> Option<BranchDeletionConsent> {
+        (delete_branches == Some(true)).then_some(BranchDeletionConsent { _given: () })
+    }
+}
+
+/// `#[serde(with)]` for a recorded branch consent: stored as the boolean `delete_branches`.
+pub mod recorded_branch_consent {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::BranchDeletionConsent;
+
+    pub fn serialize<S: Serializer>(consent: &Option<BranchDeletionConsent>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bool(consent.is_some())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BranchDeletionConsent>, D::Error> {
+        Ok(bool::deserialize(d)?.then_some(BranchDeletionConsent { _given: () }))
+    }
+}
+
 /// What berth records about a source repository when it is registered.
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
-use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
+use crate::entity::task_environment_repo::{self as env_repo, BranchOrigin, EnvironmentRepoStatus};
 use crate::entity::{repository, task};
 use crate::error::Result;
 
@@ -24,6 +24,7 @@ pub struct NewRepoRow {
     pub worktree_branch: Option<String>,
     pub status: EnvironmentRepoStatus,
     pub error_message: Option<String>,
+    pub branch_origin: Option<BranchOrigin>,
 }
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<env::Model>> {
@@ -205,6 +206,7 @@ pub async fn insert_repo_rows(txn: &DatabaseTransaction, env_id: Uuid, rows: Vec
             merged_at: Set(None),
             row_version: Set(1),
             deleted_at: Set(None),
+            branch_origin: Set(r.branch_origin),
         })
         .collect();
     if !models.is_empty() {

@@ -3,6 +3,7 @@
 //! SQLite: WAL, busy timeout, foreign keys, a pool of several connections, and `BEGIN IMMEDIATE` for
 //! every write transaction, because a deferred transaction that reads then writes fails with "database
 //! is locked" under concurrency and sea-orm drops `FOR UPDATE` there. PostgreSQL: a pool, and row locks.
+pub mod branches;
 pub mod cleanup_jobs;
 pub mod environments;
 pub mod event_tickets;

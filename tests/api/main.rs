@@ -7,6 +7,7 @@ mod agents;
 mod architecture;
 mod async_create;
 mod auth;
+mod branches;
 mod cleanup;
 mod conversations;
 mod cors;

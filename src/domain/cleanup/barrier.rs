@@ -38,6 +38,21 @@ pub(crate) async fn owned_environment<C: ConnectionTrait>(
         };
         return Ok(Some((e, snap)));
     }
+    // The base each slot measures "merged" against (issue 17: the branch policy).
+    let bases: Vec<(Uuid, String, String)> = task_store::slots_with_repositories(conn, t.id)
+        .await?
+        .into_iter()
+        .filter_map(|(slot, repo)| {
+            let base = slot.base_branch.or_else(|| repo.map(|r| r.default_branch))?;
+            Some((slot.repository_id, slot.branch_slug, base))
+        })
+        .collect();
+    let base_of = |repository_id: Uuid, slug: &str| {
+        bases
+            .iter()
+            .find(|(r, s, _)| *r == repository_id && s == slug)
+            .map(|(_, _, b)| b.clone())
+    };
     let mut worktrees: Vec<WorktreeSnapshot> = env_store::active_repos_with_repository(conn, e.id)
         .await?
         .into_iter()
@@ -51,6 +66,8 @@ pub(crate) async fn owned_environment<C: ConnectionTrait>(
                 worktree_path: r.worktree_path?,
                 worktree_id: r.worktree_id,
                 branch: r.worktree_branch,
+                branch_origin: r.branch_origin,
+                base_branch: base_of(r.repository_id, &r.branch_slug),
             })
         })
         .collect();
@@ -66,7 +83,10 @@ pub(crate) async fn owned_environment<C: ConnectionTrait>(
                 common_git_dir: p.common_git_dir.to_string_lossy().into_owned(),
                 worktree_path: Path::new(&task_root).join(&p.dir).to_string_lossy().into_owned(),
                 worktree_id: None,
+                // Not recorded yet: an unknown origin is never deleted.
                 branch: Some(p.branch),
+                branch_origin: None,
+                base_branch: Some(p.base),
             });
         }
     }
@@ -94,6 +114,8 @@ pub(crate) async fn prepare(
         environment: owned.as_ref().map(|(_, s)| s.clone()),
         sessions: sessions_store::ids_of_task(txn, t.id).await?,
         discard_worktree_changes: consent.cloned(),
+        delete_branches: None,
+        branches: Vec::new(),
     };
     let now = crate::clock::now();
     let model = job::Model {

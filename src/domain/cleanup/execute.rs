@@ -8,6 +8,8 @@ use anyhow::anyhow;
 
 use super::state::JobEvent;
 use super::{Snapshot, WorktreeSnapshot, snapshot_of};
+use crate::domain::branches;
+use crate::domain::cleanup::branch_report::{BranchAction, BranchDecision, BranchReason};
 use crate::domain::{Ctx, environments};
 use crate::entity::cleanup_job as job;
 use crate::entity::task_environment::EnvironmentStatus;
@@ -108,13 +110,25 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     }
     let root = ManagedRoot::from_config(&ctx.config);
     let mut kept = Vec::new();
+    let deletes_branches = branches::deletes_branches(j.trigger);
+    let mut decisions = Vec::new();
     for w in &env_snap.worktrees {
         if lost.load(Ordering::Acquire) {
             return Outcome::Retry(anyhow!("the lease was lost"));
         }
         // A path that another environment's inventory now names (it adopted it) is not this job's.
         match claimed_by_another(ctx, env_snap.id, &w.worktree_path).await {
-            Ok(true) => continue,
+            Ok(true) => {
+                if deletes_branches && let Some(b) = &w.branch {
+                    decisions.push(BranchDecision {
+                        repository_id: w.repository_id,
+                        branch: b.clone(),
+                        action: BranchAction::Keep,
+                        reason: BranchReason::WorktreeKept,
+                    });
+                }
+                continue;
+            }
             Ok(false) => {}
             Err(e) => return retry(e),
         }
@@ -122,6 +136,16 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             Outcome::Done => {}
             other => return other,
         }
+        // Issue 17: only a task delete, only once the worktree is gone, only what the policy allows.
+        if deletes_branches {
+            match branches::delete_after_worktree(ctx, w, snap.delete_branches.as_ref()).await {
+                Ok(d) => decisions.extend(d),
+                Err(e) => return retry(e.context("deleting a branch failed")),
+            }
+        }
+    }
+    if deletes_branches && let Err(e) = record_branches(ctx, j, &snap, decisions).await {
+        return retry(e);
     }
     if !env_snap.task_root.is_empty()
         && let Ok(dir) = root.adopt(Path::new(&env_snap.task_root))
@@ -134,6 +158,18 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         Ok(()) => Outcome::DoneKeeping(kept),
         Err(e) => retry(e),
     }
+}
+
+/// What the job did with the branches, in its snapshot (what `GET /cleanup-jobs/{id}` shows).
+async fn record_branches(ctx: &Ctx, j: &job::Model, snap: &Snapshot, decisions: Vec<BranchDecision>) -> Result<()> {
+    let recorded = Snapshot {
+        branches: decisions,
+        ..snap.clone()
+    };
+    let value = serde_json::to_value(&recorded).map_err(|e| crate::error::Error::Internal(e.into()))?;
+    let txn = ctx.db.begin_write().await?;
+    crate::store::cleanup_jobs::set_snapshot(&txn, j.id, value).await?;
+    ctx.commit(txn).await
 }
 
 /// Another live (not superseded) environment's inventory names this path.

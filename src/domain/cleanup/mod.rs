@@ -6,6 +6,7 @@
 //! destroys what the snapshot names, re-checking sharing at that moment. Every state write of a job is
 //! one transition of `state`'s table; operators list, retry and cancel through `jobs`.
 pub mod barrier;
+pub mod branch_report;
 pub mod execute;
 pub mod jobs;
 pub mod state;
@@ -14,8 +15,11 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::entity::cleanup_job as job;
+use crate::entity::task_environment_repo::BranchOrigin;
 use crate::error::{Error, Result};
+use crate::git::BranchDeletionConsent;
 use crate::managed_path::Consent;
+use branch_report::BranchDecision;
 
 pub use crate::entity::cleanup_job::{CleanupJobState, CleanupTrigger};
 pub use jobs::{JobFilter, cancel, get, list, retry};
@@ -34,6 +38,13 @@ pub struct Snapshot {
     /// (stored as a boolean).
     #[serde(with = "crate::managed_path::recorded_consent")]
     pub discard_worktree_changes: Option<Consent>,
+    /// Consent to delete berth-created branches that are not merged (`delete_branches=true` on a task
+    /// delete), stored as a boolean.
+    #[serde(default, with = "crate::git::recorded_branch_consent")]
+    pub delete_branches: Option<BranchDeletionConsent>,
+    /// What the job did with each worktree's branch, written once it ran (issue 17).
+    #[serde(default)]
+    pub branches: Vec<BranchDecision>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -51,6 +62,12 @@ pub struct WorktreeSnapshot {
     pub worktree_path: String,
     pub worktree_id: Option<String>,
     pub branch: Option<String>,
+    /// Who made the branch; absent (unknown) in snapshots from before it was recorded.
+    #[serde(default)]
+    pub branch_origin: Option<BranchOrigin>,
+    /// What "fully merged" is measured against: the slot's base branch.
+    #[serde(default)]
+    pub base_branch: Option<String>,
 }
 
 pub fn snapshot_of(j: &job::Model) -> Result<Snapshot> {

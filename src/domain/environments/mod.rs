@@ -156,16 +156,18 @@ pub(super) async fn materialize(
     task_dir: &str,
 ) -> Result<Materialization, Failed> {
     let plans = plans(&ctx.db.conn, owner, task_dir).await?;
-    let active = |repository_id, branch_slug, position, made: Option<&worktree::Materialized>| NewRepoRow {
-        repository_id,
-        branch_slug,
-        position,
-        worktree_id: made.and_then(|m| m.worktree_id.clone()),
-        worktree_path: made.map(|m| m.worktree_path.clone()),
-        worktree_branch: made.and_then(|m| m.worktree_branch.clone()),
-        status: EnvironmentRepoStatus::Active,
-        error_message: None,
-    };
+    let active =
+        |repository_id, branch_slug, position, made: Option<&worktree::Materialized>, branch_origin| NewRepoRow {
+            repository_id,
+            branch_slug,
+            position,
+            worktree_id: made.and_then(|m| m.worktree_id.clone()),
+            worktree_path: made.map(|m| m.worktree_path.clone()),
+            worktree_branch: made.and_then(|m| m.worktree_branch.clone()),
+            status: EnvironmentRepoStatus::Active,
+            error_message: None,
+            branch_origin,
+        };
     let report = reporter(ctx, owner, e.id);
     match e.executor_type {
         ExecutorType::Local => {
@@ -175,7 +177,7 @@ pub(super) async fn materialize(
             }
             let rows = plans
                 .iter()
-                .map(|p| active(p.repository_id, p.branch_slug.clone(), p.position, None))
+                .map(|p| active(p.repository_id, p.branch_slug.clone(), p.position, None, None))
                 .collect();
             let path = plans.first().map(|p| p.repository_path.to_string_lossy().into_owned());
             Ok((rows, path, Vec::new()))
@@ -185,9 +187,12 @@ pub(super) async fn materialize(
             let made = worktree::materialize(ctx.git.as_ref(), &root, task_dir, &plans, &report)
                 .await
                 .map_err(Failed::Slot)?;
+            // Issue 17: who made each branch, recorded as it was made.
+            let origins = crate::domain::branches::record_origins(ctx, owner, &plans, &made).await?;
             let rows = made
                 .iter()
-                .map(|m| active(m.repository_id, m.branch_slug.clone(), m.position, Some(m)))
+                .zip(origins)
+                .map(|(m, origin)| active(m.repository_id, m.branch_slug.clone(), m.position, Some(m), origin))
                 .collect();
             // I19: one repository works in its worktree; several in the task root.
             let path = match made.as_slice() {
@@ -372,6 +377,7 @@ pub(super) async fn fail(
             worktree_branch: None,
             status: EnvironmentRepoStatus::Failed,
             error_message: Some(failure.message.clone()),
+            branch_origin: None,
         };
         store::insert_repo_rows(&txn, e.id, vec![row]).await?;
     }
@@ -401,6 +407,7 @@ pub(crate) async fn plans<C: ConnectionTrait>(
             common_git_dir: repo.common_git_dir.clone().into(),
             branch_slug: slot.branch_slug.clone(),
             branch: slot.branch.clone().unwrap_or_else(|| format!("berth/{task_dir}")),
+            branch_named: slot.branch.is_some(),
             base: slot.base_branch.clone().unwrap_or_else(|| repo.default_branch.clone()),
             dir: if repeated {
                 format!("{}-{}", repo.name, slot.position)

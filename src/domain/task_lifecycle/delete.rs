@@ -16,6 +16,7 @@ use crate::entity::task;
 use crate::error::{DirtyRepository, Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
+use crate::git::BranchDeletionConsent;
 use crate::managed_path::Consent;
 use crate::store::cleanup_jobs::{self as jobs_store};
 use crate::store::tasks::{self as task_store, live_inheritors, lock_in_order, lock_task, subtree};
@@ -54,6 +55,7 @@ pub async fn delete(
     task_id: Uuid,
     cascade: bool,
     consent: Option<Consent>,
+    branch_consent: Option<BranchDeletionConsent>,
 ) -> Result<Vec<job::Model>> {
     let root = tasks::readable(&ctx.db.conn, p, task_id).await?;
     let tasks = subtree(&ctx.db.conn, &root, cascade, true).await?;
@@ -79,7 +81,7 @@ pub async fn delete(
             CleanupTrigger::CascadeDelete
         }
     };
-    delete_tasks(ctx, &tasks, trigger, consent.as_ref()).await
+    delete_tasks(ctx, &tasks, trigger, consent.as_ref(), branch_consent.as_ref()).await
 }
 
 /// The shared delete path (task delete, cascade, quick-chat expiry): barrier, stop, transfer, delete.
@@ -88,6 +90,7 @@ pub(crate) async fn delete_tasks(
     tasks: &[task::Model],
     trigger: impl Fn(&task::Model) -> CleanupTrigger,
     consent: Option<&Consent>,
+    branch_consent: Option<&BranchDeletionConsent>,
 ) -> Result<Vec<job::Model>> {
     let doomed: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
     let txn = ctx.db.begin_write().await?;
@@ -95,7 +98,15 @@ pub(crate) async fn delete_tasks(
     let mut jobs = Vec::new();
     for t in tasks {
         let t = lock_task(&txn, t.id).await?;
-        jobs.push(prepare(&txn, ctx, &t, trigger(&t), consent).await?);
+        let mut j = prepare(&txn, ctx, &t, trigger(&t), consent).await?;
+        if let Some(branch_consent) = branch_consent {
+            // Issue 17: consent to delete unmerged berth-created branches, recorded with the job.
+            let mut snap = snapshot_of(&j)?;
+            snap.delete_branches = Some(branch_consent.clone());
+            j.resource_snapshot = serde_json::to_value(&snap).map_err(|e| Error::Internal(e.into()))?;
+            jobs_store::set_snapshot(&txn, j.id, j.resource_snapshot.clone()).await?;
+        }
+        jobs.push(j);
     }
     ctx.commit(txn).await?;
     stop_agents(ctx, &jobs).await;
@@ -168,6 +179,7 @@ async fn transfer(
         .await?
         .ok_or(Error::NotFound("environment"))?;
     task_store::transfer_environment(txn, &e, from, heir, crate::clock::now()).await?;
+    crate::store::branches::transfer(txn, from.id, heir.id).await?;
     let subject = Subject {
         task_environment_id: Some(env_id),
         ..Subject::task(heir.workspace_id, heir.id)
@@ -202,7 +214,15 @@ pub async fn expire_quick_chats(ctx: &Ctx) -> Result<usize> {
             tracing::warn!(task = %t.id, "an expired quick chat holds uncommitted work; keeping it");
             continue;
         }
-        match delete_tasks(ctx, std::slice::from_ref(&t), |_| CleanupTrigger::QuickChatExpire, None).await {
+        match delete_tasks(
+            ctx,
+            std::slice::from_ref(&t),
+            |_| CleanupTrigger::QuickChatExpire,
+            None,
+            None,
+        )
+        .await
+        {
             Ok(_) => expired += 1,
             Err(Error::TaskCleanupInProgress) => {}
             Err(e) => {

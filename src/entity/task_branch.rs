@@ -1,0 +1,21 @@
+use sea_orm::entity::prelude::*;
+
+/// A branch berth created for a task (issue 17): the ledger behind `GET /workspaces/{id}/branches`. It
+/// outlives the task (no foreign key to it) and goes when berth deletes the branch, or with the repository.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "task_branches")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub workspace_id: Uuid,
+    pub repository_id: Uuid,
+    pub branch: String,
+    pub base_branch: String,
+    pub task_id: Option<Uuid>,
+    pub created_at: DateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}
