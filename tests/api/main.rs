@@ -6,6 +6,7 @@ mod helpers;
 mod agents;
 mod architecture;
 mod auth;
+mod chains;
 mod cleanup;
 mod conversations;
 mod cors;
