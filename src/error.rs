@@ -82,6 +82,12 @@ pub enum Error {
         environment_id: uuid::Uuid,
         repository_name: String,
     },
+    /// 422: an `Idempotency-Key` already used by this caller for another method, path, query or body.
+    #[error("the idempotency key was used for another request")]
+    IdempotencyKeyReused,
+    /// 409, retryable: a request with the same `Idempotency-Key` is still being processed.
+    #[error("a request with this idempotency key is in progress")]
+    IdempotencyInProgress,
     /// A dependency is down for now (the database unreachable or full, git failing): retry later. The
     /// reason goes to the log only.
     #[error("temporarily unavailable: {0}")]

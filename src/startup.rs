@@ -87,6 +87,12 @@ impl Application {
             Ok(n) => tracing::info!(recovered = n, "took over materializations a previous process abandoned"),
             Err(e) => tracing::warn!(error = %e, "recovering abandoned materializations failed"),
         }
+        // Sessions created `preparing` whose preparation a stopped process did not finish: resumed.
+        match crate::domain::sessions::resume_preparing(&ctx).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(resumed = n, "resumed preparing sessions"),
+            Err(e) => tracing::warn!(error = %e, "resuming preparing sessions failed"),
+        }
         if ctx.runtime.live_count() >= 6 {
             tracing::warn!(
                 open = ctx.runtime.live_count(),
@@ -126,6 +132,7 @@ impl Application {
                 )
                 .default_service(web::to(api::not_found))
                 .wrap(from_fn(follow_point))
+                .wrap(from_fn(crate::api::idempotency::idempotency))
                 .wrap(from_fn(reject_nul_text))
                 .wrap(from_fn(crate::api::cors::cors))
                 .wrap(TracingLogger::<BerthRootSpan>::new())

@@ -6,6 +6,7 @@ mod m20261129_000002_claim_indexes;
 mod m20261201_000003_session_inbox;
 mod m20261201_000004_session_commands;
 mod m20261202_000005_event_tickets;
+mod m20261202_000006_idempotency_keys;
 mod m20261202_000007_row_versions;
 
 pub struct Migrator;
@@ -19,6 +20,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000003_session_inbox::Migration),
             Box::new(m20261201_000004_session_commands::Migration),
             Box::new(m20261202_000005_event_tickets::Migration),
+            Box::new(m20261202_000006_idempotency_keys::Migration),
             Box::new(m20261202_000007_row_versions::Migration),
         ]
     }

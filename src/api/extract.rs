@@ -105,7 +105,7 @@ impl<S: RequiredScope> FromRequest for Unbound<S> {
     }
 }
 
-fn authenticate(req: &HttpRequest) -> Result<Principal, Error> {
+pub(crate) fn authenticate(req: &HttpRequest) -> Result<Principal, Error> {
     let state = req
         .app_data::<web::Data<AppState>>()
         .ok_or_else(|| Error::Internal(anyhow::anyhow!("no app state")))?;

@@ -24,6 +24,14 @@ pub fn current_request_id() -> Option<String> {
     REQUEST_ID.try_with(|id| id.clone()).ok()
 }
 
+/// Runs `fut` with the request id of the request being served (for work moved to another task).
+pub async fn with_request_id<F: std::future::Future>(id: Option<String>, fut: F) -> F::Output {
+    match id {
+        Some(id) => REQUEST_ID.scope(id, fut).await,
+        None => fut.await,
+    }
+}
+
 /// Accepts a caller's id if it is short printable ASCII; otherwise makes one.
 fn request_id_for(req: &ServiceRequest) -> String {
     req.headers()

@@ -8,11 +8,13 @@ pub mod events;
 pub mod examples;
 pub mod extract;
 pub mod git_status;
+pub mod idempotency;
 pub mod middleware;
 pub mod ops;
 pub mod problem;
 pub mod repositories;
 pub mod session_messages;
+pub mod session_snapshot;
 pub mod sessions;
 pub mod tasks;
 pub mod workspaces;
@@ -150,6 +152,75 @@ fn add_common_responses(openapi: &mut utoipa::openapi::OpenApi) {
     }
 }
 
+/// `Idempotency-Key` on every POST and DELETE under /api/v1 (issue 16; `idempotency` serves it), with the
+/// answers it adds.
+fn add_idempotency_key(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+    use utoipa::openapi::{ObjectBuilder, Required, Type};
+    let parameter = ParameterBuilder::new()
+        .name("Idempotency-Key")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(
+            "Makes a retry safe: 1 to 255 visible ASCII characters, unique per request. The first final answer \
+             (2xx or a non-retryable 4xx) is kept for 24 hours per token subject and key, and a repeat with the \
+             same method, path, query and body gets it again (status, body, `Location`, `ETag`) with \
+             `Idempotent-Replayed: true`, without running again. A retryable problem or a 5xx keeps nothing.",
+        ))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(255))
+                .pattern(Some("^[\\x21-\\x7E]+$")),
+        ))
+        .example(Some(serde_json::json!("3f1c9a52-create-task-1")))
+        .build();
+    let problem = |description: &str| -> RefOr<Response> {
+        RefOr::T(
+            utoipa::openapi::ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/problem+json",
+                    utoipa::openapi::ContentBuilder::new()
+                        .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build(),
+        )
+    };
+    for (path, item) in openapi.paths.paths.iter_mut() {
+        if !idempotency::covers(path) {
+            continue;
+        }
+        for op in [&mut item.post, &mut item.delete].into_iter().flatten() {
+            op.parameters
+                .get_or_insert_with(Vec::new)
+                .push(RefOr::T(parameter.clone()));
+            for (code, text) in [
+                (
+                    "422",
+                    "The `Idempotency-Key` was used for another method, path, query or body (`idempotency_key_reused`)",
+                ),
+                (
+                    "409",
+                    "A request with the same `Idempotency-Key` is still in progress (`conflict`, retryable)",
+                ),
+            ] {
+                match op.responses.responses.get_mut(code) {
+                    Some(RefOr::T(existing)) => {
+                        existing.description = format!("{}; or: {}", existing.description, text);
+                    }
+                    Some(RefOr::Ref(_)) => {}
+                    None => {
+                        op.responses.responses.insert(code.to_string(), problem(text));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The spec as served and committed: generated from the same route table the server uses.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     use utoipa_actix_web::AppExt;
@@ -167,6 +238,7 @@ pub fn finish_spec(spec: &mut utoipa::openapi::OpenApi) {
     mark_public_operations(spec);
     add_common_responses(spec);
     add_follow_point_header(spec);
+    add_idempotency_key(spec);
     examples::add(spec);
 }
 
@@ -232,6 +304,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(environments::routes)
                 .configure(sessions::routes)
                 .configure(session_messages::routes)
+                .configure(session_snapshot::routes)
                 .configure(events::routes)
                 .configure(agent_profiles::routes)
                 .configure(cleanup_jobs::routes)

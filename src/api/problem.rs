@@ -29,6 +29,7 @@ pub enum ErrorCode {
     PathNotAllowed,
     InvalidCursor,
     PreconditionFailed,
+    IdempotencyKeyReused,
     Unavailable,
     Internal,
 }
@@ -54,6 +55,7 @@ impl ErrorCode {
             ErrorCode::PathNotAllowed => "path_not_allowed",
             ErrorCode::InvalidCursor => "invalid_cursor",
             ErrorCode::PreconditionFailed => "precondition_failed",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
         }
@@ -334,6 +336,22 @@ impl From<&Error> for Problem {
                     format!(
                         "preparing repository {repository_name} failed; the environment's repos say why, and a new session retries"
                     ),
+                )
+            },
+            Error::IdempotencyKeyReused => Problem::new(
+                S::UNPROCESSABLE_ENTITY,
+                C::IdempotencyKeyReused,
+                "Idempotency key reused",
+                "this Idempotency-Key was used for another request (method, path, query or body); use a new key",
+            ),
+            Error::IdempotencyInProgress => Problem {
+                retryable: true,
+                retry_after_ms: Some(1000),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::Conflict,
+                    "Request in progress",
+                    "a request with this Idempotency-Key is still being processed; retry shortly",
                 )
             },
             Error::Unavailable(_) => Problem {

@@ -10,7 +10,6 @@ use super::extract::{Authorized, FollowPoint, SessionsDelete, SessionsRead, Sess
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::sessions::{self, NewSession, SessionView};
-use crate::entity::session_message::MessageRole;
 use crate::entity::task_session::{ExecutorType, SessionState};
 use crate::error::Error;
 
@@ -24,8 +23,7 @@ pub fn routes(cfg: &mut ServiceConfig) {
         .service(resume_session)
         .service(stop_session)
         .service(abort_session)
-        .service(answer_attention)
-        .service(session_snapshot);
+        .service(answer_attention);
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -248,6 +246,21 @@ pub struct CreateSession {
     pub start: Option<bool>,
 }
 
+/// RFC 7240: `Prefer: respond-async` (among other preferences, any case).
+fn prefers_async(req: &actix_web::HttpRequest) -> bool {
+    req.headers()
+        .get_all("prefer")
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| {
+            p.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("respond-async")
+        })
+}
+
 /// Create a session on a task
 ///
 /// A session is one agent conversation; it uses its task's environment and owns nothing on disk. It attaches
@@ -261,10 +274,14 @@ pub struct CreateSession {
     operation_id = "createSession",
     tag = "sessions",
     security(("bearer" = ["sessions:write"])),
-    params(("id" = Uuid, Path, description = "Task id")),
+    params(
+        ("id" = Uuid, Path, description = "Task id"),
+        ("Prefer" = Option<String>, Header, description = "`respond-async`: answer `202` at once with the session `preparing`, and prepare the environment in the background (`environment.progress` events, then `session.state_changed`)", example = "respond-async"),
+    ),
     request_body = CreateSession,
     responses(
         (status = 201, description = "Attached to the task's ready environment, materializing it first if needed", body = Session, headers(("Location" = String), ("ETag" = String, description = "The session's version"))),
+        (status = 202, description = "With `Prefer: respond-async`: recorded `preparing`; the task's environment is being prepared. It then becomes `created` (or is launched when `start`), or `failed` with `last_error`", body = Session, headers(("Location" = String), ("Preference-Applied" = String, description = "`respond-async`"))),
         (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`workspace_preparing` (retry), `task_archived`, `task_cleanup_in_progress`, `workspace_reuse_unsafe`, `workspace_reuse_unsupported`, or `conflict` when preparing the workspace failed", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
@@ -275,6 +292,7 @@ async fn create_session(
     auth: Unbound<SessionsWrite>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
+    req: actix_web::HttpRequest,
     body: web::Json<CreateSession>,
 ) -> Result<HttpResponse, Error> {
     let body = body.into_inner();
@@ -285,6 +303,18 @@ async fn create_session(
         prompt: body.prompt,
         start: body.start,
     };
+    if prefers_async(&req) {
+        let view = sessions::create_async(&state.ctx, &auth, *id, input).await?;
+        let etag = view.etag();
+        let res = HttpResponse::Accepted()
+            .insert_header((
+                actix_web::http::header::LOCATION,
+                format!("/api/v1/sessions/{}", view.session.id),
+            ))
+            .insert_header(("Preference-Applied", "respond-async"))
+            .json(Session::from(view));
+        return Ok(super::tagged(res, &etag));
+    }
     let view = sessions::create(&state.ctx, &auth, *id, input).await?;
     let etag = view.etag();
     Ok(super::tagged(
@@ -435,161 +465,4 @@ async fn answer_attention(
     let answer = sessions::Answer::parse(b.value, b.confirmed, b.cancelled)?;
     let view = sessions::answer_attention(&state.ctx, &auth, id, &request_id, answer).await?;
     Ok(web::Json(view.into()))
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct TranscriptEntry {
-    pub role: MessageRole,
-    pub content: serde_json::Value,
-    pub created_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct SessionStatistics {
-    pub turns: u64,
-    pub messages: u64,
-    /// Summed from the agent's usage reports (zero when it makes none).
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub cost: f64,
-}
-
-/// A question an agent asked (Pi RPC `extension_ui_request`), answered with
-/// `POST /sessions/{id}/attention/{request_id}`. Fields are as the agent sent them.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct AttentionRequest {
-    /// The request id to answer.
-    id: serde_json::Value,
-    /// `confirm`, `select`, `input`, ...
-    method: serde_json::Value,
-    title: serde_json::Value,
-    message: serde_json::Value,
-    options: serde_json::Value,
-}
-
-impl From<serde_json::Value> for AttentionRequest {
-    fn from(r: serde_json::Value) -> Self {
-        AttentionRequest {
-            id: r["id"].clone(),
-            method: r["method"].clone(),
-            title: r["title"].clone(),
-            message: r["message"].clone(),
-            options: r["options"].clone(),
-        }
-    }
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct SessionSnapshot {
-    pub session: Session,
-    pub state: SessionState,
-    /// The agent's name for its session, else the session's name, else its first prompt, else "New session".
-    pub label: String,
-    pub transcript: Vec<TranscriptEntry>,
-    pub statistics: SessionStatistics,
-    /// The tool the agent is running right now, if any.
-    pub active_tool: Option<String>,
-    /// Messages waiting: queued in berth's inbox plus held in the agent's own queue (Pi's `queue_update`).
-    pub queue_length: u64,
-    /// What the agent last said about itself (Pi: `get_state`, `get_commands`, `get_available_models`,
-    /// status lines, title, notifications).
-    pub agent: AgentInfo,
-    pub last_activity_at: DateTime<Utc>,
-    /// Pending requests: `{id, method, title, message, options}` as the agent sent them.
-    pub attention_requests: Vec<AttentionRequest>,
-    pub instance_id: Uuid,
-    /// Follow the event stream from here: nothing after it is missing from this snapshot's sources.
-    pub latest_seq: i64,
-}
-
-/// What the agent last told berth about itself; each field is null (or empty) until it has.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct AgentInfo {
-    /// The current model, as the agent describes it (`{id, name, provider, ...}`).
-    pub model: serde_json::Value,
-    pub thinking_level: Option<String>,
-    /// The agent's own name for its session.
-    pub session_name: Option<String>,
-    /// Commands the agent offers (invoked as `/name` in a message).
-    pub commands: Vec<serde_json::Value>,
-    /// Models the agent can switch to.
-    pub models: Vec<serde_json::Value>,
-    /// The latest status line per key (`setStatus`).
-    pub status: serde_json::Map<String, serde_json::Value>,
-    /// The latest title (`setTitle`).
-    pub title: Option<String>,
-    /// The latest notifications (`notify`), newest last: `{message, notify_type, at}`.
-    pub notifications: Vec<serde_json::Value>,
-}
-
-impl From<Option<serde_json::Value>> for AgentInfo {
-    fn from(v: Option<serde_json::Value>) -> Self {
-        let v = v.unwrap_or_default();
-        let text = |k: &str| v[k].as_str().map(str::to_string);
-        let list = |k: &str| v[k].as_array().cloned().unwrap_or_default();
-        AgentInfo {
-            model: v["model"].clone(),
-            thinking_level: text("thinking_level"),
-            session_name: text("session_name"),
-            commands: list("commands"),
-            models: list("models"),
-            status: v["status"].as_object().cloned().unwrap_or_default(),
-            title: text("title"),
-            notifications: list("notifications"),
-        }
-    }
-}
-
-/// Get a session snapshot to follow from
-///
-/// Everything a client loads before following the event stream: the session, its state and label, the
-/// transcript, statistics, pending attention requests, the queue length, and `instance_id` with `latest_seq`.
-/// Every event up to `latest_seq` is reflected, so reading the stream after `latest_seq` misses nothing
-/// and repeats nothing. Scope `sessions:read`.
-#[utoipa::path(
-    operation_id = "getSessionSnapshot",
-    tag = "sessions",
-    security(("bearer" = ["sessions:read"])),
-    params(("id" = Uuid, Path, description = "Session id")),
-    responses(
-        (status = 200, description = "Everything a client loads before following the stream from latest_seq", body = SessionSnapshot),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-#[get("/sessions/{id}/snapshot")]
-async fn session_snapshot(
-    auth: Authorized<SessionsRead>,
-    state: web::Data<AppState>,
-    id: web::Path<Uuid>,
-) -> Result<web::Json<SessionSnapshot>, Error> {
-    let snap = sessions::snapshot(&state.ctx, &auth, *id).await?;
-    let attention_requests = snap.attention_requests.into_iter().map(Into::into).collect();
-    Ok(web::Json(SessionSnapshot {
-        state: snap.view.session.state,
-        session: snap.view.into(),
-        label: snap.label,
-        transcript: snap
-            .transcript
-            .into_iter()
-            .map(|m| TranscriptEntry {
-                role: m.role,
-                content: m.content,
-                created_at: m.created_at,
-            })
-            .collect(),
-        statistics: SessionStatistics {
-            turns: snap.turns,
-            messages: snap.messages,
-            input_tokens: snap.input_tokens,
-            output_tokens: snap.output_tokens,
-            cost: snap.cost,
-        },
-        active_tool: snap.active_tool,
-        queue_length: snap.queue_length,
-        agent: AgentInfo::from(snap.agent_state),
-        last_activity_at: snap.last_activity_at,
-        attention_requests,
-        instance_id: snap.instance_id,
-        latest_seq: snap.latest_seq,
-    }))
 }

@@ -4,6 +4,7 @@ pub mod cleanup_job;
 pub mod event;
 pub mod event_ticket;
 pub mod git_status_observation;
+pub mod idempotency_key;
 pub mod repository;
 pub mod session_command;
 pub mod session_inbox;

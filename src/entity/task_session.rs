@@ -8,6 +8,10 @@ pub use super::task_environment::ExecutorType;
 #[sea_orm(rs_type = "String", db_type = "Text")]
 #[serde(rename_all = "snake_case")]
 pub enum SessionState {
+    /// Created with `Prefer: respond-async`: its task's environment is being materialized in the
+    /// background; then `created` (or launched), or `failed` with `last_error`.
+    #[sea_orm(string_value = "preparing")]
+    Preparing,
     #[sea_orm(string_value = "created")]
     Created,
     #[sea_orm(string_value = "starting")]

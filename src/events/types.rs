@@ -43,6 +43,10 @@ pub enum EventType {
     #[sea_orm(string_value = "environment.failed")]
     #[serde(rename = "environment.failed")]
     EnvironmentFailed,
+    /// One repository's step while an environment is materialized (`data`: `repository_id`, `stage`).
+    #[sea_orm(string_value = "environment.progress")]
+    #[serde(rename = "environment.progress")]
+    EnvironmentProgress,
     #[sea_orm(string_value = "environment.superseded")]
     #[serde(rename = "environment.superseded")]
     EnvironmentSuperseded,
@@ -91,6 +95,7 @@ impl EventType {
             EventType::EnvironmentCreated => "environment.created",
             EventType::EnvironmentReady => "environment.ready",
             EventType::EnvironmentFailed => "environment.failed",
+            EventType::EnvironmentProgress => "environment.progress",
             EventType::EnvironmentSuperseded => "environment.superseded",
             EventType::EnvironmentReset => "environment.reset",
             EventType::SessionCreated => "session.created",

@@ -44,6 +44,22 @@ pub struct SlotFailure {
     pub message: String,
 }
 
+/// How far one repository's materialization got (`environment.progress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Reading the source repository: does the task's branch exist, or what does it start from.
+    Fetching,
+    /// `git worktree add` (or adopting the worktree an interrupted attempt of this task left).
+    CreatingWorktree,
+    /// The repository's worktree exists and is proven to be the slot's.
+    Ready,
+}
+
+/// Told each [`Stage`] as a repository reaches it; what it does (record an event) finishes before the
+/// materialization goes on, so the stages of a repository are seen in order.
+pub type Progress<'a> = &'a (dyn Fn(uuid::Uuid, Stage) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync);
+
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f)
         .await
@@ -57,11 +73,15 @@ pub async fn materialize(
     root: &ManagedRoot,
     task_dir: &str,
     plans: &[SlotPlan],
+    progress: Progress<'_>,
 ) -> Result<Vec<Materialized>, SlotFailure> {
     let mut done: Vec<Materialized> = Vec::with_capacity(plans.len());
     for plan in plans {
-        match materialize_slot(git, root, task_dir, plan).await {
-            Ok(m) => done.push(m),
+        match materialize_slot(git, root, task_dir, plan, progress).await {
+            Ok(m) => {
+                progress(plan.repository_id, Stage::Ready).await;
+                done.push(m);
+            }
             Err(message) => {
                 compensate(git, &done).await;
                 return Err(SlotFailure {
@@ -81,11 +101,13 @@ async fn materialize_slot(
     root: &ManagedRoot,
     task_dir: &str,
     plan: &SlotPlan,
+    progress: Progress<'_>,
 ) -> Result<Materialized, String> {
     let task_root = root.join(&[task_dir]).map_err(|e| e.to_string())?;
     let target = root.join(&[task_dir, &plan.dir]).map_err(|e| e.to_string())?;
     let target_path = target.as_path().to_path_buf();
     let mut created = None;
+    progress(plan.repository_id, Stage::Fetching).await;
     if std::fs::symlink_metadata(&target_path).is_err() {
         std::fs::create_dir_all(task_root.as_path()).map_err(|e| format!("cannot create the task directory: {e}"))?;
         let (repo, branch) = (plan.repository_path.clone(), plan.branch.clone());
@@ -93,10 +115,14 @@ async fn materialize_slot(
             .await
             .map_err(|_| "the source repository is missing or is not a git repository".to_string())?;
         let base = (!exists).then_some(plan.base.as_str());
+        progress(plan.repository_id, Stage::CreatingWorktree).await;
         git.worktree_add(&plan.repository_path, &target, &plan.branch, base)
             .await
             .map_err(|e| e.to_string())?;
         created = Some((plan.repository_path.clone(), target.clone()));
+    }
+    if created.is_none() {
+        progress(plan.repository_id, Stage::CreatingWorktree).await;
     }
     // Prove what is there, whether just created or left by an interrupted attempt of this task.
     let path = target_path.clone();

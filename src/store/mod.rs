@@ -7,6 +7,7 @@ pub mod cleanup_jobs;
 pub mod environments;
 pub mod event_tickets;
 pub mod executions;
+pub mod idempotency;
 pub mod inbox;
 pub mod messages;
 pub mod migrate;

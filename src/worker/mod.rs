@@ -7,7 +7,8 @@ use crate::domain::Ctx;
 use crate::events;
 use cleanup::chain;
 
-/// Trims events by count and age, expires idle quick chats and takes over abandoned materializations,
+/// Trims events by count and age, expires idle quick chats, purges expired idempotency keys and takes
+/// over abandoned materializations,
 /// every `interval`, forever.
 pub async fn sweep(ctx: Ctx, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
@@ -26,6 +27,11 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
         }
         if let Err(e) = crate::domain::task_lifecycle::expire_quick_chats(&ctx).await {
             tracing::warn!(error = %chain(e), "quick-chat expiry failed");
+        }
+        match crate::store::idempotency::purge_expired(&ctx.db.conn, crate::clock::now()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(purged = n, "expired idempotency keys"),
+            Err(e) => tracing::warn!(error = %chain(e), "purging idempotency keys failed"),
         }
         match crate::domain::environments::recover_abandoned(&ctx).await {
             Ok(0) => {}

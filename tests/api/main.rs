@@ -5,6 +5,7 @@ mod helpers;
 
 mod agents;
 mod architecture;
+mod async_create;
 mod auth;
 mod chains;
 mod cleanup;
@@ -18,6 +19,7 @@ mod faults;
 mod follow;
 mod git_concurrency;
 mod hostile;
+mod idempotency;
 mod inbox;
 mod migrations;
 mod model_server;

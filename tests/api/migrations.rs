@@ -303,3 +303,62 @@ fn only_the_newest_two_backups_are_kept() {
     );
     let _ = Path::new("");
 }
+
+/// Issue 16: m20261202_000006 widens `task_sessions.state` to admit `preparing`. On SQLite that rewrites
+/// the stored table definition in place (no table rebuild), so a database with sessions keeps every
+/// session and everything that references one (a rebuild with foreign keys on would have cascaded into
+/// their messages), the CHECK still refuses unknown states, and the foreign keys still hold.
+async fn widening_session_states_keeps_sessions_and_their_history(t: Target) {
+    let db = t.db().await;
+    migration::Migrator::up(&db, Some(4)).await.unwrap();
+    let at = "'2026-11-30T00:00:00Z'";
+    exec(&db, &format!("INSERT INTO workspaces (id, name, status, created_at, updated_at) VALUES ('00000000-0000-7000-8000-000000000001', 'ws', 'active', {at}, {at})")).await;
+    exec(&db, &format!("INSERT INTO tasks (id, workspace_id, title, slug, description, kind, workspace_mode, last_activity_at, created_at, updated_at) VALUES ('00000000-0000-7000-8000-000000000002', '00000000-0000-7000-8000-000000000001', 't', 't', '', 'standard', 'new_workspace', {at}, {at}, {at})")).await;
+    exec(&db, &format!("INSERT INTO task_sessions (id, task_id, name, executor_type, state, is_primary, desired_open, last_activity_at, created_at, updated_at) VALUES ('00000000-0000-7000-8000-000000000003', '00000000-0000-7000-8000-000000000002', '', 'worktree', 'idle', TRUE, FALSE, {at}, {at}, {at})")).await;
+    exec(&db, &format!("INSERT INTO session_messages (session_id, role, content, created_at) VALUES ('00000000-0000-7000-8000-000000000003', 'user', '{{}}', {at})")).await;
+    exec(&db, &format!("INSERT INTO session_inbox (id, session_id, text, delivery, state, created_at, updated_at) VALUES ('00000000-0000-7000-8000-000000000004', '00000000-0000-7000-8000-000000000003', 'hi', 'auto', 'delivered', {at}, {at})")).await;
+    drop(db);
+    let out = t.berth(&["migrate"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let db = t.db().await;
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM task_sessions").await, 1);
+    assert_eq!(
+        scalar(&db, "SELECT COUNT(*) FROM session_messages").await,
+        1,
+        "no cascade"
+    );
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM session_inbox").await, 1, "no cascade");
+    exec(&db, "UPDATE task_sessions SET state = 'preparing'").await;
+    let bogus = db
+        .execute_raw(Statement::from_string(
+            db.get_database_backend(),
+            "UPDATE task_sessions SET state = 'bogus'",
+        ))
+        .await;
+    assert!(bogus.is_err(), "the CHECK still refuses unknown states");
+    let orphan = db
+        .execute_raw(Statement::from_string(
+            db.get_database_backend(),
+            format!("INSERT INTO session_messages (session_id, role, content, created_at) VALUES ('00000000-0000-7000-8000-00000000dead', 'user', '{{}}', {at})"),
+        ))
+        .await;
+    assert!(orphan.is_err(), "foreign keys to task_sessions still hold");
+    // And back (through the migrations after it too): down turns `preparing` into `failed` and restores
+    // the narrower CHECK.
+    let from_widening = migration::Migrator::migrations().len() as u32 - 5;
+    migration::Migrator::down(&db, Some(from_widening)).await.unwrap();
+    let failed = scalar(&db, "SELECT COUNT(*) FROM task_sessions WHERE state = 'failed'").await;
+    assert_eq!(failed, 1);
+}
+
+#[tokio::test]
+async fn sqlite_widening_session_states_keeps_sessions_and_their_history() {
+    widening_session_states_keeps_sessions_and_their_history(sqlite_target().await).await;
+}
+
+#[tokio::test]
+async fn postgres_widening_session_states_keeps_sessions_and_their_history() {
+    if let Some(t) = postgres_target().await {
+        widening_session_states_keeps_sessions_and_their_history(t).await;
+    }
+}

@@ -276,6 +276,7 @@ fn error_codes_are_the_contracts() {
             "path_not_allowed",
             "invalid_cursor",
             "precondition_failed",
+            "idempotency_key_reused",
             "unavailable",
             "internal",
         ]

@@ -27,8 +27,8 @@ const WAIT: Duration = Duration::from_secs(20);
 /// A second berth on the same database and data directory, as node `replica-b`, serving HTTP.
 pub(crate) struct Replica {
     pub(crate) base: String,
-    client: reqwest::Client,
-    token: String,
+    pub(crate) client: reqwest::Client,
+    pub(crate) token: String,
     state: actix_web::web::Data<berth::api::AppState>,
     handle: actix_web::dev::ServerHandle,
     background: Vec<tokio::task::AbortHandle>,

@@ -166,9 +166,13 @@ pub(super) async fn materialize(
         status: EnvironmentRepoStatus::Active,
         error_message: None,
     };
+    let report = reporter(ctx, owner, e.id);
     match e.executor_type {
         ExecutorType::Local => {
             // The registered repository itself: no worktree, and no path berth could ever remove (I13).
+            for p in &plans {
+                report(p.repository_id, worktree::Stage::Ready).await;
+            }
             let rows = plans
                 .iter()
                 .map(|p| active(p.repository_id, p.branch_slug.clone(), p.position, None))
@@ -178,7 +182,7 @@ pub(super) async fn materialize(
         }
         ExecutorType::Worktree => {
             let root = ManagedRoot::from_config(&ctx.config);
-            let made = worktree::materialize(ctx.git.as_ref(), &root, task_dir, &plans)
+            let made = worktree::materialize(ctx.git.as_ref(), &root, task_dir, &plans, &report)
                 .await
                 .map_err(Failed::Slot)?;
             let rows = made
@@ -192,6 +196,30 @@ pub(super) async fn materialize(
             };
             Ok((rows, path, made))
         }
+    }
+}
+
+/// Records each repository's progress as an `environment.progress` event (its own small transaction:
+/// progress is shown while the materialization goes on). A failure to record it only goes to the log.
+fn reporter(
+    ctx: &Ctx,
+    owner: &task::Model,
+    env_id: Uuid,
+) -> impl Fn(Uuid, worktree::Stage) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + use<> {
+    let (ctx, subject) = (ctx.clone(), env_subject(owner, env_id));
+    move |repository_id, stage| {
+        let (ctx, subject) = (ctx.clone(), subject.clone());
+        Box::pin(async move {
+            let recorded = async {
+                let txn = ctx.db.begin_write().await?;
+                let data = json!({ "repository_id": repository_id, "stage": stage });
+                events::append(&txn, ctx.instance_id, EventType::EnvironmentProgress, subject, data).await?;
+                ctx.commit(txn).await
+            };
+            if let Err(e) = recorded.await {
+                tracing::warn!(error = %e, environment = %env_id, "could not record environment progress");
+            }
+        })
     }
 }
 

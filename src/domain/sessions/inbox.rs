@@ -138,6 +138,19 @@ pub(super) async fn enqueue(
     Ok(message)
 }
 
+/// Stores a message (with its event) in the caller's transaction, without waking the delivery.
+pub(super) async fn enqueue_in(
+    txn: &sea_orm::DatabaseTransaction,
+    ctx: &Ctx,
+    task: &task::Model,
+    s: &session::Model,
+    text: &str,
+) -> Result<inbox::Model> {
+    let message = store::insert(txn, s.id, text, Delivery::default(), crate::clock::now()).await?;
+    record(txn, ctx, task, s, &message).await?;
+    Ok(message)
+}
+
 /// Every queued message of an ending (or aborted) session is cancelled, visibly.
 pub(super) async fn cancel_queued(ctx: &Ctx, task: &task::Model, s: &session::Model, why: &str) -> Result<()> {
     for m in store::queued(&ctx.db.conn, s.id).await? {

@@ -45,6 +45,10 @@ pub async fn launch(ctx: &Ctx, p: &Principal, session_id: Uuid, prompt: Option<S
 }
 
 pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<String>) -> Result<SessionView> {
+    if s.state == SessionState::Preparing {
+        // Its environment is still being made; the preparation launches it when it was created to start.
+        return Err(Error::WorkspacePreparing);
+    }
     let prompt = prompt.filter(|t| !t.trim().is_empty());
     // I27 across replicas: an agent another node runs is returned as it is too (the prompt reaches it
     // through the inbox); a launch racing that node's is refused by the database (`record_handle`).

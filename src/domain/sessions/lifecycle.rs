@@ -145,6 +145,205 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
     })
 }
 
+/// `Prefer: respond-async`: the session is recorded `preparing` at once (under the same rules as a
+/// synchronous create: the task readable and not archived, no cleanup barrier, I7), and its task's
+/// environment is made ready in the background; then it goes on as [`create`] would: `created`, launched
+/// when `start` (the first prompt waits in its inbox meanwhile), or `failed` with `last_error`.
+pub async fn create_async(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSession) -> Result<SessionView> {
+    let request = validate(ctx, &input)?;
+    let task = crate::domain::tasks::readable(&ctx.db.conn, p, task_id).await?;
+    if task.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    let owner = task_store::owner_of(&ctx.db.conn, &task).await?;
+    let txn = ctx.db.begin_write().await?;
+    // Owner first, then the task (the order every writer uses): a barrier on either is seen.
+    if owner.id != task_id {
+        lock_task(&txn, owner.id).await?;
+    }
+    let task = lock_task(&txn, task_id).await?;
+    if task.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+    let has_primary = store::primary_of(&txn, task.id).await?.is_some();
+    let now = crate::clock::now();
+    let model = session::Model {
+        id: Uuid::now_v7(),
+        task_id: task.id,
+        task_environment_id: None,
+        name: request.name,
+        executor_type: input.executor_type,
+        agent_profile: request.agent_profile,
+        state: SessionState::Preparing,
+        is_primary: !has_primary,
+        // Kept so that the preparation, resumed by another process after a restart, still launches.
+        desired_open: request.start,
+        execution_id: None,
+        agent_session_ref: None,
+        agent_state: None,
+        last_error_code: None,
+        last_error_message: None,
+        last_activity_at: now,
+        created_at: now,
+        updated_at: now,
+        started_at: None,
+        ended_at: None,
+        row_version: 1,
+    };
+    store::insert(&txn, model.clone()).await?;
+    task_store::touch(&txn, task.id, now).await?;
+    events::append(
+        &txn,
+        ctx.instance_id,
+        EventType::SessionCreated,
+        subject(&task, &model),
+        json!({ "is_primary": model.is_primary, "executor_type": model.executor_type }),
+    )
+    .await?;
+    if let Some(prompt) = &request.prompt {
+        // Durable with the session: delivered once the agent runs, whichever process launches it.
+        super::inbox::enqueue_in(&txn, ctx, &task, &model, prompt).await?;
+    }
+    ctx.commit(txn).await?;
+    spawn_preparation(ctx, model.id);
+    Ok(SessionView {
+        session: model,
+        workspace_path: None,
+    })
+}
+
+/// At startup: sessions left `preparing` by a stopped process are prepared again (materializing is
+/// idempotent per task: a ready environment is attached, a fresh `creating` one is waited for, an
+/// abandoned one is taken over). Two processes preparing one session is safe: one moves it on.
+pub async fn resume_preparing(ctx: &Ctx) -> Result<usize> {
+    let preparing = store::in_states(&ctx.db.conn, &[SessionState::Preparing]).await?;
+    for s in &preparing {
+        spawn_preparation(ctx, s.id);
+    }
+    Ok(preparing.len())
+}
+
+/// In a task of its own: it outlives the request that created the session.
+fn spawn_preparation(ctx: &Ctx, session_id: Uuid) {
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        if let Err(e) = prepare(&ctx, session_id).await {
+            tracing::warn!(session = %session_id, error = %e, "preparing a session failed");
+        }
+    });
+}
+
+/// How long a preparation waits for another request's materialization of the same task.
+const PREPARE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
+
+async fn prepare(ctx: &Ctx, session_id: Uuid) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + PREPARE_PATIENCE;
+    loop {
+        let s = match reload(&ctx.db.conn, session_id).await {
+            Err(Error::NotFound(_)) => return Ok(()),
+            other => other?,
+        };
+        if s.state != SessionState::Preparing {
+            // Deleted, stopped, cancelled by an archive, or moved on by another process.
+            return Ok(());
+        }
+        let task = task_store::find(&ctx.db.conn, s.task_id)
+            .await?
+            .ok_or(Error::NotFound("task"))?;
+        let attached = match environments::ensure_ready(ctx, &task, s.executor_type).await {
+            Ok(environment) => attach(ctx, &task, &s, &environment).await,
+            Err(e) => Err(e),
+        };
+        match attached {
+            Ok(Some(created)) => {
+                if created.desired_open {
+                    // As a synchronous create: admission, launch, and a failure recorded on the session.
+                    if let Err(e) = super::launch::launch_session(ctx, created, None).await {
+                        tracing::info!(session = %session_id, error = %e, "launching a prepared session failed");
+                    }
+                }
+                return Ok(());
+            }
+            Ok(None) => return Ok(()),
+            // Someone else is materializing, or what was read changed meanwhile: wait, then try again.
+            Err(Error::WorkspacePreparing | Error::Stale(_) | Error::Unavailable(_))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                let (code, message) = preparation_error(&e);
+                super::launch::record_failure(ctx, &task, session_id, code, &message).await?;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Attaches the ready environment and moves the session to `created` (compare-and-set: `None` when the
+/// session is no longer `preparing`).
+async fn attach(
+    ctx: &Ctx,
+    task: &crate::entity::task::Model,
+    s: &session::Model,
+    environment: &crate::entity::task_environment::Model,
+) -> Result<Option<session::Model>> {
+    let txn = ctx.db.begin_write().await?;
+    if environment.task_id != task.id {
+        lock_task(&txn, environment.task_id).await?;
+    }
+    let task = lock_task(&txn, task.id).await?;
+    if task.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    // I7: either the session attaches before a cleanup barrier, or it fails.
+    ensure_no_cleanup(&txn, &[task.id, environment.task_id]).await?;
+    let environment = env_store::find_attachable(&txn, environment.id)
+        .await?
+        .ok_or_else(|| Error::Stale("the task's environment changed meanwhile; retry".into()))?;
+    let current = super::access::reload_locked(&txn, s.id).await?;
+    if current.state != SessionState::Preparing {
+        return Ok(None);
+    }
+    let patch = crate::store::sessions::StatePatch {
+        task_environment_id: Some(Some(environment.id)),
+        ..Default::default()
+    };
+    let moved = super::state::transition(&txn, ctx, &task, &current, super::SessionEvent::Prepared, patch).await?;
+    ctx.commit(txn).await?;
+    Ok(moved.map(|state| session::Model {
+        state,
+        task_environment_id: Some(environment.id),
+        ..current
+    }))
+}
+
+/// `last_error` of a session whose preparation failed: a stable code and a message without paths.
+fn preparation_error(e: &Error) -> (&'static str, String) {
+    match e {
+        Error::MaterializationFailed { repository_name, .. } => (
+            "materialization_failed",
+            format!("preparing repository {repository_name} failed; the environment's repos say why"),
+        ),
+        Error::TaskArchived => (
+            "task_archived",
+            "the task was archived while its workspace was prepared".into(),
+        ),
+        Error::TaskCleanupInProgress => (
+            "task_cleanup_in_progress",
+            "the task's resources are being cleaned up".into(),
+        ),
+        Error::WorkspacePreparing | Error::Stale(_) | Error::Unavailable(_) => (
+            "materialization_failed",
+            "the workspace could not be prepared in time; create a new session".into(),
+        ),
+        Error::WorkspaceReuseUnsupported(why) => ("workspace_reuse_unsupported", (*why).to_string()),
+        Error::Invalid { detail, .. } => ("validation_failed", detail.clone()),
+        _ => ("materialization_failed", "preparing the workspace failed".into()),
+    }
+}
+
 pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, page: PageRequest) -> Result<Page<SessionView>> {
     crate::domain::tasks::readable(&ctx.db.conn, p, task_id).await?;
     let rows = store::page_of_task(&ctx.db.conn, task_id, page.before, page.fetch()).await?;

@@ -31,7 +31,7 @@ pub use control::{Answer, answer_attention, stop};
 pub(crate) use conversation::remove as remove_conversation;
 pub use inbox::{abort, cancel as cancel_message, list as list_messages, post as post_message, view as message_view};
 pub use launch::launch;
-pub use lifecycle::{NewSession, create, delete, get, list, make_primary};
+pub use lifecycle::{NewSession, create, create_async, delete, get, list, make_primary, resume_preparing};
 pub use reports::consume;
 pub use restore::restore;
 pub use snapshot::{SessionSnapshot, snapshot};

@@ -19,6 +19,8 @@ use crate::store::sessions::{self as sessions, StatePatch};
 /// What can happen to a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionEvent {
+    /// The environment of a session created `preparing` (`Prefer: respond-async`) is ready and attached.
+    Prepared,
     /// A launch (or resume, or restart) recorded its execution.
     Launch,
     /// The process is up; `working` when a first prompt goes with it.
@@ -84,8 +86,10 @@ impl SessionState {
             S::Starting | S::Running | S::Idle | S::Attention | S::Recovering | S::Stopping
         );
         let next = match (self, event) {
-            // I27: one process; a launch under way or a stop in progress is answered by the caller.
-            (S::Starting | S::Stopping, E::Launch) => None,
+            (S::Preparing, E::Prepared) => Some(S::Created),
+            // I27: one process; a launch under way or a stop in progress is answered by the caller. A
+            // preparing session has no environment to launch in yet.
+            (S::Starting | S::Stopping | S::Preparing, E::Launch) => None,
             (_, E::Launch) => Some(S::Starting),
             (S::Starting, E::Spawned { working: true }) => Some(S::Running),
             (S::Starting, E::Spawned { working: false }) => Some(S::Idle),
@@ -205,7 +209,8 @@ mod tests {
     use SessionEvent as E;
     use SessionState as S;
 
-    const ALL_EVENTS: [SessionEvent; 16] = [
+    const ALL_EVENTS: [SessionEvent; 17] = [
+        E::Prepared,
         E::Launch,
         E::Spawned { working: true },
         E::Spawned { working: false },
@@ -226,7 +231,7 @@ mod tests {
 
     /// Every legal session transition, and nothing else.
     fn legal() -> Vec<(SessionState, SessionEvent, SessionState)> {
-        let mut t = Vec::new();
+        let mut t = vec![(S::Preparing, E::Prepared, S::Created)];
         for from in [
             S::Created,
             S::Running,
@@ -253,6 +258,7 @@ mod tests {
             t.push((from, E::Stop { live: true }, S::Stopping));
         }
         for from in [
+            S::Preparing,
             S::Created,
             S::Starting,
             S::Running,
@@ -282,6 +288,7 @@ mod tests {
             t.push((from, E::Fail, S::Failed));
         }
         for from in [
+            S::Preparing,
             S::Created,
             S::Starting,
             S::Running,
