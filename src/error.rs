@@ -41,6 +41,10 @@ pub enum Error {
     AlreadyExists(&'static str),
     #[error("the task is archived")]
     TaskArchived,
+    /// Issue 17 item 4: an `inherit_parent` task whose owner (the task whose environment it works in) is
+    /// archived cannot be unarchived on its own (`409 task_archived`).
+    #[error("the task that owns the task's environment is archived")]
+    OwnerArchived,
     #[error("the repository is used by a live task")]
     RepositoryInUse { task_count: u64 },
     #[error("not a git repository: {0}")]

@@ -205,6 +205,15 @@ impl From<&Error> for Problem {
                     "unarchive the task first",
                 )
             },
+            Error::OwnerArchived => Problem {
+                action: Some("unarchive_task".into()),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::TaskArchived,
+                    "Environment owner is archived",
+                    "the task works in the environment of an archived task: unarchive that task first; nothing was changed",
+                )
+            },
             Error::RepositoryInUse { task_count } => Problem {
                 task_count: Some(*task_count),
                 ..Problem::new(
@@ -302,7 +311,7 @@ impl From<&Error> for Problem {
                     S::CONFLICT,
                     C::TaskDeleteDirtyWorktree,
                     "Worktrees hold changes",
-                    "commit or discard the changes, or delete with discard_worktree_changes=true; nothing was changed",
+                    "commit or discard the changes, or repeat the request with discard_worktree_changes=true; nothing was changed",
                 )
             },
             Error::AgentStartFailed => Problem {

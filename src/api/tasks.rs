@@ -317,6 +317,13 @@ pub struct DeleteQuery {
     pub delete_branches: Option<bool>,
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ResetQuery {
+    /// Consent to remove worktrees that hold uncommitted or untracked changes.
+    pub discard_worktree_changes: Option<bool>,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ArchiveResult {
     pub task: Task,
@@ -380,8 +387,10 @@ async fn archive_task(
 ///
 /// Makes the task live again: an archive cleanup not yet started is cancelled, a running one is waited
 /// for. The answer says, per repository, whether its branch is still there (`local`) or gone (`missing`),
-/// so the next session knows what it resumes from. Refused when the task is not archived (`409
-/// conflict`). Scope `tasks:archive`.
+/// so the next session knows what it resumes from; an old session's launch or resume materializes a fresh
+/// environment if the archive cleanup removed it. Refused when the task is not archived (`409 conflict`),
+/// and, for an `inherit_parent` task, while the task whose environment it works in is archived (`409
+/// task_archived`: unarchive that one first); nothing changes then. Scope `tasks:archive`.
 #[utoipa::path(
     operation_id = "unarchiveTask",
     tag = "tasks",
@@ -390,7 +399,7 @@ async fn archive_task(
     responses(
         (status = 200, description = "Unarchived: a pending archive cleanup is cancelled, a running one waited for", body = UnarchiveResult),
         (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The task is not archived (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The task is not archived (`conflict`), or it inherits the environment of an archived task (`task_archived`); nothing changed", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/tasks/{id}/unarchive")]
@@ -449,18 +458,21 @@ async fn delete_task(
 /// Reset a task's environment
 ///
 /// Supersedes the task's current environment and hands the removal of its resources to a durable cleanup
-/// job; the next session materializes a fresh one. The way out of `workspace_reuse_unsafe`. Refused with
-/// `409 session_busy` while a session of the task runs, and while a cleanup is in progress. Scope
-/// `tasks:delete`.
+/// job; the next session materializes a fresh one, and so does the next launch or resume of an existing
+/// session, through the normal election. The way out of `workspace_reuse_unsafe`. Uncommitted work is never
+/// lost silently: if a worktree is dirty, the answer is `409 task_delete_dirty_worktree` listing each
+/// repository with its count of dirty files, and nothing changes; repeat with
+/// `discard_worktree_changes=true` to consent. Refused with `409 session_busy` while a session of the task
+/// runs, and while a cleanup is in progress. Scope `tasks:delete`.
 #[utoipa::path(
     operation_id = "resetTaskEnvironment",
     tag = "tasks",
     security(("bearer" = ["tasks:delete"])),
-    params(("id" = Uuid, Path, description = "Task id")),
+    params(("id" = Uuid, Path, description = "Task id"), ResetQuery),
     responses(
-        (status = 202, description = "The environment is superseded; a durable job removes its resources; the next session materializes afresh", body = ResetResult),
+        (status = 202, description = "The environment is superseded; a durable job removes its resources; the next session, launch or resume materializes afresh", body = ResetResult),
         (status = 404, description = "No such task or environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A session runs (`session_busy`), or a cleanup is in progress", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`task_delete_dirty_worktree` (with `repositories: [{repository_id, dirty_file_count}]`; nothing changed), a session runs (`session_busy`), or a cleanup is in progress (`task_cleanup_in_progress`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/tasks/{id}/environment/reset")]
@@ -468,8 +480,10 @@ async fn reset_environment(
     auth: Unbound<TasksDelete>,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
+    query: web::Query<ResetQuery>,
 ) -> Result<HttpResponse, Error> {
-    let job = lifecycle::reset_environment(&state.ctx, &auth, *id).await?;
+    let consent = Consent::from_discard_flag(query.discard_worktree_changes);
+    let job = lifecycle::reset_environment(&state.ctx, &auth, *id, consent).await?;
     Ok(HttpResponse::Accepted().json(ResetResult {
         cleanup_job: job.into(),
     }))

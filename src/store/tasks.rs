@@ -309,39 +309,99 @@ pub async fn delete(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
     Ok(())
 }
 
-/// Hands an environment to `heir`: a new ownership generation, the heir a task of its own (with the old
-/// owner's slug), and the old owner's other children inheriting through the heir.
+/// Hands `from`'s place in its inherit chain to `heir` (issue 17 item 4): the heir becomes a task of its
+/// own under `heir_parent`, and owns `e` (a new ownership generation) when `from` had one, taking
+/// `from`'s slug with it (the directory and default branch the worktrees carry; `from` gets the heir's, so
+/// two tasks never name one directory). Every other task that inherited through `from`, archived links
+/// included, now inherits through the heir; with `all_children` (delete) `from`'s other children move too.
+/// Returns the tasks re-parented besides the heir.
 pub async fn transfer_environment(
     txn: &DatabaseTransaction,
-    e: &env::Model,
+    e: Option<&env::Model>,
     from: &task::Model,
     heir: &task::Model,
+    heir_parent: Option<Uuid>,
+    all_children: bool,
     now: DateTime<Utc>,
-) -> Result<()> {
-    env::Entity::update(env::ActiveModel {
-        id: Set(e.id),
-        task_id: Set(heir.id),
-        ownership_generation: Set(e.ownership_generation + 1),
-        updated_at: Set(now),
-        ..Default::default()
-    })
-    .exec(txn)
-    .await?;
-    task::Entity::update(task::ActiveModel {
+) -> Result<Vec<task::Model>> {
+    let mut heir_row = task::ActiveModel {
         id: Set(heir.id),
         workspace_mode: Set(WorkspaceMode::NewWorkspace),
-        parent_task_id: Set(None),
-        slug: Set(from.slug.clone()),
+        parent_task_id: Set(heir_parent),
         updated_at: Set(now),
         ..Default::default()
-    })
-    .exec(txn)
-    .await?;
-    task::Entity::update_many()
-        .col_expr(task::Column::ParentTaskId, Expr::value(Some(heir.id)))
+    };
+    if let Some(e) = e {
+        env::Entity::update(env::ActiveModel {
+            id: Set(e.id),
+            task_id: Set(heir.id),
+            ownership_generation: Set(e.ownership_generation + 1),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(txn)
+        .await?;
+        task::Entity::update(task::ActiveModel {
+            id: Set(from.id),
+            slug: Set(heir.slug.clone()),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .exec(txn)
+        .await?;
+        heir_row.slug = Set(from.slug.clone());
+    }
+    task::Entity::update(heir_row).exec(txn).await?;
+    let mut moved = task::Entity::find()
         .filter(task::Column::ParentTaskId.eq(from.id))
-        .filter(task::Column::Id.ne(heir.id))
+        .filter(task::Column::Id.ne(heir.id));
+    if !all_children {
+        moved = moved.filter(task::Column::WorkspaceMode.eq(WorkspaceMode::InheritParent));
+    }
+    let moved = moved.all(txn).await?;
+    reparent(txn, &moved, Some(heir.id), now).await?;
+    Ok(moved)
+}
+
+/// Points each of `tasks` at `parent`.
+pub async fn reparent(
+    txn: &DatabaseTransaction,
+    tasks: &[task::Model],
+    parent: Option<Uuid>,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    if tasks.is_empty() {
+        return Ok(());
+    }
+    task::Entity::update_many()
+        .col_expr(task::Column::ParentTaskId, Expr::value(parent))
+        .col_expr(task::Column::UpdatedAt, Expr::value(now))
+        .filter(task::Column::Id.is_in(tasks.iter().map(|t| t.id)))
         .exec(txn)
         .await?;
     Ok(())
+}
+
+/// Makes an `inherit_parent` task one of its own (no environment yet) under `parent`: the root of what
+/// is left of a chain whose owner went away with no live inheritor.
+pub async fn reroot(txn: &DatabaseTransaction, id: Uuid, parent: Option<Uuid>, now: DateTime<Utc>) -> Result<()> {
+    task::Entity::update(task::ActiveModel {
+        id: Set(id),
+        workspace_mode: Set(WorkspaceMode::NewWorkspace),
+        parent_task_id: Set(parent),
+        updated_at: Set(now),
+        ..Default::default()
+    })
+    .exec(txn)
+    .await?;
+    Ok(())
+}
+
+/// The children of a task, in id order.
+pub async fn children_of<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Vec<task::Model>> {
+    Ok(task::Entity::find()
+        .filter(task::Column::ParentTaskId.eq(id))
+        .order_by_asc(task::Column::Id)
+        .all(conn)
+        .await?)
 }

@@ -8,6 +8,7 @@ mod architecture;
 mod async_create;
 mod auth;
 mod branches;
+mod chains;
 mod cleanup;
 mod conversations;
 mod cors;

@@ -184,8 +184,12 @@ async fn admit_for_launch(
     owner: &task::Model,
     requested: ExecutorType,
 ) -> Result<std::result::Result<(AdmittedWorkspace, Option<Transition>), Refusal>> {
-    let Some(current) = environments::current(&ctx.db.conn, owner.id).await? else {
-        return Ok(Err(Refusal::EnvironmentNotReady));
+    let current = match environments::current(&ctx.db.conn, owner.id).await? {
+        Some(e) if matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) => e,
+        // Issue 17 item 5: after a reset or an archive cleanup (or a failed or abandoned attempt) an old
+        // session gets a fresh environment through the normal election (I14): materialized here, or `409
+        // workspace_preparing` while another request materializes it.
+        _ => environments::ensure_ready(ctx, task, requested).await?,
     };
     match admit(ctx, owner, &current, requested, false).await? {
         Ok(ws) => Ok(Ok((ws, None))),

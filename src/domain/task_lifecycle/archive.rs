@@ -1,15 +1,18 @@
 //! Archive (agents stopped, sessions cancelled, clean worktrees removed by a job; branches kept) and
 //! unarchive (waiting archive jobs cancelled, a running one waited for, I10).
+use std::collections::HashSet;
+
 use sea_orm::DatabaseTransaction;
 use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
+use super::chain::{Leaving, keep_whole};
 use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::domain::cleanup::barrier::{activate, prepare, settle, stop_agents};
 use crate::domain::cleanup::state::{JobEvent, transition};
-use crate::domain::cleanup::{CleanupJobState, CleanupTrigger};
+use crate::domain::cleanup::{CleanupJobState, CleanupTrigger, snapshot_of};
 use crate::domain::sessions::state::{self as session_state, SessionEvent};
 use crate::domain::tasks;
 use crate::entity::cleanup_job as job;
@@ -68,7 +71,16 @@ pub async fn archive(
         let txn = ctx.db.begin_write().await?;
         lock_in_order(&txn, &tasks).await?;
         let now = crate::clock::now();
-        for t in &tasks {
+        let leaving: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
+        for (t, j) in tasks.iter().zip(jobs.iter_mut()) {
+            // Issue 17 item 4: live inheritors keep working; the environment passes to the nearest one.
+            let t = &lock_task(&txn, t.id).await?;
+            if keep_whole(&txn, ctx, t, j.task_environment_id, &leaving, Leaving::Archive).await? {
+                let mut snap = snapshot_of(j)?;
+                snap.environment = None;
+                j.resource_snapshot = serde_json::to_value(&snap).map_err(|e| Error::Internal(e.into()))?;
+                jobs_store::set_snapshot(&txn, j.id, j.resource_snapshot.clone()).await?;
+            }
             task_store::set_archived(&txn, t.id, Some(now), now).await?;
             cancel_sessions(&txn, ctx, t).await?;
             events::append(
@@ -116,7 +128,9 @@ pub async fn unarchive(
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
         let txn = ctx.db.begin_write().await?;
-        lock_task(&txn, task_id).await?;
+        let locked = lock_task(&txn, task_id).await?;
+        // Issue 17 item 4: before anything changes.
+        ensure_owner_live(&txn, &locked).await?;
         let jobs = jobs_store::of_task(
             &txn,
             task_id,
@@ -176,6 +190,24 @@ pub async fn unarchive(
     }
     let recovery = branch_recovery(ctx, &t).await?;
     Ok((tasks::get(ctx, p, task_id).await?, cancelled, recovery))
+}
+
+/// An `inherit_parent` task works in its owner's environment: while that owner is archived (its
+/// environment cleaned or about to be) the task cannot come back on its own, `409 task_archived`
+/// naming the owner's archive; a chain that leads nowhere (data older than whole chains) is `409
+/// conflict`. Either way nothing changes.
+async fn ensure_owner_live<C: sea_orm::ConnectionTrait>(conn: &C, t: &task::Model) -> Result<()> {
+    if t.workspace_mode != task::WorkspaceMode::InheritParent {
+        return Ok(());
+    }
+    match owner_of(conn, t).await {
+        Ok(owner) if owner.archived_at.is_none() => Ok(()),
+        Ok(_) => Err(Error::OwnerArchived),
+        Err(Error::NotFound(_)) => Err(Error::InvalidState(
+            "the task inherits the workspace of a task that no longer exists; nothing was changed".into(),
+        )),
+        Err(e) => Err(e),
+    }
 }
 
 /// I10: per repository, whether the task's branch still exists.

@@ -2,10 +2,10 @@
 //! the same path. Dirty worktrees need consent (I11).
 use std::collections::HashSet;
 
-use sea_orm::DatabaseTransaction;
 use serde_json::json;
 use uuid::Uuid;
 
+use super::chain::{Leaving, keep_whole};
 use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::domain::cleanup::barrier::{activate, owned_environment, prepare, settle, stop_agents};
@@ -19,11 +19,11 @@ use crate::events::{self, Subject};
 use crate::git::BranchDeletionConsent;
 use crate::managed_path::Consent;
 use crate::store::cleanup_jobs::{self as jobs_store};
+use crate::store::sessions as sessions_store;
 use crate::store::tasks::{self as task_store, live_inheritors, lock_in_order, lock_task, subtree};
-use crate::store::{environments as env_store, sessions as sessions_store};
 
 /// I11: the worktrees of these tasks that hold changes, found before anything changes.
-async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model]) -> Result<Vec<DirtyRepository>> {
+pub(super) async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model]) -> Result<Vec<DirtyRepository>> {
     let mut dirty = Vec::new();
     for t in tasks {
         let Some((_, snap)) = owned_environment(&ctx.db.conn, ctx, t).await? else {
@@ -123,11 +123,10 @@ pub(crate) async fn delete_tasks(
         let txn = ctx.db.begin_write().await?;
         lock_in_order(&txn, tasks).await?;
         for (t, j) in tasks.iter().zip(jobs.iter_mut()) {
-            // I8: an environment that a surviving inherit_parent subtask uses is transferred, not destroyed.
-            if let Some(env_id) = j.task_environment_id
-                && let Some(heir) = heir_of(&txn, t, &doomed).await?
-            {
-                transfer(&txn, ctx, t, env_id, &heir).await?;
+            // I8, issue 17 item 4: the chain through the task stays whole; an environment that a surviving
+            // inheritor uses is transferred, not destroyed.
+            let t = &lock_task(&txn, t.id).await?;
+            if keep_whole(&txn, ctx, t, j.task_environment_id, &doomed, Leaving::Delete).await? {
                 let mut snap = snapshot_of(j)?;
                 snap.environment = None;
                 j.resource_snapshot = serde_json::to_value(&snap).map_err(|e| Error::Internal(e.into()))?;
@@ -156,43 +155,6 @@ pub(crate) async fn delete_tasks(
         }
     }
     Ok(jobs)
-}
-
-/// A live subtask (not being deleted) that inherits this task's workspace.
-async fn heir_of(txn: &DatabaseTransaction, t: &task::Model, doomed: &HashSet<Uuid>) -> Result<Option<task::Model>> {
-    Ok(live_inheritors(txn, t.id)
-        .await?
-        .into_iter()
-        .find(|c| !doomed.contains(&c.id)))
-}
-
-/// Hands a deleted task's environment to its heir: the heir owns it from now on, and its siblings that
-/// inherited through the deleted task inherit through the heir.
-async fn transfer(
-    txn: &DatabaseTransaction,
-    ctx: &Ctx,
-    from: &task::Model,
-    env_id: Uuid,
-    heir: &task::Model,
-) -> Result<()> {
-    let e = env_store::find(txn, env_id)
-        .await?
-        .ok_or(Error::NotFound("environment"))?;
-    task_store::transfer_environment(txn, &e, from, heir, crate::clock::now()).await?;
-    crate::store::branches::transfer(txn, from.id, heir.id).await?;
-    let subject = Subject {
-        task_environment_id: Some(env_id),
-        ..Subject::task(heir.workspace_id, heir.id)
-    };
-    events::append(
-        txn,
-        ctx.instance_id,
-        EventType::TaskUpdated,
-        subject,
-        json!({ "changed": { "workspace_mode": "new_workspace" }, "environment_transferred_from": from.id }),
-    )
-    .await?;
-    Ok(())
 }
 
 /// I12: quick-chat tasks idle past their retention, with no live session, go through the ordinary delete

@@ -3,6 +3,7 @@
 //! expiry. Each follows the barrier (`cleanup::barrier`): prepared jobs, stop the agents, the mutation
 //! that activates them, then settle.
 mod archive;
+mod chain;
 mod delete;
 mod reset;
 mod workspace_delete;

@@ -2,6 +2,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
+use super::delete::dirty_worktrees;
 use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::domain::cleanup::CleanupTrigger;
@@ -11,16 +12,33 @@ use crate::entity::cleanup_job as job;
 use crate::error::{Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
+use crate::managed_path::Consent;
 use crate::store::tasks::{lock_task, owner_of};
 use crate::store::{environments as env_store, sessions as sessions_store};
 
-/// Destroys the current environment's resources through a job, so the next session materializes afresh.
-pub async fn reset_environment(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid) -> Result<job::Model> {
+/// Destroys the current environment's resources through a job, so the next session (or the next launch
+/// or resume of an old one) materializes afresh. Worktrees holding changes are refused with `409
+/// task_delete_dirty_worktree` before anything changes, unless `consent` (the request's explicit
+/// `discard_worktree_changes=true`, I11) is given; consent is recorded in the job's snapshot.
+pub async fn reset_environment(
+    ctx: &Ctx,
+    p: &UnboundPrincipal,
+    task_id: Uuid,
+    consent: Option<Consent>,
+) -> Result<job::Model> {
     let t = tasks::readable(&ctx.db.conn, p, task_id).await?;
     if t.archived_at.is_some() {
         return Err(Error::TaskArchived);
     }
     let owner = owner_of(&ctx.db.conn, &t).await?;
+    if consent.is_none() {
+        // I11 for a reset (issue 17 item 5), before anything changes (outside the write transaction: git
+        // runs). A worktree that turns dirty after this ends the job `failed` without removing it.
+        let dirty = dirty_worktrees(ctx, std::slice::from_ref(&owner)).await?;
+        if !dirty.is_empty() {
+            return Err(Error::TaskDeleteDirtyWorktree(dirty));
+        }
+    }
     let txn = ctx.db.begin_write().await?;
     let owner = lock_task(&txn, owner.id).await?;
     let current = environments::current(&txn, owner.id)
@@ -30,7 +48,7 @@ pub async fn reset_environment(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid) -
     if users.iter().any(|s| s.state.is_busy() || ctx.runtime.is_live(s.id)) {
         return Err(Error::SessionBusy);
     }
-    let mut jobs = vec![prepare(&txn, ctx, &owner, CleanupTrigger::EnvironmentReset, None).await?];
+    let mut jobs = vec![prepare(&txn, ctx, &owner, CleanupTrigger::EnvironmentReset, consent.as_ref()).await?];
     ctx.commit(txn).await?;
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;

@@ -1,0 +1,326 @@
+//! Inherit chains stay whole (issue 17 item 4) and a reset needs consent and is resumed after (item 5):
+//! deleting or archiving a link or an owner never leaves a task pointing at nothing (I8), `unarchive`
+//! refuses before anything changes (I10), a dirty reset is refused without consent (I11), and old
+//! sessions resume in a fresh environment through the normal election (I14).
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::both_backends;
+use crate::helpers::{TestApp, id_of, worktrees_of};
+
+both_backends!(
+    deleting_a_middle_link_keeps_the_chain_whole,
+    deleting_an_owner_whose_inheritors_are_archived_cleans_it_as_one_unit,
+    archive_hands_the_environment_to_the_nearest_live_inheritor,
+    archive_then_unarchive_across_a_chain_and_resume,
+    a_dirty_reset_is_refused_then_consented_and_resumed,
+);
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn uuid(v: &Value) -> Uuid {
+    v.as_str()
+        .unwrap_or_else(|| panic!("not a string: {v}"))
+        .parse()
+        .unwrap()
+}
+
+async fn wait_job(app: &TestApp, id: Uuid) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
+        if j["state"] == "succeeded" || j["state"] == "failed" || j["state"] == "cancelled" {
+            return j;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_jobs(app: &TestApp, reply: &Value) {
+    for j in reply["cleanup_jobs"].as_array().unwrap() {
+        assert_eq!(wait_job(app, uuid(&j["id"])).await["state"], "succeeded");
+    }
+}
+
+async fn subtask(app: &TestApp, ws: Uuid, parent: Uuid, title: &str) -> Uuid {
+    id_of(
+        &app.post(
+            &format!("/api/v1/workspaces/{ws}/tasks"),
+            json!({"title": title, "parent_task_id": parent, "workspace_mode": "inherit_parent"}),
+        )
+        .await
+        .ok(201),
+    )
+}
+
+/// The environment lookup of a task: `Some` environment, or `None` when the task resolves to an owner
+/// that has none right now (`404 not_found` for the environment). Never a chain that leads nowhere.
+async fn environment_of(app: &TestApp, task: Uuid) -> Option<Value> {
+    let r = app.get(&format!("/api/v1/tasks/{task}/environment")).await;
+    match r.status.as_u16() {
+        200 => Some(r.json()),
+        404 => {
+            let p = r.problem(404, "not_found");
+            assert_eq!(
+                p["detail"], "environment not found",
+                "a dangling lookup for {task}: {p}"
+            );
+            None
+        }
+        other => panic!("environment lookup of {task} answered {other}: {}", r.text),
+    }
+}
+
+async fn task(app: &TestApp, id: Uuid) -> Value {
+    app.get(&format!("/api/v1/tasks/{id}")).await.ok(200)
+}
+
+async fn agent_session(app: &TestApp, task: Uuid) -> Value {
+    app.post(
+        &format!("/api/v1/tasks/{task}/sessions"),
+        json!({"executor_type": "worktree", "agent_profile": "test"}),
+    )
+    .await
+    .ok(201)
+}
+
+// I8: deleting the middle inherit_parent task of a three-level chain splices it out: the leaf inherits
+// through the owner, and its lookups and sessions keep working in the same environment.
+async fn deleting_a_middle_link_keeps_the_chain_whole(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let owner = app.task(ws, "Owner", &[repo]).await;
+    let middle = subtask(&app, ws, owner, "Middle").await;
+    let leaf = subtask(&app, ws, middle, "Leaf").await;
+    let s = app.session(leaf, "worktree").await;
+    let r = app.delete(&format!("/api/v1/tasks/{middle}")).await.ok(202);
+    wait_jobs(&app, &r).await;
+
+    let leaf_task = task(&app, leaf).await;
+    assert_eq!(leaf_task["parent_task_id"], owner.to_string());
+    assert_eq!(leaf_task["workspace_mode"], "inherit_parent");
+    for t in [owner, leaf] {
+        let env = environment_of(&app, t).await.expect("the chain's environment");
+        assert_eq!(env["id"], s["task_environment_id"]);
+        assert_eq!(env["task_id"], owner.to_string());
+    }
+    let again = app.session(leaf, "worktree").await;
+    assert_eq!(again["workspace_path"], s["workspace_path"]);
+    assert!(Path::new(s["workspace_path"].as_str().unwrap()).is_dir());
+}
+
+// I8, I10: an owner whose only inheritors are archived is deleted with its environment (one job cleans
+// it); the archived chain is re-rooted at its nearest link, so every lookup is typed, unarchive of a
+// deeper link is refused while that link is archived (nothing changes), and the chain comes back.
+async fn deleting_an_owner_whose_inheritors_are_archived_cleans_it_as_one_unit(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let owner = app.task(ws, "Owner", &[repo]).await;
+    let a = subtask(&app, ws, owner, "A").await;
+    let b = subtask(&app, ws, a, "B").await;
+    let s = app.session(b, "worktree").await;
+    let worktree = s["workspace_path"].as_str().unwrap().to_string();
+    let r = app
+        .post(&format!("/api/v1/tasks/{a}/archive?cascade=true"), json!({}))
+        .await
+        .ok(202);
+    wait_jobs(&app, &r).await;
+    assert!(Path::new(&worktree).is_dir(), "the owner is live: nothing removed");
+
+    let r = app.delete(&format!("/api/v1/tasks/{owner}")).await.ok(202);
+    wait_jobs(&app, &r).await;
+    assert!(
+        !Path::new(&worktree).exists(),
+        "no live inheritor: the environment is cleaned"
+    );
+    assert!(!worktrees_of(&source).contains(&worktree));
+
+    let a_task = task(&app, a).await;
+    assert_eq!(a_task["workspace_mode"], "new_workspace");
+    assert!(a_task["parent_task_id"].is_null());
+    assert_eq!(task(&app, b).await["parent_task_id"], a.to_string());
+    for t in [a, b] {
+        assert!(environment_of(&app, t).await.is_none());
+    }
+    // B works in A's environment, and A is archived: refused, nothing changed.
+    app.post(&format!("/api/v1/tasks/{b}/unarchive"), json!({}))
+        .await
+        .problem(409, "task_archived");
+    assert!(!task(&app, b).await["archived_at"].is_null());
+    app.post(&format!("/api/v1/tasks/{a}/unarchive"), json!({}))
+        .await
+        .ok(200);
+    app.post(&format!("/api/v1/tasks/{b}/unarchive"), json!({}))
+        .await
+        .ok(200);
+    let fresh = app.session(b, "worktree").await;
+    assert_ne!(fresh["task_environment_id"], s["task_environment_id"]);
+    for t in [a, b] {
+        let env = environment_of(&app, t).await.expect("a fresh environment");
+        assert_eq!(env["task_id"], a.to_string());
+    }
+}
+
+// I8: archiving an owner hands its environment to the nearest live inheritor, past an archived link,
+// which the rest of the chain inherits through; the work stays, and the archived owner comes back with
+// a directory of its own.
+async fn archive_hands_the_environment_to_the_nearest_live_inheritor(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let owner = app.task(ws, "Owner", &[repo]).await;
+    let link = subtask(&app, ws, owner, "Link").await;
+    let leaf = subtask(&app, ws, link, "Leaf").await;
+    let s = app.session(leaf, "worktree").await;
+    let worktree = s["workspace_path"].as_str().unwrap().to_string();
+    std::fs::write(Path::new(&worktree).join("leaf-work.txt"), "in progress").unwrap();
+    let r = app
+        .post(&format!("/api/v1/tasks/{link}/archive"), json!({}))
+        .await
+        .ok(202);
+    wait_jobs(&app, &r).await;
+    let r = app
+        .post(&format!("/api/v1/tasks/{owner}/archive"), json!({}))
+        .await
+        .ok(202);
+    wait_jobs(&app, &r).await;
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&worktree).join("leaf-work.txt")).unwrap(),
+        "in progress"
+    );
+
+    let leaf_task = task(&app, leaf).await;
+    assert_eq!(leaf_task["workspace_mode"], "new_workspace");
+    assert_eq!(leaf_task["parent_task_id"], owner.to_string());
+    assert_eq!(task(&app, link).await["parent_task_id"], leaf.to_string());
+    for t in [leaf, link] {
+        let env = environment_of(&app, t).await.expect("the handed-over environment");
+        assert_eq!(env["id"], s["task_environment_id"]);
+        assert_eq!(env["task_id"], leaf.to_string());
+        assert_eq!(env["ownership_generation"], 2);
+    }
+    assert!(environment_of(&app, owner).await.is_none());
+    assert_eq!(app.session(leaf, "worktree").await["workspace_path"], worktree.as_str());
+
+    // Both come back; the owner's next session gets a directory of its own, not the leaf's.
+    app.post(&format!("/api/v1/tasks/{link}/unarchive"), json!({}))
+        .await
+        .ok(200);
+    app.post(&format!("/api/v1/tasks/{owner}/unarchive"), json!({}))
+        .await
+        .ok(200);
+    let own = app.session(owner, "worktree").await;
+    assert_ne!(own["workspace_path"], worktree.as_str());
+    assert_ne!(own["task_environment_id"], s["task_environment_id"]);
+    assert_eq!(
+        environment_of(&app, link).await.unwrap()["id"],
+        s["task_environment_id"]
+    );
+}
+
+// I10, I14: a cascade archive cleans the chain's environment; unarchiving the leaf first is refused and
+// changes nothing; once the chain is back, the leaf's old session resumes in a fresh environment through
+// the normal election, with no manual step.
+async fn archive_then_unarchive_across_a_chain_and_resume(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let owner = app.task(ws, "Owner", &[repo]).await;
+    let middle = subtask(&app, ws, owner, "Middle").await;
+    let leaf = subtask(&app, ws, middle, "Leaf").await;
+    let s = agent_session(&app, leaf).await;
+    let sid = uuid(&s["id"]);
+    let worktree = s["workspace_path"].as_str().unwrap().to_string();
+    let r = app
+        .post(&format!("/api/v1/tasks/{owner}/archive?cascade=true"), json!({}))
+        .await
+        .ok(202);
+    assert_eq!(r["cleanup_jobs"].as_array().unwrap().len(), 3);
+    wait_jobs(&app, &r).await;
+    assert!(!Path::new(&worktree).exists());
+    for t in [owner, middle, leaf] {
+        assert!(environment_of(&app, t).await.is_none());
+    }
+
+    app.post(&format!("/api/v1/tasks/{leaf}/unarchive"), json!({}))
+        .await
+        .problem(409, "task_archived");
+    assert!(!task(&app, leaf).await["archived_at"].is_null(), "nothing changed");
+    for t in [owner, middle, leaf] {
+        app.post(&format!("/api/v1/tasks/{t}/unarchive"), json!({}))
+            .await
+            .ok(200);
+    }
+    let resumed = app
+        .post(&format!("/api/v1/sessions/{sid}/resume"), json!({}))
+        .await
+        .ok(200);
+    assert_ne!(resumed["task_environment_id"], s["task_environment_id"]);
+    let env = environment_of(&app, leaf).await.expect("materialized by the resume");
+    assert_eq!(env["id"], resumed["task_environment_id"]);
+    assert_eq!(env["task_id"], owner.to_string());
+    assert!(Path::new(resumed["workspace_path"].as_str().unwrap()).is_dir());
+    app.post(&format!("/api/v1/sessions/{sid}/stop"), json!({}))
+        .await
+        .ok(200);
+}
+
+// I11 for a reset: a dirty worktree is refused with the repositories and their counts, and nothing
+// changes; with consent the reset proceeds and removes it; the old session then resumes in a fresh
+// environment (I14).
+async fn a_dirty_reset_is_refused_then_consented_and_resumed(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let t = app.task(ws, "Reset", &[repo]).await;
+    let s = agent_session(&app, t).await;
+    let sid = uuid(&s["id"]);
+    app.post(&format!("/api/v1/sessions/{sid}/stop"), json!({}))
+        .await
+        .ok(200);
+    let worktree = s["workspace_path"].as_str().unwrap().to_string();
+    std::fs::write(Path::new(&worktree).join("unsaved.txt"), "work").unwrap();
+    let jobs_before = app.count("task_resource_cleanup_jobs").await;
+
+    let p = app
+        .post(&format!("/api/v1/tasks/{t}/environment/reset"), json!({}))
+        .await
+        .problem(409, "task_delete_dirty_worktree");
+    assert_eq!(p["repositories"][0]["repository_id"], repo.to_string());
+    assert_eq!(p["repositories"][0]["dirty_file_count"], 1);
+    assert_eq!(app.count("task_resource_cleanup_jobs").await, jobs_before, "no job");
+    let env = environment_of(&app, t).await.expect("still current");
+    assert_eq!(env["id"], s["task_environment_id"]);
+    assert_eq!(env["status"], "ready");
+    assert!(Path::new(&worktree).join("unsaved.txt").exists());
+
+    let r = app
+        .post(
+            &format!("/api/v1/tasks/{t}/environment/reset?discard_worktree_changes=true"),
+            json!({}),
+        )
+        .await
+        .ok(202);
+    assert_eq!(
+        wait_job(&app, uuid(&r["cleanup_job"]["id"])).await["state"],
+        "succeeded"
+    );
+    assert!(!Path::new(&worktree).join("unsaved.txt").exists());
+    assert!(!worktrees_of(&source).contains(&worktree));
+    assert!(environment_of(&app, t).await.is_none());
+
+    let resumed = app
+        .post(&format!("/api/v1/sessions/{sid}/resume"), json!({}))
+        .await
+        .ok(200);
+    assert_ne!(resumed["task_environment_id"], s["task_environment_id"]);
+    assert_eq!(
+        environment_of(&app, t).await.unwrap()["id"],
+        resumed["task_environment_id"]
+    );
+    assert!(Path::new(resumed["workspace_path"].as_str().unwrap()).is_dir());
+    app.post(&format!("/api/v1/sessions/{sid}/stop"), json!({}))
+        .await
+        .ok(200);
+}
