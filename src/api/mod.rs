@@ -94,21 +94,23 @@ impl Modify for SecurityAddon {
     }
 }
 
+/// A problem+json answer of the spec, for the responses added by post-processing.
+fn problem(description: &str) -> RefOr<Response> {
+    RefOr::T(
+        utoipa::openapi::ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/problem+json",
+                utoipa::openapi::ContentBuilder::new()
+                    .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build(),
+    )
+}
+
 /// Adds the answers every authenticated operation can give, so each handler lists only its own.
 fn add_common_responses(openapi: &mut utoipa::openapi::OpenApi) {
-    let problem = |description: &str| -> RefOr<Response> {
-        RefOr::T(
-            utoipa::openapi::ResponseBuilder::new()
-                .description(description)
-                .content(
-                    "application/problem+json",
-                    utoipa::openapi::ContentBuilder::new()
-                        .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
-                        .build(),
-                )
-                .build(),
-        )
-    };
     for item in openapi.paths.paths.values_mut() {
         for op in [
             &mut item.get,
@@ -176,19 +178,6 @@ fn add_idempotency_key(openapi: &mut utoipa::openapi::OpenApi) {
         ))
         .example(Some(serde_json::json!("3f1c9a52-create-task-1")))
         .build();
-    let problem = |description: &str| -> RefOr<Response> {
-        RefOr::T(
-            utoipa::openapi::ResponseBuilder::new()
-                .description(description)
-                .content(
-                    "application/problem+json",
-                    utoipa::openapi::ContentBuilder::new()
-                        .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
-                        .build(),
-                )
-                .build(),
-        )
-    };
     for (path, item) in openapi.paths.paths.iter_mut() {
         if !idempotency::covers(path) {
             continue;

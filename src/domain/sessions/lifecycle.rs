@@ -79,6 +79,62 @@ fn validate(ctx: &Ctx, input: &NewSession) -> Result<Request> {
     })
 }
 
+/// A session as it is first recorded: no execution, no error, not open; primary when the task has none
+/// yet (settled in [`record`]).
+fn first_record(
+    request: &Request,
+    executor_type: ExecutorType,
+    task: &crate::entity::task::Model,
+    environment_id: Option<Uuid>,
+    state: SessionState,
+) -> session::Model {
+    let now = crate::clock::now();
+    session::Model {
+        id: Uuid::now_v7(),
+        task_id: task.id,
+        task_environment_id: environment_id,
+        name: request.name.clone(),
+        executor_type,
+        agent_profile: request.agent_profile.clone(),
+        state,
+        is_primary: false,
+        desired_open: false,
+        execution_id: None,
+        agent_session_ref: None,
+        agent_state: None,
+        last_error_code: None,
+        last_error_message: None,
+        last_activity_at: now,
+        created_at: now,
+        updated_at: now,
+        started_at: None,
+        ended_at: None,
+        row_version: 1,
+    }
+}
+
+/// Inserts a new session (primary if its task has none) with its `session.created` event; a new
+/// session is activity on its task.
+async fn record(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    task: &crate::entity::task::Model,
+    mut model: session::Model,
+) -> Result<session::Model> {
+    model.is_primary = store::primary_of(txn, task.id).await?.is_none();
+    store::insert(txn, model.clone()).await?;
+    task_store::touch(txn, task.id, model.created_at).await?;
+    events::append(
+        txn,
+        ctx.instance_id,
+        EventType::SessionCreated,
+        subject(task, &model),
+        json!({ "is_primary": model.is_primary, "executor_type": model.executor_type }),
+    )
+    .await?;
+    Ok(model)
+}
+
 pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSession) -> Result<SessionView> {
     let request = validate(ctx, &input)?;
     let task = crate::domain::tasks::readable(&ctx.db.conn, p, task_id).await?;
@@ -101,40 +157,14 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
     let environment = env_store::find_attachable(&txn, environment.id)
         .await?
         .ok_or_else(|| Error::Stale("the task's environment changed meanwhile; retry".into()))?;
-    let has_primary = store::primary_of(&txn, task.id).await?.is_some();
-    let now = crate::clock::now();
-    let model = session::Model {
-        id: Uuid::now_v7(),
-        task_id: task.id,
-        task_environment_id: Some(environment.id),
-        name: request.name,
-        executor_type: input.executor_type,
-        agent_profile: request.agent_profile,
-        state: SessionState::Created,
-        is_primary: !has_primary,
-        desired_open: false,
-        execution_id: None,
-        agent_session_ref: None,
-        agent_state: None,
-        last_error_code: None,
-        last_error_message: None,
-        last_activity_at: now,
-        created_at: now,
-        updated_at: now,
-        started_at: None,
-        ended_at: None,
-        row_version: 1,
-    };
-    store::insert(&txn, model.clone()).await?;
-    task_store::touch(&txn, task.id, now).await?;
-    events::append(
-        &txn,
-        ctx.instance_id,
-        EventType::SessionCreated,
-        subject(&task, &model),
-        json!({ "is_primary": model.is_primary, "executor_type": model.executor_type }),
-    )
-    .await?;
+    let model = first_record(
+        &request,
+        input.executor_type,
+        &task,
+        Some(environment.id),
+        SessionState::Created,
+    );
+    let model = record(&txn, ctx, &task, model).await?;
     ctx.commit(txn).await?;
     if request.start {
         return super::launch::launch_session(ctx, model, request.prompt).await;
@@ -166,41 +196,10 @@ pub async fn create_async(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input:
         return Err(Error::TaskArchived);
     }
     ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
-    let has_primary = store::primary_of(&txn, task.id).await?.is_some();
-    let now = crate::clock::now();
-    let model = session::Model {
-        id: Uuid::now_v7(),
-        task_id: task.id,
-        task_environment_id: None,
-        name: request.name,
-        executor_type: input.executor_type,
-        agent_profile: request.agent_profile,
-        state: SessionState::Preparing,
-        is_primary: !has_primary,
-        // Kept so that the preparation, resumed by another process after a restart, still launches.
-        desired_open: request.start,
-        execution_id: None,
-        agent_session_ref: None,
-        agent_state: None,
-        last_error_code: None,
-        last_error_message: None,
-        last_activity_at: now,
-        created_at: now,
-        updated_at: now,
-        started_at: None,
-        ended_at: None,
-        row_version: 1,
-    };
-    store::insert(&txn, model.clone()).await?;
-    task_store::touch(&txn, task.id, now).await?;
-    events::append(
-        &txn,
-        ctx.instance_id,
-        EventType::SessionCreated,
-        subject(&task, &model),
-        json!({ "is_primary": model.is_primary, "executor_type": model.executor_type }),
-    )
-    .await?;
+    let mut model = first_record(&request, input.executor_type, &task, None, SessionState::Preparing);
+    // Kept so that the preparation, resumed by another process after a restart, still launches.
+    model.desired_open = request.start;
+    let model = record(&txn, ctx, &task, model).await?;
     if let Some(prompt) = &request.prompt {
         // Durable with the session: delivered once the agent runs, whichever process launches it.
         super::inbox::enqueue_in(&txn, ctx, &task, &model, prompt).await?;
