@@ -111,8 +111,16 @@ fn responses() -> Vec<(&'static str, &'static str, Named)> {
             "deleteTask",
             "202",
             (
-                "Deleted; a job removes the worktree and branch",
-                json!({ "cleanup_jobs": [cleanup_job("delete", "pending")] }),
+                "Deleted; a job removes the worktree, then the branch berth made (merged into its base)",
+                json!({
+                    "cleanup_jobs": [cleanup_job("delete", "pending")],
+                    "branches": [{
+                        "repository_id": REPOSITORY_ID,
+                        "branch": "berth/add-login",
+                        "action": "delete",
+                        "reason": "merged"
+                    }]
+                }),
             ),
         ),
         (
