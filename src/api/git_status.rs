@@ -178,7 +178,7 @@ async fn report_observation(
     responses(
         (status = 200, description = "berth inspected the worktrees itself (read-only) and recorded live observations", body = GitStatusList),
         (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The environment is not ready (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The environment is not ready (`conflict`), or a worktree is gone or no longer a git worktree (`workspace_reuse_unsafe` with `category` `workspace_missing` or `not_a_git_worktree`: reset the environment)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/environments/{id}/git-status/refresh")]

@@ -13,7 +13,7 @@ use crate::auth::Principal;
 use crate::entity::git_status_observation::{self as obs, ObservationKind, ReportedKind};
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::entity::task_environment_repo::EnvironmentRepoStatus;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ReuseCategory};
 use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::git::status::{self, FileStatus, IndexStatus, WorktreeStatus};
@@ -160,6 +160,14 @@ pub(crate) async fn inspect_and_record(
             (ExecutorType::Local, _, Some(r)) => PathBuf::from(r.path),
             _ => continue,
         };
+        // A worktree that is gone, or is no longer a git worktree, is the workspace's state, not berth's
+        // failure: a typed 409 that says to reset the environment (issue 17, item 6), never a 500.
+        if !path.is_dir() {
+            return Err(Error::WorkspaceReuseUnsafe(ReuseCategory::WorkspaceMissing));
+        }
+        if !path.join(".git").exists() {
+            return Err(Error::WorkspaceReuseUnsafe(ReuseCategory::NotAGitWorktree));
+        }
         let snap = tokio::task::spawn_blocking(move || status::inspect(&path))
             .await
             .map_err(|e| Error::Internal(e.into()))?

@@ -16,6 +16,7 @@ both_backends!(
     refresh_reports_what_git_sees,
     a_finished_turn_is_captured_as_a_completion,
     observations_are_validated_and_scoped,
+    a_refresh_of_a_missing_worktree_is_a_typed_409,
 );
 
 fn uuid(v: &Value) -> Uuid {
@@ -71,8 +72,8 @@ async fn a_newer_sparse_observation_wins_over_an_older_detailed_one(app: TestApp
     // Both sessions see the same status: the identity is the environment's.
     for s in [a, b] {
         assert_eq!(
-            app.get(&format!("/api/v1/sessions/{s}/git-status")).await.ok(200),
-            current
+            app.get(&format!("/api/v1/sessions/{s}/git-status")).await.ok(200)["items"],
+            current["items"]
         );
     }
     // An older report changes nothing and emits nothing.
@@ -91,8 +92,8 @@ async fn a_newer_sparse_observation_wins_over_an_older_detailed_one(app: TestApp
     .await
     .ok(201);
     assert_eq!(
-        app.get(&format!("/api/v1/environments/{env}/git-status")).await.ok(200),
-        current
+        app.get(&format!("/api/v1/environments/{env}/git-status")).await.ok(200)["items"],
+        current["items"]
     );
     assert_eq!(
         app.events()
@@ -340,4 +341,44 @@ async fn observations_are_validated_and_scoped(app: TestApp) {
     )
     .await
     .ok(201);
+}
+
+// Issue 17, item 6: a refresh on a worktree that is gone (or no longer a git worktree) answers a typed 409
+// that says to reset the environment, never a 500; what was observed before stays readable, and the
+// source repository is untouched.
+async fn a_refresh_of_a_missing_worktree_is_a_typed_409(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Gone", &[repo]).await;
+    let s = app.session(task, "worktree").await;
+    let env = uuid(&s["task_environment_id"]);
+    let wt = std::path::PathBuf::from(s["workspace_path"].as_str().unwrap());
+    let refresh = format!("/api/v1/environments/{env}/git-status/refresh");
+    app.post(&refresh, json!({})).await.ok(200);
+
+    // Not a git worktree any more: its `.git` file is gone, the directory is still there.
+    std::fs::remove_file(wt.join(".git")).unwrap();
+    let p = app
+        .post(&refresh, json!({}))
+        .await
+        .problem(409, "workspace_reuse_unsafe");
+    assert_eq!(p["category"], "not_a_git_worktree");
+    assert_eq!(p["action"], "reset_environment");
+    crate::helpers::assert_no_path(&app.post(&refresh, json!({})).await, &wt);
+
+    // Gone altogether.
+    std::fs::remove_dir_all(&wt).unwrap();
+    let p = app
+        .post(&refresh, json!({}))
+        .await
+        .problem(409, "workspace_reuse_unsafe");
+    assert_eq!(p["category"], "workspace_missing");
+    let current = app.get(&format!("/api/v1/environments/{env}/git-status")).await.ok(200);
+    assert_eq!(
+        current["items"].as_array().unwrap().len(),
+        1,
+        "the last observation stays readable"
+    );
+    assert!(source.join(".git").is_dir(), "the source repository is untouched");
+    assert_eq!(git(&source, &["status", "--porcelain"]).trim(), "");
 }
