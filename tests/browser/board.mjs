@@ -22,6 +22,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { chromium } from 'playwright-core';
+import { guardOffline } from './offline.mjs';
 
 const BERTH_URL = (process.env.BERTH_URL ?? '').replace(/\/+$/, '');
 const TOKEN = process.env.BERTH_TOKEN ?? '';
@@ -40,18 +41,6 @@ if (!BERTH_URL || !TOKEN || !REPO_DIR) {
 const started = Date.now();
 const log = (msg) => console.log(`[board ${((Date.now() - started) / 1000).toFixed(1)}s] ${msg}`);
 
-const LOOPBACK_HOSTS = new Set(['127.0.0.1', 'localhost', '[::1]', '::1']);
-const LOCAL_SCHEMES = new Set(['data:', 'blob:', 'about:', 'chrome:', 'chrome-extension:', 'devtools:']);
-function isLoopback(url) {
-  let u;
-  try {
-    u = new URL(url);
-  } catch {
-    return false;
-  }
-  if (LOCAL_SCHEMES.has(u.protocol)) return true;
-  return LOOPBACK_HOSTS.has(u.hostname);
-}
 // Chromium reports an aborted request (recorded separately) as a console error; a 4xx the board shows in
 // place (a 409 it answers with the consent flow, say) is logged as "Failed to load resource".
 const IGNORED_CONSOLE = [/net::ERR_FAILED/, /net::ERR_BLOCKED_BY_CLIENT/, /Failed to load resource: the server responded with a status of 4\d\d/];
@@ -114,20 +103,8 @@ async function main() {
     log(`screenshot: ${file}`);
   };
   try {
-    await context.route('**/*', (route) => {
-      const url = route.request().url();
-      if (isLoopback(url)) return route.continue();
-      external.add(`${route.request().method()} ${url}`);
-      return route.abort('blockedbyclient');
-    });
-    await context.routeWebSocket(/.*/, (s) => {
-      if (isLoopback(s.url().replace(/^ws/, 'http'))) return s.connectToServer();
-      external.add(`WEBSOCKET ${s.url()}`);
-      return s.close();
-    });
-    context.on('request', (req) => {
-      if (!isLoopback(req.url())) external.add(`${req.method()} ${req.url()}`);
-    });
+    // Abort everything that would leave the machine, and remember it: the page must work offline.
+    await guardOffline(context, external);
     page = context.pages()[0] ?? (await context.newPage());
     page.setDefaultTimeout(STEP_MS);
     page.on('console', (msg) => {

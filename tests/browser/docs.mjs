@@ -18,6 +18,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { chromium } from 'playwright-core';
+import { guardOffline } from './offline.mjs';
 
 const BERTH_URL = (process.env.BERTH_URL ?? '').replace(/\/+$/, '');
 const TOKEN = process.env.BERTH_TOKEN ?? '';
@@ -35,21 +36,6 @@ if (!BERTH_URL || !TOKEN) {
 const started = Date.now();
 const log = (msg) => console.log(`[docs ${((Date.now() - started) / 1000).toFixed(1)}s] ${msg}`);
 
-// Loopback is all the page may reach. ::1 counts as loopback too.
-const LOOPBACK_HOSTS = new Set(['127.0.0.1', 'localhost', '[::1]', '::1']);
-// Schemes that never leave the browser process.
-const LOCAL_SCHEMES = new Set(['data:', 'blob:', 'about:', 'chrome:', 'chrome-extension:', 'devtools:']);
-
-function isLoopback(url) {
-  let u;
-  try {
-    u = new URL(url);
-  } catch {
-    return false;
-  }
-  if (LOCAL_SCHEMES.has(u.protocol)) return true;
-  return LOOPBACK_HOSTS.has(u.hostname);
-}
 
 // Console messages that are not a defect of the page: none are expected, but Chromium reports an
 // aborted request (ours, recorded separately as an external request) as a console error.
@@ -100,22 +86,8 @@ async function main() {
   let page;
   let ok = false;
   try {
-    // Abort everything that would leave the machine, and remember it: the docs must work offline.
-    await context.route('**/*', (route) => {
-      const url = route.request().url();
-      if (isLoopback(url)) return route.continue();
-      external.add(`${route.request().method()} ${url}`);
-      return route.abort('blockedbyclient');
-    });
-    await context.routeWebSocket(/.*/, (ws) => {
-      if (isLoopback(ws.url().replace(/^ws/, 'http'))) return ws.connectToServer();
-      external.add(`WEBSOCKET ${ws.url()}`);
-      return ws.close();
-    });
-    context.on('request', (req) => {
-      // A second net, in case some request bypasses the router.
-      if (!isLoopback(req.url())) external.add(`${req.method()} ${req.url()}`);
-    });
+    // Abort everything that would leave the machine, and remember it: the page must work offline.
+    await guardOffline(context, external);
 
     page = context.pages()[0] ?? (await context.newPage());
     page.setDefaultTimeout(STEP_MS);
