@@ -281,6 +281,9 @@ export function renderSession(main, id, { setCrumbs }) {
   const soon = debounce(() => { reload().catch(() => {}); }, 150);
 
   function gone() {
+    // A reload or event still in flight when the person left this screen (after deleting the session, say)
+    // must not draw over the screen they went to.
+    if (stopped) return;
     live?.stop();
     const back = st.snap ? h('a', { href: `#/t/${st.snap.session.task_id}` }, 'Back to the task') : h('a', { href: '#/' }, 'Back to the workspaces');
     clear(main, h('div', { class: 'card' }, h('h1', {}, 'This session is gone'), h('p', {}, 'It was deleted, or this token may not see it. ', back)));
