@@ -398,6 +398,15 @@ fn event_schema(v: &Variant) -> Schema {
         .property(
             "created_at",
             string().format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime))),
+        )
+        .property(
+            "actor",
+            OneOfBuilder::new()
+                .item(Ref::from_schema_name("Actor"))
+                .item(ObjectBuilder::new().schema_type(Type::Null))
+                .description(Some(
+                    "Who did it: the token's `sub` (and session, for an agent's token); `null` when berth did it on its own.",
+                )),
         );
     let b = ["version", "instance_id", "seq", "type", "data", "created_at"]
         .into_iter()

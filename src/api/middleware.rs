@@ -52,7 +52,10 @@ pub async fn request_id_and_metrics(
     let state = req.app_data::<web::Data<AppState>>().cloned();
     let method = req.method().clone();
     let started = Instant::now();
-    let mut res = REQUEST_ID.scope(id.clone(), next.call(req)).await?;
+    // The actor slot (issue 17 item 7) wraps everything below: authentication fills it.
+    let mut res = REQUEST_ID
+        .scope(id.clone(), crate::actor::request_scope(next.call(req)))
+        .await?;
     if let Ok(value) = HeaderValue::from_str(&id) {
         res.headers_mut()
             .insert(HeaderName::from_static(REQUEST_ID_HEADER), value);
@@ -108,6 +111,8 @@ impl RootSpanBuilder for BerthRootSpan {
             otel.kind = "server",
             otel.status_code = tracing::field::Empty,
             request_id = %id,
+            actor = tracing::field::Empty,
+            actor_session_id = tracing::field::Empty,
             exception.message = tracing::field::Empty,
             exception.details = tracing::field::Empty,
         )

@@ -679,6 +679,8 @@ async fn cleanup_barrier_refuses_new_sessions(app: TestApp) {
         created_at: Set(now),
         updated_at: Set(now),
         completed_at: Set(None),
+        actor_sub: Set(None),
+        actor_session_id: Set(None),
     })
     .exec_without_returning(app.db())
     .await

@@ -41,7 +41,8 @@ fn retry(e: impl Into<anyhow::Error>) -> Outcome {
 /// A job whose snapshot holds no session and no environment, and whose trigger needs no re-check
 /// (archive jobs first check that the task is still archived): executing it would change nothing.
 pub fn nothing_to_do(j: &job::Model) -> bool {
-    !j.trigger.is_archive() && snapshot_of(j).is_ok_and(|s| s.environment.is_none() && s.sessions.is_empty())
+    !j.trigger.is_archive()
+        && snapshot_of(j).is_ok_and(|s| s.environment.is_none() && s.superseded.is_empty() && s.sessions.is_empty())
 }
 
 /// The transition that records an attempt's outcome, with the columns it sets: the retry schedule,
@@ -91,9 +92,36 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     for s in &snap.sessions {
         ctx.runtime.stop(*s).await;
     }
-    let Some(env_snap) = &snap.environment else {
-        return Outcome::Done;
-    };
+    let mut kept = Vec::new();
+    if let Some(env_snap) = &snap.environment {
+        match clean_current(ctx, j, &snap, env_snap, lost, &mut kept).await {
+            Outcome::Done => {}
+            other => return other,
+        }
+    }
+    // Issue 17 item 1: what earlier environments left on disk goes with the task's lifecycle too.
+    for env_snap in &snap.superseded {
+        match super::leftovers::clean(ctx, &snap, env_snap, lost, &mut kept).await {
+            Outcome::Done => {}
+            other => return other,
+        }
+    }
+    if kept.is_empty() {
+        Outcome::Done
+    } else {
+        Outcome::DoneKeeping(kept)
+    }
+}
+
+/// The task's current environment: its worktrees, its branches (on a delete), its root, its record.
+async fn clean_current(
+    ctx: &Ctx,
+    j: &job::Model,
+    snap: &Snapshot,
+    env_snap: &super::EnvironmentSnapshot,
+    lost: &AtomicBool,
+    kept: &mut Vec<String>,
+) -> Outcome {
     match env_store::find(&ctx.db.conn, env_snap.id).await {
         // Still being materialized: its publish will meet the barrier and remove what it made; wait.
         // Abandoned by a crash (lease expired): nobody will publish it; its planned paths are in the snapshot.
@@ -103,13 +131,12 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         Ok(_) => {}
         Err(e) => return retry(e),
     }
-    match shared_elsewhere(ctx, &snap, env_snap.id).await {
+    match shared_elsewhere(ctx, snap, env_snap.id).await {
         Ok(true) => return Outcome::Done,
         Ok(false) => {}
         Err(e) => return retry(e),
     }
     let root = ManagedRoot::from_config(&ctx.config);
-    let mut kept = Vec::new();
     let deletes_branches = branches::deletes_branches(j.trigger);
     let mut decisions = Vec::new();
     for w in &env_snap.worktrees {
@@ -132,7 +159,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             Ok(false) => {}
             Err(e) => return retry(e),
         }
-        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes.as_ref(), &mut kept).await {
+        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes.as_ref(), Dirty::Fail, kept).await {
             Outcome::Done => {}
             other => return other,
         }
@@ -144,7 +171,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             }
         }
     }
-    if deletes_branches && let Err(e) = record_branches(ctx, j, &snap, decisions).await {
+    if deletes_branches && let Err(e) = record_branches(ctx, j, snap, decisions).await {
         return retry(e);
     }
     if !env_snap.task_root.is_empty()
@@ -153,9 +180,8 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         // Only if empty: berth never removes what the inventory does not name (I13).
         let _ = std::fs::remove_dir(dir.as_path());
     }
-    match retire_environment(ctx, &snap, env_snap.id).await {
-        Ok(()) if kept.is_empty() => Outcome::Done,
-        Ok(()) => Outcome::DoneKeeping(kept),
+    match retire_environment(ctx, snap, env_snap.id).await {
+        Ok(()) => Outcome::Done,
         Err(e) => retry(e),
     }
 }
@@ -173,7 +199,7 @@ async fn record_branches(ctx: &Ctx, j: &job::Model, snap: &Snapshot, decisions: 
 }
 
 /// Another live (not superseded) environment's inventory names this path.
-async fn claimed_by_another(ctx: &Ctx, env_id: uuid::Uuid, path: &str) -> Result<bool> {
+pub(super) async fn claimed_by_another(ctx: &Ctx, env_id: uuid::Uuid, path: &str) -> Result<bool> {
     Ok(env_store::others_naming(&ctx.db.conn, path, env_id)
         .await?
         .iter()
@@ -204,11 +230,23 @@ async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Res
     Ok(false)
 }
 
-async fn destroy_worktree(
+/// What a worktree with changes and no consent does to the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dirty {
+    /// The task's current worktree: the job fails, touching nothing (I11).
+    Fail,
+    /// A superseded environment's: kept, reported, and the job goes on (issue 17 item 1).
+    Keep,
+}
+
+/// Removes one worktree the snapshot names. `Done` also when it was kept (`Dirty::Keep`, reported in
+/// `kept`): the caller tells the two apart by `kept`.
+pub(super) async fn destroy_worktree(
     ctx: &Ctx,
     root: &ManagedRoot,
     w: &WorktreeSnapshot,
     consent: Option<&Consent>,
+    dirty_policy: Dirty,
     kept: &mut Vec<String>,
 ) -> Outcome {
     // I13: only inside the managed root, never through a symlink.
@@ -237,6 +275,14 @@ async fn destroy_worktree(
         (0, _) => ctx.git.worktree_remove(repo, &target).await,
         // I11: forced only with the consent the job recorded.
         (_, Some(consent)) => ctx.git.worktree_remove_consented(repo, &target, consent).await,
+        (_, None) if dirty_policy == Dirty::Keep => {
+            tracing::warn!(repository = %w.repository_id, dirty, "kept a superseded worktree holding changes");
+            kept.push(format!(
+                "kept the worktree of repository {} of a superseded environment: {dirty} changed files and removing them was not consented to",
+                w.repository_id
+            ));
+            return Outcome::Done;
+        }
         (_, None) => {
             return Outcome::Terminal(anyhow!(
                 "the worktree of repository {} has {dirty} changed files and removing them was not consented to",

@@ -78,7 +78,7 @@ pub async fn ensure_ready(ctx: &Ctx, task: &task::Model, executor: ExecutorType)
     };
     // In a task of its own: a client that disconnects mid-way does not strand a `creating` environment.
     let (ctx, task) = (ctx.clone(), task.clone());
-    tokio::spawn(async move { prepare(&ctx, &task, &owner, &env).await })
+    crate::actor::spawn(async move { prepare(&ctx, &task, &owner, &env).await })
         .await
         .map_err(|e| Error::Internal(anyhow::anyhow!("materialization task failed: {e}")))?
 }

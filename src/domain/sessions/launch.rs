@@ -150,7 +150,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     inbox::wake(ctx, s.id);
     if profile.protocol == crate::config::AgentProtocol::Pi {
         let ctx = ctx.clone();
-        tokio::spawn(async move {
+        crate::actor::spawn(async move {
             if let Err(e) = conversation::learn(&ctx, s.id, true).await {
                 tracing::warn!(session = %s.id, error = %e, "could not learn the agent's state");
             }
