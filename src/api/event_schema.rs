@@ -190,6 +190,26 @@ const VARIANTS: &[Variant] = &[
         data: &[("cleanup_job_id", Field::Uuid, "", REQ)],
     },
     Variant {
+        event_type: "environment.broken",
+        name: "EnvironmentBroken",
+        description: "Admission found a task's current environment unsafe to work in: no agent starts in \
+                      it, its git status is reported stale, and resetting it is the way back.",
+        data: &[
+            (
+                "category",
+                Field::Named("ReuseCategory"),
+                "What admission found.",
+                REQ,
+            ),
+            (
+                "recovery",
+                Field::OneOf(&["reset_environment"]),
+                "What brings it back: `POST /tasks/{id}/environment/reset`.",
+                REQ,
+            ),
+        ],
+    },
+    Variant {
         event_type: "environment.progress",
         name: "EnvironmentProgress",
         description: "Materializing a task's environment moved on, per repository (an asynchronous session \

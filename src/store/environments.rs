@@ -172,6 +172,20 @@ pub async fn workspace_path<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Op
         .and_then(|e| e.workspace_path))
 }
 
+/// Issue 17 item 6: a `ready` or `stopped` environment becomes `broken` with its category. False when it
+/// was in another state (nothing written).
+pub async fn mark_broken(txn: &DatabaseTransaction, id: Uuid, category: &str, now: DateTime<Utc>) -> Result<bool> {
+    let r = env::Entity::update_many()
+        .col_expr(env::Column::Status, Expr::value(EnvironmentStatus::Broken))
+        .col_expr(env::Column::BrokenCategory, Expr::value(Some(category.to_string())))
+        .col_expr(env::Column::UpdatedAt, Expr::value(now))
+        .filter(env::Column::Id.eq(id))
+        .filter(env::Column::Status.is_in([EnvironmentStatus::Ready, EnvironmentStatus::Stopped]))
+        .exec(txn)
+        .await?;
+    Ok(r.rows_affected == 1)
+}
+
 /// What a settled materialization writes over its `creating` row.
 pub struct Settle {
     pub status: EnvironmentStatus,

@@ -81,10 +81,10 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     // Admission: read-only, before anything changes or any process exists.
     let (admitted, transition) = match admit_for_launch(ctx, &task, &owner, s.executor_type).await? {
         Ok(admitted) => admitted,
-        Err(refusal) => {
-            let message = format!("workspace admission refused: {:?}", ReuseCategory::from(refusal));
+        Err(category) => {
+            let message = format!("workspace admission refused: {category:?}");
             record_failure(ctx, &task, s.id, "workspace_reuse_unsafe", &message).await?;
-            return Err(Error::WorkspaceReuseUnsafe(refusal.into()));
+            return Err(Error::WorkspaceReuseUnsafe(category));
         }
     };
     let launch = Launch {
@@ -183,9 +183,11 @@ async fn admit_for_launch(
     task: &task::Model,
     owner: &task::Model,
     requested: ExecutorType,
-) -> Result<std::result::Result<(AdmittedWorkspace, Option<Transition>), Refusal>> {
+) -> Result<std::result::Result<(AdmittedWorkspace, Option<Transition>), ReuseCategory>> {
     let current = match environments::current(&ctx.db.conn, owner.id).await? {
         Some(e) if matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) => e,
+        // Issue 17 item 6: refused until a reset replaces it.
+        Some(e) if e.status == EnvironmentStatus::Broken => return Ok(Err(environments::broken_category(&e))),
         // Issue 17 item 5: after a reset or an archive cleanup (or a failed or abandoned attempt) an old
         // session gets a fresh environment through the normal election (I14): materialized here, or `409
         // workspace_preparing` while another request materializes it.
@@ -207,11 +209,16 @@ async fn admit_for_launch(
                         "admission refused the new environment",
                     )
                     .await;
-                    Ok(Err(refusal))
+                    Ok(Err(refusal.into()))
                 }
             }
         }
-        Err(refusal) => Ok(Err(refusal)),
+        Err(refusal) => {
+            // Issue 17 item 6: the current environment is unsafe to work in; it says so until a reset.
+            let category = ReuseCategory::from(refusal);
+            environments::mark_broken(ctx, owner, current.id, category).await?;
+            Ok(Err(category))
+        }
     }
 }
 
