@@ -66,7 +66,10 @@ impl From<EnvironmentView> for Environment {
             node_id: e.node_id,
             ownership_generation: e.ownership_generation,
             error_message: e.error_message,
-            broken_category: e.broken_category.as_deref().and_then(crate::error::ReuseCategory::parse),
+            broken_category: e
+                .broken_category
+                .as_deref()
+                .and_then(crate::error::ReuseCategory::parse),
             repos: v
                 .repos
                 .into_iter()

@@ -195,12 +195,7 @@ const VARIANTS: &[Variant] = &[
         description: "Admission found a task's current environment unsafe to work in: no agent starts in \
                       it, its git status is reported stale, and resetting it is the way back.",
         data: &[
-            (
-                "category",
-                Field::Named("ReuseCategory"),
-                "What admission found.",
-                REQ,
-            ),
+            ("category", Field::Named("ReuseCategory"), "What admission found.", REQ),
             (
                 "recovery",
                 Field::OneOf(&["reset_environment"]),

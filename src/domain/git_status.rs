@@ -153,7 +153,9 @@ pub async fn refresh(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Current> 
     let view = super::environments::get(ctx, p, env_id).await?;
     if view.env.status == EnvironmentStatus::Broken {
         // Issue 17 item 6: what admission found stands until a reset.
-        return Err(Error::WorkspaceReuseUnsafe(super::environments::broken_category(&view.env)));
+        return Err(Error::WorkspaceReuseUnsafe(super::environments::broken_category(
+            &view.env,
+        )));
     }
     inspect_and_record(ctx, &view.env, ObservationKind::Live, None, false).await?;
     let items = read_current(ctx, env_id, view.repos.iter().map(|r| r.repository_id).collect()).await?;

@@ -22,6 +22,7 @@ mod git_concurrency;
 mod hostile;
 mod idempotency;
 mod inbox;
+mod leftovers;
 mod migrations;
 mod model_server;
 mod openapi;

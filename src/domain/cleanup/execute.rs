@@ -93,18 +93,24 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         ctx.runtime.stop(*s).await;
     }
     let mut kept = Vec::new();
+    let mut branches = branches::deletes_branches(j.trigger).then(Vec::new);
     if let Some(env_snap) = &snap.environment {
-        match clean_current(ctx, j, &snap, env_snap, lost, &mut kept).await {
+        match clean_current(ctx, &snap, env_snap, lost, &mut kept, &mut branches).await {
             Outcome::Done => {}
             other => return other,
         }
     }
     // Issue 17 item 1: what earlier environments left on disk goes with the task's lifecycle too.
     for env_snap in &snap.superseded {
-        match super::leftovers::clean(ctx, &snap, env_snap, lost, &mut kept).await {
+        match super::leftovers::clean(ctx, &snap, env_snap, lost, &mut kept, &mut branches).await {
             Outcome::Done => {}
             other => return other,
         }
+    }
+    if let Some(decisions) = branches
+        && let Err(e) = record_branches(ctx, j, &snap, decisions).await
+    {
+        return retry(e);
     }
     if kept.is_empty() {
         Outcome::Done
@@ -113,14 +119,48 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     }
 }
 
+/// What a task delete did with each branch (`None`: the job deletes no branch).
+pub(super) type Decisions = Option<Vec<BranchDecision>>;
+
+/// A worktree stays: so does its branch (reported on a delete).
+pub(super) fn branch_kept(decisions: &mut Decisions, w: &WorktreeSnapshot) {
+    if let (Some(d), Some(b)) = (decisions.as_mut(), &w.branch) {
+        d.push(BranchDecision {
+            repository_id: w.repository_id,
+            branch: b.clone(),
+            action: BranchAction::Keep,
+            reason: BranchReason::WorktreeKept,
+        });
+    }
+}
+
+/// Issue 17: only a task delete, only once the worktree is gone, only what the policy allows.
+pub(super) async fn branch_after(
+    ctx: &Ctx,
+    snap: &Snapshot,
+    w: &WorktreeSnapshot,
+    decisions: &mut Decisions,
+) -> Outcome {
+    let Some(d) = decisions.as_mut() else {
+        return Outcome::Done;
+    };
+    match branches::delete_after_worktree(ctx, w, snap.delete_branches.as_ref()).await {
+        Ok(made) => {
+            d.extend(made);
+            Outcome::Done
+        }
+        Err(e) => retry(e.context("deleting a branch failed")),
+    }
+}
+
 /// The task's current environment: its worktrees, its branches (on a delete), its root, its record.
 async fn clean_current(
     ctx: &Ctx,
-    j: &job::Model,
     snap: &Snapshot,
     env_snap: &super::EnvironmentSnapshot,
     lost: &AtomicBool,
     kept: &mut Vec<String>,
+    decisions: &mut Decisions,
 ) -> Outcome {
     match env_store::find(&ctx.db.conn, env_snap.id).await {
         // Still being materialized: its publish will meet the barrier and remove what it made; wait.
@@ -137,8 +177,6 @@ async fn clean_current(
         Err(e) => return retry(e),
     }
     let root = ManagedRoot::from_config(&ctx.config);
-    let deletes_branches = branches::deletes_branches(j.trigger);
-    let mut decisions = Vec::new();
     for w in &env_snap.worktrees {
         if lost.load(Ordering::Acquire) {
             return Outcome::Retry(anyhow!("the lease was lost"));
@@ -146,14 +184,7 @@ async fn clean_current(
         // A path that another environment's inventory now names (it adopted it) is not this job's.
         match claimed_by_another(ctx, env_snap.id, &w.worktree_path).await {
             Ok(true) => {
-                if deletes_branches && let Some(b) = &w.branch {
-                    decisions.push(BranchDecision {
-                        repository_id: w.repository_id,
-                        branch: b.clone(),
-                        action: BranchAction::Keep,
-                        reason: BranchReason::WorktreeKept,
-                    });
-                }
+                branch_kept(decisions, w);
                 continue;
             }
             Ok(false) => {}
@@ -163,16 +194,10 @@ async fn clean_current(
             Outcome::Done => {}
             other => return other,
         }
-        // Issue 17: only a task delete, only once the worktree is gone, only what the policy allows.
-        if deletes_branches {
-            match branches::delete_after_worktree(ctx, w, snap.delete_branches.as_ref()).await {
-                Ok(d) => decisions.extend(d),
-                Err(e) => return retry(e.context("deleting a branch failed")),
-            }
+        match branch_after(ctx, snap, w, decisions).await {
+            Outcome::Done => {}
+            other => return other,
         }
-    }
-    if deletes_branches && let Err(e) = record_branches(ctx, j, snap, decisions).await {
-        return retry(e);
     }
     if !env_snap.task_root.is_empty()
         && let Ok(dir) = root.adopt(Path::new(&env_snap.task_root))

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::anyhow;
 
-use super::execute::{Dirty, Outcome, claimed_by_another, destroy_worktree};
+use super::execute::{Decisions, Dirty, Outcome, branch_after, branch_kept, claimed_by_another, destroy_worktree};
 use super::{EnvironmentSnapshot, Snapshot};
 use crate::domain::Ctx;
 use crate::error::Result;
@@ -26,6 +26,7 @@ pub async fn clean(
     env_snap: &EnvironmentSnapshot,
     lost: &AtomicBool,
     kept: &mut Vec<String>,
+    decisions: &mut Decisions,
 ) -> Outcome {
     match in_use(ctx, snap, env_snap.id).await {
         Ok(Some(why)) => return Outcome::Retry(anyhow!(why)),
@@ -42,6 +43,7 @@ pub async fn clean(
         match claimed_by_another(ctx, env_snap.id, &w.worktree_path).await {
             Ok(true) => {
                 gone.push(w.worktree_path.clone());
+                branch_kept(decisions, w);
                 continue;
             }
             Ok(false) => {}
@@ -53,6 +55,12 @@ pub async fn clean(
         }
         if std::fs::symlink_metadata(&w.worktree_path).is_err() {
             gone.push(w.worktree_path.clone());
+            match branch_after(ctx, snap, w, decisions).await {
+                Outcome::Done => {}
+                other => return other,
+            }
+        } else {
+            branch_kept(decisions, w);
         }
     }
     if !env_snap.task_root.is_empty()
