@@ -9,6 +9,7 @@ mod architecture;
 mod async_create;
 mod auth;
 mod branches;
+mod broken;
 mod chains;
 mod cleanup;
 mod conversations;
