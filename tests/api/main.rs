@@ -32,6 +32,7 @@ mod ops;
 mod pagination;
 mod pi;
 mod prune_scope;
+mod races;
 mod replicas;
 mod repositories;
 mod sessions;

@@ -107,6 +107,19 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             other => return other,
         }
     }
+    if branches.is_some() {
+        // A delete owes the policy also the task's branches whose worktrees an earlier cleanup removed.
+        let rest = match branches::ledger_only(ctx, &snap).await {
+            Ok(rest) => rest,
+            Err(e) => return retry(e),
+        };
+        for w in &rest {
+            match branch_after(ctx, &snap, w, &mut branches).await {
+                Outcome::Done => {}
+                other => return other,
+            }
+        }
+    }
     if let Some(decisions) = branches
         && let Err(e) = record_branches(ctx, j, &snap, decisions).await
     {
