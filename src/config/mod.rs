@@ -40,6 +40,10 @@ pub struct AgentProfile {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Names of berth's own environment variables handed on to the agent, when set (issue 20: model
+    /// credentials come from the operator's environment, never written into the configuration file).
+    #[serde(default)]
+    pub pass_env: Vec<String>,
     /// How berth talks to the agent beyond the JSON-lines commands every agent speaks.
     #[serde(default)]
     pub protocol: AgentProtocol,

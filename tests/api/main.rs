@@ -14,6 +14,7 @@ mod chains;
 mod cleanup;
 mod conversations;
 mod cors;
+mod deploy;
 mod errors;
 mod etag;
 mod event_filters;
