@@ -153,8 +153,9 @@ const VARIANTS: &[Variant] = &[
             ),
             (
                 "reason",
-                Field::OneOf(&["executor_transition"]),
-                "When it changed executor.",
+                Field::OneOf(&["executor_transition", "recovered"]),
+                "`executor_transition`: it changed executor; `recovered`: a broken environment admission \
+                 proved again.",
                 OPT,
             ),
         ],
@@ -192,8 +193,9 @@ const VARIANTS: &[Variant] = &[
     Variant {
         event_type: "environment.broken",
         name: "EnvironmentBroken",
-        description: "Admission found a task's current environment unsafe to work in: no agent starts in \
-                      it, its git status is reported stale, and resetting it is the way back.",
+        description: "Admission found a task's current environment unsafe to work in (or unsafe for another \
+                      reason than before): no agent starts in it and its git status reads stale. Every launch \
+                      proves it again (mended, it is ready again); otherwise resetting it is the way back.",
         data: &[
             ("category", Field::Named("ReuseCategory"), "What admission found.", REQ),
             (

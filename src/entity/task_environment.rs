@@ -29,7 +29,8 @@ pub enum EnvironmentStatus {
     #[sea_orm(string_value = "superseded")]
     Superseded,
     /// Issue 17 item 6: admission found the workspace unsafe (`broken_category` says how). Still the
-    /// task's current environment; no agent starts in it; resetting it is the way back.
+    /// task's current environment; no agent starts in it until a launch proves it again (it is then ready
+    /// again) or a reset replaces it.
     #[sea_orm(string_value = "broken")]
     Broken,
 }

@@ -172,15 +172,37 @@ pub async fn workspace_path<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Op
         .and_then(|e| e.workspace_path))
 }
 
-/// Issue 17 item 6: a `ready` or `stopped` environment becomes `broken` with its category. False when it
-/// was in another state (nothing written).
+/// Issue 17 item 6: a `ready`, `stopped` or `broken` environment becomes `broken` with this category.
+/// False when nothing changed (another state, or already broken for this reason).
 pub async fn mark_broken(txn: &DatabaseTransaction, id: Uuid, category: &str, now: DateTime<Utc>) -> Result<bool> {
+    let changes = Condition::any()
+        .add(env::Column::Status.ne(EnvironmentStatus::Broken))
+        .add(env::Column::BrokenCategory.is_null())
+        .add(env::Column::BrokenCategory.ne(category.to_string()));
     let r = env::Entity::update_many()
         .col_expr(env::Column::Status, Expr::value(EnvironmentStatus::Broken))
         .col_expr(env::Column::BrokenCategory, Expr::value(Some(category.to_string())))
         .col_expr(env::Column::UpdatedAt, Expr::value(now))
         .filter(env::Column::Id.eq(id))
-        .filter(env::Column::Status.is_in([EnvironmentStatus::Ready, EnvironmentStatus::Stopped]))
+        .filter(env::Column::Status.is_in([
+            EnvironmentStatus::Ready,
+            EnvironmentStatus::Stopped,
+            EnvironmentStatus::Broken,
+        ]))
+        .filter(changes)
+        .exec(txn)
+        .await?;
+    Ok(r.rows_affected == 1)
+}
+
+/// A `broken` environment admission proved again becomes `ready`. False when it was not broken.
+pub async fn mark_recovered(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<bool> {
+    let r = env::Entity::update_many()
+        .col_expr(env::Column::Status, Expr::value(EnvironmentStatus::Ready))
+        .col_expr(env::Column::BrokenCategory, Expr::value(Option::<String>::None))
+        .col_expr(env::Column::UpdatedAt, Expr::value(now))
+        .filter(env::Column::Id.eq(id))
+        .filter(env::Column::Status.eq(EnvironmentStatus::Broken))
         .exec(txn)
         .await?;
     Ok(r.rows_affected == 1)

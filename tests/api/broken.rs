@@ -1,7 +1,8 @@
 //! Refusal marks the environment (issue 17 item 6, I15–I19): when admission finds the current workspace
 //! unsafe, the environment goes `broken` with its category and an `environment.broken` event, its git
 //! status reads stale, it refuses launches, new sessions and refreshes with the same typed 409, and a
-//! reset is the way back. The local executor is refused the same way and nothing of the user's
+//! reset is the way back (a launch also proves it again: mended, it is ready again, as
+//! `agents::admission_refuses_a_broken_workspace_and_changes_nothing` shows). The local executor is refused the same way and nothing of the user's
 //! repository is touched, by the refusal or by the reset (item 9).
 use std::path::{Path, PathBuf};
 use std::time::Duration;

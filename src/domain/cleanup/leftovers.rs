@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::anyhow;
 
-use super::execute::{Decisions, Dirty, Outcome, branch_after, branch_kept, claimed_by_another, destroy_worktree};
+use super::worktrees::{Decisions, Dirty, Outcome, branch_after, branch_kept, claimed_by_another, destroy_worktree};
 use super::{EnvironmentSnapshot, Snapshot};
 use crate::domain::Ctx;
 use crate::error::Result;

@@ -12,6 +12,7 @@ pub mod jobs;
 pub mod leftovers;
 pub mod reconcile;
 pub mod state;
+pub mod worktrees;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;

@@ -34,7 +34,7 @@ mod transition;
 
 pub(crate) use lease::is_fresh_creating;
 pub use recovery::recover_abandoned;
-pub(crate) use state::{broken_category, mark_broken, supersede};
+pub(crate) use state::{broken_category, mark_broken, mark_recovered, supersede};
 pub(crate) use transition::{abandon_transition, prepare_transition, promote_transition};
 
 /// An environment with its inventory, in workspace order.

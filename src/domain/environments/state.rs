@@ -75,6 +75,24 @@ pub(crate) async fn mark_broken(
     Ok(true)
 }
 
+/// A broken environment admission proved again is ready, with `environment.ready` (`reason: recovered`).
+pub(crate) async fn mark_recovered(ctx: &Ctx, owner: &task::Model, env_id: Uuid) -> Result<()> {
+    let txn = ctx.db.begin_write().await?;
+    if !store::mark_recovered(&txn, env_id, crate::clock::now()).await? {
+        txn.rollback().await?;
+        return Ok(());
+    }
+    events::append(
+        &txn,
+        ctx.instance_id,
+        EventType::EnvironmentReady,
+        env_subject(owner, env_id),
+        json!({ "reason": "recovered" }),
+    )
+    .await?;
+    ctx.commit(txn).await
+}
+
 /// What a `broken` environment's admission found (an unreadable record reads as missing).
 pub(crate) fn broken_category(e: &env::Model) -> crate::error::ReuseCategory {
     e.broken_category

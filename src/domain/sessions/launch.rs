@@ -185,16 +185,28 @@ async fn admit_for_launch(
     requested: ExecutorType,
 ) -> Result<std::result::Result<(AdmittedWorkspace, Option<Transition>), ReuseCategory>> {
     let current = match environments::current(&ctx.db.conn, owner.id).await? {
-        Some(e) if matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) => e,
-        // Issue 17 item 6: refused until a reset replaces it.
-        Some(e) if e.status == EnvironmentStatus::Broken => return Ok(Err(environments::broken_category(&e))),
+        // Issue 17 item 6: a broken environment is proven again at every launch; a reset replaces it.
+        Some(e)
+            if matches!(
+                e.status,
+                EnvironmentStatus::Ready | EnvironmentStatus::Stopped | EnvironmentStatus::Broken
+            ) =>
+        {
+            e
+        }
         // Issue 17 item 5: after a reset or an archive cleanup (or a failed or abandoned attempt) an old
         // session gets a fresh environment through the normal election (I14): materialized here, or `409
         // workspace_preparing` while another request materializes it.
         _ => environments::ensure_ready(ctx, task, requested).await?,
     };
     match admit(ctx, owner, &current, requested, false).await? {
-        Ok(ws) => Ok(Ok((ws, None))),
+        Ok(ws) => {
+            if current.status == EnvironmentStatus::Broken {
+                // Mended (a drive back, a worktree restored): admission proved it, so it is ready again.
+                environments::mark_recovered(ctx, owner, current.id).await?;
+            }
+            Ok(Ok((ws, None)))
+        }
         // I18: another executor than the environment's: a fresh environment for it, beside the current one.
         Err(Refusal::ExecutorMismatch) => {
             let (candidate, made) = environments::prepare_transition(ctx, task, requested).await?;
@@ -430,8 +442,11 @@ async fn admit(
         .unwrap_or_else(|| root.join(&owner.slug));
     let environment_id = current.id;
     let executor = current.executor_type;
-    let ready = matches!(current.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped)
-        || (candidate && current.status == EnvironmentStatus::Creating);
+    // A broken environment is admitted afresh (issue 17 item 6): mended, it is ready again.
+    let ready = matches!(
+        current.status,
+        EnvironmentStatus::Ready | EnvironmentStatus::Stopped | EnvironmentStatus::Broken
+    ) || (candidate && current.status == EnvironmentStatus::Creating);
     tokio::task::spawn_blocking(move || {
         admission::admit(
             &Candidate {
