@@ -142,6 +142,7 @@ pub(crate) async fn prepare(
         completed_at: None,
     };
     store::insert(txn, &model).await?;
+    ctx.metrics.cleanup_job_moved(None, model.state);
     job_event(txn, ctx, &model).await?;
     Ok(model)
 }
