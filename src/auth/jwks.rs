@@ -3,7 +3,7 @@
 //! the set is older than its cache age or a token names a `kid` the set lacks, at most once per minimum
 //! interval. Each key carries its algorithm; symmetric keys are never taken from a set.
 use std::collections::HashMap;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm, PublicKeyUse};
@@ -79,19 +79,29 @@ impl Jwks {
         self.read().keys.get(kid.unwrap_or("")).cloned()
     }
 
-    /// The key for `kid`: from the cache while it is fresh, else after reading the set again (when the
-    /// last read was at least the minimum interval ago; otherwise what the cache has).
-    pub async fn key(&self, kid: Option<&str>) -> Option<Key> {
+    /// The key for `kid`: from the cache (a stale cache is read again in the background, so no request
+    /// waits on the provider for a key it has); for a `kid` the cache lacks, after reading the set again
+    /// (when the last read was at least the minimum interval ago; otherwise what the cache has).
+    pub async fn key(self: &Arc<Self>, kid: Option<&str>) -> Option<Key> {
         let (found, fresh) = {
             let c = self.read();
             let fresh = c.fetched.is_some_and(|t| t.elapsed() < self.max_age);
             (c.keys.get(kid.unwrap_or("")).cloned(), fresh)
         };
-        if found.is_some() && fresh {
-            return found;
+        match found {
+            Some(key) => {
+                // Not while a read runs already (a burst of requests spawns one read, not many).
+                if !fresh && self.refreshing.try_lock().is_ok() {
+                    let me = self.clone();
+                    tokio::spawn(async move { me.refresh().await });
+                }
+                Some(key)
+            }
+            None => {
+                self.refresh().await;
+                self.cached(kid)
+            }
         }
-        self.refresh().await;
-        self.cached(kid)
     }
 
     /// Reads the set again unless a read was tried less than the minimum interval ago. A failed read

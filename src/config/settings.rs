@@ -85,9 +85,6 @@ fn text(s: impl ToString) -> Option<Value> {
 fn path(p: &Path) -> Option<Value> {
     text(p.display())
 }
-fn path_of(p: &std::path::PathBuf) -> Option<Value> {
-    path(p)
-}
 fn redacted() -> Option<Value> {
     text("<redacted>")
 }
@@ -164,9 +161,9 @@ pub static SETTINGS: &[Setting] = &[
         "A JWKS in a local file instead of a URL (read again like the URL's)",
         |c| match &c.jwt_key {
             super::JwtKey::Jwks {
-                source: super::JwksSource::File(path),
+                source: super::JwksSource::File(file),
                 ..
-            } => path_of(path),
+            } => path(file),
             _ => None,
         },
     ),
