@@ -29,11 +29,16 @@ RUN mkdir -p src/bin migration/src benches/suite \
  && rm -rf src migration/src benches
 
 # 2. Real sources. COPY keeps the context's mtimes, which may be older than
-#    the stub build; touch them so cargo rebuilds berth and migration.
+#    the stub build; touch them so cargo rebuilds berth and migration. The
+#    context has no .git: the commit GET /version reports comes from the
+#    BERTH_GIT_COMMIT build argument (compose passes it; "unknown" without).
+ARG BERTH_GIT_COMMIT=
+ENV BERTH_GIT_COMMIT=${BERTH_GIT_COMMIT}
+COPY build.rs ./
 COPY src ./src
 COPY migration/src ./migration/src
 COPY benches ./benches
-RUN find src migration/src benches -type f -exec touch {} + \
+RUN find build.rs src migration/src benches -type f -exec touch {} + \
  && cargo build --release --locked --bin berth \
  && cp target/release/berth /berth
 

@@ -1,7 +1,8 @@
 use std::process::ExitCode;
 
 use berth::auth::{JwtVerifier, Scope, parse_ttl};
-use berth::config::{Config, JwtKey, ProcessEnv};
+use berth::config::cli::SettingsArgs;
+use berth::config::{Config, Env, JwtKey, ProcessEnv};
 use berth::startup::{Application, open_database};
 use berth::store::migrate::MigrateOutcome;
 use clap::{Parser, Subcommand};
@@ -21,9 +22,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server (applies pending migrations first).
-    Serve,
+    Serve(SettingsArgs),
     /// Apply pending migrations and exit.
-    Migrate,
+    Migrate(SettingsArgs),
+    /// Print the effective configuration (flags, variables, file, defaults) as TOML, secrets redacted.
+    Config(SettingsArgs),
     /// Print a token signed with the configured key.
     Token {
         /// Who the token is for.
@@ -41,25 +44,54 @@ enum Command {
         /// Lifetime: 90s, 30m, 1h, 7d.
         #[arg(long, default_value = "1h")]
         ttl: String,
+        /// Mint even though the data directory had no secret and one was just generated (a server
+        /// running with another data directory will reject the token).
+        #[arg(long)]
+        new_secret: bool,
+        #[command(flatten)]
+        settings: SettingsArgs,
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// Ask the server at the configured bind address whether it is ready (`GET /readyz`): exit 0 when it
+    /// answers 200, 1 otherwise, 2 for a bad setting. For a container's health command.
+    Healthcheck {
+        /// How long to wait for the connection and the answer: 90s, 5s.
+        #[arg(long, default_value = "5s")]
+        timeout: String,
+        #[command(flatten)]
+        settings: SettingsArgs,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Openapi = cli.command {
-        let spec = berth::api::openapi();
-        println!("{}", spec.to_pretty_json().expect("the spec serializes"));
-        return ExitCode::SUCCESS;
+    let settings = match &cli.command {
+        Command::Serve(s) | Command::Migrate(s) | Command::Config(s) => s.clone(),
+        Command::Token { settings, .. } | Command::Healthcheck { settings, .. } => settings.clone(),
+        Command::Openapi => SettingsArgs::default(),
+    };
+    let env = settings.over(&ProcessEnv);
+    match &cli.command {
+        Command::Openapi => {
+            let spec = berth::api::openapi();
+            println!("{}", spec.to_pretty_json().expect("the spec serializes"));
+            return ExitCode::SUCCESS;
+        }
+        Command::Healthcheck { timeout, .. } => return healthcheck(&env, timeout),
+        _ => {}
     }
-    let config = match Config::load(&ProcessEnv) {
+    let config = match Config::load(&env) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("berth: {e}");
             return ExitCode::from(2);
         }
     };
+    if let Command::Config(_) = cli.command {
+        print!("{}", berth::config::cli::render(&config));
+        return ExitCode::SUCCESS;
+    }
     berth::telemetry::init(config.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -67,22 +99,57 @@ fn main() -> ExitCode {
         .expect("a tokio runtime");
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Serve => serve(config).await,
-            Command::Migrate => migrate(config).await,
+            Command::Serve(_) => serve(config).await,
+            Command::Migrate(_) => migrate(config).await,
             Command::Token {
                 sub,
                 scope,
                 workspaces,
                 session,
                 ttl,
-            } => token(&config, &sub, &scope, workspaces, session, &ttl),
-            Command::Openapi => unreachable!(),
+                new_secret,
+                ..
+            } => token(&config, &sub, &scope, workspaces, session, &ttl, new_secret),
+            Command::Openapi | Command::Config(_) | Command::Healthcheck { .. } => unreachable!(),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("berth: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Exit code from `/readyz` on the address `serve` would bind, read from the same settings; touches no file.
+fn healthcheck(env: &dyn Env, timeout: &str) -> ExitCode {
+    let timeout = match parse_ttl(timeout) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("berth: --timeout: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let bind = match Config::load_bind(env) {
+        Ok(bind) => bind,
+        Err(e) => {
+            eprintln!("berth: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let addr = berth::healthcheck::target(bind);
+    match berth::healthcheck::readyz(addr, timeout) {
+        Ok(200) => {
+            println!("ready: http://{addr}/readyz answered 200");
+            ExitCode::SUCCESS
+        }
+        Ok(code) => {
+            eprintln!("not ready: http://{addr}/readyz answered {code}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("not ready: {e}");
             ExitCode::FAILURE
         }
     }
@@ -141,6 +208,7 @@ fn token(
     workspaces: Vec<Uuid>,
     session: Option<Uuid>,
     ttl: &str,
+    new_secret: bool,
 ) -> anyhow::Result<()> {
     let scopes = scope
         .split_whitespace()
@@ -152,7 +220,36 @@ fn token(
     }
     let ttl = parse_ttl(ttl).map_err(|e| anyhow::anyhow!("--ttl: {e}"))?;
     let workspaces = if workspaces.is_empty() { None } else { Some(workspaces) };
+    let dir = config.data_dir.display();
+    if let JwtKey::Secret { created: true, .. } = config.jwt_key
+        && !new_secret
+    {
+        // Not left behind: a later `berth serve` here would otherwise adopt a secret nobody asked for.
+        let _ = std::fs::remove_file(config.data_dir.join("jwt-secret"));
+        anyhow::bail!(
+            "data directory {dir} has no JWT secret, so no server using it signed anything: a token signed \
+             with a new one would be rejected. Point at the server's data directory (--data-dir or \
+             BERTH_DATA_DIR), give its key (BERTH_JWT_SECRET / BERTH_JWT_SECRET_FILE), or pass --new-secret \
+             to generate one here"
+        );
+    }
     let token = JwtVerifier::from_config(config)?.mint(sub, &scopes, workspaces, session, ttl)?;
+    // stderr, so `TOKEN=$(berth token ...)` captures only the token.
+    match config.jwt_key {
+        JwtKey::Secret {
+            generated: true,
+            created,
+            ..
+        } => eprintln!(
+            "signed with the secret in data directory {dir}{}",
+            if created {
+                " (generated just now: --new-secret)"
+            } else {
+                ""
+            }
+        ),
+        _ => eprintln!("signed with the configured key (data directory {dir})"),
+    }
     println!("{token}");
     Ok(())
 }

@@ -1,100 +1,353 @@
-//! Prometheus text metrics: request counts and latency histograms by route and status, pool usage.
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
-use crate::entity::cleanup_job::CleanupJobState;
+//! Metrics, kept with `prometheus-client` (one registry per running app, so tests that run many apps in
+//! one process each see their own) and served as OpenMetrics text. Every value is kept current by the
+//! code that changes it, through the one-line calls below; a scrape reads memory and `/proc`, no SQL.
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-const BUCKETS: [f64; 12] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+// Histograms carry their unit in the name only: a `# UNIT` line on a histogram trips some parsers.
+use prometheus_client::registry::Registry;
+use sea_orm::Iterable;
+
+use crate::entity::cleanup_job::CleanupJobState;
+
+mod process;
+
+/// Latency buckets, in seconds, for requests and git commands.
+const LATENCY: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0,
 ];
+/// How long due cleanup jobs wait to be claimed, in seconds.
+const CLAIM_LATENCY: [f64; 10] = [0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 1800.0];
+/// From an event's commit to its broadcast to streams, in seconds.
+const EVENT_LAG: [f64; 11] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
-#[derive(Default)]
-struct Series {
-    count: u64,
-    sum: f64,
-    buckets: [u64; BUCKETS.len()],
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    method: &'static str,
+    route: String,
+    status: u16,
 }
 
-#[derive(Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GitLabels {
+    op: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// What a git command came to, for `berth_git_command_duration_seconds{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GitOutcome {
+    Ok,
+    Failed,
+    Timeout,
+}
+
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), Series>>,
+    registry: Registry,
+    http_requests: Family<HttpLabels, Counter>,
+    http_duration: Histograms<HttpLabels>,
+    pool: Family<StateLabel, Gauge>,
+    pool_max: Gauge,
+    cleanup_jobs: Family<StateLabel, Gauge>,
+    cleanup_claims: Counter,
+    cleanup_claim_latency: Histogram,
+    git_duration: Histograms<GitLabels>,
+    git_failures: Family<OpLabel, Counter>,
+    agents_live: Gauge,
+    agent_restarts: Counter,
+    restore_max_concurrent: Gauge,
+    streams_open: Gauge,
+    stream_resets: Family<ReasonLabel, Counter>,
+    event_lag: Histogram,
 }
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+fn latency() -> Histogram {
+    Histogram::new(LATENCY.iter().copied())
+}
+
+/// A family of histograms, each made with the same buckets.
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 impl Metrics {
-    pub fn observe(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
-        let mut map = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        let series = map.entry((method.to_string(), route.to_string(), status)).or_default();
-        series.count += 1;
-        series.sum += secs;
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if secs <= *bound {
-                series.buckets[i] += 1;
-            }
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        registry.register(
+            "berth_http_requests",
+            "HTTP requests by method, route and status",
+            http_requests.clone(),
+        );
+        let http_duration: Histograms<HttpLabels> = Family::new_with_constructor(latency);
+        registry.register(
+            "berth_http_request_duration_seconds",
+            "HTTP request latency by method, route and status",
+            http_duration.clone(),
+        );
+        let pool = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "berth_db_pool_connections",
+            "Database pool connections by state (open, idle, in_use)",
+            pool.clone(),
+        );
+        let pool_max = Gauge::default();
+        registry.register(
+            "berth_db_pool_max_connections",
+            "Configured pool size",
+            pool_max.clone(),
+        );
+        let cleanup_jobs = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "berth_cleanup_jobs",
+            "Cleanup jobs by state (counted at start, then moved by every transition)",
+            cleanup_jobs.clone(),
+        );
+        let cleanup_claims = Counter::default();
+        registry.register(
+            "berth_cleanup_claims",
+            "Cleanup job claims by this process",
+            cleanup_claims.clone(),
+        );
+        let cleanup_claim_latency = Histogram::new(CLAIM_LATENCY.iter().copied());
+        registry.register(
+            "berth_cleanup_claim_latency_seconds",
+            "How long due cleanup jobs waited to be claimed",
+            cleanup_claim_latency.clone(),
+        );
+        let git_duration: Histograms<GitLabels> = Family::new_with_constructor(latency);
+        registry.register(
+            "berth_git_command_duration_seconds",
+            "git commands by operation and outcome (ok, failed, timeout)",
+            git_duration.clone(),
+        );
+        let git_failures = Family::<OpLabel, Counter>::default();
+        registry.register(
+            "berth_git_command_failures",
+            "git commands that failed or timed out, by operation",
+            git_failures.clone(),
+        );
+        let agents_live = Gauge::default();
+        registry.register("berth_agents_live", "Live agent processes", agents_live.clone());
+        let agent_restarts = Counter::default();
+        registry.register(
+            "berth_agent_restarts",
+            "Restarts of crashed agents (I30)",
+            agent_restarts.clone(),
+        );
+        let restore_max_concurrent = Gauge::default();
+        registry.register(
+            "berth_restore_max_concurrent",
+            "The most session relaunches that ran at once at startup",
+            restore_max_concurrent.clone(),
+        );
+        let streams_open = Gauge::default();
+        registry.register("berth_event_streams_open", "Open event streams", streams_open.clone());
+        let stream_resets = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "berth_event_stream_resets",
+            "Event streams told to reset, by reason (truncated, slow_consumer)",
+            stream_resets.clone(),
+        );
+        let event_lag = Histogram::new(EVENT_LAG.iter().copied());
+        registry.register(
+            "berth_event_publish_lag_seconds",
+            "From an event's write to its broadcast to the streams",
+            event_lag.clone(),
+        );
+        registry.register(
+            "berth_build",
+            "The version and commit of this binary",
+            Info::new(vec![
+                ("version", crate::version::VERSION),
+                ("commit", crate::version::COMMIT),
+            ]),
+        );
+        registry.register_collector(Box::new(process::ProcessCollector));
+        for state in CleanupJobState::iter() {
+            cleanup_jobs.get_or_create(&state_label(state)).set(0);
+        }
+        Metrics {
+            registry,
+            http_requests,
+            http_duration,
+            pool,
+            pool_max,
+            cleanup_jobs,
+            cleanup_claims,
+            cleanup_claim_latency,
+            git_duration,
+            git_failures,
+            agents_live,
+            agent_restarts,
+            restore_max_concurrent,
+            streams_open,
+            stream_resets,
+            event_lag,
         }
     }
 
-    pub fn render(&self, pool_open: u32, pool_idle: u32, pool_max: u32) -> String {
+    /// One HTTP request answered.
+    pub fn observe(&self, method: &str, route: String, status: u16, elapsed: Duration) {
+        let labels = HttpLabels {
+            method: method_label(method),
+            route,
+            status,
+        };
+        self.http_duration.get_or_create(&labels).observe(elapsed.as_secs_f64());
+        self.http_requests.get_or_create(&labels).inc();
+    }
+
+    /// The cleanup jobs by state, as one count read them (at start, and by the periodic resync, which
+    /// also takes in what other replicas changed).
+    pub fn set_cleanup_jobs(&self, by_state: &[(CleanupJobState, i64)]) {
+        for state in CleanupJobState::iter() {
+            let n = by_state.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
+            self.cleanup_jobs.get_or_create(&state_label(state)).set(n);
+        }
+    }
+
+    /// A cleanup job was created in `to` (`from` is `None`) or moved from `from` to `to`.
+    pub fn cleanup_job_moved(&self, from: Option<CleanupJobState>, to: CleanupJobState) {
+        if let Some(from) = from {
+            self.cleanup_jobs.get_or_create(&state_label(from)).dec();
+        }
+        self.cleanup_jobs.get_or_create(&state_label(to)).inc();
+    }
+
+    /// A cleanup job was claimed `waited` after it became due.
+    pub fn cleanup_claimed(&self, waited: Duration) {
+        self.cleanup_claims.inc();
+        self.cleanup_claim_latency.observe(waited.as_secs_f64());
+    }
+
+    /// A git command ran for `elapsed` and came to `outcome`.
+    pub fn git_command(&self, op: &'static str, elapsed: Duration, outcome: GitOutcome) {
+        let label = match outcome {
+            GitOutcome::Ok => "ok",
+            GitOutcome::Failed => "failed",
+            GitOutcome::Timeout => "timeout",
+        };
+        self.git_duration
+            .get_or_create(&GitLabels { op, outcome: label })
+            .observe(elapsed.as_secs_f64());
+        if outcome != GitOutcome::Ok {
+            self.git_failures.get_or_create(&OpLabel { op }).inc();
+        }
+    }
+
+    /// A crashed agent is being restarted.
+    pub fn agent_restarted(&self) {
+        self.agent_restarts.inc();
+    }
+
+    /// An event stream opened; it counts as open until the guard drops.
+    pub fn stream_opened(&self) -> StreamGuard {
+        self.streams_open.inc();
+        StreamGuard(self.streams_open.clone())
+    }
+
+    /// A stream was told to reset (`truncated`, `slow_consumer`).
+    pub fn stream_reset(&self, reason: &'static str) {
+        self.stream_resets.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// An event reached the streams `lag` after it was written.
+    pub fn event_published(&self, lag: Duration) {
+        self.event_lag.observe(lag.as_secs_f64());
+    }
+
+    /// The exposition: values read from memory at scrape time (pool, live agents) are set first.
+    pub fn render(&self, scrape: Scrape) -> String {
+        self.pool
+            .get_or_create(&StateLabel { state: "open" })
+            .set(scrape.pool_open.into());
+        self.pool
+            .get_or_create(&StateLabel { state: "idle" })
+            .set(scrape.pool_idle.into());
+        self.pool
+            .get_or_create(&StateLabel { state: "in_use" })
+            .set(scrape.pool_open.saturating_sub(scrape.pool_idle).into());
+        self.pool_max.set(scrape.pool_max.into());
+        self.agents_live.set(scrape.live_agents as i64);
+        self.restore_max_concurrent.set(scrape.restore_max_concurrent as i64);
         let mut out = String::new();
-        let map = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        out.push_str("# HELP berth_http_requests_total HTTP requests by method, route and status.\n");
-        out.push_str("# TYPE berth_http_requests_total counter\n");
-        for ((method, route, status), s) in map.iter() {
-            let _ = writeln!(
-                out,
-                "berth_http_requests_total{{method=\"{method}\",route=\"{}\",status=\"{status}\"}} {}",
-                escape(route),
-                s.count
-            );
-        }
-        out.push_str("# HELP berth_http_request_duration_seconds HTTP request latency.\n");
-        out.push_str("# TYPE berth_http_request_duration_seconds histogram\n");
-        for ((method, route, status), s) in map.iter() {
-            let labels = format!("method=\"{method}\",route=\"{}\",status=\"{status}\"", escape(route));
-            for (i, bound) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "berth_http_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {}",
-                    s.buckets[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "berth_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                s.count
-            );
-            let _ = writeln!(out, "berth_http_request_duration_seconds_sum{{{labels}}} {}", s.sum);
-            let _ = writeln!(out, "berth_http_request_duration_seconds_count{{{labels}}} {}", s.count);
-        }
-        out.push_str("# HELP berth_db_pool_connections Database pool connections by state.\n");
-        out.push_str("# TYPE berth_db_pool_connections gauge\n");
-        let _ = writeln!(out, "berth_db_pool_connections{{state=\"open\"}} {pool_open}");
-        let _ = writeln!(out, "berth_db_pool_connections{{state=\"idle\"}} {pool_idle}");
-        let _ = writeln!(
-            out,
-            "berth_db_pool_connections{{state=\"in_use\"}} {}",
-            pool_open.saturating_sub(pool_idle)
-        );
-        out.push_str("# HELP berth_db_pool_max_connections Configured pool size.\n");
-        out.push_str("# TYPE berth_db_pool_max_connections gauge\n");
-        let _ = writeln!(out, "berth_db_pool_max_connections {pool_max}");
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
 }
 
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+/// What a scrape reads from the rest of the process.
+pub struct Scrape {
+    pub pool_open: u32,
+    pub pool_idle: u32,
+    pub pool_max: u32,
+    pub live_agents: usize,
+    pub restore_max_concurrent: usize,
 }
 
-/// Claim counters of the cleanup workers.
-#[derive(Default)]
-pub struct CleanupStats {
-    pub claims: AtomicU64,
-    /// Sum of (claimed at − due at), in milliseconds.
-    pub claim_latency_ms: AtomicU64,
+/// Decrements `berth_event_streams_open` when the stream ends, however it ends.
+pub struct StreamGuard(Gauge);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+fn state_label(state: CleanupJobState) -> StateLabel {
+    use CleanupJobState::*;
+    StateLabel {
+        state: match state {
+            Prepared => "prepared",
+            Pending => "pending",
+            Running => "running",
+            RetryWait => "retry_wait",
+            Succeeded => "succeeded",
+            Failed => "failed",
+            Cancelled => "cancelled",
+        },
+    }
+}
+
+/// The methods berth serves; anything else is `other` (a label set must stay small).
+fn method_label(method: &str) -> &'static str {
+    match method {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    }
 }
 
 /// What the last restore did.
@@ -104,49 +357,8 @@ pub struct RestoreStats {
     pub max_concurrent: AtomicUsize,
 }
 
-/// Cleanup jobs by state, how long due jobs waited to be claimed, the restore's concurrency and live agents.
-pub fn render_cleanup(
-    by_state: &[(CleanupJobState, i64)],
-    cleanup: &CleanupStats,
-    restore: &RestoreStats,
-    live_agents: usize,
-) -> String {
-    use sea_orm::ActiveEnum;
-    let mut out = String::from("# HELP berth_cleanup_jobs Cleanup jobs by state.\n# TYPE berth_cleanup_jobs gauge\n");
-    for (state, n) in by_state {
-        let _ = writeln!(out, "berth_cleanup_jobs{{state=\"{}\"}} {n}", state.to_value());
+impl RestoreStats {
+    pub fn max_concurrent(&self) -> usize {
+        self.max_concurrent.load(Ordering::Relaxed)
     }
-    let _ = writeln!(
-        out,
-        "# HELP berth_cleanup_claims_total Cleanup job claims by this process.\n# TYPE berth_cleanup_claims_total counter"
-    );
-    let _ = writeln!(
-        out,
-        "berth_cleanup_claims_total {}",
-        cleanup.claims.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP berth_cleanup_claim_latency_seconds_sum Time due jobs waited to be claimed.\n# TYPE berth_cleanup_claim_latency_seconds_sum counter"
-    );
-    let _ = writeln!(
-        out,
-        "berth_cleanup_claim_latency_seconds_sum {}",
-        cleanup.claim_latency_ms.load(Ordering::Relaxed) as f64 / 1000.0
-    );
-    let _ = writeln!(
-        out,
-        "# HELP berth_restore_max_concurrent The most session relaunches that ran at once at startup.\n# TYPE berth_restore_max_concurrent gauge"
-    );
-    let _ = writeln!(
-        out,
-        "berth_restore_max_concurrent {}",
-        restore.max_concurrent.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP berth_agents_live Live agent processes.\n# TYPE berth_agents_live gauge"
-    );
-    let _ = writeln!(out, "berth_agents_live {live_agents}");
-    out
 }

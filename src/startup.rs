@@ -43,34 +43,43 @@ impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Application> {
         let (db, _) = open_database(&config).await?;
         let verifier = Arc::new(JwtVerifier::from_config(&config)?);
+        // An identity provider's key set is read before serving; if it is unreachable, requests read it.
+        verifier.warm_up().await;
         let listener =
             TcpListener::bind(config.bind).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.bind))?;
         let port = listener.local_addr()?.port();
         let max_body = config.max_body_bytes;
         let (runtime, runtime_reports) = crate::runtime::Runtime::new(config.agent_stop_grace, config.agent_term_grace);
+        let metrics = Arc::new(Metrics::new());
         let state = api::data(AppState {
             ctx: Ctx {
                 db,
                 runtime: runtime.clone(),
                 cleanup_wake: Arc::new(tokio::sync::Notify::new()),
-                cleanup_stats: Default::default(),
+                metrics: metrics.clone(),
                 git_status_inspected: Default::default(),
                 restore_stats: Default::default(),
                 events: crate::events::Hub::new(config.event_buffer),
-                git: Arc::new(GitCli::new(config.git_max_concurrent, config.git_timeout)),
+                git: Arc::new(GitCli::new(config.git_max_concurrent, config.git_timeout).with_metrics(metrics)),
                 config: Arc::new(config),
                 instance_id: uuid::Uuid::now_v7(),
             },
             verifier,
-            metrics: Arc::new(Metrics::default()),
         });
         let ctx = state.ctx.clone();
         ctx.events.start_at_current(&ctx.db.conn).await?;
+        // Counted before any worker or request can move a job, so no transition races the first count.
+        ctx.metrics
+            .set_cleanup_jobs(&crate::store::cleanup_jobs::count_by_state(&ctx.db.conn).await?);
+        // Subscribed before the tailer runs, so it sees every event the tailer publishes.
+        let published = ctx.events.subscribe();
         let mut background = vec![
             tokio::spawn(ctx.events.clone().tail(ctx.db.conn.clone(), ctx.config.event_poll)).abort_handle(),
             tokio::spawn(crate::worker::sweep(ctx.clone(), ctx.config.sweep_interval)).abort_handle(),
         ];
         background.push(tokio::spawn(crate::domain::sessions::consume(ctx.clone(), runtime_reports)).abort_handle());
+        background.push(tokio::spawn(observe_events(ctx.metrics.clone(), published)).abort_handle());
+        background.push(tokio::spawn(count_cleanup_jobs(ctx.clone())).abort_handle());
         // Issue 15, item 4: what other replicas route to the agents this node runs.
         background.push(tokio::spawn(crate::domain::sessions::serve_routed(ctx.clone())).abort_handle());
         // I35: workers start only now, after the schema committed.
@@ -163,5 +172,34 @@ impl Application {
     /// Handles to stop the background tasks (tests stop them with the server).
     pub fn background(&self) -> Vec<tokio::task::AbortHandle> {
         self.background.clone()
+    }
+}
+
+/// `berth_event_publish_lag_seconds`: how long after its commit each event reached the streams.
+async fn observe_events(
+    metrics: Arc<Metrics>,
+    mut published: tokio::sync::broadcast::Receiver<Arc<crate::entity::event::Model>>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match published.recv().await {
+            Ok(e) => metrics.event_published((crate::clock::now() - e.created_at).to_std().unwrap_or_default()),
+            Err(RecvError::Lagged(_)) => continue,
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+/// `berth_cleanup_jobs`: counted once at start, then moved by every transition this process makes, and
+/// counted again every sweep interval to take in what other replicas (and rolled-back transactions) did.
+async fn count_cleanup_jobs(ctx: Ctx) {
+    let mut every = tokio::time::interval(ctx.config.sweep_interval);
+    every.tick().await; // the first tick is at once: `build` has just counted.
+    loop {
+        every.tick().await;
+        match crate::store::cleanup_jobs::count_by_state(&ctx.db.conn).await {
+            Ok(by_state) => ctx.metrics.set_cleanup_jobs(&by_state),
+            Err(e) => tracing::warn!(error = %e, "counting cleanup jobs for the metrics failed"),
+        }
     }
 }

@@ -284,14 +284,21 @@ async fn stream_events(
     };
     let instance_id = ctx.instance_id;
     let frames = stream::open(ctx.events.clone(), ctx.db.conn.clone(), request);
-    let body = futures_util::stream::once(async { Ok::<_, actix_web::Error>(Bytes::from_static(b"retry: 3000\n\n")) })
-        .chain(futures_util::stream::unfold(frames, move |mut frames| async move {
-            let frame = frames.recv().await?;
-            Some((
-                Ok::<_, actix_web::Error>(Bytes::from(encode(&frame, instance_id))),
-                frames,
-            ))
-        }));
+    // Counted open while the body lives (the guard goes with it), and every reset by its reason.
+    let metrics = (ctx.metrics.clone(), ctx.metrics.stream_opened());
+    let body =
+        futures_util::stream::once(async { Ok::<_, actix_web::Error>(Bytes::from_static(b"retry: 3000\n\n")) }).chain(
+            futures_util::stream::unfold((frames, metrics), move |(mut frames, metrics)| async move {
+                let frame = frames.recv().await?;
+                if let Frame::Reset(reason) = frame {
+                    metrics.0.stream_reset(reason);
+                }
+                Some((
+                    Ok::<_, actix_web::Error>(Bytes::from(encode(&frame, instance_id))),
+                    (frames, metrics),
+                ))
+            }),
+        );
     Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "text/event-stream"))
         .insert_header((header::CACHE_CONTROL, "no-cache"))

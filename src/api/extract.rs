@@ -3,6 +3,8 @@
 //! `auth: Unbound<TasksWrite>` also refuses a session-bound token (an agent's), handing the domain an
 //! `UnboundPrincipal` so it need not check again.
 use std::future::{Ready, ready};
+
+use futures_util::future::LocalBoxFuture;
 use std::marker::PhantomData;
 
 use actix_web::http::header::AUTHORIZATION;
@@ -73,13 +75,15 @@ impl<S> std::ops::Deref for Authorized<S> {
 
 impl<S: RequiredScope> FromRequest for Authorized<S> {
     type Error = Error;
-    type Future = Ready<Result<Self, Error>>;
+    type Future = LocalBoxFuture<'static, Result<Self, Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(authenticate(req).and_then(|p| {
+        let req = req.clone();
+        Box::pin(async move {
+            let p = authenticate(&req).await?;
             p.require(S::SCOPE)?;
             Ok(Authorized(p, PhantomData))
-        }))
+        })
     }
 }
 
@@ -95,17 +99,20 @@ impl<S> std::ops::Deref for Unbound<S> {
 
 impl<S: RequiredScope> FromRequest for Unbound<S> {
     type Error = Error;
-    type Future = Ready<Result<Self, Error>>;
+    type Future = LocalBoxFuture<'static, Result<Self, Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(authenticate(req).and_then(|p| {
+        let req = req.clone();
+        Box::pin(async move {
+            let p = authenticate(&req).await?;
             p.require(S::SCOPE)?;
             Ok(Unbound(p.unbound()?, PhantomData))
-        }))
+        })
     }
 }
 
-pub(crate) fn authenticate(req: &HttpRequest) -> Result<Principal, Error> {
+/// The verified principal of the request's bearer token (a JWKS may be read again for a new `kid`).
+pub(crate) async fn authenticate(req: &HttpRequest) -> Result<Principal, Error> {
     let state = req
         .app_data::<web::Data<AppState>>()
         .ok_or_else(|| Error::Internal(anyhow::anyhow!("no app state")))?;
@@ -122,7 +129,8 @@ pub(crate) fn authenticate(req: &HttpRequest) -> Result<Principal, Error> {
     if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
         return Err(Error::Unauthenticated("the Authorization scheme must be Bearer"));
     }
-    let principal = state.verifier.verify(token.trim())?;
+    let verifier = state.verifier.clone();
+    let principal = verifier.authenticate(token.trim()).await?;
     record_actor(req, &principal);
     Ok(principal)
 }

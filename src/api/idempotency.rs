@@ -75,7 +75,7 @@ pub async fn idempotency(
         }
     };
     // The token only names the caller here; a bad one is the handler's to refuse, and nothing is kept.
-    let Ok(principal) = super::extract::authenticate(req.request()) else {
+    let Ok(principal) = super::extract::authenticate(req.request()).await else {
         return Ok(next.call(req).await?.map_into_boxed_body());
     };
     let Some(state) = req.app_data::<web::Data<AppState>>().cloned() else {

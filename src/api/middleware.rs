@@ -63,8 +63,9 @@ pub async fn request_id_and_metrics(
     if let Some(state) = state {
         let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_string());
         state
+            .ctx
             .metrics
-            .observe(method.as_str(), &route, res.status().as_u16(), started.elapsed());
+            .observe(method.as_str(), route, res.status().as_u16(), started.elapsed());
     }
     Ok(res)
 }

@@ -31,17 +31,23 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use crate::auth::JwtVerifier;
 use crate::domain::Ctx;
 use crate::error::Error;
-use crate::metrics::Metrics;
 
 pub struct AppState {
     pub ctx: Ctx,
     pub verifier: Arc<JwtVerifier>,
-    pub metrics: Arc<Metrics>,
 }
 
 /// Routes that need no token (I33). Everything else declares the bearer scheme. `/docs` and `/ui` (the
 /// board's static files) are pages, not operations: neither is in the spec.
-pub const PUBLIC_PATHS: [&str; 6] = ["/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/ui"];
+pub const PUBLIC_PATHS: [&str; 7] = [
+    "/healthz",
+    "/readyz",
+    "/version",
+    "/metrics",
+    "/openapi.json",
+    "/docs",
+    "/ui",
+];
 
 #[derive(OpenApi)]
 #[openapi(
@@ -284,6 +290,7 @@ fn add_follow_point_header(openapi: &mut utoipa::openapi::OpenApi) {
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(ops::healthz)
         .service(ops::readyz)
+        .service(ops::version)
         .service(ops::metrics)
         .service(
             utoipa_actix_web::scope("/api/v1")

@@ -1,4 +1,4 @@
-//! Operations: liveness, readiness, metrics. Public (no token), as `design/api.md` lists.
+//! Operations: liveness, readiness, version, metrics. Public (no token), as `design/api.md` lists.
 use actix_web::{HttpResponse, get, web};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -45,6 +45,30 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().json(Health { status: "ready".into() })
 }
 
+/// The build: package version and git commit.
+#[derive(Serialize, ToSchema)]
+pub struct Version {
+    /// The package version, e.g. `0.1.0`.
+    #[schema(example = "0.1.0")]
+    pub version: String,
+    /// The git commit the binary was built from, or `unknown` when the build had none.
+    #[schema(example = "2da7355c0c3f2c0f6a0c7b0a7f1e1f2e3d4c5b6a")]
+    pub commit: String,
+}
+
+/// Read the build version
+///
+/// The package version and the git commit this binary was built from (`unknown` when the build saw no
+/// commit). Public: no token.
+#[utoipa::path(operation_id = "getVersion", tag = "operations", responses((status = 200, description = "The build", body = Version)))]
+#[get("/version")]
+pub async fn version() -> web::Json<Version> {
+    web::Json(Version {
+        version: crate::version::VERSION.into(),
+        commit: crate::version::COMMIT.into(),
+    })
+}
+
 fn not_ready(detail: &str) -> HttpResponse {
     Problem {
         retryable: true,
@@ -60,31 +84,27 @@ fn not_ready(detail: &str) -> HttpResponse {
 
 /// Read the Prometheus metrics
 ///
-/// The Prometheus text exposition: request counters and latencies, database pool usage, cleanup jobs by
-/// state, restore counters and live agents. Public: no token.
+/// OpenMetrics text: request counts and latencies by route and status, database pool usage, cleanup
+/// jobs by state and claim latency, git command durations and failures, live agents and restarts, open
+/// event streams and resets, event publish lag, process metrics and `berth_build_info`. Every value is
+/// kept in memory by the code that changes it: a scrape runs no query. Public: no token.
 #[utoipa::path(
     operation_id = "getMetrics",
     tag = "operations",
-    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain; version=0.0.4"))
+    responses((status = 200, description = "OpenMetrics text exposition", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"))
 )]
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    let (open, idle) = state.ctx.db.pool_usage();
-    let mut body = state.metrics.render(open, idle, state.ctx.config.db_max_connections);
-    body.push_str(&cleanup_metrics(&state).await);
-    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(body)
-}
-
-/// Cleanup jobs by state, claim counters, restore and agent gauges.
-async fn cleanup_metrics(state: &AppState) -> String {
     let ctx = &state.ctx;
-    let by_state = crate::store::cleanup_jobs::count_by_state(&ctx.db.conn)
-        .await
-        .unwrap_or_default();
-    crate::metrics::render_cleanup(
-        &by_state,
-        &ctx.cleanup_stats,
-        &ctx.restore_stats,
-        ctx.runtime.live_count(),
-    )
+    let (pool_open, pool_idle) = ctx.db.pool_usage();
+    let body = ctx.metrics.render(crate::metrics::Scrape {
+        pool_open,
+        pool_idle,
+        pool_max: ctx.config.db_max_connections,
+        live_agents: ctx.runtime.live_count(),
+        restore_max_concurrent: ctx.restore_stats.max_concurrent(),
+    });
+    HttpResponse::Ok()
+        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .body(body)
 }

@@ -4,8 +4,14 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+mod claims;
+pub mod jwks;
 pub mod scope;
 pub use scope::Scope;
+
+use std::sync::Arc;
+
+use jwks::Jwks;
 
 use crate::config::{Config, JwtKey};
 use crate::error::{Error, Result};
@@ -107,34 +113,63 @@ pub struct Claims {
     pub aud: Option<serde_json::Value>,
 }
 
-/// Verifies tokens with one pinned algorithm and, for a shared secret, mints them.
+/// Where verification keys come from: one key with one algorithm, or a JWKS chosen by `kid`.
+enum Keys {
+    Static(jwks::Key),
+    Set(Arc<Jwks>),
+}
+
+/// Verifies tokens with a pinned algorithm per key and, for a shared secret, mints them.
 pub struct JwtVerifier {
-    decoding: DecodingKey,
+    keys: Keys,
     encoding: Option<EncodingKey>,
     algorithm: Algorithm,
     validation: Validation,
     issuer: String,
     audience: String,
+    /// The claims that carry the scopes and the workspace list (`scope` and `workspaces` by default).
+    scope_claim: String,
+    workspaces_claim: String,
 }
 
 impl JwtVerifier {
     pub fn from_config(config: &Config) -> anyhow::Result<JwtVerifier> {
-        let (decoding, encoding, algorithm) = match &config.jwt_key {
+        let (keys, encoding, algorithm) = match &config.jwt_key {
             JwtKey::Secret { secret, .. } => (
-                DecodingKey::from_secret(secret)?,
+                Keys::Static(jwks::Key {
+                    decoding: DecodingKey::from_secret(secret)?,
+                    algorithm: Algorithm::HS256,
+                }),
                 Some(EncodingKey::from_secret(secret)?),
                 Algorithm::HS256,
             ),
             JwtKey::PublicKeyPem(pem) => {
-                if let Ok(key) = DecodingKey::from_ed_pem(pem) {
-                    (key, None, Algorithm::EdDSA)
+                let key = if let Ok(key) = DecodingKey::from_ed_pem(pem) {
+                    jwks::Key {
+                        decoding: key,
+                        algorithm: Algorithm::EdDSA,
+                    }
                 } else {
                     let key = DecodingKey::from_rsa_pem(pem).map_err(|e| {
                         anyhow::anyhow!("invalid BERTH_JWT_PUBLIC_KEY_FILE: not an Ed25519 or RSA public key: {e}")
                     })?;
-                    (key, None, Algorithm::RS256)
-                }
+                    jwks::Key {
+                        decoding: key,
+                        algorithm: Algorithm::RS256,
+                    }
+                };
+                let algorithm = key.algorithm;
+                (Keys::Static(key), None, algorithm)
             }
+            JwtKey::Jwks {
+                source,
+                min_refresh,
+                max_age,
+            } => (
+                Keys::Set(Arc::new(Jwks::new(source.clone(), *min_refresh, *max_age)?)),
+                None,
+                Algorithm::RS256,
+            ),
         };
         let mut validation = Validation::new(algorithm);
         validation.algorithms = vec![algorithm];
@@ -145,30 +180,60 @@ impl JwtVerifier {
         validation.validate_exp = true;
         validation.validate_nbf = true;
         Ok(JwtVerifier {
-            decoding,
+            keys,
             encoding,
             algorithm,
             validation,
             issuer: config.jwt_issuer.clone(),
             audience: config.jwt_audience.clone(),
+            scope_claim: config.jwt_scope_claim.clone(),
+            workspaces_claim: config.jwt_workspaces_claim.clone(),
         })
     }
 
-    /// Verifies a bearer token. Every failure is the same opaque 401: the reason goes to the log only.
+    /// Verifies a bearer token with the keys at hand (a JWKS's cached keys: nothing is fetched). Every
+    /// failure is the same opaque 401: the reason goes to the log only.
     pub fn verify(&self, token: &str) -> Result<Principal> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation).map_err(|e| {
-            tracing::debug!(error = %e, "token rejected");
-            Error::Unauthenticated("invalid or expired token")
-        })?;
-        let claims = data.claims;
-        // Unknown scope names are ignored: a token minted for a newer berth still works for what we know.
-        let scopes = claims.scope.split_whitespace().filter_map(|s| s.parse().ok()).collect();
-        Ok(Principal {
-            sub: claims.sub,
-            scopes,
-            workspaces: claims.workspaces,
-            session_id: claims.session_id,
-        })
+        match &self.keys {
+            Keys::Static(key) => self.verify_with(token, key),
+            Keys::Set(set) => {
+                let kid = header_kid(token)?;
+                let key = set.cached(kid.as_deref()).ok_or_else(unknown_kid)?;
+                self.verify_with(token, &key)
+            }
+        }
+    }
+
+    /// `verify`, reading the JWKS again first when the token names a key the cache lacks (or the cache
+    /// is older than its age), at most once per minimum interval.
+    pub async fn authenticate(&self, token: &str) -> Result<Principal> {
+        match &self.keys {
+            Keys::Static(key) => self.verify_with(token, key),
+            Keys::Set(set) => {
+                let kid = header_kid(token)?;
+                let key = set.key(kid.as_deref()).await.ok_or_else(unknown_kid)?;
+                self.verify_with(token, &key)
+            }
+        }
+    }
+
+    /// Reads the JWKS once (at startup), so the first request does not wait for it.
+    pub async fn warm_up(&self) {
+        if let Keys::Set(set) = &self.keys {
+            set.refresh().await;
+        }
+    }
+
+    fn verify_with(&self, token: &str, key: &jwks::Key) -> Result<Principal> {
+        let mut validation = self.validation.clone();
+        validation.algorithms = vec![key.algorithm];
+        let data =
+            jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(token, &key.decoding, &validation)
+                .map_err(|e| {
+                    tracing::debug!(error = %e, "token rejected");
+                    Error::Unauthenticated("invalid or expired token")
+                })?;
+        claims::principal(data.claims, &self.scope_claim, &self.workspaces_claim)
     }
 
     pub fn mint(
@@ -195,6 +260,20 @@ impl JwtVerifier {
         };
         Ok(jsonwebtoken::encode(&Header::new(self.algorithm), &claims, key)?)
     }
+}
+
+/// The `kid` of a token's header (`None` when it has none); a token whose header does not parse is refused.
+fn header_kid(token: &str) -> Result<Option<String>> {
+    let header = jsonwebtoken::decode_header(token).map_err(|e| {
+        tracing::debug!(error = %e, "token rejected");
+        Error::Unauthenticated("invalid or expired token")
+    })?;
+    Ok(header.kid)
+}
+
+fn unknown_kid() -> Error {
+    tracing::debug!("token rejected: no key in the JWKS has its kid");
+    Error::Unauthenticated("invalid or expired token")
 }
 
 /// Parses "90s", "30m", "1h", "7d" or plain seconds.

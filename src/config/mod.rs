@@ -1,5 +1,6 @@
 //! Configuration: defaults, then an optional TOML file (`BERTH_CONFIG`), then `BERTH_*` environment
-//! variables; secrets may come from `*_FILE` variables. A bad value is a one-line error naming the setting.
+//! variables (and `berth serve` flags over them), every setting defined once in `settings`; secrets may
+//! come from `*_FILE` settings. A bad value is a one-line error naming the setting.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,8 +8,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod cli;
 mod secrets;
+pub mod settings;
 use secrets::{load_jwt_key, read_or_create, secret_from_file};
+use settings::{SETTINGS, Source};
 
 #[derive(Debug, thiserror::Error)]
 #[error("invalid {setting}: {reason}")]
@@ -64,19 +68,40 @@ pub enum AgentProtocol {
 /// Where the JWT verification key comes from.
 #[derive(Clone)]
 pub enum JwtKey {
-    /// HS256 with a shared secret; `generated` when it is the one berth keeps in its data dir.
-    Secret { secret: Vec<u8>, generated: bool },
+    /// HS256 with a shared secret; `generated` when it is the one berth keeps in its data dir, `created`
+    /// when this load wrote it there (so nothing running can know it yet).
+    Secret {
+        secret: Vec<u8>,
+        generated: bool,
+        created: bool,
+    },
     /// EdDSA or RS256 public key (PEM); berth can verify but not mint.
     PublicKeyPem(Vec<u8>),
+    /// An identity provider's key set, chosen by `kid`; berth can verify but not mint.
+    Jwks {
+        source: JwksSource,
+        /// Reads of the set on an unknown `kid` are at least this far apart.
+        min_refresh: Duration,
+        /// The set is read again when it is older than this.
+        max_age: Duration,
+    },
+}
+
+/// Where a JWKS comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwksSource {
+    Url(String),
+    File(PathBuf),
 }
 
 impl std::fmt::Debug for JwtKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            JwtKey::Secret { generated, .. } => {
-                write!(f, "Secret(<redacted>, generated: {generated})")
+            JwtKey::Secret { generated, created, .. } => {
+                write!(f, "Secret(<redacted>, generated: {generated}, created: {created})")
             }
             JwtKey::PublicKeyPem(_) => write!(f, "PublicKeyPem(<redacted>)"),
+            JwtKey::Jwks { source, .. } => write!(f, "Jwks({source:?})"),
         }
     }
 }
@@ -90,6 +115,9 @@ pub struct Config {
     pub jwt_key: JwtKey,
     pub jwt_issuer: String,
     pub jwt_audience: String,
+    /// The claims a token's scopes and workspace list are read from.
+    pub jwt_scope_claim: String,
+    pub jwt_workspaces_claim: String,
     pub worktree_root: PathBuf,
     pub repo_roots: Option<Vec<PathBuf>>,
     pub node_id: String,
@@ -144,55 +172,6 @@ pub struct Config {
     pub cors_origins: Vec<String>,
 }
 
-/// The TOML file: every key optional, unknown keys rejected so typos do not pass silently.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    bind: Option<String>,
-    data_dir: Option<PathBuf>,
-    database_url: Option<String>,
-    db_max_connections: Option<u32>,
-    jwt_secret: Option<String>,
-    jwt_secret_file: Option<PathBuf>,
-    jwt_public_key_file: Option<PathBuf>,
-    jwt_issuer: Option<String>,
-    jwt_audience: Option<String>,
-    worktree_root: Option<PathBuf>,
-    repo_roots: Option<Vec<PathBuf>>,
-    node_id: Option<String>,
-    log_format: Option<String>,
-    max_body_bytes: Option<usize>,
-    migration_lock_timeout_ms: Option<u64>,
-    git_timeout_secs: Option<u64>,
-    git_max_concurrent: Option<usize>,
-    materialize_lease_secs: Option<u64>,
-    event_buffer: Option<usize>,
-    event_retention_count: Option<i64>,
-    event_retention_secs: Option<u64>,
-    event_poll_ms: Option<u64>,
-    routing_poll_ms: Option<u64>,
-    sse_keep_alive_secs: Option<u64>,
-    sweep_interval_ms: Option<u64>,
-    agent_stop_grace_ms: Option<u64>,
-    cleanup_retry_delays_secs: Option<String>,
-    cleanup_max_attempts: Option<u32>,
-    cleanup_workers: Option<usize>,
-    cleanup_poll_ms: Option<u64>,
-    cleanup_lease_secs: Option<u64>,
-    cleanup_prepared_grace_secs: Option<u64>,
-    superseded_grace_secs: Option<u64>,
-    quick_chat_retention_secs: Option<u64>,
-    git_status_interval_ms: Option<u64>,
-    stream_interval_ms: Option<u64>,
-    agent_restart_max: Option<u32>,
-    agent_restart_window_secs: Option<u64>,
-    agent_restart_backoff_ms: Option<u64>,
-    agent_term_grace_ms: Option<u64>,
-    cors_origins: Option<Vec<String>>,
-    #[serde(default)]
-    agents: BTreeMap<String, AgentProfile>,
-}
-
 /// A source of `BERTH_*` variables; the process environment in production, a map in tests.
 pub trait Env {
     fn get(&self, name: &str) -> Option<String>;
@@ -214,25 +193,12 @@ impl Env for BTreeMap<String, String> {
 impl Config {
     /// Loads the configuration and prepares the data dir (secret and node id are generated on first use).
     pub fn load(env: &dyn Env) -> Result<Config, ConfigError> {
-        let file = match env.get("BERTH_CONFIG") {
-            Some(path) => {
-                let text = std::fs::read_to_string(&path).map_err(|e| bad("BERTH_CONFIG", format!("{path}: {e}")))?;
-                toml::from_str::<FileConfig>(&text)
-                    .map_err(|e| bad("BERTH_CONFIG", format!("{path}: {}", e.message())))?
-            }
-            None => FileConfig::default(),
-        };
+        let mut file = read_file(env)?;
+        let agents = take_agents(env, &mut file)?;
+        let src = Source { env, file };
+        let bind = resolve_bind(&src)?;
 
-        let pick = |var: &str, from_file: Option<String>| env.get(var).or(from_file);
-
-        let bind = pick("BERTH_BIND", file.bind.clone()).unwrap_or_else(|| "127.0.0.1:8080".into());
-        let bind: SocketAddr = bind.parse().map_err(|e| bad("BERTH_BIND", format!("{bind:?}: {e}")))?;
-
-        let data_dir = env
-            .get("BERTH_DATA_DIR")
-            .map(PathBuf::from)
-            .or(file.data_dir.clone())
-            .unwrap_or_else(|| "./berth-data".into());
+        let data_dir = PathBuf::from(src.get("data_dir")?.unwrap_or_default());
         if data_dir.as_os_str().is_empty() {
             return Err(bad("BERTH_DATA_DIR", "must not be empty"));
         }
@@ -243,9 +209,9 @@ impl Config {
             .map_err(|e| bad("BERTH_DATA_DIR", format!("{}: {e}", data_dir.display())))?;
 
         // The URL may carry a password, so it may come from a file too.
-        let database_url = match secret_from_file(env, "BERTH_DATABASE_URL_FILE")? {
+        let database_url = match secret_from_file("BERTH_DATABASE_URL_FILE", src.get("database_url_file")?)? {
             Some(url) => Some(url),
-            None => pick("BERTH_DATABASE_URL", file.database_url.clone()),
+            None => src.get("database_url")?,
         };
         let database_url =
             database_url.unwrap_or_else(|| format!("sqlite://{}?mode=rwc", data_dir.join("berth.db").display()));
@@ -259,59 +225,23 @@ impl Config {
             ));
         }
 
-        let db_max_connections = parse_num(env, "BERTH_DB_MAX_CONNECTIONS", file.db_max_connections, 10u32)?;
-        if db_max_connections == 0 {
-            return Err(bad("BERTH_DB_MAX_CONNECTIONS", "must be at least 1"));
-        }
-        let max_body_bytes = parse_num(env, "BERTH_MAX_BODY_BYTES", file.max_body_bytes, 256 * 1024usize)?;
-        let lock_ms = parse_num(
-            env,
-            "BERTH_MIGRATION_LOCK_TIMEOUT_MS",
-            file.migration_lock_timeout_ms,
-            60_000u64,
-        )?;
-
-        let git_timeout = parse_num(env, "BERTH_GIT_TIMEOUT_SECS", file.git_timeout_secs, 120u64)?;
-        let git_max_concurrent = parse_num(env, "BERTH_GIT_MAX_CONCURRENT", file.git_max_concurrent, 4usize)?;
-        if git_timeout == 0 || git_max_concurrent == 0 {
-            return Err(bad(
-                if git_timeout == 0 {
-                    "BERTH_GIT_TIMEOUT_SECS"
-                } else {
-                    "BERTH_GIT_MAX_CONCURRENT"
-                },
-                "must be at least 1",
-            ));
-        }
-        let materialize_lease_secs =
-            parse_num(env, "BERTH_MATERIALIZE_LEASE_SECS", file.materialize_lease_secs, 120u64)?;
-        if materialize_lease_secs == 0 {
-            return Err(bad("BERTH_MATERIALIZE_LEASE_SECS", "must be at least 1"));
-        }
-        let event_buffer = parse_num(env, "BERTH_EVENT_BUFFER", file.event_buffer, 1024usize)?;
-        let event_retention_count = parse_num(
-            env,
-            "BERTH_EVENT_RETENTION_COUNT",
-            file.event_retention_count,
-            100_000i64,
-        )?;
-        let event_retention_secs = parse_num(
-            env,
-            "BERTH_EVENT_RETENTION_SECS",
-            file.event_retention_secs,
-            7 * 86400u64,
-        )?;
-        let event_poll_ms = parse_num(env, "BERTH_EVENT_POLL_MS", file.event_poll_ms, 1000u64)?;
-        let routing_poll_ms = parse_num(env, "BERTH_ROUTING_POLL_MS", file.routing_poll_ms, 500u64)?;
-        let sse_keep_alive_secs = parse_num(env, "BERTH_SSE_KEEPALIVE_SECS", file.sse_keep_alive_secs, 15u64)?;
-        let sweep_interval_ms = parse_num(env, "BERTH_SWEEP_INTERVAL_MS", file.sweep_interval_ms, 60_000u64)?;
-        let stream_interval_ms = parse_num(env, "BERTH_STREAM_INTERVAL_MS", file.stream_interval_ms, 100u64)?;
-        let agent_stop_grace_ms = parse_num(env, "BERTH_AGENT_STOP_GRACE_MS", file.agent_stop_grace_ms, 5000u64)?;
-        let agent_term_grace_ms = parse_num(env, "BERTH_AGENT_TERM_GRACE_MS", file.agent_term_grace_ms, 5000u64)?;
-        let delays = env
-            .get("BERTH_CLEANUP_RETRY_DELAYS_SECS")
-            .or(file.cleanup_retry_delays_secs.clone())
-            .unwrap_or_else(|| "60,300,900,3600,10800,21600,43200".into());
+        let db_max_connections = src.positive("db_max_connections")?;
+        let max_body_bytes = src.num("max_body_bytes")?;
+        let lock_ms = src.num("migration_lock_timeout_ms")?;
+        let git_timeout = src.positive("git_timeout_secs")?;
+        let git_max_concurrent = src.positive("git_max_concurrent")?;
+        let materialize_lease_secs = src.positive("materialize_lease_secs")?;
+        let event_buffer = src.positive("event_buffer")?;
+        let event_retention_count = src.positive("event_retention_count")?;
+        let event_retention_secs = src.num("event_retention_secs")?;
+        let event_poll_ms = src.positive("event_poll_ms")?;
+        let routing_poll_ms = src.positive("routing_poll_ms")?;
+        let sse_keep_alive_secs = src.positive("sse_keepalive_secs")?;
+        let sweep_interval_ms = src.positive("sweep_interval_ms")?;
+        let stream_interval_ms = src.positive("stream_interval_ms")?;
+        let agent_stop_grace_ms = src.num("agent_stop_grace_ms")?;
+        let agent_term_grace_ms = src.num("agent_term_grace_ms")?;
+        let delays = src.get("cleanup_retry_delays_secs")?.unwrap_or_default();
         let cleanup_retry_delays = delays
             .split(',')
             .map(|d| d.trim().parse::<f64>().map(Duration::from_secs_f64))
@@ -320,53 +250,30 @@ impl Config {
         if cleanup_retry_delays.is_empty() {
             return Err(bad("BERTH_CLEANUP_RETRY_DELAYS_SECS", "give at least one delay"));
         }
-        let cleanup_max_attempts = parse_num(env, "BERTH_CLEANUP_MAX_ATTEMPTS", file.cleanup_max_attempts, 8u32)?;
-        let cleanup_workers = parse_num(env, "BERTH_CLEANUP_WORKERS", file.cleanup_workers, 2usize)?;
-        let cleanup_poll_ms = parse_num(env, "BERTH_CLEANUP_POLL_MS", file.cleanup_poll_ms, 5000u64)?;
-        let cleanup_lease_secs = parse_num(env, "BERTH_CLEANUP_LEASE_SECS", file.cleanup_lease_secs, 300u64)?;
-        let cleanup_prepared_grace_secs = parse_num(
-            env,
-            "BERTH_CLEANUP_PREPARED_GRACE_SECS",
-            file.cleanup_prepared_grace_secs,
-            60u64,
-        )?;
-        let superseded_grace_secs = parse_num(env, "BERTH_SUPERSEDED_GRACE_SECS", file.superseded_grace_secs, 600u64)?;
-        let quick_chat_retention_secs = parse_num(
-            env,
-            "BERTH_QUICK_CHAT_RETENTION_SECS",
-            file.quick_chat_retention_secs,
-            7 * 86400u64,
-        )?;
-        for (name, zero) in [
-            ("BERTH_CLEANUP_MAX_ATTEMPTS", cleanup_max_attempts == 0),
-            ("BERTH_CLEANUP_POLL_MS", cleanup_poll_ms == 0),
-            ("BERTH_CLEANUP_LEASE_SECS", cleanup_lease_secs == 0),
+        let cleanup_max_attempts = src.positive("cleanup_max_attempts")?;
+        let cleanup_workers = src.num("cleanup_workers")?;
+        let cleanup_poll_ms = src.positive("cleanup_poll_ms")?;
+        let cleanup_lease_secs = src.positive("cleanup_lease_secs")?;
+        let cleanup_prepared_grace_secs = src.num("cleanup_prepared_grace_secs")?;
+        let superseded_grace_secs = src.num("superseded_grace_secs")?;
+        let quick_chat_retention_secs = src.num("quick_chat_retention_secs")?;
+        let jwt_key = load_jwt_key(&src, &data_dir)?;
+        let jwt_issuer = src.get("jwt_issuer")?.unwrap_or_default();
+        let jwt_audience = src.get("jwt_audience")?.unwrap_or_default();
+        let jwt_scope_claim = src.get("jwt_scope_claim")?.unwrap_or_default();
+        let jwt_workspaces_claim = src.get("jwt_workspaces_claim")?.unwrap_or_default();
+        for (var, claim) in [
+            ("BERTH_JWT_SCOPE_CLAIM", &jwt_scope_claim),
+            ("BERTH_JWT_WORKSPACES_CLAIM", &jwt_workspaces_claim),
         ] {
-            if zero {
-                return Err(bad(name, "must be at least 1"));
+            if claim.trim().is_empty() {
+                return Err(bad(var, "must not be empty"));
             }
         }
-        for (name, zero) in [
-            ("BERTH_EVENT_BUFFER", event_buffer == 0),
-            ("BERTH_EVENT_RETENTION_COUNT", event_retention_count < 1),
-            ("BERTH_EVENT_POLL_MS", event_poll_ms == 0),
-            ("BERTH_ROUTING_POLL_MS", routing_poll_ms == 0),
-            ("BERTH_SSE_KEEPALIVE_SECS", sse_keep_alive_secs == 0),
-            ("BERTH_SWEEP_INTERVAL_MS", sweep_interval_ms == 0),
-            ("BERTH_STREAM_INTERVAL_MS", stream_interval_ms == 0),
-        ] {
-            if zero {
-                return Err(bad(name, "must be at least 1"));
-            }
-        }
-        let jwt_key = load_jwt_key(env, &file, &data_dir)?;
-        let jwt_issuer = pick("BERTH_JWT_ISSUER", file.jwt_issuer.clone()).unwrap_or_else(|| "berth".into());
-        let jwt_audience = pick("BERTH_JWT_AUDIENCE", file.jwt_audience.clone()).unwrap_or_else(|| "berth-api".into());
 
-        let worktree_root = env
-            .get("BERTH_WORKTREE_ROOT")
+        let worktree_root = src
+            .get("worktree_root")?
             .map(PathBuf::from)
-            .or(file.worktree_root.clone())
             .unwrap_or_else(|| data_dir.join("worktrees"));
         if !worktree_root.is_absolute() && worktree_root.components().count() == 0 {
             return Err(bad("BERTH_WORKTREE_ROOT", "must not be empty"));
@@ -377,19 +284,10 @@ impl Config {
             .canonicalize()
             .map_err(|e| bad("BERTH_WORKTREE_ROOT", format!("{}: {e}", worktree_root.display())))?;
 
-        let repo_roots = match env.get("BERTH_REPO_ROOTS") {
-            Some(list) => Some(
-                list.split(':')
-                    .filter(|s| !s.is_empty())
-                    .map(PathBuf::from)
-                    .collect::<Vec<_>>(),
-            ),
-            None => file.repo_roots.clone(),
-        };
-        let repo_roots = match repo_roots {
-            Some(roots) => {
+        let repo_roots = match src.get("repo_roots")? {
+            Some(list) => {
                 let mut out = Vec::new();
-                for root in roots {
+                for root in list.split(':').filter(|s| !s.is_empty()).map(PathBuf::from) {
                     let canonical = root
                         .canonicalize()
                         .map_err(|e| bad("BERTH_REPO_ROOTS", format!("{}: {e}", root.display())))?;
@@ -400,7 +298,7 @@ impl Config {
             None => None,
         };
 
-        let node_id = match pick("BERTH_NODE_ID", file.node_id.clone()) {
+        let node_id = match src.get("node_id")? {
             Some(id) => id,
             None => read_or_create(&data_dir.join("node-id"), || {
                 uuid::Uuid::now_v7().to_string().into_bytes()
@@ -412,7 +310,7 @@ impl Config {
             return Err(bad("BERTH_NODE_ID", "must be 1 to 200 characters"));
         }
 
-        let log_format = match pick("BERTH_LOG_FORMAT", file.log_format.clone()).as_deref() {
+        let log_format = match src.get("log_format")?.as_deref() {
             None | Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
             Some(other) => {
@@ -420,15 +318,14 @@ impl Config {
             }
         };
 
-        let cors_origins = match env.get("BERTH_CORS_ORIGINS") {
-            Some(list) => list
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect(),
-            None => file.cors_origins.clone().unwrap_or_default(),
-        };
+        let cors_origins: Vec<String> = src
+            .get("cors_origins")?
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
         for origin in &cors_origins {
             check_origin(origin).map_err(|reason| bad("BERTH_CORS_ORIGINS", format!("{origin:?}: {reason}")))?;
         }
@@ -441,6 +338,8 @@ impl Config {
             jwt_key,
             jwt_issuer,
             jwt_audience,
+            jwt_scope_claim,
+            jwt_workspaces_claim,
             worktree_root,
             repo_roots,
             node_id,
@@ -466,36 +365,63 @@ impl Config {
             cleanup_prepared_grace: Duration::from_secs(cleanup_prepared_grace_secs),
             superseded_grace: Duration::from_secs(superseded_grace_secs),
             quick_chat_retention: Duration::from_secs(quick_chat_retention_secs),
-            cleanup_failpoint: env.get("BERTH_CLEANUP_FAILPOINT"),
-            agent_restart_max: parse_num(env, "BERTH_AGENT_RESTART_MAX", file.agent_restart_max, 5u32)?,
-            agent_restart_window: Duration::from_secs(parse_num(
-                env,
-                "BERTH_AGENT_RESTART_WINDOW_SECS",
-                file.agent_restart_window_secs,
-                600u64,
-            )?),
-            agent_restart_backoff: Duration::from_millis(parse_num(
-                env,
-                "BERTH_AGENT_RESTART_BACKOFF_MS",
-                file.agent_restart_backoff_ms,
-                1000u64,
-            )?),
-            git_status_interval: Duration::from_millis(parse_num(
-                env,
-                "BERTH_GIT_STATUS_INTERVAL_MS",
-                file.git_status_interval_ms,
-                2000u64,
-            )?),
+            // Only code that builds a Config (the tests) sets it: no variable, flag or key reaches it.
+            cleanup_failpoint: None,
+            agent_restart_max: src.num("agent_restart_max")?,
+            agent_restart_window: Duration::from_secs(src.num("agent_restart_window_secs")?),
+            agent_restart_backoff: Duration::from_millis(src.num("agent_restart_backoff_ms")?),
+            git_status_interval: Duration::from_millis(src.num("git_status_interval_ms")?),
             agent_term_grace: Duration::from_millis(agent_term_grace_ms),
             stream_interval: Duration::from_millis(stream_interval_ms),
-            agents: file.agents,
+            agents,
             cors_origins,
+        })
+    }
+
+    /// The listen address alone, as `load` resolves it, touching nothing on disk (`berth healthcheck`).
+    pub fn load_bind(env: &dyn Env) -> Result<SocketAddr, ConfigError> {
+        resolve_bind(&Source {
+            env,
+            file: read_file(env)?,
         })
     }
 
     pub fn is_sqlite(&self) -> bool {
         self.database_url.starts_with("sqlite:")
     }
+}
+
+/// The TOML file as a table: unknown keys are refused so typos do not pass silently.
+fn read_file(env: &dyn Env) -> Result<toml::Table, ConfigError> {
+    let Some(path) = env.get("BERTH_CONFIG") else {
+        return Ok(toml::Table::new());
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| bad("BERTH_CONFIG", format!("{path}: {e}")))?;
+    let table =
+        toml::from_str::<toml::Table>(&text).map_err(|e| bad("BERTH_CONFIG", format!("{path}: {}", e.message())))?;
+    for key in table.keys() {
+        let known = key == "agents" || SETTINGS.iter().any(|s| s.in_file && s.key == key);
+        if !known {
+            return Err(bad("BERTH_CONFIG", format!("{path}: unknown key {key:?}")));
+        }
+    }
+    Ok(table)
+}
+
+/// `[agents.<name>]` tables of the file (decision 7: agent profiles come from the file only).
+fn take_agents(env: &dyn Env, file: &mut toml::Table) -> Result<BTreeMap<String, AgentProfile>, ConfigError> {
+    match file.remove("agents") {
+        None => Ok(BTreeMap::new()),
+        Some(value) => value.try_into().map_err(|e: toml::de::Error| {
+            let path = env.get("BERTH_CONFIG").unwrap_or_default();
+            bad("BERTH_CONFIG", format!("{path}: agents: {}", e.message()))
+        }),
+    }
+}
+
+fn resolve_bind(src: &Source) -> Result<SocketAddr, ConfigError> {
+    let bind = src.get("bind")?.unwrap_or_default();
+    bind.parse().map_err(|e| bad("BERTH_BIND", format!("{bind:?}: {e}")))
 }
 
 /// An origin as a browser sends it: `http` or `https`, a host, an optional port, nothing else (no path,
@@ -518,21 +444,6 @@ fn check_origin(origin: &str) -> Result<(), &'static str> {
         return Err("the port is not a number");
     }
     Ok(())
-}
-
-fn parse_num<T: std::str::FromStr + Copy>(
-    env: &dyn Env,
-    var: &str,
-    from_file: Option<T>,
-    default: T,
-) -> Result<T, ConfigError>
-where
-    T::Err: std::fmt::Display,
-{
-    match env.get(var) {
-        Some(v) => v.trim().parse::<T>().map_err(|e| bad(var, format!("{v:?}: {e}"))),
-        None => Ok(from_file.unwrap_or(default)),
-    }
 }
 
 #[cfg(test)]

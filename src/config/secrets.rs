@@ -2,26 +2,45 @@
 //! into the data directory with mode 0600) and files created once (the node id).
 use std::path::{Path, PathBuf};
 
-use super::{ConfigError, Env, FileConfig, JwtKey, bad};
+use super::settings::Source;
+use super::{ConfigError, JwksSource, JwtKey, bad};
+use std::time::Duration;
 
-pub(super) fn load_jwt_key(env: &dyn Env, file: &FileConfig, data_dir: &Path) -> Result<JwtKey, ConfigError> {
-    if let Some(path) = env
-        .get("BERTH_JWT_PUBLIC_KEY_FILE")
-        .map(PathBuf::from)
-        .or(file.jwt_public_key_file.clone())
-    {
+pub(super) fn load_jwt_key(src: &Source, data_dir: &Path) -> Result<JwtKey, ConfigError> {
+    let url = src.get("jwt_jwks_url")?;
+    let file = src.get("jwt_jwks_file")?;
+    let source = match (url, file) {
+        (Some(_), Some(_)) => {
+            return Err(bad("BERTH_JWT_JWKS_URL", "give a JWKS URL or a JWKS file, not both"));
+        }
+        (Some(url), None) => {
+            if !(url.starts_with("https://") || url.starts_with("http://")) {
+                return Err(bad(
+                    "BERTH_JWT_JWKS_URL",
+                    format!("{url:?}: must be an http:// or https:// URL"),
+                ));
+            }
+            Some(JwksSource::Url(url))
+        }
+        (None, Some(path)) => Some(JwksSource::File(PathBuf::from(path))),
+        (None, None) => None,
+    };
+    if let Some(source) = source {
+        return Ok(JwtKey::Jwks {
+            source,
+            min_refresh: Duration::from_secs(src.num("jwt_jwks_min_refresh_secs")?),
+            max_age: Duration::from_secs(src.positive("jwt_jwks_cache_secs")?),
+        });
+    }
+    if let Some(path) = src.get("jwt_public_key_file")?.map(PathBuf::from) {
         let pem =
             std::fs::read(&path).map_err(|e| bad("BERTH_JWT_PUBLIC_KEY_FILE", format!("{}: {e}", path.display())))?;
         return Ok(JwtKey::PublicKeyPem(pem));
     }
-    if let Some(secret) = env.get("BERTH_JWT_SECRET").or(file.jwt_secret.clone()) {
+    if let Some(secret) = src.get("jwt_secret")? {
         return secret_key("BERTH_JWT_SECRET", secret.into_bytes());
     }
-    if let Some(path) = env
-        .get("BERTH_JWT_SECRET_FILE")
-        .map(PathBuf::from)
-        .or(file.jwt_secret_file.clone())
-    {
+    if let Some(path) = src.get("jwt_secret_file")?.map(PathBuf::from) {
         let bytes =
             std::fs::read(&path).map_err(|e| bad("BERTH_JWT_SECRET_FILE", format!("{}: {e}", path.display())))?;
         return secret_key("BERTH_JWT_SECRET_FILE", trim_newline(bytes));
@@ -42,14 +61,15 @@ pub(super) fn load_jwt_key(env: &dyn Env, file: &FileConfig, data_dir: &Path) ->
         JwtKey::Secret { secret, .. } => Ok(JwtKey::Secret {
             secret,
             generated: true,
+            created,
         }),
         other => Ok(other),
     }
 }
 
-/// Reads `VAR_FILE`'s file (trailing newline trimmed), if the variable is set.
-pub(super) fn secret_from_file(env: &dyn Env, var: &str) -> Result<Option<String>, ConfigError> {
-    let Some(path) = env.get(var) else {
+/// Reads the file a `*_FILE` setting names (trailing newline trimmed), if it is set.
+pub(super) fn secret_from_file(var: &str, path: Option<String>) -> Result<Option<String>, ConfigError> {
+    let Some(path) = path else {
         return Ok(None);
     };
     let bytes = std::fs::read(&path).map_err(|e| bad(var, format!("{path}: {e}")))?;
@@ -64,6 +84,7 @@ fn secret_key(setting: &str, secret: Vec<u8>) -> Result<JwtKey, ConfigError> {
     Ok(JwtKey::Secret {
         secret,
         generated: false,
+        created: false,
     })
 }
 

@@ -36,7 +36,8 @@ pub struct Ctx {
     pub runtime: Arc<crate::runtime::Runtime>,
     /// Wakes the cleanup workers when a job becomes due.
     pub cleanup_wake: Arc<tokio::sync::Notify>,
-    pub cleanup_stats: Arc<crate::metrics::CleanupStats>,
+    /// The metrics this process keeps (one registry per app).
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// When each (environment, repository) was last inspected for a live read (I25 rate limit).
     pub git_status_inspected: Arc<git_status::InspectionClock>,
     pub restore_stats: Arc<crate::metrics::RestoreStats>,

@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 
 use super::{BranchDeletionConsent, BranchName, MergedBranch};
 use crate::managed_path::{Consent, ManagedPath, RecordedRegistration};
+use crate::metrics::{GitOutcome, Metrics};
 
 /// Attempts of one mutation that meets git's lock contention, and the first and longest wait between.
 const LOCK_ATTEMPTS: u32 = 8;
@@ -112,6 +113,7 @@ pub struct GitCli {
     slots: Arc<Semaphore>,
     timeout: Duration,
     repos: Arc<RepoLocks>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl GitCli {
@@ -120,7 +122,14 @@ impl GitCli {
             slots: Arc::new(Semaphore::new(max_concurrent.max(1))),
             timeout,
             repos: Arc::default(),
+            metrics: None,
         }
+    }
+
+    /// Records every command's duration and outcome here.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> GitCli {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// A mutation of `repo`: under the repository's lock, retried while git reports lock contention.
@@ -146,7 +155,7 @@ impl GitCli {
     }
 
     async fn run(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<String, GitError> {
-        match self.run_status(op, repo, args).await? {
+        match self.run_status(op, repo, args, &[0]).await? {
             (Some(0), stdout, _) => Ok(stdout),
             (_, _, stderr) => Err(GitError::Failed { op, stderr }),
         }
@@ -155,18 +164,20 @@ impl GitCli {
     /// A read whose exit code is its answer (`merge-base --is-ancestor`, `rev-parse --verify --quiet`):
     /// exit code 1 means "no"; anything else but 0 is a failure.
     async fn run_yes_no(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<Option<String>, GitError> {
-        match self.run_status(op, repo, args).await? {
+        match self.run_status(op, repo, args, &[0, 1]).await? {
             (Some(0), stdout, _) => Ok(Some(stdout)),
             (Some(1), _, _) => Ok(None),
             (_, _, stderr) => Err(GitError::Failed { op, stderr }),
         }
     }
 
+    /// Runs git; `answers` are the exit codes that are answers, not failures (for the metrics).
     async fn run_status(
         &self,
         op: &'static str,
         repo: &Path,
         args: &[&str],
+        answers: &[i32],
     ) -> Result<(Option<i32>, String, String), GitError> {
         let _slot = self.slots.acquire().await.expect("the semaphore is never closed");
         let mut cmd = Command::new("git");
@@ -179,12 +190,20 @@ impl GitCli {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let out = tokio::time::timeout(self.timeout, cmd.output())
-            .await
-            .map_err(|_| GitError::Timeout {
-                op,
-                secs: self.timeout.as_secs(),
-            })??;
+        let started = std::time::Instant::now();
+        let out = tokio::time::timeout(self.timeout, cmd.output()).await;
+        if let Some(m) = &self.metrics {
+            let outcome = match &out {
+                Err(_) => GitOutcome::Timeout,
+                Ok(Ok(o)) if o.status.code().is_some_and(|c| answers.contains(&c)) => GitOutcome::Ok,
+                Ok(_) => GitOutcome::Failed,
+            };
+            m.git_command(op, started.elapsed(), outcome);
+        }
+        let out = out.map_err(|_| GitError::Timeout {
+            op,
+            secs: self.timeout.as_secs(),
+        })??;
         // Exit code 128 is not proof of absence; callers inspect before concluding anything.
         let stderr = String::from_utf8_lossy(&out.stderr).trim().chars().take(2000).collect();
         Ok((
@@ -352,6 +371,7 @@ impl GitMutations for GitCli {
                 "rev-parse",
                 repo,
                 &["rev-parse", "--verify", "--quiet", "--end-of-options", &r],
+                &[0, 1, 128],
             )
             .await?
         {

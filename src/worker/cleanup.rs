@@ -98,10 +98,7 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>> {
         .ok_or_else(|| Error::Stale("a claimed cleanup job changed under its lock".into()))?;
     ctx.commit(txn).await?;
     let due_at = found.next_attempt_at.or(found.lease_expires_at).unwrap_or(now);
-    ctx.cleanup_stats.claims.fetch_add(1, Ordering::Relaxed);
-    ctx.cleanup_stats
-        .claim_latency_ms
-        .fetch_add((now - due_at).num_milliseconds().max(0) as u64, Ordering::Relaxed);
+    ctx.metrics.cleanup_claimed((now - due_at).to_std().unwrap_or_default());
     Ok(Some(claimed))
 }
 

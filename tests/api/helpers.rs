@@ -219,6 +219,8 @@ impl TestApp {
         env.entry("BERTH_AGENT_TERM_GRACE_MS".to_string())
             .or_insert_with(|| "300".to_string());
         let mut config = Config::load(&env).expect("test config");
+        // The failpoint is no setting (issue 20, item 4): the harness alone sets it, from its own key.
+        config.cleanup_failpoint = env.get("BERTH_CLEANUP_FAILPOINT").cloned();
         // Agent profiles come from the config file only; tests add them to the loaded configuration.
         let agent = env!("CARGO_BIN_EXE_berth-test-agent").to_string();
         let profile = |args: &[&str]| berth::config::AgentProfile {

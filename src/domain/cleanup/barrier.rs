@@ -197,6 +197,7 @@ pub(crate) async fn prepare(
         actor_session_id: actor.and_then(|a| a.session_id),
     };
     store::insert(txn, &model).await?;
+    ctx.metrics.cleanup_job_moved(None, model.state);
     job_event(txn, ctx, &model).await?;
     Ok(model)
 }

@@ -103,6 +103,7 @@ pub(crate) async fn transition(
         ..j.clone()
     };
     patch.apply(&mut updated);
+    ctx.metrics.cleanup_job_moved(Some(j.state), next);
     job_event(txn, ctx, &updated).await?;
     Ok(Some(updated))
 }

@@ -108,6 +108,7 @@ async fn settle_claim(ctx: &Ctx, s: session::Model) -> Result<Option<session::Mo
 /// I30: relaunches a crashed session after its backoff, through admission, if nothing (a stop, a delete)
 /// changed it meanwhile.
 pub(super) fn restart_after_crash(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, recent_failures: u64) {
+    ctx.metrics.agent_restarted();
     let backoff =
         ctx.config.agent_restart_backoff * 2u32.saturating_pow(recent_failures.saturating_sub(1) as u32).min(64);
     let ctx = ctx.clone();

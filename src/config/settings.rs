@@ -1,0 +1,495 @@
+//! Every setting, defined once: its TOML key, from which its `BERTH_*` variable and its `berth serve`
+//! flag are derived, its default, its help line, and how `berth config` shows its effective value.
+use std::path::Path;
+use std::time::Duration;
+
+use toml::Value;
+
+use super::{Config, ConfigError, Env, bad};
+
+/// What a setting falls back to when neither a flag, the environment nor the file sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// No value: the feature is off (or another setting provides it).
+    None,
+    /// This value, parsed as if it had been given.
+    Value(&'static str),
+    /// Computed at load time (from the data dir); the text says how.
+    Computed(&'static str),
+}
+
+pub struct Setting {
+    /// The TOML key; the variable is `BERTH_` + the key in upper case, the flag `--` + the key with dashes.
+    pub key: &'static str,
+    pub default: Fallback,
+    pub help: &'static str,
+    /// Never shown: `berth config` and `--help` redact it.
+    pub secret: bool,
+    /// A list setting: its items joined by this in a variable or a flag; an array in the file.
+    pub separator: Option<char>,
+    /// Whether the TOML file may set it (`config`, the file's own path, may not).
+    pub in_file: bool,
+    /// The effective value, as `berth config` prints it (`None`: unset).
+    pub show: fn(&Config) -> Option<Value>,
+}
+
+impl Setting {
+    pub fn var(&self) -> String {
+        format!("BERTH_{}", self.key.to_ascii_uppercase())
+    }
+
+    pub fn flag(&self) -> String {
+        self.key.replace('_', "-")
+    }
+}
+
+const fn setting(
+    key: &'static str,
+    default: Fallback,
+    help: &'static str,
+    show: fn(&Config) -> Option<Value>,
+) -> Setting {
+    Setting {
+        key,
+        default,
+        help,
+        secret: false,
+        separator: None,
+        in_file: true,
+        show,
+    }
+}
+
+const fn secret(mut s: Setting) -> Setting {
+    s.secret = true;
+    s
+}
+
+const fn list(mut s: Setting, separator: char) -> Setting {
+    s.separator = Some(separator);
+    s
+}
+
+fn int(n: impl TryInto<i64>) -> Option<Value> {
+    Some(Value::Integer(n.try_into().unwrap_or(i64::MAX)))
+}
+fn ms(d: Duration) -> Option<Value> {
+    int(d.as_millis())
+}
+fn secs(d: Duration) -> Option<Value> {
+    int(d.as_secs())
+}
+fn text(s: impl ToString) -> Option<Value> {
+    Some(Value::String(s.to_string()))
+}
+fn path(p: &Path) -> Option<Value> {
+    text(p.display())
+}
+fn redacted() -> Option<Value> {
+    text("<redacted>")
+}
+fn unset(_: &Config) -> Option<Value> {
+    None
+}
+
+use Fallback::{Computed, None as Unset, Value as Is};
+
+/// The settings, in the order `--help` lists them.
+pub static SETTINGS: &[Setting] = &[
+    Setting {
+        in_file: false,
+        ..setting(
+            "config",
+            Unset,
+            "TOML file with any of these settings (keys as the flags, with underscores) and the agent profiles ([agents.<name>] command, args, env, protocol)",
+            |_| None,
+        )
+    },
+    setting("bind", Is("127.0.0.1:8080"), "Listen address", |c| text(c.bind)),
+    setting(
+        "data_dir",
+        Is("./berth-data"),
+        "SQLite file, generated secret, node id, backups",
+        |c| path(&c.data_dir),
+    ),
+    secret(setting(
+        "database_url",
+        Computed("sqlite://<data dir>/berth.db"),
+        "sqlite:… or postgres://user:pass@host/db (its password is redacted when shown)",
+        |c| text(redact_url(&c.database_url)),
+    )),
+    setting(
+        "database_url_file",
+        Unset,
+        "File holding the database URL (wins over database_url)",
+        unset,
+    ),
+    setting("db_max_connections", Is("10"), "Database pool size", |c| {
+        int(c.db_max_connections)
+    }),
+    secret(setting(
+        "jwt_secret",
+        Computed("generated on first start into <data dir>/jwt-secret (0600)"),
+        "HS256 key, at least 32 bytes",
+        |c| match c.jwt_key {
+            super::JwtKey::Secret { .. } => redacted(),
+            _ => None,
+        },
+    )),
+    setting("jwt_secret_file", Unset, "File holding the HS256 key", unset),
+    setting(
+        "jwt_public_key_file",
+        Unset,
+        "EdDSA or RS256 public key (PEM) instead of the secret; `berth token` cannot mint then",
+        unset,
+    ),
+    setting(
+        "jwt_jwks_url",
+        Unset,
+        "An identity provider's JWKS (https://…/jwks.json): tokens are verified with the key their kid names; berth cannot mint then",
+        |c| match &c.jwt_key {
+            super::JwtKey::Jwks {
+                source: super::JwksSource::Url(url),
+                ..
+            } => text(url),
+            _ => None,
+        },
+    ),
+    setting(
+        "jwt_jwks_file",
+        Unset,
+        "A JWKS in a local file instead of a URL (read again like the URL's)",
+        |c| match &c.jwt_key {
+            super::JwtKey::Jwks {
+                source: super::JwksSource::File(file),
+                ..
+            } => path(file),
+            _ => None,
+        },
+    ),
+    setting(
+        "jwt_jwks_cache_secs",
+        Is("300"),
+        "The JWKS is read again when it is older than this (a removed key stops working within it)",
+        |c| match &c.jwt_key {
+            super::JwtKey::Jwks { max_age, .. } => secs(*max_age),
+            _ => None,
+        },
+    ),
+    setting(
+        "jwt_jwks_min_refresh_secs",
+        Is("30"),
+        "A token with an unknown kid reads the JWKS again, at most once per this interval",
+        |c| match &c.jwt_key {
+            super::JwtKey::Jwks { min_refresh, .. } => secs(*min_refresh),
+            _ => None,
+        },
+    ),
+    setting("jwt_issuer", Is("berth"), "Expected `iss`", |c| text(&c.jwt_issuer)),
+    setting("jwt_audience", Is("berth-api"), "Expected `aud`", |c| {
+        text(&c.jwt_audience)
+    }),
+    setting(
+        "jwt_scope_claim",
+        Is("scope"),
+        "The claim holding the scopes (a space-separated string or a list), e.g. scp",
+        |c| text(&c.jwt_scope_claim),
+    ),
+    setting(
+        "jwt_workspaces_claim",
+        Is("workspaces"),
+        "The claim holding the workspace ids a token is limited to (absent: all)",
+        |c| text(&c.jwt_workspaces_claim),
+    ),
+    setting(
+        "worktree_root",
+        Computed("<data dir>/worktrees"),
+        "The only place berth creates or removes files",
+        |c| path(&c.worktree_root),
+    ),
+    list(
+        setting(
+            "repo_roots",
+            Unset,
+            "Colon-separated directories repositories may be registered from (unset: any path)",
+            |c| {
+                c.repo_roots
+                    .as_ref()
+                    .map(|roots| Value::Array(roots.iter().filter_map(|r| path(r)).collect()))
+            },
+        ),
+        ':',
+    ),
+    setting(
+        "node_id",
+        Computed("generated once into <data dir>/node-id"),
+        "The node whose filesystem holds an environment",
+        |c| text(&c.node_id),
+    ),
+    setting("log_format", Is("text"), "text or json (filter with RUST_LOG)", |c| {
+        text(match c.log_format {
+            super::LogFormat::Text => "text",
+            super::LogFormat::Json => "json",
+        })
+    }),
+    setting("max_body_bytes", Is("262144"), "Largest request body", |c| {
+        int(c.max_body_bytes)
+    }),
+    setting(
+        "migration_lock_timeout_ms",
+        Is("60000"),
+        "How long PostgreSQL migrations wait for locks",
+        |c| ms(c.migration_lock_timeout),
+    ),
+    setting("git_timeout_secs", Is("120"), "Bound on each git call", |c| {
+        secs(c.git_timeout)
+    }),
+    setting("git_max_concurrent", Is("4"), "git calls running at once", |c| {
+        int(c.git_max_concurrent)
+    }),
+    setting(
+        "materialize_lease_secs",
+        Is("120"),
+        "How long a preparing environment stays claimed without a heartbeat",
+        |c| secs(c.materialize_lease),
+    ),
+    setting(
+        "event_buffer",
+        Is("1024"),
+        "How far a stream may fall behind before it is reset",
+        |c| int(c.event_buffer),
+    ),
+    setting("event_retention_count", Is("100000"), "Events kept (count)", |c| {
+        int(c.event_retention_count)
+    }),
+    setting("event_retention_secs", Is("604800"), "Events kept (age)", |c| {
+        secs(c.event_retention_age)
+    }),
+    setting(
+        "event_poll_ms",
+        Is("1000"),
+        "Event tail poll (a fallback: commits and PostgreSQL NOTIFY wake it)",
+        |c| ms(c.event_poll),
+    ),
+    setting(
+        "routing_poll_ms",
+        Is("500"),
+        "How often a node looks for aborts, stops, answers and messages routed to its agents (a fallback: NOTIFY wakes it)",
+        |c| ms(c.routing_poll),
+    ),
+    setting("sse_keepalive_secs", Is("15"), "Event stream keep-alive", |c| {
+        secs(c.sse_keep_alive)
+    }),
+    setting(
+        "sweep_interval_ms",
+        Is("60000"),
+        "Period of the retention sweeps",
+        |c| ms(c.sweep_interval),
+    ),
+    setting(
+        "stream_interval_ms",
+        Is("100"),
+        "An agent's streamed deltas become at most one runtime.output event per session per interval",
+        |c| ms(c.stream_interval),
+    ),
+    setting(
+        "agent_stop_grace_ms",
+        Is("5000"),
+        "Stop escalation: after abort and closing stdin, before SIGTERM",
+        |c| ms(c.agent_stop_grace),
+    ),
+    setting(
+        "agent_term_grace_ms",
+        Is("5000"),
+        "Stop escalation: after SIGTERM, before SIGKILL",
+        |c| ms(c.agent_term_grace),
+    ),
+    setting(
+        "agent_restart_max",
+        Is("5"),
+        "Restarts of a crashed agent allowed in agent_restart_window_secs",
+        |c| int(c.agent_restart_max),
+    ),
+    setting(
+        "agent_restart_window_secs",
+        Is("600"),
+        "Window of agent_restart_max",
+        |c| secs(c.agent_restart_window),
+    ),
+    setting(
+        "agent_restart_backoff_ms",
+        Is("1000"),
+        "First backoff before restarting a crashed agent (doubles each time)",
+        |c| ms(c.agent_restart_backoff),
+    ),
+    list(
+        setting(
+            "cleanup_retry_delays_secs",
+            Is("60,300,900,3600,10800,21600,43200"),
+            "Cleanup retry schedule, comma-separated (the last delay repeats)",
+            |c| {
+                Some(Value::Array(
+                    c.cleanup_retry_delays
+                        .iter()
+                        .map(|d| Value::Float(d.as_secs_f64()))
+                        .collect(),
+                ))
+            },
+        ),
+        ',',
+    ),
+    setting(
+        "cleanup_max_attempts",
+        Is("8"),
+        "Cleanup attempts before a job is failed",
+        |c| int(c.cleanup_max_attempts),
+    ),
+    setting("cleanup_workers", Is("2"), "Cleanup workers per process", |c| {
+        int(c.cleanup_workers)
+    }),
+    setting(
+        "cleanup_poll_ms",
+        Is("5000"),
+        "Cleanup workers' poll (a fallback: new jobs wake them)",
+        |c| ms(c.cleanup_poll),
+    ),
+    setting(
+        "cleanup_lease_secs",
+        Is("300"),
+        "The lease a running cleanup job holds",
+        |c| secs(c.cleanup_lease),
+    ),
+    setting(
+        "cleanup_prepared_grace_secs",
+        Is("60"),
+        "A prepared cleanup job older than this whose operation is not running is reconciled",
+        |c| secs(c.cleanup_prepared_grace),
+    ),
+    setting(
+        "superseded_grace_secs",
+        Is("600"),
+        "A superseded environment still holding worktrees this long, of a quiet task, gets a superseded_cleanup job",
+        |c| secs(c.superseded_grace),
+    ),
+    setting(
+        "quick_chat_retention_secs",
+        Is("604800"),
+        "Idle time after which a quick-chat task is deleted",
+        |c| secs(c.quick_chat_retention),
+    ),
+    setting(
+        "git_status_interval_ms",
+        Is("2000"),
+        "At most one live git inspection per repository per interval while an agent works",
+        |c| ms(c.git_status_interval),
+    ),
+    list(
+        setting(
+            "cors_origins",
+            Unset,
+            "Comma-separated exact origins (https://board.example:8443) whose pages may call the API",
+            |c| Some(Value::Array(c.cors_origins.iter().filter_map(text).collect())),
+        ),
+        ',',
+    ),
+];
+
+pub fn find(key: &str) -> &'static Setting {
+    SETTINGS
+        .iter()
+        .find(|s| s.key == key)
+        .unwrap_or_else(|| panic!("{key} is not in SETTINGS"))
+}
+
+/// A URL with its password (if any) replaced by `<redacted>`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            let shown = if userinfo.contains(':') {
+                format!("{user}:<redacted>")
+            } else {
+                user.to_string()
+            };
+            format!("{scheme}://{shown}@{host}{tail}")
+        }
+        None => url.to_string(),
+    }
+}
+
+/// Where values come from: a variable (or a flag, which `main` lays over the environment), else the file,
+/// else the setting's default.
+pub(super) struct Source<'a> {
+    pub env: &'a dyn Env,
+    pub file: toml::Table,
+}
+
+impl Source<'_> {
+    /// The value given by the environment or the file, as text (an array joined by the separator).
+    pub fn given(&self, key: &str) -> Result<Option<String>, ConfigError> {
+        let s = find(key);
+        if let Some(v) = self.env.get(&s.var()) {
+            return Ok(Some(v));
+        }
+        let Some(value) = self.file.get(key) else {
+            return Ok(None);
+        };
+        let scalar = |v: &Value| match v {
+            Value::String(s) => Ok(s.clone()),
+            Value::Integer(n) => Ok(n.to_string()),
+            Value::Float(f) => Ok(f.to_string()),
+            Value::Boolean(b) => Ok(b.to_string()),
+            other => Err(bad(
+                &s.var(),
+                format!("the file's {key} is a {}, not a value", other.type_str()),
+            )),
+        };
+        match (value, s.separator) {
+            (Value::Array(items), Some(sep)) => Ok(Some(
+                items
+                    .iter()
+                    .map(scalar)
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(&sep.to_string()),
+            )),
+            (v, _) => scalar(v).map(Some),
+        }
+    }
+
+    /// The given value, else the default (`None` for a setting without a plain default).
+    pub fn get(&self, key: &str) -> Result<Option<String>, ConfigError> {
+        Ok(match self.given(key)? {
+            Some(v) => Some(v),
+            None => match find(key).default {
+                Fallback::Value(v) => Some(v.to_string()),
+                _ => None,
+            },
+        })
+    }
+
+    /// A number; an unparsable one is an error naming the variable.
+    pub fn num<T: std::str::FromStr>(&self, key: &str) -> Result<T, ConfigError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        let var = find(key).var();
+        let v = self.get(key)?.ok_or_else(|| bad(&var, "has no default"))?;
+        v.trim().parse::<T>().map_err(|e| bad(&var, format!("{v:?}: {e}")))
+    }
+
+    /// A number that must be at least 1.
+    pub fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(&self, key: &str) -> Result<T, ConfigError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        let n: T = self.num(key)?;
+        if n < T::from(1u8) {
+            return Err(bad(&find(key).var(), "must be at least 1"));
+        }
+        Ok(n)
+    }
+}
