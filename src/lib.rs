@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod executor;
 pub mod git;
+pub mod import;
 pub mod managed_path;
 pub mod metrics;
 pub mod runtime;

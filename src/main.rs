@@ -44,6 +44,11 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// Import another tool's data into a workspace.
+    Import {
+        #[command(subcommand)]
+        source: berth::import::ImportSource,
+    },
 }
 
 fn main() -> ExitCode {
@@ -65,6 +70,9 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    if let Command::Import { source } = cli.command {
+        return runtime.block_on(berth::import::run_cli(&config, source));
+    }
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve => serve(config).await,
@@ -76,7 +84,7 @@ fn main() -> ExitCode {
                 session,
                 ttl,
             } => token(&config, &sub, &scope, workspaces, session, &ttl),
-            Command::Openapi => unreachable!(),
+            Command::Openapi | Command::Import { .. } => unreachable!(),
         }
     });
     match result {

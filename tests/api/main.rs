@@ -21,6 +21,7 @@ mod follow;
 mod git_concurrency;
 mod hostile;
 mod idempotency;
+mod import_kandev;
 mod inbox;
 mod migrations;
 mod model_server;

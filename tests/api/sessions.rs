@@ -773,6 +773,7 @@ async fn insert_creating(app: &TestApp, task: Uuid, updated_at: chrono::DateTime
         updated_at: Set(updated_at),
         superseded_at: Set(None),
         row_version: Set(1),
+        imported_from: Set(None),
     })
     .exec_without_returning(app.db())
     .await

@@ -289,6 +289,7 @@ pub(super) async fn new_candidate(
         updated_at: now,
         superseded_at: None,
         row_version: 1,
+        imported_from: None,
     };
     match store::insert(txn, &model).await {
         // The partial unique index is the backstop: someone else is materializing.
