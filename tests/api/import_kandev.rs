@@ -122,6 +122,9 @@ pub(crate) fn p(path: &Path) -> Option<String> {
 
 /// Imports and asserts that it was refused with `rule` naming `id`, and that berth did not change.
 pub(crate) async fn refused(app: &TestApp, db: &Path, rule: &str, id: &str) -> Run {
+    // Into an existing workspace with rows of its own, so "unchanged" has something to compare.
+    let ws = app.workspace("ws").await;
+    app.repository(ws, "already-here").await;
     let before = dump(app).await;
     let run = import(app, db, "ws", &[], &[]).await;
     assert_eq!(run.code, 1, "{}\n{}", run.report, run.stderr);

@@ -462,7 +462,12 @@ pub async fn dump(app: &TestApp) -> (Vec<String>, Option<Vec<u8>>) {
                     .iter()
                     .map(|r| r.try_get::<String>("", "name").unwrap())
                     .collect();
-                let list = cols.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>().join(", ");
+                // quote(): uuids are BLOBs on SQLite, which JSON cannot hold.
+                let list = cols
+                    .iter()
+                    .map(|c| format!("quote(\"{c}\")"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 format!("SELECT json_array({list}) AS row FROM \"{t}\" ORDER BY 1")
             }
             _ => format!("SELECT row_to_json(x)::text AS row FROM \"{t}\" x ORDER BY 1"),

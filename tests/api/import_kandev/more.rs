@@ -191,6 +191,12 @@ pub(crate) async fn a_mixed_file_imports_everything_once(app: TestApp) {
     assert_unchanged(&before, &dump(&app).await);
 }
 
+/// berth already holds a workspace with a repository: "unchanged" then compares real rows.
+async fn other_workspace(app: &TestApp) {
+    let ws = app.workspace("other").await;
+    app.repository(ws, "already-here").await;
+}
+
 const STEPS: [&str; 10] = [
     "after_read",
     "after_workspaces",
@@ -205,6 +211,7 @@ const STEPS: [&str; 10] = [
 ];
 
 pub(crate) async fn every_failure_point_leaves_berth_unchanged(app: TestApp) {
+    other_workspace(&app).await;
     let (_w, db, _) = normalized(&app).await;
     let before = dump(&app).await;
     for step in STEPS {
@@ -279,6 +286,7 @@ pub(crate) async fn an_imported_session_launches_in_the_adopted_worktree(app: Te
 }
 
 pub(crate) async fn a_write_locked_kandev_database_is_refused(app: TestApp) {
+    other_workspace(&app).await;
     let (_w, db, _) = normalized(&app).await;
     let opts = sea_orm::sqlx::sqlite::SqliteConnectOptions::new().filename(&db);
     let mut writer = sea_orm::sqlx::SqliteConnection::connect_with(&opts).await.unwrap();
@@ -308,6 +316,7 @@ pub(crate) async fn a_write_locked_kandev_database_is_refused(app: TestApp) {
 }
 
 pub(crate) async fn a_dry_run_changes_nothing(app: TestApp) {
+    other_workspace(&app).await;
     let (w, db, _) = normalized(&app).await;
     let before = dump(&app).await;
     let run = import(&app, &db, "ws", &["--dry-run"], &[]).await;
