@@ -107,7 +107,7 @@ pub(crate) async fn session_of(app: &TestApp, kandev: &str) -> session::Model {
 
 /// The one active inventory row of a slot, with its kandev worktree id.
 #[track_caller]
-pub(crate) fn only_owner<'a>(rows: &'a [env_repo::Model], env: Uuid) -> &'a env_repo::Model {
+pub(crate) fn only_owner(rows: &[env_repo::Model], env: Uuid) -> &env_repo::Model {
     let active: Vec<&env_repo::Model> = rows
         .iter()
         .filter(|r| r.task_environment_id == env && r.status == env_repo::EnvironmentRepoStatus::Active)
