@@ -9,6 +9,9 @@ pub mod reader;
 pub mod report;
 pub mod write;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
