@@ -327,8 +327,11 @@ fn sessions(src: &Source, own: &Ownership, envs: &[PlannedEnv], history: &mut Ve
 }
 
 fn messages(src: &Source, imported: &HashSet<&str>) -> Vec<PlannedMessage> {
-    src.messages
-        .iter()
+    // In order by the parsed `created_at`, then id: the three timestamp forms do not sort as text.
+    let mut ordered: Vec<&Message> = src.messages.iter().collect();
+    ordered.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    ordered
+        .into_iter()
         .filter(|m| imported.contains(m.session_id.as_str()))
         .filter_map(|m| {
             let (role, content) = match (m.author_type.as_str(), m.kind.as_str()) {

@@ -233,3 +233,29 @@ fn a_borrower_gets_no_environment_and_every_task_one_primary() {
         "an inherit_parent subtask takes its parent's slots"
     );
 }
+
+#[test]
+fn a_transcript_is_ordered_by_instant_not_by_text() {
+    let mut s = source();
+    s.sessions = vec![session("x", "t1", "IDLE", None, 3)];
+    let msg = |id: &str, author: &str, kind: &str, day: u32| Message {
+        id: id.into(),
+        session_id: "x".into(),
+        author_type: author.into(),
+        kind: kind.into(),
+        content: id.into(),
+        created_at: at(day),
+    };
+    s.messages = vec![
+        msg("m3", "agent", "message", 4),
+        msg("m1", "user", "message", 2),
+        msg("tool", "agent", "tool_call", 3),
+        msg("m2", "agent", "content", 3),
+    ];
+    let ids: Vec<String> = plan(&s).messages.iter().map(|m| m.id.clone()).collect();
+    assert_eq!(
+        ids,
+        vec!["m1", "m2", "m3"],
+        "tool calls are the agent's notes, not the conversation"
+    );
+}
