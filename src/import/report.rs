@@ -85,17 +85,22 @@ impl Report {
     pub fn to_text(&self) -> String {
         let mut out = String::new();
         let verb = if self.dry_run { "would import" } else { "imported" };
-        if !self.refused.is_empty() {
+        let (rows, command): (Vec<&Entry>, Vec<&Entry>) = self.refused.iter().partition(|e| !e.id.is_empty());
+        for e in command {
+            out.push_str(&format!("refused [{}]: {}\n", e.rule, e.message));
+        }
+        if !rows.is_empty() {
             out.push_str(&format!(
-                "refused: {} row(s) cannot be reconciled; nothing was imported\n",
-                self.refused.len()
+                "refused: {} row(s) cannot be reconciled; nothing was {}\n",
+                rows.len(),
+                if self.dry_run { "changed (dry run)" } else { "imported" }
             ));
-            for e in &self.refused {
+            for e in rows {
                 out.push_str(&format!("  - {}\n", line(e)));
             }
-        } else if self.already_imported {
+        } else if self.refused.is_empty() && self.already_imported {
             out.push_str("already imported: this kandev database's rows are all in berth; nothing changed\n");
-        } else {
+        } else if self.refused.is_empty() {
             let c = &self.imported;
             out.push_str(&format!(
                 "{verb}: {} task(s), {} environment(s), {} worktree(s), {} session(s), {} git status observation(s), {} message(s), {} repository(ies)\n",

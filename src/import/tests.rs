@@ -259,3 +259,26 @@ fn a_transcript_is_ordered_by_instant_not_by_text() {
         "tool calls are the agent's notes, not the conversation"
     );
 }
+
+#[test]
+fn the_text_report_names_each_refused_row_its_metadata_and_rule() {
+    let mut s = source();
+    s.session_worktrees = vec![sw("a", "gone", "w", "/wt/w", 3)];
+    let p = plan(&s);
+    let report = super::report::Report {
+        refused: p.refused,
+        ..Default::default()
+    };
+    let text = report.to_text();
+    for want in [
+        "refused: 1 row(s) cannot be reconciled",
+        "[orphan_without_owner] task_session_worktrees a",
+        "session=gone",
+        "worktree=w",
+        "repository=proj",
+        "path=/wt/w",
+        "branch=b-w",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+}
