@@ -1,9 +1,10 @@
 # berth: control plane for coding agents working in git worktrees.
 #
-#   docker build -t berth .
+#   docker build -t berth .                      # berth and git (target: runtime)
+#   docker build --target agents -t berth-agents . # plus Node and the pinned Pi (what compose builds)
 #   docker run --rm -p 127.0.0.1:8080:8080 -e BERTH_JWT_SECRET=... -v berth-data:/var/lib/berth berth
 #
-# See docker-compose.yml for a Postgres-backed setup.
+# See docker-compose.yml (and the README's "docker compose" section) for PostgreSQL and agents.
 
 # ---------------------------------------------------------------------------
 # Build stage
@@ -37,36 +38,87 @@ RUN find src migration/src benches -type f -exec touch {} + \
  && cp target/release/berth /berth
 
 # ---------------------------------------------------------------------------
-# Runtime stage
+# runtime: berth and git, nothing else (the default target's base)
 # ---------------------------------------------------------------------------
-FROM debian:bookworm-slim
+FROM debian:bookworm-slim AS runtime
 
 # berth shells out to the git CLI for worktree mutations.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends git ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
+# The image runs as whatever uid compose gives it (`user: "${UID}:${GID}"`: the host user's, so the
+# repositories and worktrees it writes stay that user's). berth's own uid is only the default.
 RUN groupadd --system --gid 10001 berth \
  && useradd --system --uid 10001 --gid berth \
       --home-dir /var/lib/berth --no-create-home --shell /usr/sbin/nologin berth \
- && mkdir -p /var/lib/berth \
+ && mkdir -p /var/lib/berth /etc/berth \
  && chown berth:berth /var/lib/berth
 
 COPY --from=builder /berth /usr/local/bin/berth
 
 ENV BERTH_DATA_DIR=/var/lib/berth \
     BERTH_BIND=0.0.0.0:8080 \
-    BERTH_LOG_FORMAT=json
+    BERTH_LOG_FORMAT=json \
+    HOME=/var/lib/berth
 
-# Declared after the chown so a fresh named volume is seeded with berth's ownership.
-VOLUME ["/var/lib/berth"]
 WORKDIR /var/lib/berth
-USER berth:berth
+USER 10001:10001
 
 EXPOSE 8080
 
-# No HEALTHCHECK: the image deliberately has no curl/wget. Probe GET /healthz
-# (liveness) and GET /readyz (readiness, unauthenticated) from the orchestrator.
+# `berth healthcheck` exits 0 when GET /readyz answers 200 on the configured bind address.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 CMD ["berth", "healthcheck"]
 
 ENTRYPOINT ["berth"]
 CMD ["serve"]
+
+# ---------------------------------------------------------------------------
+# agents: runtime plus Node and the pinned Pi coding agent (what docker-compose.yml builds)
+# ---------------------------------------------------------------------------
+# Pi needs Node 20 or newer; Debian bookworm ships 18, so this stage starts from Node's own bookworm image
+# (the same Debian release and glibc the berth binary was built against).
+FROM node:22-bookworm-slim AS agents
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends git ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+
+# The Pi the integration tests run (tests/pi pins it and locks its whole dependency tree): `npm ci`
+# installs exactly that tree, never a newer one.
+ARG PI_VERSION=0.73.1
+WORKDIR /opt/pi
+COPY tests/pi/package.json tests/pi/package-lock.json ./
+RUN grep -q "\"@mariozechner/pi-coding-agent\": \"${PI_VERSION}\"" package.json \
+ && npm ci --omit=dev --no-audit --no-fund \
+ && ln -s /opt/pi/node_modules/.bin/pi /usr/local/bin/pi \
+ && pi --version
+
+RUN groupadd --system --gid 10001 berth \
+ && useradd --system --uid 10001 --gid berth \
+      --home-dir /var/lib/berth --no-create-home --shell /usr/sbin/nologin berth \
+ && mkdir -p /var/lib/berth /etc/berth \
+ && chown berth:berth /var/lib/berth
+
+COPY --from=builder /berth /usr/local/bin/berth
+
+# HOME is the data directory: Pi keeps its settings under ~/.pi unless PI_CODING_AGENT_DIR says otherwise.
+ENV BERTH_DATA_DIR=/var/lib/berth \
+    BERTH_BIND=0.0.0.0:8080 \
+    BERTH_LOG_FORMAT=json \
+    HOME=/var/lib/berth
+
+WORKDIR /var/lib/berth
+USER 10001:10001
+
+EXPOSE 8080
+
+HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 CMD ["berth", "healthcheck"]
+
+ENTRYPOINT ["berth"]
+CMD ["serve"]
+
+# ---------------------------------------------------------------------------
+# The default target (`docker build .`): berth and git only.
+# ---------------------------------------------------------------------------
+FROM runtime

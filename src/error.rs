@@ -98,7 +98,7 @@ pub enum Error {
 }
 
 /// Why a workspace may not be reused (`category` of `workspace_reuse_unsafe`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ReuseCategory {
     ExecutorMismatch,
@@ -108,6 +108,20 @@ pub enum ReuseCategory {
     NotAGitWorktree,
     RepositoryMismatch,
     EnvironmentNotReady,
+}
+
+impl ReuseCategory {
+    /// Its snake_case name (what `broken_category` stores).
+    pub fn as_str(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    pub fn parse(s: &str) -> Option<ReuseCategory> {
+        serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
+    }
 }
 
 /// Why a session's recorded agent conversation cannot be continued (`category` of

@@ -100,6 +100,8 @@ pub(crate) async fn insert_jobs(b: &Bench, n: usize) {
             created_at: Set(now),
             updated_at: Set(now),
             completed_at: Set(None),
+            actor_sub: Set(None),
+            actor_session_id: Set(None),
         });
         job::Entity::insert_many(rows)
             .exec_without_returning(&b.ctx.db.conn)

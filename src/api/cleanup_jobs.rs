@@ -29,7 +29,7 @@ pub struct CleanupJob {
     pub workspace_id: Uuid,
     pub task_environment_id: Option<Uuid>,
     /// `archive`, `delete`, `cascade_archive`, `cascade_delete`, `workspace_delete`, `quick_chat_expire`,
-    /// `environment_reset`.
+    /// `environment_reset`, `superseded_cleanup`.
     pub trigger: CleanupTrigger,
     /// `prepared`, `pending`, `running`, `retry_wait`, `succeeded`, `failed`, `cancelled`.
     pub state: CleanupJobState,
@@ -43,6 +43,8 @@ pub struct CleanupJob {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub completed_at: Option<DateTime<Utc>>,
+    /// Who asked for it; `null` when berth did on its own (the reconcile pass).
+    pub actor: Option<super::events::Actor>,
 }
 
 impl From<cleanup_job::Model> for CleanupJob {
@@ -64,6 +66,7 @@ impl From<cleanup_job::Model> for CleanupJob {
             created_at: j.created_at,
             updated_at: j.updated_at,
             completed_at: j.completed_at,
+            actor: super::events::Actor::of(&j.actor_sub, j.actor_session_id),
         }
     }
 }
@@ -71,19 +74,29 @@ impl From<cleanup_job::Model> for CleanupJob {
 /// What the snapshot names, without filesystem paths (I34: paths appear only in environments, sessions
 /// and repositories): ids, worktree ids, branches, consent.
 fn redacted(snapshot: &serde_json::Value) -> serde_json::Value {
-    let env = &snapshot["environment"];
-    let worktrees: Vec<serde_json::Value> = env["worktrees"]
+    let environment = |env: &serde_json::Value| {
+        if env.is_null() {
+            return serde_json::Value::Null;
+        }
+        let worktrees: Vec<serde_json::Value> = env["worktrees"]
+            .as_array()
+            .map(|ws| {
+                ws.iter()
+                    .map(|w| serde_json::json!({"repository_id": w["repository_id"], "worktree_id": w["worktree_id"], "branch": w["branch"], "branch_origin": w["branch_origin"]}))
+                    .collect()
+            })
+            .unwrap_or_default();
+        serde_json::json!({"id": env["id"], "worktrees": worktrees})
+    };
+    let superseded: Vec<serde_json::Value> = snapshot["superseded"]
         .as_array()
-        .map(|ws| {
-            ws.iter()
-                .map(|w| serde_json::json!({"repository_id": w["repository_id"], "worktree_id": w["worktree_id"], "branch": w["branch"], "branch_origin": w["branch_origin"]}))
-                .collect()
-        })
+        .map(|envs| envs.iter().map(environment).collect())
         .unwrap_or_default();
     serde_json::json!({
         "task_id": snapshot["task_id"],
         "workspace_id": snapshot["workspace_id"],
-        "environment": if env.is_null() { serde_json::Value::Null } else { serde_json::json!({"id": env["id"], "worktrees": worktrees}) },
+        "environment": environment(&snapshot["environment"]),
+        "superseded": superseded,
         "sessions": snapshot["sessions"],
         "discard_worktree_changes": snapshot["discard_worktree_changes"],
         "delete_branches": snapshot["delete_branches"].as_bool().unwrap_or(false),

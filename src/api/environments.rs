@@ -47,6 +47,8 @@ pub struct Environment {
     pub node_id: String,
     pub ownership_generation: i64,
     pub error_message: Option<String>,
+    /// For a `broken` environment: what admission found (issue 17).
+    pub broken_category: Option<crate::error::ReuseCategory>,
     pub repos: Vec<EnvironmentRepo>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -64,6 +66,10 @@ impl From<EnvironmentView> for Environment {
             node_id: e.node_id,
             ownership_generation: e.ownership_generation,
             error_message: e.error_message,
+            broken_category: e
+                .broken_category
+                .as_deref()
+                .and_then(crate::error::ReuseCategory::parse),
             repos: v
                 .repos
                 .into_iter()

@@ -153,8 +153,9 @@ const VARIANTS: &[Variant] = &[
             ),
             (
                 "reason",
-                Field::OneOf(&["executor_transition"]),
-                "When it changed executor.",
+                Field::OneOf(&["executor_transition", "recovered"]),
+                "`executor_transition`: it changed executor; `recovered`: a broken environment admission \
+                 proved again.",
                 OPT,
             ),
         ],
@@ -188,6 +189,22 @@ const VARIANTS: &[Variant] = &[
         description: "A task's environment was reset; the cleanup job removes it, and the next session \
                       materializes a fresh one.",
         data: &[("cleanup_job_id", Field::Uuid, "", REQ)],
+    },
+    Variant {
+        event_type: "environment.broken",
+        name: "EnvironmentBroken",
+        description: "Admission found a task's current environment unsafe to work in (or unsafe for another \
+                      reason than before): no agent starts in it and its git status reads stale. Every launch \
+                      proves it again (mended, it is ready again); otherwise resetting it is the way back.",
+        data: &[
+            ("category", Field::Named("ReuseCategory"), "What admission found.", REQ),
+            (
+                "recovery",
+                Field::OneOf(&["reset_environment"]),
+                "What brings it back: `POST /tasks/{id}/environment/reset`.",
+                REQ,
+            ),
+        ],
     },
     Variant {
         event_type: "environment.progress",
@@ -398,6 +415,15 @@ fn event_schema(v: &Variant) -> Schema {
         .property(
             "created_at",
             string().format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime))),
+        )
+        .property(
+            "actor",
+            OneOfBuilder::new()
+                .item(Ref::from_schema_name("Actor"))
+                .item(ObjectBuilder::new().schema_type(Type::Null))
+                .description(Some(
+                    "Who did it: the token's `sub` (and session, for an agent's token); `null` when berth did it on its own.",
+                )),
         );
     let b = ["version", "instance_id", "seq", "type", "data", "created_at"]
         .into_iter()

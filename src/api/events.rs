@@ -41,6 +41,25 @@ pub struct Event {
     pub execution_id: Option<Uuid>,
     pub data: serde_json::Value,
     pub created_at: DateTime<Utc>,
+    /// Who did it; `null` when berth did it on its own (a worker, a reconcile pass, recovery).
+    pub actor: Option<Actor>,
+}
+
+/// Who caused an event or asked for a cleanup job (issue 17): the token's `sub`, and for an agent's
+/// session-bound token its session.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Actor {
+    pub sub: String,
+    pub session_id: Option<Uuid>,
+}
+
+impl Actor {
+    pub fn of(sub: &Option<String>, session_id: Option<Uuid>) -> Option<Actor> {
+        sub.as_ref().map(|sub| Actor {
+            sub: sub.clone(),
+            session_id,
+        })
+    }
 }
 
 impl From<&event_row::Model> for Event {
@@ -57,6 +76,7 @@ impl From<&event_row::Model> for Event {
             execution_id: e.execution_id,
             data: e.data.clone(),
             created_at: e.created_at,
+            actor: Actor::of(&e.actor_sub, e.actor_session_id),
         }
     }
 }
@@ -106,6 +126,8 @@ pub struct ReplayQuery {
     /// Comma-separated event types, each exact (`session.state_changed`) or a prefix ending in `.`
     /// (`session.`). An entry that matches no type is `400 validation_failed`.
     pub types: Option<String>,
+    /// Only events caused by this token `sub` (`actor.sub`).
+    pub actor: Option<String>,
 }
 
 /// One server-sent event frame, as SSE parsers present it (`data` of a `message` is one `Event` as JSON).
@@ -143,6 +165,8 @@ pub struct StreamQuery {
     /// Comma-separated event types, each exact (`session.state_changed`) or a prefix ending in `.`
     /// (`session.`). An entry that matches no type is `400 validation_failed`.
     pub types: Option<String>,
+    /// Only events caused by this token `sub` (`actor.sub`).
+    pub actor: Option<String>,
 }
 
 /// A single-use credential for opening one event stream.
@@ -200,6 +224,7 @@ async fn replay_events(
         query.task_id,
         query.session_id,
         query.types.as_deref(),
+        query.actor.clone(),
     )?;
     let page = domain_events::replay(&state.ctx, &auth, narrow, after, query.instance_id, query.limit).await?;
     Ok(web::Json(page.into()))
@@ -246,6 +271,7 @@ async fn stream_events(
         query.task_id,
         query.session_id,
         query.types.as_deref(),
+        query.actor.clone(),
     )?;
     let ctx = &state.ctx;
     let (first_available, _) = crate::events::bounds(&ctx.db.conn).await?;
@@ -278,12 +304,14 @@ fn narrowing(
     task_id: Option<Uuid>,
     session_id: Option<Uuid>,
     types: Option<&str>,
+    actor: Option<String>,
 ) -> Result<Narrowing, Error> {
     Ok(Narrowing {
         workspace_id,
         task_id,
         session_id,
         types: domain_events::parse_types(types)?,
+        actor,
     })
 }
 

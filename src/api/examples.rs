@@ -293,7 +293,8 @@ fn cleanup_job(trigger: &str, state: &str) -> Value {
         "node_id": "berth-1",
         "created_at": "2024-11-28T10:15:00Z",
         "updated_at": "2024-11-28T10:15:00Z",
-        "completed_at": null
+        "completed_at": null,
+        "actor": { "sub": "alice", "session_id": null }
     })
 }
 
@@ -311,7 +312,8 @@ pub fn events() -> Vec<Value> {
             "task_environment_id": ENVIRONMENT_ID,
             "execution_id": EXECUTION_ID,
             "data": data,
-            "created_at": "2024-11-28T09:04:30Z"
+            "created_at": "2024-11-28T09:04:30Z",
+            "actor": null
         })
     };
     vec![

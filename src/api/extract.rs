@@ -122,7 +122,25 @@ pub(crate) fn authenticate(req: &HttpRequest) -> Result<Principal, Error> {
     if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
         return Err(Error::Unauthenticated("the Authorization scheme must be Bearer"));
     }
-    state.verifier.verify(token.trim())
+    let principal = state.verifier.verify(token.trim())?;
+    record_actor(req, &principal);
+    Ok(principal)
+}
+
+/// Issue 17 item 7: the proven caller becomes the request's actor (events and jobs record it) and a
+/// field of its log lines.
+pub(crate) fn record_actor(req: &HttpRequest, p: &Principal) {
+    use actix_web::HttpMessage;
+    crate::actor::record(crate::actor::Actor {
+        sub: p.sub.clone(),
+        session_id: p.session_id,
+    });
+    if let Some(span) = req.extensions().get::<tracing_actix_web::RootSpan>() {
+        span.record("actor", p.sub.as_str());
+        if let Some(s) = p.session_id {
+            span.record("actor_session_id", tracing::field::display(s));
+        }
+    }
 }
 
 /// The follow point of this request (issue 16, item 3): a seq such that every event with a seq at most

@@ -61,6 +61,9 @@ impl From<git_status_observation::Model> for GitStatus {
 pub struct GitStatusList {
     /// One current status per repository of the environment.
     pub items: Vec<GitStatus>,
+    /// True when the environment is `broken`, superseded or failed: the items are its last known state,
+    /// not the present one (reset a broken environment to work again).
+    pub stale: bool,
     /// Every event with `seq <= latest_seq` is reflected in this list: follow with
     /// `GET /events/stream?after=<latest_seq>` to miss nothing.
     pub latest_seq: i64,
@@ -90,9 +93,10 @@ pub struct ReportObservation {
     pub files: Vec<ReportedFile>,
 }
 
-fn list(items: Vec<git_status_observation::Model>, seq: FollowPoint) -> web::Json<GitStatusList> {
+fn list(current: git_status::Current, seq: FollowPoint) -> web::Json<GitStatusList> {
     web::Json(GitStatusList {
-        items: items.into_iter().map(Into::into).collect(),
+        items: current.items.into_iter().map(Into::into).collect(),
+        stale: current.stale,
         latest_seq: seq.0,
     })
 }

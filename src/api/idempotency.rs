@@ -137,7 +137,7 @@ pub async fn idempotency(
     let ctx = state.ctx.clone();
     let request_id = super::middleware::current_request_id();
     let span = tracing::Span::current();
-    let run = actix_web::rt::spawn(super::middleware::with_request_id(
+    let run = actix_web::rt::spawn(crate::actor::carry(super::middleware::with_request_id(
         request_id,
         async move {
             let outcome = next.call(req).await;
@@ -180,7 +180,7 @@ pub async fn idempotency(
             ))
         }
         .instrument(span),
-    ));
+    )));
     run.await
         .map_err(|e| actix_web::Error::from(Error::Internal(anyhow::anyhow!("the request task failed: {e}"))))?
 }

@@ -52,7 +52,10 @@ pub async fn request_id_and_metrics(
     let state = req.app_data::<web::Data<AppState>>().cloned();
     let method = req.method().clone();
     let started = Instant::now();
-    let mut res = REQUEST_ID.scope(id.clone(), next.call(req)).await?;
+    // The actor slot (issue 17 item 7) wraps everything below: authentication fills it.
+    let mut res = REQUEST_ID
+        .scope(id.clone(), crate::actor::request_scope(next.call(req)))
+        .await?;
     if let Ok(value) = HeaderValue::from_str(&id) {
         res.headers_mut()
             .insert(HeaderName::from_static(REQUEST_ID_HEADER), value);
@@ -108,12 +111,21 @@ impl RootSpanBuilder for BerthRootSpan {
             otel.kind = "server",
             otel.status_code = tracing::field::Empty,
             request_id = %id,
+            actor = tracing::field::Empty,
+            actor_session_id = tracing::field::Empty,
             exception.message = tracing::field::Empty,
             exception.details = tracing::field::Empty,
         )
     }
 
     fn on_request_end<B: MessageBody>(span: tracing::Span, outcome: &Result<ServiceResponse<B>, Error>) {
+        // The access log: one line per request, inside its span (route, redacted target, request id, and
+        // the actor once authentication proved one). `RUST_LOG=berth::access=warn` silences it.
+        let status = match outcome {
+            Ok(res) => res.status().as_u16(),
+            Err(e) => e.as_response_error().status_code().as_u16(),
+        };
+        span.in_scope(|| tracing::info!(target: "berth::access", status, "request finished"));
         DefaultRootSpanBuilder::on_request_end(span, outcome);
     }
 }

@@ -51,7 +51,7 @@ pub const PUBLIC_PATHS: [&str; 6] = ["/healthz", "/readyz", "/metrics", "/openap
         license(name = "MIT", identifier = "MIT")
     ),
     servers((url = "/", description = "The berth serving this spec (it serves it at `/openapi.json`): paths are relative to that origin, whatever host and port a deployment listens on (`berth serve` defaults to 127.0.0.1:8080).")),
-    components(schemas(problem::Problem, problem::ErrorCode, crate::error::FieldError, crate::error::ReuseCategory, crate::entity::cleanup_job::CleanupJobState, crate::entity::cleanup_job::CleanupTrigger)),
+    components(schemas(problem::Problem, problem::ErrorCode, crate::error::FieldError, crate::error::ReuseCategory, crate::entity::cleanup_job::CleanupJobState, crate::entity::cleanup_job::CleanupTrigger, events::Actor)),
     modifiers(&SecurityAddon),
     tags(
         (name = "workspaces", description = "Workspaces: the tenancy boundary"),

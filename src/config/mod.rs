@@ -40,6 +40,10 @@ pub struct AgentProfile {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Names of berth's own environment variables handed on to the agent, when set (issue 20: model
+    /// credentials come from the operator's environment, never written into the configuration file).
+    #[serde(default)]
+    pub pass_env: Vec<String>,
     /// How berth talks to the agent beyond the JSON-lines commands every agent speaks.
     #[serde(default)]
     pub protocol: AgentProtocol,
@@ -117,6 +121,9 @@ pub struct Config {
     pub cleanup_lease: Duration,
     /// A prepared job older than this whose operation is not running is reconciled.
     pub cleanup_prepared_grace: Duration,
+    /// Issue 17 item 1: a superseded environment still naming worktrees this long, of a quiet task, gets a
+    /// `superseded_cleanup` job (the reconcile pass runs every `sweep_interval`).
+    pub superseded_grace: Duration,
     /// A test failpoint in the cleanup worker (`hang_after_claim`).
     pub cleanup_failpoint: Option<String>,
     /// I30: restarts of a crashed agent allowed in `agent_restart_window`, and the first backoff.
@@ -173,6 +180,7 @@ struct FileConfig {
     cleanup_poll_ms: Option<u64>,
     cleanup_lease_secs: Option<u64>,
     cleanup_prepared_grace_secs: Option<u64>,
+    superseded_grace_secs: Option<u64>,
     quick_chat_retention_secs: Option<u64>,
     git_status_interval_ms: Option<u64>,
     stream_interval_ms: Option<u64>,
@@ -322,6 +330,7 @@ impl Config {
             file.cleanup_prepared_grace_secs,
             60u64,
         )?;
+        let superseded_grace_secs = parse_num(env, "BERTH_SUPERSEDED_GRACE_SECS", file.superseded_grace_secs, 600u64)?;
         let quick_chat_retention_secs = parse_num(
             env,
             "BERTH_QUICK_CHAT_RETENTION_SECS",
@@ -455,6 +464,7 @@ impl Config {
             cleanup_poll: Duration::from_millis(cleanup_poll_ms),
             cleanup_lease: Duration::from_secs(cleanup_lease_secs),
             cleanup_prepared_grace: Duration::from_secs(cleanup_prepared_grace_secs),
+            superseded_grace: Duration::from_secs(superseded_grace_secs),
             quick_chat_retention: Duration::from_secs(quick_chat_retention_secs),
             cleanup_failpoint: env.get("BERTH_CLEANUP_FAILPOINT"),
             agent_restart_max: parse_num(env, "BERTH_AGENT_RESTART_MAX", file.agent_restart_max, 5u32)?,

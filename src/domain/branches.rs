@@ -157,6 +157,39 @@ pub(crate) async fn delete_after_worktree(
     Ok(Some(decision))
 }
 
+/// Issue 17 item 3: the branches berth created for the job's task that none of its snapshot's worktrees
+/// names: their worktrees are already gone (an archive, a reset, a superseded environment's cleanup
+/// removed them), and a delete still owes them the policy. As branch-only entries (no worktree path).
+pub(crate) async fn ledger_only(ctx: &Ctx, snap: &super::cleanup::Snapshot) -> Result<Vec<WorktreeSnapshot>> {
+    let named = |repository_id: Uuid, branch: &str| {
+        snap.environment
+            .iter()
+            .chain(snap.superseded.iter())
+            .flat_map(|e| e.worktrees.iter())
+            .any(|w| w.repository_id == repository_id && w.branch.as_deref() == Some(branch))
+    };
+    let mut out = Vec::new();
+    for row in store::of_task(&ctx.db.conn, snap.task_id).await? {
+        if named(row.repository_id, &row.branch) {
+            continue;
+        }
+        let Some(repo) = repo_store::find(&ctx.db.conn, row.repository_id).await? else {
+            continue;
+        };
+        out.push(WorktreeSnapshot {
+            repository_id: row.repository_id,
+            repository_path: repo.path,
+            common_git_dir: repo.common_git_dir,
+            worktree_path: String::new(),
+            worktree_id: None,
+            branch: Some(row.branch),
+            branch_origin: Some(BranchOrigin::Created),
+            base_branch: Some(row.base_branch),
+        });
+    }
+    Ok(out)
+}
+
 /// For the delete answer: what the jobs will do with each branch, as things stand now (the jobs decide
 /// again once the worktrees are gone, and record what they did in their snapshots).
 pub async fn predict(ctx: &Ctx, jobs: &[job::Model]) -> Vec<BranchDecision> {
@@ -172,8 +205,18 @@ pub async fn predict(ctx: &Ctx, jobs: &[job::Model]) -> Vec<BranchDecision> {
             continue;
         }
         let consent = snap.delete_branches.as_ref();
-        for w in snap.environment.iter().flat_map(|e| e.worktrees.iter()) {
+        for w in snap
+            .environment
+            .iter()
+            .chain(snap.superseded.iter())
+            .flat_map(|e| e.worktrees.iter())
+        {
             if let Some((d, _)) = decide(ctx, w, consent, Some(Path::new(&w.worktree_path))).await {
+                out.push(d);
+            }
+        }
+        for w in ledger_only(ctx, &snap).await.unwrap_or_default() {
+            if let Some((d, _)) = decide(ctx, &w, consent, None).await {
                 out.push(d);
             }
         }

@@ -76,17 +76,35 @@ impl ReportedFile {
     }
 }
 
+/// An environment's status as the API reports it.
+pub struct Current {
+    /// The newest observation per repository.
+    pub items: Vec<obs::Model>,
+    /// Issue 17 item 6: the observations no longer describe a workspace anyone works in (the
+    /// environment is `broken`, superseded or failed): history, not the present.
+    pub stale: bool,
+}
+
+fn is_stale(e: &env::Model) -> bool {
+    !matches!(
+        e.status,
+        EnvironmentStatus::Ready | EnvironmentStatus::Stopped | EnvironmentStatus::Creating
+    )
+}
+
 /// The environment's current status, one per repository that has an observation (I22).
-pub async fn current(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Vec<obs::Model>> {
+pub async fn current(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Current> {
     let view = super::environments::get(ctx, p, env_id).await?;
-    if agent_live(ctx, env_id).await? {
+    let stale = is_stale(&view.env);
+    if !stale && agent_live(ctx, env_id).await? {
         // I25: while an agent works here, a fresh inspection is authoritative (rate-limited).
         inspect_and_record(ctx, &view.env, ObservationKind::Live, None, true).await?;
     }
-    read_current(ctx, env_id, view.repos.iter().map(|r| r.repository_id).collect()).await
+    let items = read_current(ctx, env_id, view.repos.iter().map(|r| r.repository_id).collect()).await?;
+    Ok(Current { items, stale })
 }
 
-pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Vec<obs::Model>> {
+pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Current> {
     let s = super::sessions::visible(&ctx.db.conn, p, session_id).await?;
     // The task's current environment: every session of the task sees the same status, also one still
     // pointing at an environment an executor transition superseded.
@@ -131,10 +149,20 @@ async fn agent_live(ctx: &Ctx, env_id: Uuid) -> Result<bool> {
 }
 
 /// Refresh: berth inspects the environment's worktrees itself and records live observations.
-pub async fn refresh(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Vec<obs::Model>> {
+pub async fn refresh(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Current> {
     let view = super::environments::get(ctx, p, env_id).await?;
+    if view.env.status == EnvironmentStatus::Broken {
+        // Issue 17 item 6: what admission found stands until a reset.
+        return Err(Error::WorkspaceReuseUnsafe(super::environments::broken_category(
+            &view.env,
+        )));
+    }
     inspect_and_record(ctx, &view.env, ObservationKind::Live, None, false).await?;
-    read_current(ctx, env_id, view.repos.iter().map(|r| r.repository_id).collect()).await
+    let items = read_current(ctx, env_id, view.repos.iter().map(|r| r.repository_id).collect()).await?;
+    Ok(Current {
+        items,
+        stale: is_stale(&view.env),
+    })
 }
 
 /// Inspects each active worktree of the selected, ready environment (I20) and records the result.

@@ -45,6 +45,10 @@ pub enum CleanupTrigger {
     QuickChatExpire,
     #[sea_orm(string_value = "environment_reset")]
     EnvironmentReset,
+    /// The reconcile pass (issue 17 item 1): what a superseded environment left on disk, once no session
+    /// uses it and its grace period passed.
+    #[sea_orm(string_value = "superseded_cleanup")]
+    SupersededCleanup,
 }
 
 impl CleanupTrigger {
@@ -77,6 +81,9 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
     pub completed_at: Option<DateTimeUtc>,
+    /// Who asked for it (issue 17): the token's `sub`; null when berth did on its own.
+    pub actor_sub: Option<String>,
+    pub actor_session_id: Option<Uuid>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

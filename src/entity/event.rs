@@ -15,6 +15,10 @@ pub struct Model {
     pub execution_id: Option<Uuid>,
     pub data: Json,
     pub created_at: DateTimeUtc,
+    /// Who did it (issue 17): the token's `sub`; null when berth did it on its own.
+    pub actor_sub: Option<String>,
+    /// For an agent's session-bound token: its session.
+    pub actor_session_id: Option<Uuid>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

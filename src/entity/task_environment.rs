@@ -28,6 +28,11 @@ pub enum EnvironmentStatus {
     Failed,
     #[sea_orm(string_value = "superseded")]
     Superseded,
+    /// Issue 17 item 6: admission found the workspace unsafe (`broken_category` says how). Still the
+    /// task's current environment; no agent starts in it until a launch proves it again (it is then ready
+    /// again) or a reset replaces it.
+    #[sea_orm(string_value = "broken")]
+    Broken,
 }
 
 /// The task-owned workspace root (I1): at most one non-superseded row per task.
@@ -50,6 +55,8 @@ pub struct Model {
     pub superseded_at: Option<DateTimeUtc>,
     /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
     pub row_version: i64,
+    /// Why a `broken` environment is (a `ReuseCategory`, as its snake_case name).
+    pub broken_category: Option<String>,
     /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.
     pub imported_from: Option<String>,
 }

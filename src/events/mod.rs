@@ -62,6 +62,8 @@ pub async fn append(
     data: serde_json::Value,
 ) -> Result<i64, DbErr> {
     let backend = txn.get_database_backend();
+    // Issue 17 item 7: whoever the work runs for (the request's token, or a job's requester).
+    let actor = crate::actor::current();
     if backend == DbBackend::Postgres {
         // One round trip: take the next seq, insert the event, and notify the listeners at commit
         // (issue 9: an event was three statements; every write pays for it).
@@ -71,8 +73,8 @@ pub async fn append(
                 format!(
                     "WITH s AS (UPDATE event_sequence SET last_seq = last_seq + 1 WHERE id = 1 RETURNING last_seq), \
                      e AS (INSERT INTO events (seq, instance_id, type, workspace_id, task_id, session_id, \
-                     task_environment_id, execution_id, data, created_at) \
-                     SELECT last_seq, $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM s RETURNING seq) \
+                     task_environment_id, execution_id, data, created_at, actor_sub, actor_session_id) \
+                     SELECT last_seq, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM s RETURNING seq) \
                      SELECT e.seq FROM e, LATERAL (SELECT pg_notify('{PG_CHANNEL}', '')) AS n"
                 ),
                 [
@@ -85,6 +87,8 @@ pub async fn append(
                     subject.execution_id.into(),
                     data.into(),
                     crate::clock::now().into(),
+                    actor.as_ref().map(|a| a.sub.clone()).into(),
+                    actor.as_ref().and_then(|a| a.session_id).into(),
                 ],
             ))
             .await?
@@ -110,6 +114,8 @@ pub async fn append(
         execution_id: Set(subject.execution_id),
         data: Set(data),
         created_at: Set(crate::clock::now()),
+        actor_sub: Set(actor.as_ref().map(|a| a.sub.clone())),
+        actor_session_id: Set(actor.and_then(|a| a.session_id)),
     })
     .exec_without_returning(txn)
     .await?;
@@ -170,6 +176,9 @@ pub async fn after<C: ConnectionTrait>(
     if let Some(types) = &n.types {
         q = q.filter(event::Column::EventType.is_in(types.iter().copied()));
     }
+    if let Some(actor) = &n.actor {
+        q = q.filter(event::Column::ActorSub.eq(actor.as_str()));
+    }
     q.order_by_asc(event::Column::Seq).limit(limit).all(conn).await
 }
 
@@ -198,6 +207,8 @@ pub struct Narrowing {
     pub session_id: Option<Uuid>,
     /// `None`: every type.
     pub types: Option<Vec<EventType>>,
+    /// Only what this token `sub` did (issue 17 item 7).
+    pub actor: Option<String>,
 }
 
 impl Narrowing {
@@ -207,6 +218,7 @@ impl Narrowing {
             && exact(self.task_id, e.task_id)
             && exact(self.session_id, e.session_id)
             && self.types.as_ref().is_none_or(|t| t.contains(&e.event_type))
+            && self.actor.as_ref().is_none_or(|a| e.actor_sub.as_ref() == Some(a))
     }
 }
 

@@ -53,6 +53,10 @@ pub enum EventType {
     #[sea_orm(string_value = "environment.reset")]
     #[serde(rename = "environment.reset")]
     EnvironmentReset,
+    /// Admission found the environment's workspace unsafe (issue 17 item 6).
+    #[sea_orm(string_value = "environment.broken")]
+    #[serde(rename = "environment.broken")]
+    EnvironmentBroken,
     #[sea_orm(string_value = "session.created")]
     #[serde(rename = "session.created")]
     SessionCreated,
@@ -98,6 +102,7 @@ impl EventType {
             EventType::EnvironmentProgress => "environment.progress",
             EventType::EnvironmentSuperseded => "environment.superseded",
             EventType::EnvironmentReset => "environment.reset",
+            EventType::EnvironmentBroken => "environment.broken",
             EventType::SessionCreated => "session.created",
             EventType::SessionStateChanged => "session.state_changed",
             EventType::SessionDeleted => "session.deleted",

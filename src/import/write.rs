@@ -314,6 +314,7 @@ pub async fn write(
             updated_at: Set(e.updated_at),
             superseded_at: Set(None),
             row_version: Set(1),
+            broken_category: Set(None),
             imported_from: Set(Some(e.key.clone())),
         });
         for r in e.rows.iter().filter(|r| !known_rows.contains_key(&r.key)) {

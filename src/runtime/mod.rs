@@ -155,6 +155,12 @@ impl Runtime {
             .args(&profile.args)
             .env_clear()
             .envs(inherited_env())
+            .envs(
+                profile
+                    .pass_env
+                    .iter()
+                    .filter_map(|k| std::env::var_os(k).map(|v| (k.clone(), v))),
+            )
             .envs(&profile.env)
             .env("BERTH_SESSION_ID", session_id.to_string())
             .env("BERTH_EXECUTION_ID", execution_id.to_string())

@@ -65,6 +65,15 @@ pub async fn transfer<C: ConnectionTrait>(conn: &C, from: Uuid, to: Uuid) -> Res
     Ok(())
 }
 
+/// The branches berth created for a task (the ledger outlives the task row).
+pub async fn of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<ledger::Model>> {
+    Ok(ledger::Entity::find()
+        .filter(ledger::Column::TaskId.eq(task_id))
+        .order_by_asc(ledger::Column::Id)
+        .all(conn)
+        .await?)
+}
+
 pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> Result<Vec<ledger::Model>> {
     Ok(ledger::Entity::find()
         .filter(ledger::Column::WorkspaceId.eq(workspace_id))

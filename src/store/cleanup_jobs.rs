@@ -211,6 +211,19 @@ pub async fn of_task<C: ConnectionTrait>(
         .await?)
 }
 
+/// The jobs of `trigger` about one environment, in any state.
+pub async fn of_environment<C: ConnectionTrait>(
+    conn: &C,
+    env_id: Uuid,
+    trigger: CleanupTrigger,
+) -> Result<Vec<job::Model>> {
+    Ok(job::Entity::find()
+        .filter(job::Column::TaskEnvironmentId.eq(env_id))
+        .filter(job::Column::Trigger.eq(trigger))
+        .all(conn)
+        .await?)
+}
+
 /// Rewrites a job's snapshot (its environment passed to an heir, I8); not a state change.
 pub async fn set_snapshot(txn: &DatabaseTransaction, id: Uuid, snapshot: serde_json::Value) -> Result<()> {
     job::Entity::update_many()

@@ -65,6 +65,41 @@ pub async fn live_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec
         .await?)
 }
 
+/// Every environment the owner ever had, newest first (issue 17 item 1: superseded ones included).
+pub async fn all_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec<env::Model>> {
+    Ok(env::Entity::find()
+        .filter(env::Column::TaskId.eq(owner_id))
+        .order_by_desc(env::Column::CreatedAt)
+        .all(conn)
+        .await?)
+}
+
+/// Issue 17 item 1: superseded environments of `node_id`, superseded before `before`, whose inventory
+/// still names a worktree (what the reconcile pass looks at), oldest first, at most `limit`.
+pub async fn superseded_with_worktrees<C: ConnectionTrait>(
+    conn: &C,
+    node_id: &str,
+    before: DateTime<Utc>,
+    limit: u64,
+) -> Result<Vec<env::Model>> {
+    use sea_orm::sea_query::Query;
+    let named = Query::select()
+        .column(env_repo::Column::TaskEnvironmentId)
+        .from(env_repo::Entity)
+        .and_where(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .and_where(env_repo::Column::WorktreePath.is_not_null())
+        .to_owned();
+    Ok(env::Entity::find()
+        .filter(env::Column::Status.eq(EnvironmentStatus::Superseded))
+        .filter(env::Column::NodeId.eq(node_id))
+        .filter(env::Column::SupersededAt.lt(before))
+        .filter(env::Column::Id.in_subquery(named))
+        .order_by_asc(env::Column::SupersededAt)
+        .limit(limit)
+        .all(conn)
+        .await?)
+}
+
 /// `creating` environments of `node_id` last touched before `before`.
 pub async fn creating_untouched_since<C: ConnectionTrait>(
     conn: &C,
@@ -135,6 +170,42 @@ pub async fn workspace_path<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Op
         .one(conn)
         .await?
         .and_then(|e| e.workspace_path))
+}
+
+/// Issue 17 item 6: a `ready`, `stopped` or `broken` environment becomes `broken` with this category.
+/// False when nothing changed (another state, or already broken for this reason).
+pub async fn mark_broken(txn: &DatabaseTransaction, id: Uuid, category: &str, now: DateTime<Utc>) -> Result<bool> {
+    let changes = Condition::any()
+        .add(env::Column::Status.ne(EnvironmentStatus::Broken))
+        .add(env::Column::BrokenCategory.is_null())
+        .add(env::Column::BrokenCategory.ne(category.to_string()));
+    let r = env::Entity::update_many()
+        .col_expr(env::Column::Status, Expr::value(EnvironmentStatus::Broken))
+        .col_expr(env::Column::BrokenCategory, Expr::value(Some(category.to_string())))
+        .col_expr(env::Column::UpdatedAt, Expr::value(now))
+        .filter(env::Column::Id.eq(id))
+        .filter(env::Column::Status.is_in([
+            EnvironmentStatus::Ready,
+            EnvironmentStatus::Stopped,
+            EnvironmentStatus::Broken,
+        ]))
+        .filter(changes)
+        .exec(txn)
+        .await?;
+    Ok(r.rows_affected == 1)
+}
+
+/// A `broken` environment admission proved again becomes `ready`. False when it was not broken.
+pub async fn mark_recovered(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<bool> {
+    let r = env::Entity::update_many()
+        .col_expr(env::Column::Status, Expr::value(EnvironmentStatus::Ready))
+        .col_expr(env::Column::BrokenCategory, Expr::value(Option::<String>::None))
+        .col_expr(env::Column::UpdatedAt, Expr::value(now))
+        .filter(env::Column::Id.eq(id))
+        .filter(env::Column::Status.eq(EnvironmentStatus::Broken))
+        .exec(txn)
+        .await?;
+    Ok(r.rows_affected == 1)
 }
 
 /// What a settled materialization writes over its `creating` row.
@@ -273,6 +344,28 @@ pub async fn delete_inventory(txn: &DatabaseTransaction, env_id: Uuid, now: Date
         .col_expr(env_repo::Column::UpdatedAt, Expr::value(now))
         .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
         .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+/// The inventory rows of the environment naming these worktree paths become `deleted` (the others stay).
+pub async fn delete_inventory_paths(
+    txn: &DatabaseTransaction,
+    env_id: Uuid,
+    paths: &[String],
+    now: DateTime<Utc>,
+) -> Result<()> {
+    if paths.is_empty() {
+        return Ok(());
+    }
+    env_repo::Entity::update_many()
+        .col_expr(env_repo::Column::Status, Expr::value(EnvironmentRepoStatus::Deleted))
+        .col_expr(env_repo::Column::DeletedAt, Expr::value(Some(now)))
+        .col_expr(env_repo::Column::UpdatedAt, Expr::value(now))
+        .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .filter(env_repo::Column::WorktreePath.is_in(paths.iter().cloned()))
         .exec(txn)
         .await?;
     Ok(())

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use crate::domain::Ctx;
 use crate::domain::cleanup::barrier::reconcile_prepared;
 use crate::domain::cleanup::execute::{self, Outcome};
+use crate::domain::cleanup::reconcile::reconcile_superseded;
 use crate::domain::cleanup::state::{JobEvent, transition};
 use crate::entity::cleanup_job::{self as job, CleanupJobState};
 use crate::error::{Error, Result};
@@ -23,7 +24,15 @@ pub use crate::store::cleanup_jobs::next_claimable;
 pub async fn run(ctx: Ctx, index: usize) {
     let owner = format!("{}/{}/{index}", ctx.config.node_id, ctx.instance_id);
     let mut reconciled: Option<std::time::Instant> = None;
+    let mut swept: Option<std::time::Instant> = None;
     loop {
+        // Issue 17 item 1: one worker per process looks for superseded environments' leftovers, slowly.
+        if index == 0 && swept.is_none_or(|at| at.elapsed() >= ctx.config.sweep_interval) {
+            if let Err(e) = reconcile_superseded(&ctx).await {
+                tracing::warn!(error = %chain(e), "reconciling superseded environments failed");
+            }
+            swept = Some(std::time::Instant::now());
+        }
         // Prepared jobs are reconciled only after a grace of minutes: once per poll interval is enough,
         // and a busy worker does not pay a query per job for it (issue 9: 35% -> see BENCHMARKS.md).
         if reconciled.is_none_or(|at| at.elapsed() >= ctx.config.cleanup_poll) {
@@ -82,8 +91,9 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>> {
         };
         (JobEvent::Claim, patch)
     };
-    // The row is locked (or the SQLite writer lock held), so the compare-and-set cannot miss.
-    let claimed = transition(&txn, ctx, &found, event, None, patch)
+    // The row is locked (or the SQLite writer lock held), so the compare-and-set cannot miss. Its event, like
+    // every event of the job's run, is on behalf of whoever asked for the job (issue 17 item 7).
+    let claimed = crate::actor::within(job_actor(&found), transition(&txn, ctx, &found, event, None, patch))
         .await?
         .ok_or_else(|| Error::Stale("a claimed cleanup job changed under its lock".into()))?;
     ctx.commit(txn).await?;
@@ -95,7 +105,16 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>> {
     Ok(Some(claimed))
 }
 
+/// Who asked for the job: its run acts for them.
+fn job_actor(j: &job::Model) -> Option<crate::actor::Actor> {
+    crate::actor::Actor::of(j.actor_sub.clone(), j.actor_session_id)
+}
+
 async fn process(ctx: &Ctx, owner: &str, j: job::Model) {
+    crate::actor::within(job_actor(&j), process_job(ctx, owner, j)).await
+}
+
+async fn process_job(ctx: &Ctx, owner: &str, j: job::Model) {
     if ctx.config.cleanup_failpoint.as_deref() == Some("hang_after_claim") {
         // A test failpoint: behave like a process that died holding the lease.
         std::future::pending::<()>().await;

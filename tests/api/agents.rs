@@ -351,11 +351,12 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
             "{category}: nothing changed on disk or in git"
         );
         assert_eq!(worktrees_of(&other), other_before);
-        assert_eq!(
-            app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200),
-            env_before,
-            "{category}: inventory unchanged"
-        );
+        // Issue 17 item 6: the refusal marks the environment broken, and changes nothing else of it.
+        let env_now = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
+        assert_eq!(env_now["repos"], env_before["repos"], "{category}: inventory unchanged");
+        assert_eq!(env_now["id"], env_before["id"]);
+        assert_eq!(env_now["status"], "broken");
+        assert_eq!(env_now["broken_category"], category);
         assert_eq!(
             app.count("agent_executions").await,
             0,
@@ -366,11 +367,15 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
         assert_eq!(failed["last_error"]["code"], "workspace_reuse_unsafe");
         mend_it();
     }
-    // Mended, the same session resumes in its worktree.
+    // Mended, the same session resumes in its worktree: admission proved it again, so it is ready again.
     app.post(&format!("/api/v1/sessions/{id}/resume"), json!({"prompt": "pwd"}))
         .await
         .ok(200);
     assert_eq!(wait_reply(&app, id, 1).await[0], worktree.display().to_string());
+    let env_now = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
+    assert_eq!(env_now["status"], "ready");
+    assert!(env_now["broken_category"].is_null());
+    assert_eq!(env_now["repos"], env_before["repos"]);
     app.post(&format!("/api/v1/sessions/{id}/stop"), json!({}))
         .await
         .ok(200);

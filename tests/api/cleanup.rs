@@ -335,6 +335,8 @@ async fn claims_never_hand_a_job_out_twice(app: TestApp) {
             created_at: Set(now),
             updated_at: Set(now),
             completed_at: Set(None),
+            actor_sub: Set(None),
+            actor_session_id: Set(None),
         });
         job::Entity::insert_many(rows)
             .exec_without_returning(app.db())
@@ -740,6 +742,8 @@ async fn a_reconciled_prepared_job_reaches_live_streams_at_once(app: TestApp) {
         created_at: Set(created),
         updated_at: Set(created),
         completed_at: Set(None),
+        actor_sub: Set(None),
+        actor_session_id: Set(None),
     })
     .exec_without_returning(app.db())
     .await

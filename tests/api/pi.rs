@@ -141,6 +141,7 @@ impl Pi {
             args: self.args(),
             env: self.env(),
             protocol: berth::config::AgentProtocol::Pi,
+            pass_env: Vec::new(),
         }
     }
 }

@@ -679,6 +679,8 @@ async fn cleanup_barrier_refuses_new_sessions(app: TestApp) {
         created_at: Set(now),
         updated_at: Set(now),
         completed_at: Set(None),
+        actor_sub: Set(None),
+        actor_session_id: Set(None),
     })
     .exec_without_returning(app.db())
     .await
@@ -773,6 +775,7 @@ async fn insert_creating(app: &TestApp, task: Uuid, updated_at: chrono::DateTime
         updated_at: Set(updated_at),
         superseded_at: Set(None),
         row_version: Set(1),
+        broken_category: Set(None),
         imported_from: Set(None),
     })
     .exec_without_returning(app.db())

@@ -30,13 +30,25 @@ pub(crate) async fn owned_environment<C: ConnectionTrait>(
     let Some(e) = environments::current(conn, t.id).await? else {
         return Ok(None);
     };
+    let snap = environment_snapshot(conn, ctx, t, &e).await?;
+    Ok(Some((e, snap)))
+}
+
+/// What a job would remove of one of `t`'s environments: its active worktrees (and, while it is being
+/// made, where its worktrees would be).
+async fn environment_snapshot<C: ConnectionTrait>(
+    conn: &C,
+    ctx: &Ctx,
+    t: &task::Model,
+    e: &env::Model,
+) -> Result<EnvironmentSnapshot> {
     if e.executor_type == ExecutorType::Local {
         let snap = EnvironmentSnapshot {
             id: e.id,
             task_root: String::new(),
             worktrees: Vec::new(),
         };
-        return Ok(Some((e, snap)));
+        return Ok(snap);
     }
     // The base each slot measures "merged" against (issue 17: the branch policy).
     let bases: Vec<(Uuid, String, String)> = task_store::slots_with_repositories(conn, t.id)
@@ -90,12 +102,50 @@ pub(crate) async fn owned_environment<C: ConnectionTrait>(
             });
         }
     }
-    let snap = EnvironmentSnapshot {
+    Ok(EnvironmentSnapshot {
         id: e.id,
         task_root,
         worktrees,
-    };
-    Ok(Some((e, snap)))
+    })
+}
+
+/// Issue 17 item 1: `t`'s other environments that still name worktrees on disk (superseded by a reset or
+/// an executor transition, failed attempts), without the paths a live environment names (adopted by a
+/// later attempt: not theirs to remove).
+pub(crate) async fn leftover_environments<C: ConnectionTrait>(
+    conn: &C,
+    ctx: &Ctx,
+    t: &task::Model,
+    current: Option<Uuid>,
+) -> Result<Vec<EnvironmentSnapshot>> {
+    if t.workspace_mode == WorkspaceMode::InheritParent {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for e in env_store::all_of(conn, t.id).await? {
+        if Some(e.id) == current
+            || e.executor_type == ExecutorType::Local
+            || !matches!(e.status, EnvironmentStatus::Superseded | EnvironmentStatus::Failed)
+        {
+            continue;
+        }
+        let mut snap = environment_snapshot(conn, ctx, t, &e).await?;
+        let mut mine = Vec::new();
+        for w in snap.worktrees {
+            let adopted = env_store::others_naming(conn, &w.worktree_path, e.id)
+                .await?
+                .iter()
+                .any(|o| o.status != EnvironmentStatus::Superseded);
+            if !adopted {
+                mine.push(w);
+            }
+        }
+        if !mine.is_empty() {
+            snap.worktrees = mine;
+            out.push(snap);
+        }
+    }
+    Ok(out)
 }
 
 /// Writes the `prepared` barrier job for a task (I6); the caller holds the task's lock.
@@ -108,16 +158,19 @@ pub(crate) async fn prepare(
 ) -> Result<job::Model> {
     ensure_no_cleanup(txn, &[t.id]).await?;
     let owned = owned_environment(txn, ctx, t).await?;
+    let superseded = leftover_environments(txn, ctx, t, owned.as_ref().map(|(e, _)| e.id)).await?;
     let snapshot = Snapshot {
         task_id: t.id,
         workspace_id: t.workspace_id,
         environment: owned.as_ref().map(|(_, s)| s.clone()),
+        superseded,
         sessions: sessions_store::ids_of_task(txn, t.id).await?,
         discard_worktree_changes: consent.cloned(),
         delete_branches: None,
         branches: Vec::new(),
     };
     let now = crate::clock::now();
+    let actor = crate::actor::current();
     let model = job::Model {
         id: Uuid::now_v7(),
         operation_id: Uuid::now_v7(),
@@ -140,6 +193,8 @@ pub(crate) async fn prepare(
         created_at: now,
         updated_at: now,
         completed_at: None,
+        actor_sub: actor.as_ref().map(|a| a.sub.clone()),
+        actor_session_id: actor.and_then(|a| a.session_id),
     };
     store::insert(txn, &model).await?;
     job_event(txn, ctx, &model).await?;
@@ -220,6 +275,8 @@ async fn mutation_committed(ctx: &Ctx, j: &job::Model) -> Result<bool> {
                 .is_none_or(|e| e.status == EnvironmentStatus::Superseded),
             None => true,
         },
+        // Written pending in one transaction with nothing else to wait for.
+        CleanupTrigger::SupersededCleanup => true,
         CleanupTrigger::Delete
         | CleanupTrigger::CascadeDelete
         | CleanupTrigger::WorkspaceDelete

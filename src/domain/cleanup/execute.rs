@@ -7,41 +7,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::anyhow;
 
 use super::state::JobEvent;
-use super::{Snapshot, WorktreeSnapshot, snapshot_of};
+pub use super::worktrees::Outcome;
+use super::worktrees::{Decisions, Dirty, branch_after, branch_kept, claimed_by_another, destroy_worktree, retry};
+use super::{Snapshot, snapshot_of};
 use crate::domain::branches;
-use crate::domain::cleanup::branch_report::{BranchAction, BranchDecision, BranchReason};
+use crate::domain::cleanup::branch_report::BranchDecision;
 use crate::domain::{Ctx, environments};
 use crate::entity::cleanup_job as job;
 use crate::entity::task_environment::EnvironmentStatus;
 use crate::error::Result;
-use crate::managed_path::{Consent, ManagedPath, ManagedRoot, RecordedRegistration, RegistrationError};
+use crate::managed_path::ManagedRoot;
 use crate::store::cleanup_jobs::JobPatch;
 use crate::store::tasks::{self as task_store, live_inheritors};
 use crate::store::{environments as env_store, sessions as sessions_store};
 
-/// How an attempt ended. Errors keep their source chain until they are stored (`{:#}`).
-#[derive(Debug)]
-pub enum Outcome {
-    Done,
-    /// Done, but something was left in place and is reported (in the job's `last_error`): a git
-    /// registration that could not be proven to be the one berth recorded.
-    DoneKeeping(Vec<String>),
-    /// The reason for the job went away (the task was unarchived): nothing was removed.
-    Cancelled(&'static str),
-    /// Worth another attempt later.
-    Retry(anyhow::Error),
-    /// Retrying cannot help (for example a dirty worktree without consent): fail now, touch nothing.
-    Terminal(anyhow::Error),
-}
-
-fn retry(e: impl Into<anyhow::Error>) -> Outcome {
-    Outcome::Retry(e.into())
-}
-
 /// A job whose snapshot holds no session and no environment, and whose trigger needs no re-check
 /// (archive jobs first check that the task is still archived): executing it would change nothing.
 pub fn nothing_to_do(j: &job::Model) -> bool {
-    !j.trigger.is_archive() && snapshot_of(j).is_ok_and(|s| s.environment.is_none() && s.sessions.is_empty())
+    !j.trigger.is_archive()
+        && snapshot_of(j).is_ok_and(|s| s.environment.is_none() && s.superseded.is_empty() && s.sessions.is_empty())
 }
 
 /// The transition that records an attempt's outcome, with the columns it sets: the retry schedule,
@@ -91,9 +75,55 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     for s in &snap.sessions {
         ctx.runtime.stop(*s).await;
     }
-    let Some(env_snap) = &snap.environment else {
-        return Outcome::Done;
-    };
+    let mut kept = Vec::new();
+    let mut branches = branches::deletes_branches(j.trigger).then(Vec::new);
+    if let Some(env_snap) = &snap.environment {
+        match clean_current(ctx, &snap, env_snap, lost, &mut kept, &mut branches).await {
+            Outcome::Done => {}
+            other => return other,
+        }
+    }
+    // Issue 17 item 1: what earlier environments left on disk goes with the task's lifecycle too.
+    for env_snap in &snap.superseded {
+        match super::leftovers::clean(ctx, &snap, env_snap, lost, &mut kept, &mut branches).await {
+            Outcome::Done => {}
+            other => return other,
+        }
+    }
+    if branches.is_some() {
+        // A delete owes the policy also the task's branches whose worktrees an earlier cleanup removed.
+        let rest = match branches::ledger_only(ctx, &snap).await {
+            Ok(rest) => rest,
+            Err(e) => return retry(e),
+        };
+        for w in &rest {
+            match branch_after(ctx, &snap, w, &mut branches).await {
+                Outcome::Done => {}
+                other => return other,
+            }
+        }
+    }
+    if let Some(decisions) = branches
+        && let Err(e) = record_branches(ctx, j, &snap, decisions).await
+    {
+        return retry(e);
+    }
+    if kept.is_empty() {
+        Outcome::Done
+    } else {
+        Outcome::DoneKeeping(kept)
+    }
+}
+
+/// The task's current environment: its worktrees, its branches (on a delete), its root, its record.
+async fn clean_current(
+    ctx: &Ctx,
+    snap: &Snapshot,
+    env_snap: &super::EnvironmentSnapshot,
+    lost: &AtomicBool,
+    kept: &mut Vec<String>,
+    decisions: &mut Decisions,
+) -> Outcome {
     match env_store::find(&ctx.db.conn, env_snap.id).await {
         // Still being materialized: its publish will meet the barrier and remove what it made; wait.
         // Abandoned by a crash (lease expired): nobody will publish it; its planned paths are in the snapshot.
@@ -103,15 +133,12 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         Ok(_) => {}
         Err(e) => return retry(e),
     }
-    match shared_elsewhere(ctx, &snap, env_snap.id).await {
+    match shared_elsewhere(ctx, snap, env_snap.id).await {
         Ok(true) => return Outcome::Done,
         Ok(false) => {}
         Err(e) => return retry(e),
     }
     let root = ManagedRoot::from_config(&ctx.config);
-    let mut kept = Vec::new();
-    let deletes_branches = branches::deletes_branches(j.trigger);
-    let mut decisions = Vec::new();
     for w in &env_snap.worktrees {
         if lost.load(Ordering::Acquire) {
             return Outcome::Retry(anyhow!("the lease was lost"));
@@ -119,33 +146,20 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         // A path that another environment's inventory now names (it adopted it) is not this job's.
         match claimed_by_another(ctx, env_snap.id, &w.worktree_path).await {
             Ok(true) => {
-                if deletes_branches && let Some(b) = &w.branch {
-                    decisions.push(BranchDecision {
-                        repository_id: w.repository_id,
-                        branch: b.clone(),
-                        action: BranchAction::Keep,
-                        reason: BranchReason::WorktreeKept,
-                    });
-                }
+                branch_kept(decisions, w);
                 continue;
             }
             Ok(false) => {}
             Err(e) => return retry(e),
         }
-        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes.as_ref(), &mut kept).await {
+        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes.as_ref(), Dirty::Fail, kept).await {
             Outcome::Done => {}
             other => return other,
         }
-        // Issue 17: only a task delete, only once the worktree is gone, only what the policy allows.
-        if deletes_branches {
-            match branches::delete_after_worktree(ctx, w, snap.delete_branches.as_ref()).await {
-                Ok(d) => decisions.extend(d),
-                Err(e) => return retry(e.context("deleting a branch failed")),
-            }
+        match branch_after(ctx, snap, w, decisions).await {
+            Outcome::Done => {}
+            other => return other,
         }
-    }
-    if deletes_branches && let Err(e) = record_branches(ctx, j, &snap, decisions).await {
-        return retry(e);
     }
     if !env_snap.task_root.is_empty()
         && let Ok(dir) = root.adopt(Path::new(&env_snap.task_root))
@@ -153,9 +167,8 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         // Only if empty: berth never removes what the inventory does not name (I13).
         let _ = std::fs::remove_dir(dir.as_path());
     }
-    match retire_environment(ctx, &snap, env_snap.id).await {
-        Ok(()) if kept.is_empty() => Outcome::Done,
-        Ok(()) => Outcome::DoneKeeping(kept),
+    match retire_environment(ctx, snap, env_snap.id).await {
+        Ok(()) => Outcome::Done,
         Err(e) => retry(e),
     }
 }
@@ -170,14 +183,6 @@ async fn record_branches(ctx: &Ctx, j: &job::Model, snap: &Snapshot, decisions: 
     let txn = ctx.db.begin_write().await?;
     crate::store::cleanup_jobs::set_snapshot(&txn, j.id, value).await?;
     ctx.commit(txn).await
-}
-
-/// Another live (not superseded) environment's inventory names this path.
-async fn claimed_by_another(ctx: &Ctx, env_id: uuid::Uuid, path: &str) -> Result<bool> {
-    Ok(env_store::others_naming(&ctx.db.conn, path, env_id)
-        .await?
-        .iter()
-        .any(|e| e.status != EnvironmentStatus::Superseded))
 }
 
 /// Re-checked at destruction time (I8): the environment was transferred to another task, or a live task
@@ -202,95 +207,6 @@ async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Res
         }
     }
     Ok(false)
-}
-
-async fn destroy_worktree(
-    ctx: &Ctx,
-    root: &ManagedRoot,
-    w: &WorktreeSnapshot,
-    consent: Option<&Consent>,
-    kept: &mut Vec<String>,
-) -> Outcome {
-    // I13: only inside the managed root, never through a symlink.
-    let target = match root.adopt(Path::new(&w.worktree_path)) {
-        Ok(t) => t,
-        Err(e) => {
-            return Outcome::Terminal(
-                anyhow::Error::new(e).context("refusing a worktree path outside the managed root"),
-            );
-        }
-    };
-    let repo = Path::new(&w.repository_path);
-    let meta = std::fs::symlink_metadata(target.as_path());
-    if meta.is_err() {
-        // Already gone counts as done (I9); forget its registration, and only that one.
-        return forget_registration(ctx, repo, &target, w, kept).await;
-    }
-    if meta.is_ok_and(|m| m.file_type().is_symlink()) {
-        return Outcome::Terminal(anyhow!("the worktree path is a symlink; not following it"));
-    }
-    let dirty = match ctx.git.dirty_file_count(target.as_path()).await {
-        Ok(n) => n,
-        Err(e) => return retry(e),
-    };
-    let removed = match (dirty, consent) {
-        (0, _) => ctx.git.worktree_remove(repo, &target).await,
-        // I11: forced only with the consent the job recorded.
-        (_, Some(consent)) => ctx.git.worktree_remove_consented(repo, &target, consent).await,
-        (_, None) => {
-            return Outcome::Terminal(anyhow!(
-                "the worktree of repository {} has {dirty} changed files and removing them was not consented to",
-                w.repository_id
-            ));
-        }
-    };
-    if let Err(e) = removed {
-        // Exit code 128 is not proof of anything: look.
-        if std::fs::symlink_metadata(target.as_path()).is_err() {
-            return forget_registration(ctx, repo, &target, w, kept).await;
-        }
-        return retry(e);
-    }
-    // `git worktree remove` removed its registration with it.
-    Outcome::Done
-}
-
-/// The worktree directory is gone: remove the registration berth recorded for it (its worktree id),
-/// once proven to name this managed path; anything else is left and reported (issue 17: never a
-/// repository-wide prune, which drops the user's own missing worktrees too).
-async fn forget_registration(
-    ctx: &Ctx,
-    repo: &Path,
-    target: &ManagedPath,
-    w: &WorktreeSnapshot,
-    kept: &mut Vec<String>,
-) -> Outcome {
-    let Some(id) = w.worktree_id.as_deref() else {
-        // A planned path of an unfinished materialization: nothing recorded, nothing to prove.
-        return Outcome::Done;
-    };
-    if !repo.is_dir() {
-        return Outcome::Done;
-    }
-    let mut keep = |why: String| {
-        tracing::warn!(repository = %w.repository_id, worktree_id = id, reason = %why, "kept a worktree registration");
-        kept.push(format!(
-            "kept the registration {id} of repository {}: {why}",
-            w.repository_id
-        ));
-        Outcome::Done
-    };
-    match RecordedRegistration::prove(target, Path::new(&w.common_git_dir), id) {
-        Ok(None) => Outcome::Done,
-        // It came back between the two looks: the next attempt removes it properly.
-        Err(RegistrationError::StillThere) => retry(anyhow!("the worktree directory reappeared")),
-        Err(e) => keep(e.to_string()),
-        Ok(Some(proof)) => match ctx.git.worktree_forget(repo, &proof).await {
-            Ok(()) => Outcome::Done,
-            Err(_) if std::fs::symlink_metadata(proof.admin_dir()).is_err() => Outcome::Done,
-            Err(e) => keep(e.to_string()),
-        },
-    }
 }
 
 /// After destruction: the inventory rows are `deleted` and the environment superseded, if it still

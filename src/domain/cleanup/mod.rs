@@ -9,7 +9,10 @@ pub mod barrier;
 pub mod branch_report;
 pub mod execute;
 pub mod jobs;
+pub mod leftovers;
+pub mod reconcile;
 pub mod state;
+pub mod worktrees;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -32,6 +35,10 @@ pub struct Snapshot {
     pub workspace_id: Uuid,
     /// The environment the task owns, if it owns one with anything on disk.
     pub environment: Option<EnvironmentSnapshot>,
+    /// Issue 17 item 1: the task's earlier environments that still name worktrees (superseded, failed
+    /// attempts). Their dirty worktrees are kept and reported unless the job has consent.
+    #[serde(default)]
+    pub superseded: Vec<EnvironmentSnapshot>,
     /// Sessions whose agents are stopped before anything is touched.
     pub sessions: Vec<Uuid>,
     /// I11: consent to remove worktrees with uncommitted or untracked changes, as the request gave it

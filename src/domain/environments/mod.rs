@@ -34,7 +34,7 @@ mod transition;
 
 pub(crate) use lease::is_fresh_creating;
 pub use recovery::recover_abandoned;
-pub(crate) use state::supersede;
+pub(crate) use state::{broken_category, mark_broken, mark_recovered, supersede};
 pub(crate) use transition::{abandon_transition, prepare_transition, promote_transition};
 
 /// An environment with its inventory, in workspace order.
@@ -56,7 +56,7 @@ pub(crate) async fn current<C: ConnectionTrait>(conn: &C, owner_task_id: Uuid) -
     let mut envs = store::live_of(conn, owner_task_id).await?;
     // The ready one is current; without one, the one being made; else the newest failed attempt.
     let rank = |e: &env::Model| match e.status {
-        EnvironmentStatus::Ready | EnvironmentStatus::Stopped => 0,
+        EnvironmentStatus::Ready | EnvironmentStatus::Stopped | EnvironmentStatus::Broken => 0,
         EnvironmentStatus::Creating => 1,
         _ => 2,
     };
@@ -78,7 +78,7 @@ pub async fn ensure_ready(ctx: &Ctx, task: &task::Model, executor: ExecutorType)
     };
     // In a task of its own: a client that disconnects mid-way does not strand a `creating` environment.
     let (ctx, task) = (ctx.clone(), task.clone());
-    tokio::spawn(async move { prepare(&ctx, &task, &owner, &env).await })
+    crate::actor::spawn(async move { prepare(&ctx, &task, &owner, &env).await })
         .await
         .map_err(|e| Error::Internal(anyhow::anyhow!("materialization task failed: {e}")))?
 }
@@ -249,6 +249,10 @@ async fn elect(ctx: &Ctx, task: &task::Model, owner: &task::Model, executor: Exe
         // the current environment changes only once the new launch succeeded.
         return Ok(Election::Ready(ready.clone()));
     }
+    if let Some(broken) = envs.iter().find(|e| e.status == EnvironmentStatus::Broken) {
+        // Issue 17 item 6: a broken environment is still the task's; nothing replaces it but a reset.
+        return Err(Error::WorkspaceReuseUnsafe(state::broken_category(broken)));
+    }
     supersede_stale(&txn, ctx, owner, &envs).await?;
     let model = new_candidate(&txn, ctx, owner, executor).await?;
     ctx.commit(txn).await?;
@@ -289,6 +293,7 @@ pub(super) async fn new_candidate(
         updated_at: now,
         superseded_at: None,
         row_version: 1,
+        broken_category: None,
         imported_from: None,
     };
     match store::insert(txn, &model).await {

@@ -50,6 +50,57 @@ pub(crate) async fn supersede(
     Ok(())
 }
 
+/// Issue 17 item 6: admission refused the current environment: it becomes `broken` (with its category)
+/// and says so in an event, unless it already changed. Returns whether it did.
+pub(crate) async fn mark_broken(
+    ctx: &Ctx,
+    owner: &task::Model,
+    env_id: Uuid,
+    category: crate::error::ReuseCategory,
+) -> Result<bool> {
+    let txn = ctx.db.begin_write().await?;
+    if !store::mark_broken(&txn, env_id, &category.as_str(), crate::clock::now()).await? {
+        txn.rollback().await?;
+        return Ok(false);
+    }
+    events::append(
+        &txn,
+        ctx.instance_id,
+        EventType::EnvironmentBroken,
+        env_subject(owner, env_id),
+        json!({ "category": category, "recovery": "reset_environment" }),
+    )
+    .await?;
+    ctx.commit(txn).await?;
+    Ok(true)
+}
+
+/// A broken environment admission proved again is ready, with `environment.ready` (`reason: recovered`).
+pub(crate) async fn mark_recovered(ctx: &Ctx, owner: &task::Model, env_id: Uuid) -> Result<()> {
+    let txn = ctx.db.begin_write().await?;
+    if !store::mark_recovered(&txn, env_id, crate::clock::now()).await? {
+        txn.rollback().await?;
+        return Ok(());
+    }
+    events::append(
+        &txn,
+        ctx.instance_id,
+        EventType::EnvironmentReady,
+        env_subject(owner, env_id),
+        json!({ "reason": "recovered" }),
+    )
+    .await?;
+    ctx.commit(txn).await
+}
+
+/// What a `broken` environment's admission found (an unreadable record reads as missing).
+pub(crate) fn broken_category(e: &env::Model) -> crate::error::ReuseCategory {
+    e.broken_category
+        .as_deref()
+        .and_then(crate::error::ReuseCategory::parse)
+        .unwrap_or(crate::error::ReuseCategory::WorkspaceMissing)
+}
+
 /// A `creating` environment as its materializer holds it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Held {

@@ -99,7 +99,7 @@ async fn wake(ctx: &Ctx, commands: &InFlight, deliveries: &InFlight) -> Result<(
             continue;
         }
         let (ctx, commands) = (ctx.clone(), commands.clone());
-        tokio::spawn(async move {
+        crate::actor::spawn(async move {
             let outcome = execute(&ctx, &c).await;
             let (state, result) = match &outcome {
                 Ok(()) => (CommandState::Done, json!({ "ok": true })),
@@ -116,7 +116,7 @@ async fn wake(ctx: &Ctx, commands: &InFlight, deliveries: &InFlight) -> Result<(
             continue;
         }
         let (ctx, deliveries) = (ctx.clone(), deliveries.clone());
-        tokio::spawn(async move {
+        crate::actor::spawn(async move {
             if let Err(e) = inbox::dispatch(&ctx, session_id).await {
                 tracing::warn!(session = %session_id, error = %e, "could not deliver a routed message");
             }

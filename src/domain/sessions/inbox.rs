@@ -167,7 +167,7 @@ pub(crate) fn wake(ctx: &Ctx, session_id: Uuid) {
         return;
     }
     let ctx = ctx.clone();
-    tokio::spawn(async move {
+    crate::actor::spawn(async move {
         if let Err(e) = dispatch(&ctx, session_id).await {
             tracing::warn!(session = %session_id, error = %e, "could not deliver a queued message");
         }

@@ -81,10 +81,10 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     // Admission: read-only, before anything changes or any process exists.
     let (admitted, transition) = match admit_for_launch(ctx, &task, &owner, s.executor_type).await? {
         Ok(admitted) => admitted,
-        Err(refusal) => {
-            let message = format!("workspace admission refused: {:?}", ReuseCategory::from(refusal));
+        Err(category) => {
+            let message = format!("workspace admission refused: {category:?}");
             record_failure(ctx, &task, s.id, "workspace_reuse_unsafe", &message).await?;
-            return Err(Error::WorkspaceReuseUnsafe(refusal.into()));
+            return Err(Error::WorkspaceReuseUnsafe(category));
         }
     };
     let launch = Launch {
@@ -150,7 +150,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     inbox::wake(ctx, s.id);
     if profile.protocol == crate::config::AgentProtocol::Pi {
         let ctx = ctx.clone();
-        tokio::spawn(async move {
+        crate::actor::spawn(async move {
             if let Err(e) = conversation::learn(&ctx, s.id, true).await {
                 tracing::warn!(session = %s.id, error = %e, "could not learn the agent's state");
             }
@@ -183,16 +183,30 @@ async fn admit_for_launch(
     task: &task::Model,
     owner: &task::Model,
     requested: ExecutorType,
-) -> Result<std::result::Result<(AdmittedWorkspace, Option<Transition>), Refusal>> {
+) -> Result<std::result::Result<(AdmittedWorkspace, Option<Transition>), ReuseCategory>> {
     let current = match environments::current(&ctx.db.conn, owner.id).await? {
-        Some(e) if matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) => e,
+        // Issue 17 item 6: a broken environment is proven again at every launch; a reset replaces it.
+        Some(e)
+            if matches!(
+                e.status,
+                EnvironmentStatus::Ready | EnvironmentStatus::Stopped | EnvironmentStatus::Broken
+            ) =>
+        {
+            e
+        }
         // Issue 17 item 5: after a reset or an archive cleanup (or a failed or abandoned attempt) an old
         // session gets a fresh environment through the normal election (I14): materialized here, or `409
         // workspace_preparing` while another request materializes it.
         _ => environments::ensure_ready(ctx, task, requested).await?,
     };
     match admit(ctx, owner, &current, requested, false).await? {
-        Ok(ws) => Ok(Ok((ws, None))),
+        Ok(ws) => {
+            if current.status == EnvironmentStatus::Broken {
+                // Mended (a drive back, a worktree restored): admission proved it, so it is ready again.
+                environments::mark_recovered(ctx, owner, current.id).await?;
+            }
+            Ok(Ok((ws, None)))
+        }
         // I18: another executor than the environment's: a fresh environment for it, beside the current one.
         Err(Refusal::ExecutorMismatch) => {
             let (candidate, made) = environments::prepare_transition(ctx, task, requested).await?;
@@ -207,11 +221,16 @@ async fn admit_for_launch(
                         "admission refused the new environment",
                     )
                     .await;
-                    Ok(Err(refusal))
+                    Ok(Err(refusal.into()))
                 }
             }
         }
-        Err(refusal) => Ok(Err(refusal)),
+        Err(refusal) => {
+            // Issue 17 item 6: the current environment is unsafe to work in; it says so until a reset.
+            let category = ReuseCategory::from(refusal);
+            environments::mark_broken(ctx, owner, current.id, category).await?;
+            Ok(Err(category))
+        }
     }
 }
 
@@ -427,8 +446,11 @@ async fn admit(
         .unwrap_or_else(|| root.join(&owner.slug));
     let environment_id = current.id;
     let executor = current.executor_type;
-    let ready = matches!(current.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped)
-        || (candidate && current.status == EnvironmentStatus::Creating);
+    // A broken environment is admitted afresh (issue 17 item 6): mended, it is ready again.
+    let ready = matches!(
+        current.status,
+        EnvironmentStatus::Ready | EnvironmentStatus::Stopped | EnvironmentStatus::Broken
+    ) || (candidate && current.status == EnvironmentStatus::Creating);
     tokio::task::spawn_blocking(move || {
         admission::admit(
             &Candidate {

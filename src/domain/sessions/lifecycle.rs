@@ -227,7 +227,7 @@ pub async fn resume_preparing(ctx: &Ctx) -> Result<usize> {
 /// In a task of its own: it outlives the request that created the session.
 fn spawn_preparation(ctx: &Ctx, session_id: Uuid) {
     let ctx = ctx.clone();
-    tokio::spawn(async move {
+    crate::actor::spawn(async move {
         if let Err(e) = prepare(&ctx, session_id).await {
             tracing::warn!(session = %session_id, error = %e, "preparing a session failed");
         }

@@ -165,11 +165,11 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     if settled {
         // Seed 004: a finished turn is captured as a completion observation of the environment.
         let c = ctx.clone();
-        tokio::spawn(async move { crate::domain::git_status::capture_completion(&c, session_id).await });
+        crate::actor::spawn(async move { crate::domain::git_status::capture_completion(&c, session_id).await });
         // A Pi agent tells who it is (its conversation file exists from the first turn on).
         if super::conversation::protocol_of(ctx, &s) == crate::config::AgentProtocol::Pi {
             let c = ctx.clone();
-            tokio::spawn(async move {
+            crate::actor::spawn(async move {
                 if let Err(e) = super::conversation::learn(&c, session_id, false).await {
                     tracing::warn!(session = %session_id, error = %e, "could not learn the agent's state");
                 }

@@ -1,0 +1,187 @@
+//! The primitives a cleanup job removes worktrees with, shared by the current environment's cleanup
+//! (`execute`) and the earlier environments' (`leftovers`): how an attempt ends, removing one worktree
+//! (only inside the managed root, dirty ones only with consent, or kept and reported), forgetting exactly
+//! the registration berth recorded, and the branch decisions of a delete.
+use std::path::Path;
+
+use anyhow::anyhow;
+
+use super::Snapshot;
+use super::WorktreeSnapshot;
+use crate::domain::Ctx;
+use crate::domain::branches;
+use crate::domain::cleanup::branch_report::{BranchAction, BranchDecision, BranchReason};
+use crate::entity::task_environment::EnvironmentStatus;
+use crate::error::Result;
+use crate::managed_path::{Consent, ManagedPath, ManagedRoot, RecordedRegistration, RegistrationError};
+use crate::store::environments as env_store;
+
+/// How an attempt ended. Errors keep their source chain until they are stored (`{:#}`).
+#[derive(Debug)]
+pub enum Outcome {
+    Done,
+    /// Done, but something was left in place and is reported (in the job's `last_error`): a git
+    /// registration that could not be proven to be the one berth recorded.
+    DoneKeeping(Vec<String>),
+    /// The reason for the job went away (the task was unarchived): nothing was removed.
+    Cancelled(&'static str),
+    /// Worth another attempt later.
+    Retry(anyhow::Error),
+    /// Retrying cannot help (for example a dirty worktree without consent): fail now, touch nothing.
+    Terminal(anyhow::Error),
+}
+
+pub(super) fn retry(e: impl Into<anyhow::Error>) -> Outcome {
+    Outcome::Retry(e.into())
+}
+
+/// What a task delete did with each branch (`None`: the job deletes no branch).
+pub(super) type Decisions = Option<Vec<BranchDecision>>;
+
+/// A worktree stays: so does its branch (reported on a delete).
+pub(super) fn branch_kept(decisions: &mut Decisions, w: &WorktreeSnapshot) {
+    if let (Some(d), Some(b)) = (decisions.as_mut(), &w.branch) {
+        d.push(BranchDecision {
+            repository_id: w.repository_id,
+            branch: b.clone(),
+            action: BranchAction::Keep,
+            reason: BranchReason::WorktreeKept,
+        });
+    }
+}
+
+/// Issue 17: only a task delete, only once the worktree is gone, only what the policy allows.
+pub(super) async fn branch_after(
+    ctx: &Ctx,
+    snap: &Snapshot,
+    w: &WorktreeSnapshot,
+    decisions: &mut Decisions,
+) -> Outcome {
+    let Some(d) = decisions.as_mut() else {
+        return Outcome::Done;
+    };
+    match branches::delete_after_worktree(ctx, w, snap.delete_branches.as_ref()).await {
+        Ok(made) => {
+            d.extend(made);
+            Outcome::Done
+        }
+        Err(e) => retry(e.context("deleting a branch failed")),
+    }
+}
+
+/// Another live (not superseded) environment's inventory names this path.
+pub(super) async fn claimed_by_another(ctx: &Ctx, env_id: uuid::Uuid, path: &str) -> Result<bool> {
+    Ok(env_store::others_naming(&ctx.db.conn, path, env_id)
+        .await?
+        .iter()
+        .any(|e| e.status != EnvironmentStatus::Superseded))
+}
+
+/// What a worktree with changes and no consent does to the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dirty {
+    /// The task's current worktree: the job fails, touching nothing (I11).
+    Fail,
+    /// A superseded environment's: kept, reported, and the job goes on (issue 17 item 1).
+    Keep,
+}
+
+/// Removes one worktree the snapshot names. `Done` also when it was kept (`Dirty::Keep`, reported in
+/// `kept`): the caller tells the two apart by `kept`.
+pub(super) async fn destroy_worktree(
+    ctx: &Ctx,
+    root: &ManagedRoot,
+    w: &WorktreeSnapshot,
+    consent: Option<&Consent>,
+    dirty_policy: Dirty,
+    kept: &mut Vec<String>,
+) -> Outcome {
+    // I13: only inside the managed root, never through a symlink.
+    let target = match root.adopt(Path::new(&w.worktree_path)) {
+        Ok(t) => t,
+        Err(e) => {
+            return Outcome::Terminal(
+                anyhow::Error::new(e).context("refusing a worktree path outside the managed root"),
+            );
+        }
+    };
+    let repo = Path::new(&w.repository_path);
+    let meta = std::fs::symlink_metadata(target.as_path());
+    if meta.is_err() {
+        // Already gone counts as done (I9); forget its registration, and only that one.
+        return forget_registration(ctx, repo, &target, w, kept).await;
+    }
+    if meta.is_ok_and(|m| m.file_type().is_symlink()) {
+        return Outcome::Terminal(anyhow!("the worktree path is a symlink; not following it"));
+    }
+    let dirty = match ctx.git.dirty_file_count(target.as_path()).await {
+        Ok(n) => n,
+        Err(e) => return retry(e),
+    };
+    let removed = match (dirty, consent) {
+        (0, _) => ctx.git.worktree_remove(repo, &target).await,
+        // I11: forced only with the consent the job recorded.
+        (_, Some(consent)) => ctx.git.worktree_remove_consented(repo, &target, consent).await,
+        (_, None) if dirty_policy == Dirty::Keep => {
+            tracing::warn!(repository = %w.repository_id, dirty, "kept a superseded worktree holding changes");
+            kept.push(format!(
+                "kept the worktree of repository {} of a superseded environment: {dirty} changed files and removing them was not consented to",
+                w.repository_id
+            ));
+            return Outcome::Done;
+        }
+        (_, None) => {
+            return Outcome::Terminal(anyhow!(
+                "the worktree of repository {} has {dirty} changed files and removing them was not consented to",
+                w.repository_id
+            ));
+        }
+    };
+    if let Err(e) = removed {
+        // Exit code 128 is not proof of anything: look.
+        if std::fs::symlink_metadata(target.as_path()).is_err() {
+            return forget_registration(ctx, repo, &target, w, kept).await;
+        }
+        return retry(e);
+    }
+    // `git worktree remove` removed its registration with it.
+    Outcome::Done
+}
+
+/// The worktree directory is gone: remove the registration berth recorded for it (its worktree id),
+/// once proven to name this managed path; anything else is left and reported (issue 17: never a
+/// repository-wide prune, which drops the user's own missing worktrees too).
+async fn forget_registration(
+    ctx: &Ctx,
+    repo: &Path,
+    target: &ManagedPath,
+    w: &WorktreeSnapshot,
+    kept: &mut Vec<String>,
+) -> Outcome {
+    let Some(id) = w.worktree_id.as_deref() else {
+        // A planned path of an unfinished materialization: nothing recorded, nothing to prove.
+        return Outcome::Done;
+    };
+    if !repo.is_dir() {
+        return Outcome::Done;
+    }
+    let mut keep = |why: String| {
+        tracing::warn!(repository = %w.repository_id, worktree_id = id, reason = %why, "kept a worktree registration");
+        kept.push(format!(
+            "kept the registration {id} of repository {}: {why}",
+            w.repository_id
+        ));
+        Outcome::Done
+    };
+    match RecordedRegistration::prove(target, Path::new(&w.common_git_dir), id) {
+        Ok(None) => Outcome::Done,
+        // It came back between the two looks: the next attempt removes it properly.
+        Err(RegistrationError::StillThere) => retry(anyhow!("the worktree directory reappeared")),
+        Err(e) => keep(e.to_string()),
+        Ok(Some(proof)) => match ctx.git.worktree_forget(repo, &proof).await {
+            Ok(()) => Outcome::Done,
+            Err(_) if std::fs::symlink_metadata(proof.admin_dir()).is_err() => Outcome::Done,
+            Err(e) => keep(e.to_string()),
+        },
+    }
+}

@@ -1,0 +1,265 @@
+//! Every environment a task ever had is cleaned by the task's lifecycle (issue 17 item 1, I9–I13): an
+//! executor transition leaves the old worktree environment superseded with its worktree on disk; archive
+//! and delete remove it with the current one, a dirty one is kept and reported unless consented to, and
+//! for a task that lives on the reconcile pass removes it through a `superseded_cleanup` job. Nothing
+//! the inventory does not name is touched: the source repository the local environment works in, and a
+//! worktree a later environment adopted.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::both_backends;
+use crate::helpers::{Backend, TestApp, git, worktrees_of};
+
+both_backends!(
+    archive_removes_what_a_superseded_environment_left,
+    delete_keeps_a_dirty_superseded_worktree_unless_consented,
+);
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn uuid(v: &Value) -> Uuid {
+    v.as_str()
+        .unwrap_or_else(|| panic!("not a string: {v}"))
+        .parse()
+        .unwrap()
+}
+
+async fn wait_job(app: &TestApp, id: Uuid) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
+        if j["state"] == "succeeded" || j["state"] == "failed" || j["state"] == "cancelled" {
+            return j;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What the source repository looks like to its user.
+fn source_state(source: &Path) -> (String, String, String) {
+    (
+        git(source, &["status", "--porcelain"]),
+        git(source, &["rev-parse", "HEAD"]),
+        git(source, &["for-each-ref", "--format=%(refname)", "refs/heads/main"]),
+    )
+}
+
+struct Leftover {
+    task: Uuid,
+    source: PathBuf,
+    /// The superseded environment's worktree, still on disk.
+    worktree: PathBuf,
+    /// Its branch (berth created it).
+    branch: String,
+    old_env: Uuid,
+}
+
+/// A task whose worktree environment an executor transition (a `local` launch) superseded: its worktree
+/// is left on disk, recorded by the superseded environment's inventory, and no agent runs.
+async fn leftover(app: &TestApp, ws: Uuid, name: &str) -> Leftover {
+    let (repo, source) = app.repository(ws, name).await;
+    let task = app.task(ws, name, &[repo]).await;
+    let s = app.session(task, "worktree").await;
+    let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
+    let old_env = uuid(&s["task_environment_id"]);
+    let local = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "local", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let env = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
+    assert_eq!(env["executor_type"], "local", "the launch made the transition");
+    app.post(&format!("/api/v1/sessions/{}/stop", uuid(&local["id"])), json!({}))
+        .await
+        .ok(200);
+    let old = app.get(&format!("/api/v1/environments/{old_env}")).await.ok(200);
+    assert_eq!(old["status"], "superseded");
+    assert_eq!(
+        old["repos"][0]["status"], "active",
+        "its inventory still names the worktree"
+    );
+    assert!(worktree.is_dir(), "the transition leaves the old worktree on disk");
+    let branch = old["repos"][0]["worktree_branch"].as_str().unwrap().to_string();
+    Leftover {
+        task,
+        source,
+        worktree,
+        branch,
+        old_env,
+    }
+}
+
+// I9, I13: archiving a task removes its superseded environment's worktree (and only its registration),
+// retires that inventory, and leaves the source repository the current local environment works in as
+// it was.
+async fn archive_removes_what_a_superseded_environment_left(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let l = leftover(&app, ws, "svc").await;
+    let before = source_state(&l.source);
+    let r = app
+        .post(&format!("/api/v1/tasks/{}/archive", l.task), json!({}))
+        .await
+        .ok(202);
+    let job = wait_job(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["resource_snapshot"]["superseded"][0]["id"], l.old_env.to_string());
+    assert!(!l.worktree.exists(), "the superseded worktree is removed");
+    assert!(
+        !worktrees_of(&l.source).contains(&l.worktree.display().to_string()),
+        "and its registration"
+    );
+    let old = app.get(&format!("/api/v1/environments/{}", l.old_env)).await.ok(200);
+    assert_eq!(old["repos"][0]["status"], "deleted", "{old}");
+    assert_eq!(source_state(&l.source), before, "the source repository is untouched");
+    assert!(l.source.join("README.md").is_file());
+}
+
+// I11: a superseded worktree holding changes is never destroyed without consent: a delete keeps it and
+// says so in the job; the same delete with `discard_worktree_changes=true` removes it.
+async fn delete_keeps_a_dirty_superseded_worktree_unless_consented(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let kept = leftover(&app, ws, "kept").await;
+    std::fs::write(kept.worktree.join("notes.txt"), "work in progress").unwrap();
+    let r = app.delete(&format!("/api/v1/tasks/{}", kept.task)).await.ok(202);
+    let job = wait_job(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let why = job["last_error"].as_str().unwrap_or_default();
+    assert!(why.contains("kept the worktree"), "reported: {job}");
+    assert_eq!(
+        std::fs::read_to_string(kept.worktree.join("notes.txt")).unwrap(),
+        "work in progress",
+        "the uncommitted work is still there"
+    );
+    // Issue 17 item 3: a kept worktree keeps its branch, and the job says why.
+    assert_eq!(job["resource_snapshot"]["branches"][0]["action"], "keep", "{job}");
+    assert_eq!(job["resource_snapshot"]["branches"][0]["reason"], "worktree_kept");
+    assert!(crate::helpers::branch_exists(&kept.source, &kept.branch));
+
+    let consented = leftover(&app, ws, "consented").await;
+    std::fs::write(consented.worktree.join("notes.txt"), "scratch").unwrap();
+    let before = source_state(&consented.source);
+    let r = app
+        .delete(&format!(
+            "/api/v1/tasks/{}?discard_worktree_changes=true",
+            consented.task
+        ))
+        .await
+        .ok(202);
+    let job = wait_job(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(job["last_error"].is_null(), "{job}");
+    assert!(!consented.worktree.exists(), "consented: removed");
+    // The branch policy applies to a superseded worktree's branch too: berth made it, it is merged.
+    assert_eq!(job["resource_snapshot"]["branches"][0]["action"], "delete", "{job}");
+    assert!(!crate::helpers::branch_exists(&consented.source, &consented.branch));
+    assert_eq!(
+        source_state(&consented.source),
+        before,
+        "the source repository is untouched"
+    );
+}
+
+async fn superseded_jobs(app: &TestApp, task: Uuid) -> Vec<Value> {
+    app.get(&format!(
+        "/api/v1/cleanup-jobs?task_id={task}&trigger=superseded_cleanup"
+    ))
+    .await
+    .ok(200)["items"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// A `superseded_cleanup` job of the task, once the reconcile pass wrote one and it finished.
+async fn reconciled(app: &TestApp, task: Uuid) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(j) = superseded_jobs(app, task).await.first() {
+            return wait_job(app, uuid(&j["id"])).await;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the reconcile pass never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// Issue 17 item 1: for a task that lives on, the reconcile pass (grace 0, a fast sweep) removes what its
+// superseded environment left, by itself (no actor), keeps a dirty one and reports it, and the task keeps
+// working in its current environment afterwards.
+async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(
+        backend,
+        &[("BERTH_SUPERSEDED_GRACE_SECS", "0"), ("BERTH_SWEEP_INTERVAL_MS", "100")],
+    )
+    .await
+    else {
+        return;
+    };
+    let ws = app.workspace("ws").await;
+    let clean = leftover(&app, ws, "clean").await;
+    let dirty = leftover(&app, ws, "dirty").await;
+    std::fs::write(dirty.worktree.join("notes.txt"), "uncommitted").unwrap();
+    let before = source_state(&clean.source);
+
+    let job = reconciled(&app, clean.task).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["trigger"], "superseded_cleanup");
+    assert_eq!(job["task_environment_id"], clean.old_env.to_string());
+    assert!(job["actor"].is_null(), "berth did it on its own: {job}");
+    assert!(!clean.worktree.exists(), "the leak healed");
+    assert_eq!(
+        source_state(&clean.source),
+        before,
+        "the source repository is untouched"
+    );
+    let task = app.get(&format!("/api/v1/tasks/{}", clean.task)).await.ok(200);
+    assert!(task["archived_at"].is_null(), "the task lives on");
+
+    let job = reconciled(&app, dirty.task).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(
+        job["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("kept the worktree"),
+        "reported: {job}"
+    );
+    assert!(
+        dirty.worktree.join("notes.txt").is_file(),
+        "never destroyed without consent"
+    );
+    // Passes ran since (a later leftover was reconciled, and each pass looks at the oldest first): the
+    // kept worktree was reported once, not once per pass.
+    let later = leftover(&app, ws, "later").await;
+    assert_eq!(reconciled(&app, later.task).await["state"], "succeeded");
+    assert_eq!(
+        superseded_jobs(&app, dirty.task).await.len(),
+        1,
+        "one job per environment"
+    );
+
+    // The task still works: a new session in its current (local) environment.
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{}/sessions", clean.task),
+            json!({"executor_type": "local", "start": false}),
+        )
+        .await
+        .ok(201);
+    assert_eq!(s["workspace_path"], clean.source.display().to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconcile_pass_heals_leaks_sqlite() {
+    the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconcile_pass_heals_leaks_postgres() {
+    the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(Backend::Postgres).await;
+}

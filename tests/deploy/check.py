@@ -1,0 +1,115 @@
+"""Static checks of the deployment files, for a CI machine where no container engine can run containers
+(.ci/deploy-check says so and runs this instead of building the image).
+
+- docker-compose.yml is valid against the Compose Specification's JSON schema, and the berth service runs
+  agents the way the README promises: the image's `agents` target, the host user's uid/gid, `init`, a stop
+  grace period above berth's own shutdown wait, `berth healthcheck`, secrets through `*_FILE` variables from
+  compose secrets, repositories and worktrees bind-mounted at the same absolute path inside and out, and the
+  mounted berth.toml.
+- The Dockerfile has the stages compose and the default build name; the `agents` stage pins the Pi that the
+  integration tests pin (tests/pi/package.json); every file a stage copies from the build context exists and
+  is not excluded by .dockerignore.
+- deploy/berth.toml has a `pi` agent profile speaking the Pi protocol that passes model credentials from the
+  environment instead of holding them.
+
+Usage: check.py <compose_spec.json>
+"""
+import fnmatch
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+failures = []
+
+
+def check(ok, message):
+    if not ok:
+        failures.append(message)
+
+
+def compose(schema_path):
+    doc = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    schema = json.loads(Path(schema_path).read_text())
+    validator = jsonschema.Draft201909Validator(schema)
+    for error in validator.iter_errors(doc):
+        failures.append(f"docker-compose.yml: {'/'.join(map(str, error.path))}: {error.message}")
+    berth = doc["services"]["berth"]
+    check(berth.get("build", {}).get("target") == "agents", "compose builds the image's `agents` target")
+    check(berth.get("user") and re.fullmatch(r"\$\{UID[^}]*\}:\$\{GID[^}]*\}", berth["user"]),
+          "the berth service runs as ${UID}:${GID}")
+    check(berth.get("init") is True, "init: true")
+    grace = re.fullmatch(r"(\d+)s", str(berth.get("stop_grace_period", "")))
+    check(grace and int(grace.group(1)) > 30, "stop_grace_period above berth's 30 s graceful shutdown")
+    test = berth.get("healthcheck", {}).get("test", [])
+    check(test[:3] == ["CMD", "berth", "healthcheck"], "the healthcheck runs `berth healthcheck`")
+    env = berth.get("environment", {})
+    secrets = set(berth.get("secrets", []))
+    for var, secret in [("BERTH_DATABASE_URL_FILE", "database_url"), ("BERTH_JWT_SECRET_FILE", "jwt_secret")]:
+        check(env.get(var) == f"/run/secrets/{secret}" and secret in secrets, f"{var} from the compose secret {secret}")
+        check(doc.get("secrets", {}).get(secret, {}).get("file"), f"the secret {secret} is a file")
+    for var in ["BERTH_JWT_SECRET", "BERTH_DATABASE_URL"]:
+        check(var not in env, f"{var} is not set in plain text (use {var}_FILE)")
+    check(env.get("BERTH_CONFIG") == "/etc/berth/berth.toml", "BERTH_CONFIG names the mounted file")
+    volumes = berth.get("volumes", [])
+    check("./deploy/berth.toml:/etc/berth/berth.toml:ro" in volumes, "deploy/berth.toml is mounted read-only")
+    for var, setting in [("BERTH_REPOS_DIR", "BERTH_REPO_ROOTS"), ("BERTH_WORKTREES_DIR", "BERTH_WORKTREE_ROOT")]:
+        same = f"${{{var}}}:${{{var}}}"
+        check(same in volumes, f"{var} is bind-mounted at the same path inside and out ({same})")
+        check(str(env.get(setting, "")).startswith(f"${{{var}"), f"{setting} is {var}")
+    pg = doc["services"]["postgres"]
+    check(pg.get("environment", {}).get("POSTGRES_PASSWORD_FILE"), "PostgreSQL's password from a file")
+
+
+def dockerignored(path):
+    rules = [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    ignored = False
+    for rule in rules:
+        negate = rule.startswith("!")
+        pattern = rule[1:] if negate else rule
+        pattern = pattern.lstrip("/").removeprefix("**/")
+        parts = Path(path).parts
+        hit = any(fnmatch.fnmatch("/".join(parts[: i + 1]), pattern) for i in range(len(parts)))
+        if hit:
+            ignored = not negate
+    return ignored
+
+
+def dockerfile():
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM\s+\S+(?:\s+AS\s+(\S+))?", text, re.M)
+    check("runtime" in stages and "agents" in stages and "builder" in stages, f"stages builder, runtime, agents: {stages}")
+    check(re.search(r"^FROM runtime\s*$", text, re.M), "the default target is the runtime stage")
+    pinned = json.loads((ROOT / "tests/pi/package.json").read_text())["dependencies"]["@mariozechner/pi-coding-agent"]
+    arg = re.search(r"^ARG PI_VERSION=(\S+)", text, re.M)
+    check(arg and arg.group(1) == pinned, f"the agents stage pins Pi {pinned}, as tests/pi does")
+    for line in re.findall(r"^COPY\s+(?!--from)(.+)$", text, re.M):
+        sources = line.split()[:-1]
+        for src in sources:
+            check((ROOT / src).exists(), f"COPY source {src} exists")
+            check(not dockerignored(src), f"COPY source {src} is not excluded by .dockerignore")
+
+
+def berth_toml():
+    config = tomllib.loads((ROOT / "deploy/berth.toml").read_text())
+    pi = config.get("agents", {}).get("pi")
+    check(pi is not None, "deploy/berth.toml has a pi profile")
+    if pi:
+        check(pi.get("command") == "pi" and pi.get("protocol") == "pi", "the pi profile runs pi with the Pi protocol")
+        check("--mode" in pi.get("args", []) and "rpc" in pi.get("args", []), "the pi profile uses Pi's RPC mode")
+        check("ANTHROPIC_API_KEY" in pi.get("pass_env", []), "model credentials are passed from the environment")
+        check(not any("KEY" in k for k in pi.get("env", {})), "no credential is written into the file")
+
+
+compose(sys.argv[1])
+dockerfile()
+berth_toml()
+if failures:
+    print("deployment checks failed:", *failures, sep="\n  ")
+    sys.exit(1)
+print("deployment checks passed: compose schema and rules, Dockerfile stages and sources, deploy/berth.toml")
