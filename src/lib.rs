@@ -14,6 +14,7 @@ pub mod events;
 pub mod executor;
 pub mod git;
 pub mod healthcheck;
+pub mod import;
 pub mod managed_path;
 pub mod metrics;
 pub mod runtime;

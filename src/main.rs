@@ -62,6 +62,12 @@ enum Command {
         #[command(flatten)]
         settings: SettingsArgs,
     },
+    /// Import another tool's data into a workspace (berth's database from the usual settings: variables
+    /// and BERTH_CONFIG).
+    Import {
+        #[command(subcommand)]
+        source: berth::import::ImportSource,
+    },
 }
 
 fn main() -> ExitCode {
@@ -69,7 +75,7 @@ fn main() -> ExitCode {
     let settings = match &cli.command {
         Command::Serve(s) | Command::Migrate(s) | Command::Config(s) => s.clone(),
         Command::Token { settings, .. } | Command::Healthcheck { settings, .. } => settings.clone(),
-        Command::Openapi => SettingsArgs::default(),
+        Command::Openapi | Command::Import { .. } => SettingsArgs::default(),
     };
     let env = settings.over(&ProcessEnv);
     match &cli.command {
@@ -97,6 +103,9 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    if let Command::Import { source } = cli.command {
+        return runtime.block_on(berth::import::run_cli(&config, source));
+    }
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve(_) => serve(config).await,
@@ -110,7 +119,9 @@ fn main() -> ExitCode {
                 new_secret,
                 ..
             } => token(&config, &sub, &scope, workspaces, session, &ttl, new_secret),
-            Command::Openapi | Command::Config(_) | Command::Healthcheck { .. } => unreachable!(),
+            Command::Openapi | Command::Config(_) | Command::Healthcheck { .. } | Command::Import { .. } => {
+                unreachable!()
+            }
         }
     });
     match result {

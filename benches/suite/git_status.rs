@@ -56,6 +56,7 @@ pub(crate) async fn insert_observations(conn: &DatabaseConnection, env_id: Uuid,
             behind: Set(0),
             files: Set(files.clone()),
             created_at: Set(start),
+            imported_from: Set(None),
         });
         obs::Entity::insert_many(rows)
             .exec_without_returning(conn)

@@ -73,6 +73,7 @@ pub(crate) async fn fill_tasks(b: &Bench, n: usize) {
             created_at: Set(now),
             updated_at: Set(now),
             row_version: Set(1),
+            imported_from: Set(None),
         });
         task::Entity::insert_many(rows)
             .exec_without_returning(conn)

@@ -10,6 +10,7 @@ mod m20261202_000006_idempotency_keys;
 mod m20261202_000007_row_versions;
 mod m20261202_000008_branch_ownership;
 mod m20261203_000009_actors_and_broken;
+mod m20261203_000010_imported_from;
 
 pub struct Migrator;
 
@@ -26,6 +27,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000007_row_versions::Migration),
             Box::new(m20261202_000008_branch_ownership::Migration),
             Box::new(m20261203_000009_actors_and_broken::Migration),
+            Box::new(m20261203_000010_imported_from::Migration),
         ]
     }
 }

@@ -174,6 +174,8 @@ pub fn repository() -> Value {
         "path": "/srv/repos/payments-api",
         "common_git_dir": "/srv/repos/payments-api/.git",
         "default_branch": "main",
+        "status": "available",
+        "imported_from": null,
         "created_at": "2024-11-28T09:01:00Z",
         "updated_at": "2024-11-28T09:01:00Z"
     })

@@ -10,7 +10,7 @@ use super::extract::{FollowPoint, TasksRead, Unbound, WorkspacesAdmin};
 use super::problem::Problem;
 use super::{AppState, PageQuery};
 use crate::domain::repositories::{self, NewRepository};
-use crate::entity::repository;
+use crate::entity::repository::{self, RepositoryStatus};
 use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
@@ -31,6 +31,11 @@ pub struct Repository {
     /// The canonical common git directory: the repository's identity.
     pub common_git_dir: String,
     pub default_branch: String,
+    /// `missing` when the path was not a git repository at import time (`berth import kandev`): kept so
+    /// its tasks keep their slots, never admitted for a launch.
+    pub status: RepositoryStatus,
+    /// The kandev repository id it was imported from; null for a repository registered in berth.
+    pub imported_from: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -44,6 +49,8 @@ impl From<repository::Model> for Repository {
             path: m.path,
             common_git_dir: m.common_git_dir,
             default_branch: m.default_branch,
+            status: m.status,
+            imported_from: m.imported_from,
             created_at: m.created_at,
             updated_at: m.updated_at,
         }

@@ -353,6 +353,7 @@ fn row(e: &env::Model, o: &Observation) -> Result<obs::Model> {
         behind: o.behind,
         files,
         created_at: crate::clock::now(),
+        imported_from: None,
     })
 }
 

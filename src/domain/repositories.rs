@@ -58,6 +58,8 @@ pub async fn register(
         created_at: now,
         updated_at: now,
         deleted_at: None,
+        imported_from: None,
+        status: repository::RepositoryStatus::Available,
     };
     let txn = ctx.db.begin_write().await?;
     match store::insert(&txn, &model).await {

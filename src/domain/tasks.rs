@@ -99,6 +99,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
         created_at: now,
         updated_at: now,
         row_version: 1,
+        imported_from: None,
     };
     let rows: Vec<task_repository::Model> = slots
         .into_iter()

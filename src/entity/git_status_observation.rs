@@ -62,6 +62,8 @@ pub struct Model {
     /// `Vec<crate::git::status::FileStatus>` as JSON.
     pub files: Json,
     pub created_at: DateTimeUtc,
+    /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.
+    pub imported_from: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -25,6 +25,8 @@ pub struct Model {
     pub role: MessageRole,
     pub content: Json,
     pub created_at: DateTimeUtc,
+    /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.
+    pub imported_from: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

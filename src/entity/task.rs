@@ -41,6 +41,8 @@ pub struct Model {
     pub updated_at: DateTimeUtc,
     /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
     pub row_version: i64,
+    /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.
+    pub imported_from: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -57,6 +57,8 @@ pub struct Model {
     pub row_version: i64,
     /// Why a `broken` environment is (a `ReuseCategory`, as its snake_case name).
     pub broken_category: Option<String>,
+    /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.
+    pub imported_from: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -64,6 +64,8 @@ pub struct Model {
     pub ended_at: Option<DateTimeUtc>,
     /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
     pub row_version: i64,
+    /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.
+    pub imported_from: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

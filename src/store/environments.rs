@@ -278,6 +278,7 @@ pub async fn insert_repo_rows(txn: &DatabaseTransaction, env_id: Uuid, rows: Vec
             row_version: Set(1),
             deleted_at: Set(None),
             branch_origin: Set(r.branch_origin),
+            imported_from: Set(None),
         })
         .collect();
     if !models.is_empty() {

@@ -24,6 +24,7 @@ mod follow;
 mod git_concurrency;
 mod hostile;
 mod idempotency;
+mod import_kandev;
 mod inbox;
 mod jwks;
 mod leftovers;

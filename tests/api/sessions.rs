@@ -776,6 +776,7 @@ async fn insert_creating(app: &TestApp, task: Uuid, updated_at: chrono::DateTime
         superseded_at: Set(None),
         row_version: Set(1),
         broken_category: Set(None),
+        imported_from: Set(None),
     })
     .exec_without_returning(app.db())
     .await

@@ -294,6 +294,7 @@ pub(super) async fn new_candidate(
         superseded_at: None,
         row_version: 1,
         broken_category: None,
+        imported_from: None,
     };
     match store::insert(txn, &model).await {
         // The partial unique index is the backstop: someone else is materializing.

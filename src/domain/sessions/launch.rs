@@ -428,16 +428,20 @@ async fn admit(
     // This environment's own directory: the one its rows live in (a transition has its own), which must
     // be a directory of this task directly under the managed root.
     let root = &ctx.config.worktree_root;
+    // Issue 18: an environment imported from kandev adopted its worktrees where kandev made them, outside
+    // the managed root; its directory is the one they share (admission still proves each of them).
+    let adopted = current.imported_from.is_some();
     let task_root = rows
         .iter()
         .filter_map(|r| r.worktree_path.as_ref().and_then(|p| p.parent()).map(PathBuf::from))
         .next()
         .filter(|dir| {
-            dir.parent() == Some(root.as_path())
-                && dir
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n == owner.slug || n.starts_with(&format!("{}-", owner.slug)))
+            adopted
+                || (dir.parent() == Some(root.as_path())
+                    && dir
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n == owner.slug || n.starts_with(&format!("{}-", owner.slug))))
         })
         .unwrap_or_else(|| root.join(&owner.slug));
     let environment_id = current.id;

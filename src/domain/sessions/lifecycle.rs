@@ -110,6 +110,7 @@ fn first_record(
         started_at: None,
         ended_at: None,
         row_version: 1,
+        imported_from: None,
     }
 }
 
