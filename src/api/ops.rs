@@ -87,14 +87,16 @@ fn not_ready(detail: &str) -> HttpResponse {
 /// OpenMetrics text: request counts and latencies by route and status, database pool usage, cleanup
 /// jobs by state and claim latency, git command durations and failures, live agents and restarts, open
 /// event streams and resets, event publish lag, process metrics and `berth_build_info`. Every value is
-/// kept in memory by the code that changes it: a scrape runs no query. Public: no token.
+/// kept in memory by the code that changes it: a scrape runs no query. Public: no token. A scraper that
+/// asks for it (`Accept: application/openmetrics-text`, as Prometheus does) gets that content type; any
+/// other caller gets the same text as `text/plain`.
 #[utoipa::path(
     operation_id = "getMetrics",
     tag = "operations",
-    responses((status = 200, description = "OpenMetrics text exposition", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"))
+    responses((status = 200, description = "The OpenMetrics text exposition; `application/openmetrics-text; version=1.0.0` when the request's `Accept` names it", body = String, content_type = "text/plain"))
 )]
 #[get("/metrics")]
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+pub async fn metrics(state: web::Data<AppState>, req: actix_web::HttpRequest) -> HttpResponse {
     let ctx = &state.ctx;
     let (pool_open, pool_idle) = ctx.db.pool_usage();
     let body = ctx.metrics.render(crate::metrics::Scrape {
@@ -104,7 +106,16 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         live_agents: ctx.runtime.live_count(),
         restore_max_concurrent: ctx.restore_stats.max_concurrent(),
     });
+    let openmetrics = req
+        .headers()
+        .get(actix_web::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
     HttpResponse::Ok()
-        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .content_type(if openmetrics {
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        } else {
+            "text/plain; charset=utf-8"
+        })
         .body(body)
 }

@@ -131,7 +131,11 @@ type Exposition =
 
 /// `/metrics`, parsed as a scraper would (a strict OpenMetrics parser: types, suffixes, `# EOF`).
 async fn scrape(app: &TestApp) -> (Exposition, String) {
-    let r = app.call(Method::GET, "/metrics", None, None).await;
+    // As Prometheus asks for it.
+    let accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
+    let r = app
+        .call_with(Method::GET, "/metrics", None, None, &[("Accept", accept)])
+        .await;
     assert_eq!(r.status, 200);
     assert!(
         r.header("content-type")
@@ -140,6 +144,13 @@ async fn scrape(app: &TestApp) -> (Exposition, String) {
         "{:?}",
         r.header("content-type")
     );
+    // Anyone else (curl, a generated client): the same text as text/plain.
+    let plain = app.call(Method::GET, "/metrics", None, None).await;
+    assert_eq!(
+        plain.header("content-type").as_deref(),
+        Some("text/plain; charset=utf-8")
+    );
+    assert!(plain.text.ends_with("# EOF\n"), "{}", plain.text);
     let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&r.text)
         .unwrap_or_else(|e| panic!("not OpenMetrics: {e:?}\n{}", r.text));
     (parsed, r.text)
