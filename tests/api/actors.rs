@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Sse, TestApp, id_of, mint};
+use crate::helpers::{Sse, TestApp, id_of, mint, uuid, wait_job_settled};
 
 both_backends!(
     events_and_jobs_record_who_did_it,
@@ -17,25 +16,6 @@ both_backends!(
 );
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
-
-async fn wait_job(app: &TestApp, id: Uuid) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        if j["state"] == "succeeded" || j["state"] == "failed" {
-            return j;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn all_events(app: &TestApp, query: &str) -> Vec<Value> {
     let page = app.get(&format!("/api/v1/events?limit=1000{query}")).await.ok(200);
@@ -86,7 +66,7 @@ async fn events_and_jobs_record_who_did_it(app: TestApp) {
         )
         .await
         .ok(202);
-    let job = wait_job(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
+    let job = wait_job_settled(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
     assert_eq!(job["state"], "succeeded");
     assert_eq!(job["actor"], json!({"sub": "alice", "session_id": null}), "{job}");
 

@@ -5,39 +5,17 @@
 //! `agents::admission_refuses_a_broken_workspace_and_changes_nothing` shows). The local executor is refused the same way and nothing of the user's
 //! repository is touched, by the refusal or by the reset (item 9).
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, git};
+use crate::helpers::{TestApp, git, uuid, wait_job_settled};
 
 both_backends!(
     a_refused_worktree_environment_is_broken_until_reset,
     a_refused_local_environment_touches_nothing_of_the_repository,
 );
-
-const WAIT: Duration = Duration::from_secs(30);
-
-fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
-
-async fn wait_job(app: &TestApp, id: Uuid) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        if j["state"] == "succeeded" || j["state"] == "failed" {
-            return j;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn idle_session(app: &TestApp, task: Uuid, executor: &str) -> Value {
     app.post(
@@ -129,7 +107,7 @@ async fn a_refused_worktree_environment_is_broken_until_reset(app: TestApp) {
         .await
         .ok(202);
     assert_eq!(
-        wait_job(&app, uuid(&job["cleanup_job"]["id"])).await["state"],
+        wait_job_settled(&app, uuid(&job["cleanup_job"]["id"])).await["state"],
         "succeeded"
     );
     let relaunched = app
@@ -197,7 +175,7 @@ async fn a_refused_local_environment_touches_nothing_of_the_repository(app: Test
         .await
         .ok(202);
     assert_eq!(
-        wait_job(&app, uuid(&job["cleanup_job"]["id"])).await["state"],
+        wait_job_settled(&app, uuid(&job["cleanup_job"]["id"])).await["state"],
         "succeeded"
     );
     assert_eq!(repository_state(&source), before, "nor did the reset");

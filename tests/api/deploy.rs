@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use uuid::Uuid;
 
-use crate::helpers::{Backend, TestApp};
+use crate::helpers::{Backend, TestApp, uuid};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -28,10 +28,6 @@ fn the_compose_configuration_loads_with_a_pi_profile() {
     assert_eq!(pi.protocol, berth::config::AgentProtocol::Pi);
     assert!(pi.pass_env.iter().any(|k| k == "ANTHROPIC_API_KEY"));
     assert!(pi.env.keys().all(|k| !k.contains("KEY")), "no credential in the file");
-}
-
-fn uuid(v: &Value) -> Uuid {
-    v.as_str().unwrap().parse().unwrap()
 }
 
 async fn reply(app: &TestApp, session: Uuid, n: usize) -> String {

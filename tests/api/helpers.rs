@@ -413,6 +413,27 @@ pub fn mint(config: &Config, sub: &str, scope: &str, workspaces: Option<Vec<Uuid
         .unwrap()
 }
 
+/// A JSON string that is a UUID.
+pub fn uuid(v: &Value) -> Uuid {
+    v.as_str()
+        .unwrap_or_else(|| panic!("not a string: {v}"))
+        .parse()
+        .unwrap()
+}
+
+/// Waits (with a deadline) until the cleanup job is settled (`succeeded`, `failed` or `cancelled`).
+pub async fn wait_job_settled(app: &TestApp, id: Uuid) -> Value {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
+        if j["state"] == "succeeded" || j["state"] == "failed" || j["state"] == "cancelled" {
+            return j;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 pub fn id_of(v: &Value) -> Uuid {
     v["id"]
         .as_str()

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Backend, TestApp, git, worktrees_of};
+use crate::helpers::{Backend, TestApp, git, uuid, wait_job_settled, worktrees_of};
 
 both_backends!(
     archive_removes_what_a_superseded_environment_left,
@@ -19,25 +19,6 @@ both_backends!(
 );
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
-
-async fn wait_job(app: &TestApp, id: Uuid) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        if j["state"] == "succeeded" || j["state"] == "failed" || j["state"] == "cancelled" {
-            return j;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// What the source repository looks like to its user.
 fn source_state(source: &Path) -> (String, String, String) {
@@ -106,7 +87,7 @@ async fn archive_removes_what_a_superseded_environment_left(app: TestApp) {
         .post(&format!("/api/v1/tasks/{}/archive", l.task), json!({}))
         .await
         .ok(202);
-    let job = wait_job(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
+    let job = wait_job_settled(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
     assert_eq!(job["state"], "succeeded", "{job}");
     assert_eq!(job["resource_snapshot"]["superseded"][0]["id"], l.old_env.to_string());
     assert!(!l.worktree.exists(), "the superseded worktree is removed");
@@ -127,7 +108,7 @@ async fn delete_keeps_a_dirty_superseded_worktree_unless_consented(app: TestApp)
     let kept = leftover(&app, ws, "kept").await;
     std::fs::write(kept.worktree.join("notes.txt"), "work in progress").unwrap();
     let r = app.delete(&format!("/api/v1/tasks/{}", kept.task)).await.ok(202);
-    let job = wait_job(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
+    let job = wait_job_settled(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
     assert_eq!(job["state"], "succeeded", "{job}");
     let why = job["last_error"].as_str().unwrap_or_default();
     assert!(why.contains("kept the worktree"), "reported: {job}");
@@ -151,7 +132,7 @@ async fn delete_keeps_a_dirty_superseded_worktree_unless_consented(app: TestApp)
         ))
         .await
         .ok(202);
-    let job = wait_job(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
+    let job = wait_job_settled(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
     assert_eq!(job["state"], "succeeded", "{job}");
     assert!(job["last_error"].is_null(), "{job}");
     assert!(!consented.worktree.exists(), "consented: removed");
@@ -181,7 +162,7 @@ async fn reconciled(app: &TestApp, task: Uuid) -> Value {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Some(j) = superseded_jobs(app, task).await.first() {
-            return wait_job(app, uuid(&j["id"])).await;
+            return wait_job_settled(app, uuid(&j["id"])).await;
         }
         assert!(tokio::time::Instant::now() < deadline, "the reconcile pass never ran");
         tokio::time::sleep(Duration::from_millis(50)).await;

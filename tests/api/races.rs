@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Backend, TestApp, branch_exists, id_of, worktrees_of};
+use crate::helpers::{Backend, TestApp, branch_exists, id_of, uuid, wait_job_settled, worktrees_of};
 
 both_backends!(
     cascade_archive_and_delete_across_three_levels,
@@ -24,28 +24,9 @@ both_backends!(
 const WAIT: Duration = Duration::from_secs(60);
 const ROUNDS: usize = 50;
 
-fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
-
-async fn wait_job(app: &TestApp, id: Uuid) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        if j["state"] == "succeeded" || j["state"] == "failed" || j["state"] == "cancelled" {
-            return j;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn jobs_succeed(app: &TestApp, reply: &Value) {
     for j in reply["cleanup_jobs"].as_array().unwrap() {
-        let done = wait_job(app, uuid(&j["id"])).await;
+        let done = wait_job_settled(app, uuid(&j["id"])).await;
         assert_eq!(done["state"], "succeeded", "{done}");
     }
 }
@@ -235,7 +216,7 @@ async fn reset_racing_session_creation_leaks_nothing(app: TestApp) {
         let (c, r) = tokio::join!(create, reset);
         assert!(matches!(c.status.as_u16(), 201 | 409), "{}", c.text);
         let job = r.ok(202);
-        let done = wait_job(&app, uuid(&job["cleanup_job"]["id"])).await;
+        let done = wait_job_settled(&app, uuid(&job["cleanup_job"]["id"])).await;
         assert_eq!(done["state"], "succeeded", "{done}");
         tasks.push(task);
     }
@@ -311,7 +292,7 @@ async fn unarchive_waits_for_the_running_archive_job(backend: Backend) {
         json!([]),
         "the running job was waited for, not cancelled"
     );
-    assert_eq!(wait_job(&app, id).await["state"], "succeeded");
+    assert_eq!(wait_job_settled(&app, id).await["state"], "succeeded");
     assert!(!worktree.exists(), "the job finished what it started");
     let t = app.get(&format!("/api/v1/tasks/{task}")).await.ok(200);
     assert!(t["archived_at"].is_null());
