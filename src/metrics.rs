@@ -80,6 +80,8 @@ pub struct Metrics {
     streams_open: Gauge,
     stream_resets: Family<ReasonLabel, Counter>,
     event_lag: Histogram,
+    event_stamp: Histogram,
+    sequencer_leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -180,6 +182,18 @@ impl Metrics {
             "From an event's write to its broadcast to the streams",
             event_lag.clone(),
         );
+        let event_stamp = Histogram::new(EVENT_LAG.iter().copied());
+        registry.register(
+            "berth_event_stamp_seconds",
+            "PostgreSQL: from a request's commit to its events' publication on this replica (stamping included)",
+            event_stamp.clone(),
+        );
+        let sequencer_leader = Gauge::default();
+        registry.register(
+            "berth_event_sequencer_leader",
+            "1 while this replica stamps the events of its PostgreSQL database",
+            sequencer_leader.clone(),
+        );
         registry.register(
             "berth_build",
             "The version and commit of this binary",
@@ -209,6 +223,8 @@ impl Metrics {
             streams_open,
             stream_resets,
             event_lag,
+            event_stamp,
+            sequencer_leader,
         }
     }
 
@@ -278,6 +294,14 @@ impl Metrics {
     }
 
     /// An event reached the streams `lag` after it was written.
+    pub fn event_stamped(&self, wait: Duration) {
+        self.event_stamp.observe(wait.as_secs_f64());
+    }
+
+    pub fn set_sequencer_leader(&self, leading: bool) {
+        self.sequencer_leader.set(i64::from(leading));
+    }
+
     pub fn event_published(&self, lag: Duration) {
         self.event_lag.observe(lag.as_secs_f64());
     }

@@ -112,6 +112,18 @@ impl Application {
             background.push(
                 tokio::spawn(crate::events::listen_postgres(ctx.events.clone(), ctx.db.conn.clone())).abort_handle(),
             );
+            // Issue 19: events are stamped by whichever replica leads (this one, or another).
+            background.push(
+                tokio::spawn(crate::events::sequencer::run(
+                    ctx.events.clone(),
+                    ctx.db.conn.clone(),
+                    ctx.config.event_poll,
+                    ctx.metrics.clone(),
+                ))
+                .abort_handle(),
+            );
+            background
+                .push(tokio::spawn(crate::events::sequencer::herald(ctx.events.clone(), ctx.db.conn.clone())).abort_handle());
         }
         let app_state = state.clone();
         let server = HttpServer::new(move || {

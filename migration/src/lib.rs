@@ -11,6 +11,7 @@ mod m20261202_000007_row_versions;
 mod m20261202_000008_branch_ownership;
 mod m20261203_000009_actors_and_broken;
 mod m20261203_000010_imported_from;
+mod m20261204_000011_event_stamping;
 
 pub struct Migrator;
 
@@ -28,6 +29,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000008_branch_ownership::Migration),
             Box::new(m20261203_000009_actors_and_broken::Migration),
             Box::new(m20261203_000010_imported_from::Migration),
+            Box::new(m20261204_000011_event_stamping::Migration),
         ]
     }
 }

@@ -54,7 +54,10 @@ pub async fn request_id_and_metrics(
     let started = Instant::now();
     // The actor slot (issue 17 item 7) wraps everything below: authentication fills it.
     let mut res = REQUEST_ID
-        .scope(id.clone(), crate::actor::request_scope(next.call(req)))
+        .scope(
+            id.clone(),
+            crate::actor::request_scope(crate::events::written::request_scope(next.call(req))),
+        )
         .await?;
     if let Ok(value) = HeaderValue::from_str(&id) {
         res.headers_mut()

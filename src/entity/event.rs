@@ -19,6 +19,9 @@ pub struct Model {
     pub actor_sub: Option<String>,
     /// For an agent's session-bound token: its session.
     pub actor_session_id: Option<Uuid>,
+    /// PostgreSQL: the write-order id the sequencer stamps `seq` by (issue 19); null on SQLite, where
+    /// `seq` is assigned in the writing transaction. Never shown to clients.
+    pub id: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -1,31 +1,42 @@
 //! Events (decision 6, I32): appended in the same transaction as the change they report, so an event
-//! exists if and only if its change committed. `seq` comes from the one-row `event_sequence` counter,
-//! whose row lock (PostgreSQL) or the writer lock (SQLite) is held until commit: seq order is commit
-//! order, so once seq N is visible every smaller seq is too, and a reader never skips an event that
-//! commits late.
+//! exists if and only if its change committed, and readers see it only once its public `seq` is set.
 //!
-//! Live delivery: one tailer per process reads committed rows after the last one it published and
-//! broadcasts them; writers wake it after commit, PostgreSQL `NOTIFY` wakes it across replicas, and a
-//! slow poll catches anything else. The rows are the truth; the broadcast is a bounded cache of them.
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+//! - SQLite (one writer): `seq` comes from the one-row `event_sequence` counter inside the writing
+//!   transaction; the writer lock makes seq order commit order.
+//! - PostgreSQL (issue 19): a writer inserts its event with `seq` NULL and touches no shared row. One
+//!   sequencer per database (`sequencer`, leadership by advisory lock) stamps committed rows in batches;
+//!   each batch commits at once with numbers above every earlier batch, so seq is contiguous among
+//!   committed events and equal to visibility order, and an event that commits late is stamped late: a
+//!   reader after cursor N never skips it.
+//!
+//! Live delivery: one tailer per process reads stamped rows after the last one it published and
+//! broadcasts them; commits and the sequencer wake it (PostgreSQL `NOTIFY` across replicas), and a slow
+//! poll catches anything else. The rows are the truth; the broadcast is a bounded cache of them.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
     EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
 };
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, oneshot};
 use uuid::Uuid;
 
 use crate::entity::event;
 
+pub mod sequencer;
 pub mod stream;
 pub mod types;
+pub mod written;
 
 pub use types::EventType;
 
+/// PostgreSQL: the sequencer stamped a batch (every replica's tailer reads it).
 pub const PG_CHANNEL: &str = "berth_events";
+/// PostgreSQL: a replica that does not lead committed events (the leader stamps them).
+pub const PG_PENDING_CHANNEL: &str = "berth_events_pending";
 
 /// What an event is about; the ids let streams filter by workspace and session.
 #[derive(Debug, Default, Clone)]
@@ -53,30 +64,27 @@ impl Subject {
     }
 }
 
-/// Appends one event inside `txn` and returns its seq.
+/// Appends one event inside `txn`. On PostgreSQL it gets its `seq` after commit, from the sequencer;
+/// a request's commit waits for that (`Ctx::commit`), so what a client wrote is in the log when it is
+/// answered.
 pub async fn append(
     txn: &DatabaseTransaction,
     instance_id: Uuid,
     event_type: EventType,
     subject: Subject,
     data: serde_json::Value,
-) -> Result<i64, DbErr> {
+) -> Result<(), DbErr> {
     let backend = txn.get_database_backend();
     // Issue 17 item 7: whoever the work runs for (the request's token, or a job's requester).
     let actor = crate::actor::current();
     if backend == DbBackend::Postgres {
-        // One round trip: take the next seq, insert the event, and notify the listeners at commit
-        // (issue 9: an event was three statements; every write pays for it).
+        // One statement, and no shared row: `id` is an identity (a sequence, not held to commit).
         let row = txn
             .query_one_raw(Statement::from_sql_and_values(
                 backend,
-                format!(
-                    "WITH s AS (UPDATE event_sequence SET last_seq = last_seq + 1 WHERE id = 1 RETURNING last_seq), \
-                     e AS (INSERT INTO events (seq, instance_id, type, workspace_id, task_id, session_id, \
-                     task_environment_id, execution_id, data, created_at, actor_sub, actor_session_id) \
-                     SELECT last_seq, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM s RETURNING seq) \
-                     SELECT e.seq FROM e, LATERAL (SELECT pg_notify('{PG_CHANNEL}', '')) AS n"
-                ),
+                "INSERT INTO events (instance_id, type, workspace_id, task_id, session_id, \
+                 task_environment_id, execution_id, data, created_at, actor_sub, actor_session_id) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
                 [
                     instance_id.into(),
                     event_type.as_str().into(),
@@ -92,8 +100,9 @@ pub async fn append(
                 ],
             ))
             .await?
-            .ok_or_else(|| DbErr::Custom("event_sequence has no row".into()))?;
-        return row.try_get("", "seq");
+            .ok_or_else(|| DbErr::Custom("inserting an event returned no id".into()))?;
+        written::appended(row.try_get("", "id")?);
+        return Ok(());
     }
     let row = txn
         .query_one_raw(Statement::from_string(
@@ -116,13 +125,14 @@ pub async fn append(
         created_at: Set(crate::clock::now()),
         actor_sub: Set(actor.as_ref().map(|a| a.sub.clone())),
         actor_session_id: Set(actor.and_then(|a| a.session_id)),
+        id: Set(None),
     })
     .exec_without_returning(txn)
     .await?;
-    Ok(seq)
+    Ok(())
 }
 
-/// The newest seq ever assigned (committed), and the oldest still retained.
+/// The newest seq ever stamped (committed), and the oldest still retained.
 pub async fn bounds<C: ConnectionTrait>(conn: &C) -> Result<(i64, i64), DbErr> {
     let backend = conn.get_database_backend();
     let row = conn
@@ -250,6 +260,14 @@ pub struct Hub {
     tx: broadcast::Sender<Arc<event::Model>>,
     wake: Notify,
     published: AtomicI64,
+    /// PostgreSQL: whether this replica holds sequencing leadership.
+    leading: AtomicBool,
+    /// Wakes this replica's sequencer (when it leads).
+    stamp: Notify,
+    /// Wakes this replica's herald, which tells the leader (when another replica leads).
+    herald: Notify,
+    /// Writes waiting for their event to be published, by event id (PostgreSQL).
+    waiters: Mutex<HashMap<i64, oneshot::Sender<()>>>,
 }
 
 impl Hub {
@@ -260,12 +278,50 @@ impl Hub {
             tx,
             wake: Notify::new(),
             published: AtomicI64::new(-1),
+            leading: AtomicBool::new(false),
+            stamp: Notify::new(),
+            herald: Notify::new(),
+            waiters: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Tells the tailer that something committed.
+    /// Tells the tailer that something committed, and on PostgreSQL whoever stamps it: this replica's
+    /// sequencer when it leads, else the leader (through the herald, coalesced).
     pub fn wake(&self) {
         self.wake.notify_one();
+        if self.leading.load(Ordering::Acquire) {
+            self.stamp.notify_one();
+        } else {
+            self.herald.notify_one();
+        }
+    }
+
+    /// Whether this replica stamps events now (PostgreSQL).
+    pub fn leading(&self) -> bool {
+        self.leading.load(Ordering::Acquire)
+    }
+
+    /// Resolves when the event with this `id` has been published here (registered before its commit,
+    /// so the publication cannot be missed). Dropping the returned value unregisters it.
+    pub fn published_id(self: &Arc<Self>, id: i64) -> PublishedId {
+        let (tx, rx) = oneshot::channel();
+        self.waiters.lock().unwrap().insert(id, tx);
+        PublishedId {
+            hub: self.clone(),
+            id,
+            rx,
+        }
+    }
+
+    fn publish(&self, e: event::Model) {
+        let (seq, id) = (e.seq, e.id);
+        let _ = self.tx.send(Arc::new(e));
+        self.published.store(seq, Ordering::Release);
+        if let Some(id) = id
+            && let Some(waiter) = self.waiters.lock().unwrap().remove(&id)
+        {
+            let _ = waiter.send(());
+        }
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<event::Model>> {
@@ -297,9 +353,7 @@ impl Hub {
                     Ok(batch) => {
                         let full = batch.len() == 1000;
                         for e in batch {
-                            let seq = e.seq;
-                            let _ = self.tx.send(Arc::new(e));
-                            self.published.store(seq, Ordering::Release);
+                            self.publish(e);
                         }
                         if !full {
                             break;
@@ -315,19 +369,41 @@ impl Hub {
     }
 }
 
-/// On PostgreSQL: wake the tailer whenever any replica commits an event.
+/// A write's wait for its event to reach this replica's streams (`Hub::published_id`).
+pub struct PublishedId {
+    hub: Arc<Hub>,
+    id: i64,
+    rx: oneshot::Receiver<()>,
+}
+
+impl PublishedId {
+    /// True when published within `limit`.
+    pub async fn within(mut self, limit: Duration) -> bool {
+        matches!(tokio::time::timeout(limit, &mut self.rx).await, Ok(Ok(())))
+    }
+}
+
+impl Drop for PublishedId {
+    fn drop(&mut self) {
+        self.hub.waiters.lock().unwrap().remove(&self.id);
+    }
+}
+
+/// On PostgreSQL: wake the tailer whenever the sequencer stamped a batch, and this replica's sequencer
+/// whenever another replica committed events (it stamps them if it leads).
 pub async fn listen_postgres(hub: Arc<Hub>, db: DatabaseConnection) {
     use sea_orm::sqlx::postgres::PgListener;
     loop {
         let pool = db.get_postgres_connection_pool().clone();
         match PgListener::connect_with(&pool).await {
             Ok(mut listener) => {
-                if let Err(e) = listener.listen(PG_CHANNEL).await {
+                if let Err(e) = listener.listen_all([PG_CHANNEL, PG_PENDING_CHANNEL]).await {
                     tracing::warn!(error = %e, "LISTEN failed; relying on polling");
                 } else {
                     loop {
                         match listener.recv().await {
-                            Ok(_) => hub.wake(),
+                            Ok(n) if n.channel() == PG_PENDING_CHANNEL => hub.stamp.notify_one(),
+                            Ok(_) => hub.wake.notify_one(),
                             Err(e) => {
                                 tracing::warn!(error = %e, "LISTEN connection lost; reconnecting");
                                 break;
@@ -348,7 +424,9 @@ pub async fn trim<C: ConnectionTrait>(conn: &C, keep: i64, max_age: Duration) ->
     let cutoff_seq = latest - keep;
     let cutoff_time =
         crate::clock::now() - chrono::Duration::from_std(max_age).unwrap_or(chrono::Duration::days(36500));
+    // Never an unstamped row (PostgreSQL): its transaction committed, and it has not been delivered.
     let res = event::Entity::delete_many()
+        .filter(event::Column::Seq.is_not_null())
         .filter(
             sea_orm::Condition::any()
                 .add(event::Column::Seq.lte(cutoff_seq))

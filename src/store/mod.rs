@@ -70,6 +70,8 @@ impl Db {
     /// A transaction that will write: `BEGIN IMMEDIATE` on SQLite (the writer lock up front), a plain
     /// transaction on PostgreSQL (callers lock rows they read before writing).
     pub async fn begin_write(&self) -> Result<DatabaseTransaction, DbErr> {
+        // A transaction dropped without commit left its events' ids behind: nothing waits for them.
+        crate::events::written::take_appended();
         self.conn
             .begin_with_options(TransactionOptions {
                 sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),

@@ -145,7 +145,7 @@ async fn request_logs_name_the_actor(app: TestApp) {
     env.insert("RUST_LOG".into(), "debug".into());
     env.insert("BERTH_LOG_FORMAT".into(), "json".into());
     let mut berth = crate::faults::start(&env, None, &log);
-    let client = reqwest::Client::new();
+    let client = crate::helpers::client();
     crate::faults::wait_ready(&client, &mut berth).await;
     let token = mint(&app.config, "logger-sub", "admin", None, None);
     let r = client

@@ -116,7 +116,7 @@ async fn a_pi_session_continues_its_conversation_on_every_relaunch(app: TestApp)
         "the same conversation throughout"
     );
     // The restarted server runs the agent: the message goes to it.
-    let r = reqwest::Client::new()
+    let r = crate::helpers::client()
         .post(format!("{base}/api/v1/sessions/{id}/messages"))
         .bearer_auth(&app.admin)
         .json(&json!({"text": "history"}))

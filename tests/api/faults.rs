@@ -351,7 +351,7 @@ async fn sigkill_at_random_points_loses_nothing(app: TestApp) {
     let env = process_env(&app, &data);
     let worktree_root = data.join("worktrees");
     let log = app.scratch.path().join("killed.log");
-    let client = reqwest::Client::new();
+    let client = crate::helpers::client();
     let mut ids = None;
     let mut rng: u64 = 0x5eed_0001;
     for round in 0..20u64 {
@@ -432,7 +432,7 @@ async fn a_failing_git_cli_is_retried_until_jobs_complete(app: TestApp) {
     let env = process_env(&app, &data);
     let log = app.scratch.path().join("flaky.log");
     let mut b = start(&env, Some(&bin), &log);
-    let client = reqwest::Client::new();
+    let client = crate::helpers::client();
     wait_ready(&client, &mut b).await;
     let api = format!("{}/api/v1", b.base);
     let token = app.admin.clone();
@@ -523,7 +523,7 @@ async fn two_processes_with_one_node_id_run_each_job_once(app: TestApp) {
     env.insert("BERTH_CLEANUP_LEASE_SECS".into(), "300".into());
     env.insert("BERTH_CLEANUP_WORKERS".into(), "4".into());
     let log = app.scratch.path().join("twins.log");
-    let client = reqwest::Client::new();
+    let client = crate::helpers::client();
     let mut one = start(&env, None, &log);
     let mut two = start(&env, None, &log);
     wait_ready(&client, &mut one).await;
@@ -720,7 +720,7 @@ async fn postgres_restarting_under_load_answers_503_and_loses_nothing(app: TestA
     let mut env = process_env(&app, &data);
     env.insert("BERTH_DATABASE_URL".into(), pg.url());
     let log = app.scratch.path().join("outage.log");
-    let client = reqwest::Client::new();
+    let client = crate::helpers::client();
     let mut b = start(&env, None, &log);
     wait_ready(&client, &mut b).await;
     let token = app.admin.clone();
@@ -842,7 +842,7 @@ async fn a_full_disk_on_sqlite_answers_503_and_corrupts_nothing(app: TestApp) {
         app.scratch.path().join("worktrees-full").display().to_string(),
     );
     let log = app.scratch.path().join("full.log");
-    let client = reqwest::Client::new();
+    let client = crate::helpers::client();
     let mut b = start(&env, None, &log);
     wait_ready(&client, &mut b).await;
     let token = app.admin.clone();

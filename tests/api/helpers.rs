@@ -49,6 +49,16 @@ static SQLITE_ONLY_NOTICE: Once = Once::new();
 
 /// The PostgreSQL server URL for tests, or `None` (with a notice written past the test harness's output
 /// capture) when it is not configured.
+/// An HTTP client for talking to a berth under test. Its idle connections close after 2 s, before
+/// actix's 5 s keep-alive closes them from the server side: a request sent on a connection the server
+/// is closing at that instant fails with `IncompleteMessage` (seen in CI after a 5 s quiet spell).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_idle_timeout(std::time::Duration::from_secs(2))
+        .build()
+        .expect("an HTTP client")
+}
+
 pub fn postgres_url() -> Option<String> {
     match std::env::var("BERTH_TEST_POSTGRES_URL") {
         Ok(url) if !url.is_empty() => Some(url),
@@ -269,7 +279,7 @@ impl TestApp {
         Some(TestApp {
             backend,
             base,
-            client: reqwest::Client::new(),
+            client: client(),
             admin,
             app_state,
             config,

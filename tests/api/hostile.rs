@@ -129,7 +129,7 @@ async fn huge_tokens_are_refused_cleanly(app: TestApp) {
         )
         .unwrap();
         // A client of its own: the server may close this connection, which must not affect others.
-        let r = reqwest::Client::new()
+        let r = crate::helpers::client()
             .get(format!("{}/api/v1/workspaces", app.base))
             .bearer_auth(&padded)
             .timeout(Duration::from_secs(30))

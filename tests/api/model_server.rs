@@ -512,7 +512,7 @@ async fn read_chunked(rd: &mut (impl AsyncRead + Unpin), mut buf: Vec<u8>) -> Op
 async fn the_model_server_streams_scripts_and_survives_a_dropped_request() {
     const WAIT: Duration = Duration::from_secs(20);
     let server = ModelServer::start().await;
-    let client = reqwest::Client::new();
+    let client = crate::helpers::client();
     let url = format!("{}/chat/completions", server.base_url());
     let ask = |text: &str| {
         json!({"model": "echo", "stream": true, "messages": [

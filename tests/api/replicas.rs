@@ -43,7 +43,7 @@ impl Replica {
             .expect("the second replica starts");
         let replica = Replica {
             base: format!("http://127.0.0.1:{}", server.port()),
-            client: reqwest::Client::new(),
+            client: crate::helpers::client(),
             token: app.token("admin"),
             state: server.state.clone(),
             handle: server.handle(),

@@ -32,7 +32,7 @@ pub(crate) async fn ticket(app: &TestApp, token: &str) -> String {
 
 /// Opens the stream with a ticket and no `Authorization` header.
 pub(crate) async fn open(base: &str, ticket: &str, query: &str) -> reqwest::Response {
-    reqwest::Client::new()
+    crate::helpers::client()
         .get(format!("{base}/api/v1/events/stream?ticket={ticket}{query}"))
         .send()
         .await
@@ -270,7 +270,7 @@ async fn a_ticket_never_reaches_the_log_or_metrics(app: TestApp) {
     env.insert("RUST_LOG".into(), "debug".into());
     env.insert("BERTH_LOG_FORMAT".into(), "json".into());
     let mut berth = crate::faults::start(&env, None, &log);
-    let client = reqwest::Client::new();
+    let client = crate::helpers::client();
     crate::faults::wait_ready(&client, &mut berth).await;
     let token = mint(&app.config, "logger", "admin", None, None);
     let mint_one = || async {

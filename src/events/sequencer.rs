@@ -1,0 +1,117 @@
+//! PostgreSQL event sequencing without a hot row (issue 19, item 1).
+//!
+//! Writers insert events with `seq` NULL (`events::append`); nothing they do touches a shared row, so
+//! writers of every replica commit in parallel. Exactly one replica at a time leads: it holds a
+//! session-level advisory lock on a connection of its own, and stamps on that same connection, so a
+//! leader whose process or connection dies loses the lock and can stamp nothing more; another replica's
+//! campaign (every `TAKEOVER`) takes over.
+//!
+//! A stamp is one statement: it numbers the committed unstamped rows (in `id` order, which keeps the
+//! order of one transaction's events), advances the counter (only the leader writes it) and notifies the
+//! tailers, atomically. Why this keeps I32 with no horizon to compute: a row is invisible to readers
+//! until stamped (they select `seq > cursor`); the statement sees only committed rows; each batch's
+//! numbers follow the previous batch's and become visible together at its commit. So `seq` is contiguous
+//! among committed events, and visibility order is `seq` order: a transaction that commits late is
+//! stamped late, above every cursor a reader already holds. A rolled-back transaction's rows never
+//! become visible, so they take no number.
+//!
+//! Wake-ups: a commit on the leader wakes its sequencer directly; a commit elsewhere wakes that replica's
+//! herald, which sends one `NOTIFY` to the leader for however many commits arrived meanwhile (outside
+//! the writers' transactions: a `NOTIFY` inside them would serialize their commits on PostgreSQL's
+//! notification lock). A poll catches anything a lost notification missed.
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use sea_orm::sqlx::{self, Row};
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+
+use super::{Hub, PG_CHANNEL, PG_PENDING_CHANNEL};
+use crate::metrics::Metrics;
+
+/// The advisory lock key of sequencing leadership ("berthseq").
+const LEADER_KEY: i64 = 0x6265_7274_6873_6571;
+/// How often a replica that does not lead tries to.
+pub const TAKEOVER: Duration = Duration::from_millis(250);
+/// Rows per stamping statement.
+const BATCH: i64 = 5000;
+
+/// Numbers the oldest committed unstamped events after the counter, advances it, and notifies the
+/// tailers when it stamped anything: one statement, one transaction.
+const STAMP: &str = "WITH pending AS (\
+       SELECT id, row_number() OVER (ORDER BY id) AS n \
+       FROM (SELECT id FROM events WHERE seq IS NULL ORDER BY id LIMIT $1) oldest), \
+     counter AS (\
+       UPDATE event_sequence SET last_seq = last_seq + (SELECT count(*) FROM pending) \
+       WHERE id = 1 AND EXISTS (SELECT 1 FROM pending) \
+       RETURNING last_seq - (SELECT count(*) FROM pending) AS base), \
+     stamped AS (\
+       UPDATE events e SET seq = counter.base + pending.n FROM pending, counter \
+       WHERE e.id = pending.id RETURNING e.seq), \
+     total AS (SELECT count(*) AS n FROM stamped) \
+     SELECT total.n FROM total LEFT JOIN LATERAL \
+       (SELECT pg_notify('berth_events', '') WHERE total.n > 0) AS notified ON true";
+
+/// Campaigns for leadership and, while leading, stamps; forever. Run once per process on PostgreSQL.
+pub async fn run(hub: Arc<Hub>, db: DatabaseConnection, poll: Duration, metrics: Arc<Metrics>) {
+    debug_assert_eq!(PG_CHANNEL, "berth_events", "STAMP notifies this channel by name");
+    loop {
+        match lead(&hub, &db, poll, &metrics).await {
+            Ok(()) => {}
+            Err(e) => tracing::warn!(error = %e, "event sequencing connection failed; campaigning again"),
+        }
+        if hub.leading.swap(false, Ordering::AcqRel) {
+            metrics.set_sequencer_leader(false);
+            tracing::warn!("this replica no longer stamps events");
+        }
+        tokio::time::sleep(TAKEOVER).await;
+    }
+}
+
+/// One connection's life: campaign on it until it leads, then stamp on it until it fails.
+async fn lead(hub: &Hub, db: &DatabaseConnection, poll: Duration, metrics: &Metrics) -> Result<(), sqlx::Error> {
+    // A connection of its own: the lock lives and dies with it, and no pooled query can release it.
+    let mut conn = db.get_postgres_connection_pool().acquire().await?.detach();
+    loop {
+        let won: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(LEADER_KEY)
+            .fetch_one(&mut conn)
+            .await?;
+        if won {
+            break;
+        }
+        tokio::time::sleep(TAKEOVER).await;
+    }
+    hub.leading.store(true, Ordering::Release);
+    metrics.set_sequencer_leader(true);
+    tracing::info!("this replica stamps events (sequencing leadership taken)");
+    loop {
+        // Everything committed so far, in batches, before waiting again.
+        loop {
+            let n: i64 = sqlx::query(STAMP).bind(BATCH).fetch_one(&mut conn).await?.try_get("n")?;
+            if n > 0 {
+                hub.wake.notify_one();
+            }
+            if n < BATCH {
+                break;
+            }
+        }
+        let _ = tokio::time::timeout(poll, hub.stamp.notified()).await;
+    }
+}
+
+/// On a replica that does not lead: one `NOTIFY` to the leader per burst of local commits.
+pub async fn herald(hub: Arc<Hub>, db: DatabaseConnection) {
+    let backend = db.get_database_backend();
+    loop {
+        hub.herald.notified().await;
+        if hub.leading() {
+            continue;
+        }
+        let notify = Statement::from_string(backend, format!("SELECT pg_notify('{PG_PENDING_CHANNEL}', '')"));
+        if let Err(e) = db.execute_raw(notify).await {
+            // The leader's poll stamps it anyway.
+            tracing::warn!(error = %e, "could not tell the event sequencer about a commit");
+        }
+    }
+}
