@@ -122,8 +122,13 @@ impl Application {
                 ))
                 .abort_handle(),
             );
-            background
-                .push(tokio::spawn(crate::events::sequencer::herald(ctx.events.clone(), ctx.db.conn.clone())).abort_handle());
+            background.push(
+                tokio::spawn(crate::events::sequencer::herald(
+                    ctx.events.clone(),
+                    ctx.db.conn.clone(),
+                ))
+                .abort_handle(),
+            );
         }
         let app_state = state.clone();
         let server = HttpServer::new(move || {

@@ -88,7 +88,11 @@ async fn lead(hub: &Hub, db: &DatabaseConnection, poll: Duration, metrics: &Metr
     loop {
         // Everything committed so far, in batches, before waiting again.
         loop {
-            let n: i64 = sqlx::query(STAMP).bind(BATCH).fetch_one(&mut conn).await?.try_get("n")?;
+            let n: i64 = sqlx::query(STAMP)
+                .bind(BATCH)
+                .fetch_one(&mut conn)
+                .await?
+                .try_get("n")?;
             if n > 0 {
                 hub.wake.notify_one();
             }

@@ -28,7 +28,7 @@ const WAIT: Duration = Duration::from_secs(90);
 
 /// A `berth serve` of its own (the release of a test, not the in-process server), on the test's database.
 pub(crate) struct Berth {
-    child: Child,
+    pub(crate) child: Child,
     pub(crate) base: String,
 }
 

@@ -292,6 +292,14 @@ impl TestApp {
         })
     }
 
+    /// Stops the in-process server's background tasks (event tailer and sequencer, workers), for a test
+    /// whose berth processes of its own are to do that work on this database.
+    pub fn stop_background(&self) {
+        for task in &self.background {
+            task.abort();
+        }
+    }
+
     pub fn db(&self) -> &sea_orm::DatabaseConnection {
         &self.app_state.ctx.db.conn
     }

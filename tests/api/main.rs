@@ -38,6 +38,7 @@ mod prune_scope;
 mod races;
 mod replicas;
 mod repositories;
+mod sequencing;
 mod sessions;
 mod settings;
 mod streaming;
