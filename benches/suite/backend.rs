@@ -40,7 +40,13 @@ pub(crate) struct Bench {
     pub(crate) session: Uuid,
 }
 
-pub(crate) async fn run_backend(table: &mut Table, backend: &'static str, pg_server: Option<String>) {
+/// `claims_only`: set up, then only the claim rows (`cargo bench --bench suite -- claims`).
+pub(crate) async fn run_backend(
+    table: &mut Table,
+    backend: &'static str,
+    pg_server: Option<String>,
+    claims_only: bool,
+) {
     eprintln!("\n== {backend}");
     let dir = tempfile::TempDir::new().unwrap();
     let scratch = dir.path().canonicalize().unwrap();
@@ -136,27 +142,31 @@ pub(crate) async fn run_backend(table: &mut Table, backend: &'static str, pg_ser
         .await,
     );
 
-    materialize(&mut b, table, &source).await;
-    fill_tasks(&b, 1_000).await;
-    load(&b, table, "1,000 tasks", true).await;
-    let rss_first = b.server.rss_kib();
-    load(&b, table, "1,000 tasks, second run", false).await;
-    let rss_second = b.server.rss_kib();
-    let growth = rss_second as f64 / rss_first.max(1) as f64;
-    table.add(
-        backend,
-        "server resident memory: idle / after load / after an identical second load",
-        format!("{} / {} / {} MiB", idle_rss / 1024, rss_first / 1024, rss_second / 1024),
-        "-".into(),
-        format!("{growth:.2} (second / first)"),
-        "no growth across the second run (<= 1.10)",
-        Some(growth <= 1.10),
-    );
-    let big = env_usize("BERTH_BENCH_GROWTH", 100_000);
-    fill_tasks(&b, big).await;
-    load(&b, table, &format!("{big} tasks"), false).await;
-    claims(&b, table).await;
-    git_status(&b, table).await;
+    if claims_only {
+        claims(&b, table).await;
+    } else {
+        materialize(&mut b, table, &source).await;
+        fill_tasks(&b, 1_000).await;
+        load(&b, table, "1,000 tasks", true).await;
+        let rss_first = b.server.rss_kib();
+        load(&b, table, "1,000 tasks, second run", false).await;
+        let rss_second = b.server.rss_kib();
+        let growth = rss_second as f64 / rss_first.max(1) as f64;
+        table.add(
+            backend,
+            "server resident memory: idle / after load / after an identical second load",
+            format!("{} / {} / {} MiB", idle_rss / 1024, rss_first / 1024, rss_second / 1024),
+            "-".into(),
+            format!("{growth:.2} (second / first)"),
+            "no growth across the second run (<= 1.10)",
+            Some(growth <= 1.10),
+        );
+        let big = env_usize("BERTH_BENCH_GROWTH", 100_000);
+        fill_tasks(&b, big).await;
+        load(&b, table, &format!("{big} tasks"), false).await;
+        claims(&b, table).await;
+        git_status(&b, table).await;
+    }
 
     drop(b);
     for h in app.background() {

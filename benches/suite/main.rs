@@ -11,7 +11,9 @@
 //! Knobs: `BERTH_BENCH_SECS` (each throughput window, default 8), `BERTH_BENCH_SKIP_SQLITE`,
 //! `BERTH_BENCH_GROWTH` (largest task count, default 100000), `BERTH_BENCH_JOBS` (default 10000).
 //! A filter argument runs only the groups whose name contains it: `admission`, `backend` (everything
-//! measured on `run_backend`'s server), `streaming` (`cargo bench --bench suite -- streaming`).
+//! measured on `run_backend`'s server), `claims` (only the claim rows of each backend), `sequencing`
+//! (PostgreSQL event sequencing with 1 and 3 replicas), `streaming` (`cargo bench --bench suite --
+//! streaming`).
 mod admission;
 mod backend;
 mod claims;
@@ -19,6 +21,7 @@ mod events;
 mod git_status;
 mod load;
 mod materialize;
+mod sequencing;
 mod streaming;
 mod util;
 
@@ -44,6 +47,7 @@ use events::*;
 use git_status::*;
 use load::*;
 use materialize::*;
+use sequencing::*;
 use streaming::*;
 use util::*;
 
@@ -167,8 +171,13 @@ pub(crate) fn main() {
             Err(_) => eprintln!("BERTH_BENCH_POSTGRES_URL is not set: SQLite only"),
         }
         for (backend, url) in backends {
-            if wants("backend") {
-                run_backend(&mut table, backend, url.clone()).await;
+            if wants("backend") || wants("claims") {
+                run_backend(&mut table, backend, url.clone(), !wants("backend")).await;
+            }
+            if let Some(url) = &url
+                && wants("sequencing")
+            {
+                sequencing(&mut table, url).await;
             }
             if wants("streaming") {
                 streaming(&mut table, backend, url).await;
