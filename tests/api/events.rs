@@ -20,6 +20,7 @@ both_backends!(
     a_slow_subscriber_catches_up_never_skipped,
     a_slow_subscriber_whose_events_were_trimmed_is_reset,
     keep_alive_comments_flow,
+    an_answered_write_is_already_in_the_log,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -527,4 +528,35 @@ async fn keep_alive_comments_flow(app: TestApp) {
     let frame = sse.next(WAIT).await.unwrap();
     assert_eq!(frame.event, "comment");
     assert_eq!(frame.data, "keep-alive");
+}
+
+/// I32 with issue 19's sequencer: on PostgreSQL an event is stamped after its transaction commits, by
+/// whichever replica leads; a request's commit waits for that, so the log already holds what a client
+/// was just answered for (read-your-writes). On SQLite the seq is assigned in the transaction.
+async fn an_answered_write_is_already_in_the_log(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let task = app.task(ws, "t", &[]).await;
+    let mut after = app.events().await.last().unwrap().0;
+    for i in 0..20 {
+        let title = format!("title {i}");
+        app.patch(&format!("/api/v1/tasks/{task}"), json!({ "title": title }))
+            .await
+            .ok(200);
+        let page = replay(&app, &app.admin, &format!("?after={after}")).await;
+        let events = page["events"].as_array().unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|e| e["type"] == "task.updated" && e.to_string().contains(&title)),
+            "write {i} answered before its event was in the log: {page}"
+        );
+        after = events.last().unwrap()["seq"].as_i64().unwrap();
+    }
+    let metrics = app.call(Method::GET, "/metrics", None, None).await.text;
+    let leading = metrics.lines().any(|l| l == "berth_event_sequencer_leader 1");
+    assert_eq!(
+        leading,
+        app.backend == Backend::Postgres,
+        "only PostgreSQL has a sequencer to lead"
+    );
 }
