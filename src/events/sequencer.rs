@@ -18,7 +18,8 @@
 //! Wake-ups: a commit on the leader wakes its sequencer directly; a commit elsewhere wakes that replica's
 //! herald, which sends one `NOTIFY` to the leader for however many commits arrived meanwhile (outside
 //! the writers' transactions: a `NOTIFY` inside them would serialize their commits on PostgreSQL's
-//! notification lock). A poll catches anything a lost notification missed.
+//! notification lock). A poll catches anything a lost notification missed. Both are paced (`PACE`), so
+//! a busy database pays one stamping round per interval, not one per commit.
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -35,6 +36,10 @@ const LEADER_KEY: i64 = 0x6265_7274_6873_6571;
 pub const TAKEOVER: Duration = Duration::from_millis(250);
 /// Rows per stamping statement.
 const BATCH: i64 = 5000;
+/// At most one stamping round (and one herald `NOTIFY`) per this interval: idle, the first commit is
+/// stamped at once; busy, the commits of the interval share one statement, one notification and one
+/// read by each replica's tailer, instead of one each.
+const PACE: Duration = Duration::from_millis(5);
 
 /// Numbers the oldest committed unstamped events after the counter, advances it, and notifies the
 /// tailers when it stamped anything: one statement, one transaction.
@@ -85,7 +90,10 @@ async fn lead(hub: &Hub, db: &DatabaseConnection, poll: Duration, metrics: &Metr
     hub.leading.store(true, Ordering::Release);
     metrics.set_sequencer_leader(true);
     tracing::info!("this replica stamps events (sequencing leadership taken)");
+    let mut last = tokio::time::Instant::now() - PACE;
     loop {
+        tokio::time::sleep_until(last + PACE).await;
+        last = tokio::time::Instant::now();
         // Everything committed so far, in batches, before waiting again.
         loop {
             let n: i64 = sqlx::query(STAMP)
@@ -117,5 +125,6 @@ pub async fn herald(hub: Arc<Hub>, db: DatabaseConnection) {
             // The leader's poll stamps it anyway.
             tracing::warn!(error = %e, "could not tell the event sequencer about a commit");
         }
+        tokio::time::sleep(PACE).await;
     }
 }
