@@ -40,6 +40,7 @@ mod replicas;
 mod repositories;
 mod sessions;
 mod settings;
+mod shutdown;
 mod streaming;
 mod tasks;
 mod tickets;
