@@ -124,6 +124,8 @@ fn main() -> ExitCode {
             }
         }
     });
+    // Nothing left behind may hold the exit (a blocking task would, were the runtime merely dropped).
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -179,6 +181,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         )?),
         _ => None,
     };
+    // Before anything slow: a SIGTERM while starting then waits for the start and shuts down cleanly.
+    let signals = berth::graceful::Signals::listen()?;
     let app = Application::build(config).await?;
     let host = if bind.ip().is_unspecified() {
         "127.0.0.1".to_string()
@@ -191,11 +195,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     if let Some(token) = admin_token {
         println!("Admin token (valid 7 days; mint others with `berth token`):\n{token}");
     }
-    let runtime = app.state.ctx.runtime.clone();
-    app.run_until_stopped().await?;
-    // Shutdown keeps each session's desired_open, so the next start restores it (I29).
-    runtime.stop_all().await;
-    Ok(())
+    // Until SIGTERM or SIGINT; then streams end, agents stop and we return within BERTH_SHUTDOWN_SECS.
+    berth::graceful::serve(app, signals).await
 }
 
 async fn migrate(config: Config) -> anyhow::Result<()> {

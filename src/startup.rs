@@ -59,6 +59,7 @@ impl Application {
                 metrics: metrics.clone(),
                 git_status_inspected: Default::default(),
                 restore_stats: Default::default(),
+                shutdown: Default::default(),
                 events: crate::events::Hub::new(config.event_buffer),
                 git: Arc::new(GitCli::new(config.git_max_concurrent, config.git_timeout).with_metrics(metrics)),
                 config: Arc::new(config),
@@ -165,6 +166,9 @@ impl Application {
                 .wrap(from_fn(request_id_and_metrics))
         })
         .listen(listener)?
+        // Issue 20 item 3: berth's own shutdown (`graceful`) stops the server, within its budget.
+        .shutdown_signal(ctx.shutdown.begun_owned())
+        .shutdown_timeout(crate::shutdown::drain_secs(ctx.config.shutdown_budget))
         .run();
         Ok(Application {
             port,

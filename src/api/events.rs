@@ -134,10 +134,11 @@ pub struct ReplayQuery {
 // Only described to OpenAPI: the stream writes frames as text (`events::stream`).
 #[derive(ToSchema)]
 pub struct SseFrame {
-    /// `message` (an event), `ready` (replay done, live events follow) or `reset` (reload snapshots).
-    #[schema(pattern = "^(message|ready|reset)$")]
+    /// `message` (an event), `ready` (replay done, live events follow), `reset` (reload snapshots) or
+    /// `shutdown` (the server is stopping: reconnect with the last seq seen after `retry` ms).
+    #[schema(pattern = "^(message|ready|reset|shutdown)$")]
     pub event: Option<String>,
-    /// The event's seq.
+    /// The event's seq (`message` frames only: no other frame moves `Last-Event-ID`).
     pub id: Option<String>,
     pub retry: Option<i64>,
     /// An `Event` as JSON for `message` frames.
@@ -234,7 +235,9 @@ async fn replay_events(
 ///
 /// A `text/event-stream`: the events after `after` (or `Last-Event-ID`), then `event: ready`, then live
 /// events, with no gap and no duplicate; each SSE `id` is the event's `seq`. A subscriber that falls behind
-/// gets `event: reset` and the stream ends: reload snapshots and reconnect. A `: keep-alive` comment every
+/// gets `event: reset` and the stream ends: reload snapshots and reconnect. When the server shuts down, the
+/// stream ends with `event: shutdown` (`{"reason": "shutdown", "reconnect": true, "instance_id"}`, a
+/// `retry:` line and no `id`): reconnect with `Last-Event-ID` as usual. A `: keep-alive` comment every
 /// 15 s. Limited to what the token may see. Scope `events:read`.
 #[utoipa::path(
     operation_id = "streamEvents",
@@ -243,7 +246,7 @@ async fn replay_events(
     params(StreamQuery, ("Last-Event-ID" = Option<String>, Header, description = "Overrides `after`")),
     responses((
         status = 200,
-        description = "`text/event-stream`: the events after the cursor (SSE `id` is the seq), then `event: ready`, then live events. `event: reset` means reload snapshots; the stream ends after it. A `: keep-alive` comment every 15 s.",
+        description = "`text/event-stream`: the events after the cursor (SSE `id` is the seq), then `event: ready`, then live events. `event: reset` means reload snapshots; the stream ends after it. `event: shutdown` (no `id`, a `retry:` line) means the server is stopping: the stream ends after it; reconnect with `Last-Event-ID`. A `: keep-alive` comment every 15 s.",
         body = SseFrame,
         content_type = "text/event-stream"
     ))
@@ -286,19 +289,31 @@ async fn stream_events(
     let frames = stream::open(ctx.events.clone(), ctx.db.conn.clone(), request);
     // Counted open while the body lives (the guard goes with it), and every reset by its reason.
     let metrics = (ctx.metrics.clone(), ctx.metrics.stream_opened());
-    let body =
-        futures_util::stream::once(async { Ok::<_, actix_web::Error>(Bytes::from_static(b"retry: 3000\n\n")) }).chain(
-            futures_util::stream::unfold((frames, metrics), move |(mut frames, metrics)| async move {
-                let frame = frames.recv().await?;
+    // Issue 20 item 3: at shutdown the stream's last frame tells the client to reconnect (`None` after it).
+    let shutdown = Some(ctx.shutdown.clone());
+    let body = futures_util::stream::once(async { Ok::<_, actix_web::Error>(Bytes::from_static(b"retry: 3000\n\n")) })
+        .chain(futures_util::stream::unfold(
+            (frames, metrics, shutdown),
+            move |(mut frames, metrics, shutdown)| async move {
+                let stopping = shutdown?;
+                let frame = tokio::select! {
+                    biased;
+                    _ = stopping.begun() => None,
+                    frame = frames.recv() => Some(frame?),
+                };
+                let Some(frame) = frame else {
+                    let last = shutdown_frame(instance_id);
+                    return Some((Ok(Bytes::from(last)), (frames, metrics, None)));
+                };
                 if let Frame::Reset(reason) = frame {
                     metrics.0.stream_reset(reason);
                 }
                 Some((
                     Ok::<_, actix_web::Error>(Bytes::from(encode(&frame, instance_id))),
-                    (frames, metrics),
+                    (frames, metrics, Some(stopping)),
                 ))
-            }),
-        );
+            },
+        ));
     Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "text/event-stream"))
         .insert_header((header::CACHE_CONTROL, "no-cache"))
@@ -321,6 +336,18 @@ fn narrowing(
         actor,
     })
 }
+
+/// The last frame of every stream at shutdown: no `id` (the client's `Last-Event-ID` stays its last
+/// event's), and a `retry` for its reconnection.
+fn shutdown_frame(instance_id: Uuid) -> String {
+    format!(
+        "event: shutdown\nretry: {SHUTDOWN_RETRY_MS}\ndata: {}\n\n",
+        serde_json::json!({ "reason": "shutdown", "reconnect": true, "instance_id": instance_id })
+    )
+}
+
+/// How long a client waits before reconnecting after `event: shutdown` (a restart takes seconds).
+const SHUTDOWN_RETRY_MS: u64 = 2000;
 
 fn encode(frame: &Frame, instance_id: Uuid) -> String {
     match frame {

@@ -24,7 +24,11 @@
 //! While a turn runs (`hang`), a plain `prompt` is refused as Pi refuses it, and a `steer` or `follow_up`
 //! ends the turn with a reply `steer TEXT` / `follow_up TEXT`.
 //!
-//! Flags: `--ignore-abort` (a `hang` ignores `abort`), `--ignore-term` (SIGTERM is ignored).
+//! - `child`: start a child process (`sleep 600`) in the agent's process group, as a tool would, and reply
+//!   `child PID`
+//!
+//! Flags: `--ignore-abort` (a `hang` ignores `abort`), `--ignore-term` (SIGTERM is ignored),
+//! `--ignore-eof` (the agent stays when its stdin closes, until it is killed).
 use std::io::{BufRead, Write};
 
 fn emit(v: serde_json::Value) {
@@ -132,6 +136,18 @@ fn main() {
                         reply(&keys.join(" "));
                     }
                     "crash" => std::process::exit(3),
+                    "child" => {
+                        // Never waited for: like a tool left running, it is to outlive this agent.
+                        #[allow(clippy::zombie_processes)]
+                        let child = std::process::Command::new("sleep")
+                            .arg("600")
+                            .stdin(std::process::Stdio::null())
+                            .stdout(std::process::Stdio::null())
+                            .stderr(std::process::Stdio::null())
+                            .spawn()
+                            .unwrap();
+                        reply(&format!("child {}", child.id()));
+                    }
                     "stream" => {
                         // `stream N`: N output events, each flushed, as a working agent streams text.
                         let n: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(10);
@@ -271,6 +287,11 @@ fn main() {
                 }
             }
             other => emit(json!({"type": "response", "command": other, "success": false, "error": "unknown command"})),
+        }
+    }
+    if args.iter().any(|a| a == "--ignore-eof") {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
         }
     }
 }

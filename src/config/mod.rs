@@ -141,6 +141,8 @@ pub struct Config {
     pub agent_stop_grace: Duration,
     /// After SIGTERM: how long before SIGKILL.
     pub agent_term_grace: Duration,
+    /// Issue 20 item 3: from SIGTERM or SIGINT to exit, streams closed and agents stopped on the way.
+    pub shutdown_budget: Duration,
     /// Cleanup jobs: retry delays (the last repeats), attempts before `failed`, workers, poll, lease.
     pub cleanup_retry_delays: Vec<Duration>,
     pub cleanup_max_attempts: u32,
@@ -241,6 +243,7 @@ impl Config {
         let stream_interval_ms = src.positive("stream_interval_ms")?;
         let agent_stop_grace_ms = src.num("agent_stop_grace_ms")?;
         let agent_term_grace_ms = src.num("agent_term_grace_ms")?;
+        let shutdown_secs = src.positive("shutdown_secs")?;
         let delays = src.get("cleanup_retry_delays_secs")?.unwrap_or_default();
         let cleanup_retry_delays = delays
             .split(',')
@@ -372,6 +375,7 @@ impl Config {
             agent_restart_backoff: Duration::from_millis(src.num("agent_restart_backoff_ms")?),
             git_status_interval: Duration::from_millis(src.num("git_status_interval_ms")?),
             agent_term_grace: Duration::from_millis(agent_term_grace_ms),
+            shutdown_budget: Duration::from_secs(shutdown_secs),
             stream_interval: Duration::from_millis(stream_interval_ms),
             agents,
             cors_origins,

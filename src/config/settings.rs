@@ -305,6 +305,12 @@ pub static SETTINGS: &[Setting] = &[
         |c| ms(c.agent_term_grace),
     ),
     setting(
+        "shutdown_secs",
+        Is("20"),
+        "On SIGTERM or SIGINT: event streams end (clients are told to reconnect), agents are stopped (abort, SIGTERM, SIGKILL) and berth exits within this budget",
+        |c| secs(c.shutdown_budget),
+    ),
+    setting(
         "agent_restart_max",
         Is("5"),
         "Restarts of a crashed agent allowed in agent_restart_window_secs",

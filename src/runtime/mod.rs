@@ -14,9 +14,12 @@ use uuid::Uuid;
 use crate::config::AgentProfile;
 
 mod lines;
+mod orphans;
+mod stop;
 use crate::executor::admission::AdmittedWorkspace;
 pub use lines::{held_bytes, parsed_bound, strip_partial};
 use lines::{parse, skip_line};
+pub use orphans::{Orphan, end_orphan};
 
 /// The `id` prefix of berth's own commands, whose responses are routed back instead of logged.
 const REQUEST_PREFIX: &str = "berth-";
@@ -99,6 +102,9 @@ pub struct Runtime {
     grace: Duration,
     /// After SIGTERM: how long before SIGKILL.
     term_grace: Duration,
+    /// The runtime that built this one (the process's): agents and their pipes' tasks live there, not on
+    /// the HTTP worker that launched them, which ends with the server (and would drop and SIGKILL them).
+    home: tokio::runtime::Handle,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +125,7 @@ impl Runtime {
                 in_flight: Arc::new(Semaphore::new(REPORT_BYTES)),
                 grace,
                 term_grace,
+                home: tokio::runtime::Handle::current(),
             }),
             rx,
         )
@@ -145,6 +152,8 @@ impl Runtime {
         session_id: Uuid,
         execution_id: Uuid,
     ) -> Result<u32, SpawnError> {
+        // The child, its reaping and every task below belong to the home runtime.
+        let _home = self.home.enter();
         let mut agents = self.agents.lock().unwrap();
         if agents.contains_key(&session_id) {
             return Err(SpawnError::AlreadyRunning);
@@ -454,47 +463,6 @@ impl Runtime {
             .get(&session_id)
             .is_some_and(|a| *a.working.borrow())
     }
-
-    /// I28: abort a working agent, wait; close stdin, wait; SIGTERM the process group, wait; SIGKILL.
-    /// Returns once the process has exited (and is forgotten): which execution it was, and its status.
-    pub async fn stop(&self, session_id: Uuid) -> Option<(Uuid, Option<i32>)> {
-        let agent = self.agents.lock().unwrap().get(&session_id).cloned()?;
-        self.escalate(session_id, &agent).await;
-        self.forget(session_id, agent.execution_id);
-        let code = *agent.exit_code.lock().unwrap();
-        Some((agent.execution_id, code))
-    }
-
-    async fn escalate(&self, session_id: Uuid, agent: &Agent) {
-        agent.stopping.store(true, std::sync::atomic::Ordering::Release);
-        let mut exited = agent.exited.clone();
-        if *agent.working.borrow() {
-            self.send(session_id, serde_json::json!({"type": "abort"}));
-            let mut working = agent.working.subscribe();
-            let _ = tokio::time::timeout(self.grace, working.wait_for(|w| !*w)).await;
-        }
-        agent.stdin.lock().unwrap().take();
-        if tokio::time::timeout(self.grace, exited.wait_for(|e| *e)).await.is_ok() {
-            return;
-        }
-        signal_group(agent.pid, libc::SIGTERM);
-        if tokio::time::timeout(self.term_grace, exited.wait_for(|e| *e))
-            .await
-            .is_ok()
-        {
-            return;
-        }
-        tracing::warn!(%session_id, "agent ignored SIGTERM; sending SIGKILL");
-        signal_group(agent.pid, libc::SIGKILL);
-        let _ = exited.wait_for(|e| *e).await;
-    }
-
-    /// Stops every live agent (server shutdown).
-    pub async fn stop_all(&self) {
-        let ids: Vec<Uuid> = self.agents.lock().unwrap().keys().copied().collect();
-        futures_util::future::join_all(ids.into_iter().map(|id| self.stop(id))).await;
-        // (The exits are recorded by their reports.)
-    }
 }
 
 /// A dialog with its own `timeout` is resolved by the agent when it passes (Pi answers it with a
@@ -530,31 +498,6 @@ fn expire_after(
                 .await;
         }
     });
-}
-
-/// Ends the process group a previous berth left running for an execution, if `pid` is still that agent:
-/// its environment must carry `BERTH_EXECUTION_ID=<execution_id>` (a recycled pid is left alone). True
-/// when it was signalled.
-pub fn end_orphan(pid: u32, execution_id: Uuid) -> bool {
-    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    let mark = format!("BERTH_EXECUTION_ID={execution_id}");
-    if !environ.split(|b| *b == 0).any(|v| v == mark.as_bytes()) {
-        return false;
-    }
-    signal_group(pid, libc::SIGKILL);
-    true
-}
-
-fn signal_group(pgid: u32, signal: i32) {
-    if pgid == 0 {
-        return;
-    }
-    // SAFETY: kill(2) on a process group we created with process_group(0); no memory is involved.
-    unsafe {
-        libc::kill(-(pgid as i32), signal);
-    }
 }
 
 /// The variables of berth's own environment an agent inherits: what a program needs to find its tools,

@@ -41,6 +41,7 @@ mod repositories;
 mod sequencing;
 mod sessions;
 mod settings;
+mod shutdown;
 mod streaming;
 mod tasks;
 mod tickets;

@@ -3,7 +3,7 @@
 
 - docker-compose.yml is valid against the Compose Specification's JSON schema, and the berth service runs
   agents the way the README promises: the image's `agents` target, the host user's uid/gid, `init`, a stop
-  grace period above berth's own shutdown wait, `berth healthcheck`, secrets through `*_FILE` variables from
+  grace period above berth's shutdown budget, `berth healthcheck`, secrets through `*_FILE` variables from
   compose secrets, repositories and worktrees bind-mounted at the same absolute path inside and out, and the
   mounted berth.toml.
 - The Dockerfile has the stages compose and the default build name; the `agents` stage pins the Pi that the
@@ -45,7 +45,9 @@ def compose(schema_path):
           "the berth service runs as ${UID}:${GID}")
     check(berth.get("init") is True, "init: true")
     grace = re.fullmatch(r"(\d+)s", str(berth.get("stop_grace_period", "")))
-    check(grace and int(grace.group(1)) > 30, "stop_grace_period above berth's 30 s graceful shutdown")
+    budget = int(env_budget(berth.get("environment", {})))
+    check(grace and int(grace.group(1)) > budget,
+          f"stop_grace_period above berth's shutdown budget (BERTH_SHUTDOWN_SECS, {budget} s)")
     test = berth.get("healthcheck", {}).get("test", [])
     check(test[:3] == ["CMD", "berth", "healthcheck"], "the healthcheck runs `berth healthcheck`")
     env = berth.get("environment", {})
@@ -64,6 +66,16 @@ def compose(schema_path):
         check(str(env.get(setting, "")).startswith(f"${{{var}"), f"{setting} is {var}")
     pg = doc["services"]["postgres"]
     check(pg.get("environment", {}).get("POSTGRES_PASSWORD_FILE"), "PostgreSQL's password from a file")
+
+
+def env_budget(env):
+    """BERTH_SHUTDOWN_SECS as the compose file sets it, else its default in the one table of settings."""
+    if "BERTH_SHUTDOWN_SECS" in env:
+        return env["BERTH_SHUTDOWN_SECS"]
+    table = (ROOT / "src/config/settings.rs").read_text()
+    default = re.search(r'"shutdown_secs",\s*Is\("(\d+)"\)', table)
+    check(default, "src/config/settings.rs defines shutdown_secs with a default")
+    return default.group(1) if default else 0
 
 
 def dockerignored(path):

@@ -9,6 +9,7 @@ use super::launch::launch_session;
 use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
 use crate::entity::task_session::{self as session, SessionState};
 use crate::error::Result;
+use crate::runtime::Orphan;
 use crate::store::executions::ExecutionPatch;
 use crate::store::sessions::{self as store, StatePatch};
 use crate::store::tasks as task_store;
@@ -29,12 +30,21 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
     let stale =
         crate::store::executions::live_of_other_instances(&ctx.db.conn, &ctx.config.node_id, ctx.instance_id).await?;
     for e in &stale {
-        // A crashed berth may have left the agent running: end its process group before relaunching, so
-        // the session never has two agents (I27). Only a process proven to be that execution's is signalled.
-        if let Some(pid) = e.pid
-            && crate::runtime::end_orphan(pid as u32, e.id)
-        {
-            tracing::info!(session = %e.session_id, pid, "ended an agent a previous berth left running");
+        // A crashed berth may have left the agent (or a tool it started) running: end its process group,
+        // and wait until it is gone, before relaunching, so the session never has two agents (I27). Only a
+        // group proven to be that execution's is signalled.
+        if let Some(pid) = e.pid {
+            match crate::runtime::end_orphan(pid as u32, e.id, ctx.config.agent_term_grace).await {
+                Orphan::Gone => {}
+                Orphan::Ended => {
+                    tracing::info!(session = %e.session_id, pid, "ended an agent a previous berth left running")
+                }
+                Orphan::Lingering => tracing::warn!(
+                    session = %e.session_id,
+                    pid,
+                    "an agent a previous berth left running outlived SIGKILL; relaunching anyway"
+                ),
+            }
         }
         let patch = ExecutionPatch {
             exit_code: Some(None),
