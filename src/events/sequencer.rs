@@ -39,7 +39,7 @@ const BATCH: i64 = 5000;
 /// At most one stamping round (and one herald `NOTIFY`) per this interval: idle, the first commit is
 /// stamped at once; busy, the commits of the interval share one statement, one notification and one
 /// read by each replica's tailer, instead of one each.
-const PACE: Duration = Duration::from_millis(5);
+const PACE: Duration = Duration::from_millis(10);
 
 /// Numbers the oldest committed unstamped events after the counter, advances it, and notifies the
 /// tailers when it stamped anything: one statement, one transaction.
