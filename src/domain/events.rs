@@ -98,7 +98,12 @@ pub async fn replay(
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(Error::BadRequest(format!("limit must be between 1 and {MAX_LIMIT}")));
     }
-    let events = events::after(&ctx.db.conn, after, limit, &filter_for(ctx, p, narrow).await?).await?;
+    let filter = filter_for(ctx, p, narrow).await?;
+    if !ctx.db.is_sqlite() {
+        // Whatever committed before this read is in it (issue 19: stamping follows the commit).
+        events::sequencer::settle(&ctx.events, &ctx.db.conn).await?;
+    }
+    let events = events::after(&ctx.db.conn, after, limit, &filter).await?;
     // Bounds after the read: retention trims a prefix, so a page read before a concurrent trim reached
     // `after` is whole, and one it raced is reported truncated (never a silent gap).
     let (first_available_seq, latest_seq) = events::bounds(&ctx.db.conn).await?;

@@ -552,6 +552,29 @@ async fn an_answered_write_is_already_in_the_log(app: TestApp) {
         );
         after = events.last().unwrap()["seq"].as_i64().unwrap();
     }
+    // A write no request waits for (a worker's, a restore's): the next replay still holds it, as the
+    // state a reader saw before it would (`sequencer::settle`).
+    let ctx = app.app_state.ctx.clone();
+    for i in 0..20 {
+        let txn = ctx.db.begin_write().await.unwrap();
+        berth::events::append(
+            &txn,
+            ctx.instance_id,
+            berth::events::EventType::WorkspaceCreated,
+            berth::events::Subject::workspace(ws),
+            json!({ "background": i }),
+        )
+        .await
+        .unwrap();
+        ctx.commit(txn).await.unwrap();
+        let page = replay(&app, &app.admin, &format!("?after={after}")).await;
+        let events = page["events"].as_array().unwrap();
+        assert!(
+            events.iter().any(|e| e["data"]["background"] == i),
+            "background write {i} missing from the next replay: {page}"
+        );
+        after = events.last().unwrap()["seq"].as_i64().unwrap();
+    }
     let metrics = app.call(Method::GET, "/metrics", None, None).await.text;
     let leading = metrics.lines().any(|l| l == "berth_event_sequencer_leader 1");
     assert_eq!(
