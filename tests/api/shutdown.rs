@@ -297,16 +297,7 @@ async fn sigterm_ends_every_stream_with_a_shutdown_frame(app: TestApp) {
 async fn sigterm_kills_a_stubborn_agent_and_exits_within_the_budget(app: TestApp) {
     let env = settings(&app);
     let mut served = serve(&app, &env).await;
-    let ws = id_of(
-        &call(
-            &app,
-            &served,
-            reqwest::Method::POST,
-            "/workspaces",
-            Some(json!({"name": "ws"})),
-        )
-        .await,
-    );
+    let ws = workspace(&app, &served).await;
     let id = session(&app, &served, ws, "stubborn", "stubborn", "hang").await;
     // Running: the agent took the prompt and works (it hangs, ignoring abort).
     wait_state(&app, &served, id, "running").await;
@@ -334,16 +325,7 @@ async fn sigterm_kills_a_stubborn_agent_and_exits_within_the_budget(app: TestApp
 async fn a_start_after_sigkill_ends_the_leftover_groups_before_relaunching(app: TestApp) {
     let env = settings(&app);
     let mut served = serve(&app, &env).await;
-    let ws = id_of(
-        &call(
-            &app,
-            &served,
-            reqwest::Method::POST,
-            "/workspaces",
-            Some(json!({"name": "ws"})),
-        )
-        .await,
-    );
+    let ws = workspace(&app, &served).await;
     let tool = session(&app, &served, ws, "tool", "test", "child").await;
     let lingering = session(&app, &served, ws, "lingering", "lingering", "child").await;
     let mut old = Vec::new();
@@ -393,4 +375,18 @@ async fn a_start_after_sigkill_ends_the_leftover_groups_before_relaunching(app: 
     for id in [tool, lingering] {
         assert!(processes_of(id).is_empty(), "an agent outlived berth's shutdown");
     }
+}
+
+/// A workspace made through the served process.
+async fn workspace(app: &TestApp, served: &Served) -> Uuid {
+    id_of(
+        &call(
+            app,
+            served,
+            reqwest::Method::POST,
+            "/workspaces",
+            Some(json!({"name": "ws"})),
+        )
+        .await,
+    )
 }
