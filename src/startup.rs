@@ -136,7 +136,7 @@ impl Application {
             let (app, mut spec) = App::new()
                 .into_utoipa_app()
                 .openapi(ApiDoc::openapi())
-                .app_data(app_state.clone())
+                .app_data(worker_state(&app_state))
                 .app_data(
                     web::JsonConfig::default()
                         .limit(max_body)
@@ -193,6 +193,30 @@ impl Application {
     /// Handles to stop the background tasks (tests stop them with the server).
     pub fn background(&self) -> Vec<tokio::task::AbortHandle> {
         self.background.clone()
+    }
+}
+
+/// The state one HTTP worker thread serves with (its factory runs on that thread, in its runtime). On
+/// PostgreSQL its requests query through a pool of its own, opened lazily on this thread's runtime, so
+/// each round trip is driven by the thread that awaits it (`Db::connect_lazy_postgres`); everything else
+/// is shared. SQLite's driver runs each connection on a thread of its own anyway: one pool.
+fn worker_state(shared: &web::Data<AppState>) -> web::Data<AppState> {
+    if shared.ctx.db.is_sqlite() {
+        return shared.clone();
+    }
+    let config = &shared.ctx.config;
+    match Db::connect_lazy_postgres(&config.database_url, config.db_max_connections) {
+        Ok(db) => api::data(AppState {
+            ctx: Ctx {
+                db,
+                ..shared.ctx.clone()
+            },
+            verifier: shared.verifier.clone(),
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot make an HTTP worker's pool; it uses the shared one");
+            shared.clone()
+        }
     }
 }
 

@@ -60,6 +60,7 @@ pub(crate) async fn claims(b: &Bench, table: &mut Table) {
 
         let (ours_rate, bare_rate) = (n as f64 / ours.as_secs_f64(), n as f64 / bare.as_secs_f64());
         let ratio = ours_rate / bare_rate;
+        let target = if b.backend == "postgres" { 0.9 } else { 0.5 };
         table.add(
             b.backend,
             &format!("cleanup claims, {n} no-op jobs, {workers} worker(s)"),
@@ -69,8 +70,12 @@ pub(crate) async fn claims(b: &Bench, table: &mut Table) {
                 ids.len() - unique.len()
             ),
             format!("{:.0}%", ratio * 100.0),
-            ">= 50% of bare, none twice",
-            Some(ratio >= 0.5 && twice == 0 && ids.len() == unique.len()),
+            if b.backend == "postgres" {
+                ">= 90% of bare, none twice (issue 19)"
+            } else {
+                ">= 50% of bare, none twice"
+            },
+            Some(ratio >= target && twice == 0 && ids.len() == unique.len()),
         );
     }
 }

@@ -7,9 +7,8 @@
 //!   (commit to publication) are reported beside it.
 //! - Throughput: 16 clients PATCHing tasks as fast as they can for the window, first against one
 //!   replica alone, then spread over three on the same database; and each PATCH's latency then.
-//!
-//! Session create + delete cycles from three replicas are not in this row (they are in `load` against
-//! one replica).
+//! - The same for session create + delete cycles (`POST /tasks/{id}/sessions` with `start: false` on a
+//!   task whose environment is ready, then `DELETE /sessions/{id}`), 16 clients on one task.
 use super::*;
 
 const CLIENTS: usize = 16;
@@ -29,6 +28,9 @@ pub(crate) async fn sequencing(table: &mut Table, pg_server: &str) {
         .build()
         .unwrap();
 
+    let source = scratch.join("repos/svc");
+    std::fs::create_dir_all(scratch.join("worktrees")).unwrap();
+    git_init(&source);
     let mut servers = vec![start_replica(&scratch, url.as_str(), 0)];
     wait_ready(&http, &servers[0].url).await;
     let token = mint(&scratch, url.as_str());
@@ -55,7 +57,38 @@ pub(crate) async fn sequencing(table: &mut Table, pg_server: &str) {
         tasks.push(id_of(&t));
     }
 
-    let one = throughput(&http, &token, &[servers[0].url.clone()], &tasks).await;
+    // The cycles' task: one repository, its environment made ready by a first session.
+    let repository = id_of(
+        &post(
+            &http,
+            &servers[0].url,
+            &token,
+            &format!("/api/v1/workspaces/{ws}/repositories"),
+            json!({"path": source.display().to_string()}),
+        )
+        .await,
+    );
+    let cycled = id_of(
+        &post(
+            &http,
+            &servers[0].url,
+            &token,
+            &format!("/api/v1/workspaces/{ws}/tasks"),
+            json!({"title": "cycles", "repositories": [{"repository_id": repository}]}),
+        )
+        .await,
+    );
+    post(
+        &http,
+        &servers[0].url,
+        &token,
+        &format!("/api/v1/tasks/{cycled}/sessions"),
+        json!({"executor_type": "worktree", "start": false}),
+    )
+    .await;
+
+    let one = throughput(&http, &token, &[servers[0].url.clone()], &tasks, Op::Patch).await;
+    let one_cycles = throughput(&http, &token, &[servers[0].url.clone()], &tasks, Op::Cycle(cycled)).await;
     for n in 1..3 {
         servers.push(start_replica(&scratch, url.as_str(), n));
     }
@@ -63,7 +96,8 @@ pub(crate) async fn sequencing(table: &mut Table, pg_server: &str) {
         wait_ready(&http, &s.url).await;
     }
     let urls: Vec<String> = servers.iter().map(|s| s.url.clone()).collect();
-    let three = throughput(&http, &token, &urls, &tasks).await;
+    let three = throughput(&http, &token, &urls, &tasks, Op::Patch).await;
+    let three_cycles = throughput(&http, &token, &urls, &tasks, Op::Cycle(cycled)).await;
     table.add(
         "postgres",
         &format!("task PATCHes, {CLIENTS} clients, 3 replicas on one database (against 1 replica)"),
@@ -80,6 +114,25 @@ pub(crate) async fn sequencing(table: &mut Table, pg_server: &str) {
             fmt_d(one.p99)
         ),
         format!("{:.2}x", three.rate / one.rate),
+        "reported (2 cores: the replicas share them)",
+        None,
+    );
+    table.add(
+        "postgres",
+        &format!("session create + delete cycles, {CLIENTS} clients on one task, 3 replicas on one database (against 1 replica)"),
+        format!(
+            "{:.0} cycles/s; cycle p50 {} p99 {}",
+            three_cycles.rate,
+            fmt_d(three_cycles.p50),
+            fmt_d(three_cycles.p99)
+        ),
+        format!(
+            "{:.0} cycles/s with 1 replica; p50 {} p99 {}",
+            one_cycles.rate,
+            fmt_d(one_cycles.p50),
+            fmt_d(one_cycles.p99)
+        ),
+        format!("{:.2}x", three_cycles.rate / one_cycles.rate),
         "reported (2 cores: the replicas share them)",
         None,
     );
@@ -138,6 +191,8 @@ fn start_replica(scratch: &Path, database: &str, n: usize) -> Server {
     let child = Command::new(env!("CARGO_BIN_EXE_berth"))
         .arg("serve")
         .env("BERTH_DATA_DIR", &data)
+        .env("BERTH_WORKTREE_ROOT", scratch.join("worktrees"))
+        .env("BERTH_REPO_ROOTS", scratch.join("repos"))
         .env("BERTH_JWT_SECRET", SECRET)
         .env("BERTH_DATABASE_URL", database)
         .env("BERTH_BIND", format!("127.0.0.1:{port}"))
@@ -171,7 +226,14 @@ struct Throughput {
     p99: Duration,
 }
 
-async fn throughput(http: &reqwest::Client, token: &str, urls: &[String], tasks: &[Uuid]) -> Throughput {
+/// What each client repeats: a PATCH of its own task, or a session create + delete on one shared task.
+#[derive(Clone, Copy)]
+enum Op {
+    Patch,
+    Cycle(Uuid),
+}
+
+async fn throughput(http: &reqwest::Client, token: &str, urls: &[String], tasks: &[Uuid], op: Op) -> Throughput {
     let window = Duration::from_secs(secs());
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -192,14 +254,35 @@ async fn throughput(http: &reqwest::Client, token: &str, urls: &[String], tasks:
                 while started.elapsed() < window {
                     n += 1;
                     let t = Instant::now();
-                    let r = http
-                        .patch(format!("{url}/api/v1/tasks/{task}"))
-                        .bearer_auth(&token)
-                        .json(&json!({"title": format!("{i}-{n}")}))
-                        .send()
-                        .await
-                        .unwrap();
-                    assert!(r.status().is_success(), "PATCH: {}", r.status());
+                    match op {
+                        Op::Patch => {
+                            let r = http
+                                .patch(format!("{url}/api/v1/tasks/{task}"))
+                                .bearer_auth(&token)
+                                .json(&json!({"title": format!("{i}-{n}")}))
+                                .send()
+                                .await
+                                .unwrap();
+                            assert!(r.status().is_success(), "PATCH: {}", r.status());
+                        }
+                        Op::Cycle(shared) => {
+                            let session = post(
+                                &http,
+                                &url,
+                                &token,
+                                &format!("/api/v1/tasks/{shared}/sessions"),
+                                json!({"executor_type": "worktree", "start": false}),
+                            )
+                            .await;
+                            let r = http
+                                .delete(format!("{url}/api/v1/sessions/{}", id_of(&session)))
+                                .bearer_auth(&token)
+                                .send()
+                                .await
+                                .unwrap();
+                            assert!(r.status().is_success(), "DELETE session: {}", r.status());
+                        }
+                    }
                     latencies.push(t.elapsed());
                     done.fetch_add(1, Ordering::Relaxed);
                 }

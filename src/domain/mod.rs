@@ -47,30 +47,19 @@ pub struct Ctx {
 
 impl Ctx {
     /// Commits a transaction that appended events, then wakes the event tailer (and on PostgreSQL the
-    /// sequencer). In a request on PostgreSQL it then waits until its events are stamped and published
-    /// here, so that the answer follows its events (`events::written`).
+    /// sequencer). In a request on PostgreSQL the answer then waits until its events are stamped and
+    /// published here (`events::written`, once per request), so that the answer follows its events.
     pub async fn commit(&self, txn: sea_orm::DatabaseTransaction) -> crate::error::Result<()> {
+        // Registered before the commit, so that the publication cannot be missed.
         let waiting = crate::events::written::take_appended().map(|id| self.events.published_id(id));
         txn.commit().await?;
         self.events.wake();
         if let Some(published) = waiting {
-            let committed = std::time::Instant::now();
-            if published.within(STAMP_WAIT).await {
-                self.metrics.event_stamped(committed.elapsed());
-            } else {
-                // Committed all the same; it is delivered when a sequencer stamps it.
-                tracing::warn!(
-                    waited_ms = STAMP_WAIT.as_millis() as u64,
-                    "an event was not stamped in time; answering without waiting further"
-                );
-            }
+            crate::events::written::committed(published, std::time::Instant::now(), self.metrics.clone());
         }
         Ok(())
     }
 }
-
-/// How long a request waits for its events to be stamped (a leader taking over needs `TAKEOVER`).
-const STAMP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Trims and bounds a required free-text field.
 pub(crate) fn required_text(field: &str, value: &str, max_chars: usize) -> crate::error::Result<String> {

@@ -75,35 +75,24 @@ pub async fn append(
     data: serde_json::Value,
 ) -> Result<(), DbErr> {
     let backend = txn.get_database_backend();
-    // Issue 17 item 7: whoever the work runs for (the request's token, or a job's requester).
-    let actor = crate::actor::current();
     if backend == DbBackend::Postgres {
         // One statement, and no shared row: `id` is an identity (a sequence, not held to commit).
         let row = txn
             .query_one_raw(Statement::from_sql_and_values(
                 backend,
-                "INSERT INTO events (instance_id, type, workspace_id, task_id, session_id, \
-                 task_environment_id, execution_id, data, created_at, actor_sub, actor_session_id) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
-                [
-                    instance_id.into(),
-                    event_type.as_str().into(),
-                    subject.workspace_id.into(),
-                    subject.task_id.into(),
-                    subject.session_id.into(),
-                    subject.task_environment_id.into(),
-                    subject.execution_id.into(),
-                    data.into(),
-                    crate::clock::now().into(),
-                    actor.as_ref().map(|a| a.sub.clone()).into(),
-                    actor.as_ref().and_then(|a| a.session_id).into(),
-                ],
+                format!(
+                    "INSERT INTO events ({PG_EVENT_COLUMNS}) VALUES ({}) RETURNING id",
+                    pg_placeholders(0)
+                ),
+                pg_values(instance_id, event_type, subject, data),
             ))
             .await?
             .ok_or_else(|| DbErr::Custom("inserting an event returned no id".into()))?;
         written::appended(row.try_get("", "id")?);
         return Ok(());
     }
+    // Issue 17 item 7: whoever the work runs for (the request's token, or a job's requester).
+    let actor = crate::actor::current();
     let row = txn
         .query_one_raw(Statement::from_string(
             backend,
@@ -130,6 +119,68 @@ pub async fn append(
     .exec_without_returning(txn)
     .await?;
     Ok(())
+}
+
+/// PostgreSQL (issue 19 item 4): `change`, an UPDATE of at most one row (without `RETURNING`), and, only
+/// when it changed that row, its event: one statement, so one round trip where `append` after the update
+/// would be two. Returns whether the row changed (nothing is written when it did not). The event is the
+/// one `append` would insert, in the same transaction (I32).
+pub async fn append_on_change(
+    txn: &DatabaseTransaction,
+    change: Statement,
+    instance_id: Uuid,
+    event_type: EventType,
+    subject: Subject,
+    data: serde_json::Value,
+) -> Result<bool, DbErr> {
+    debug_assert_eq!(txn.get_database_backend(), DbBackend::Postgres);
+    let mut values = change.values.map(|v| v.0).unwrap_or_default();
+    let sql = format!(
+        "WITH changed AS ({} RETURNING 1) INSERT INTO events ({PG_EVENT_COLUMNS}) SELECT {} FROM changed RETURNING id",
+        change.sql,
+        pg_placeholders(values.len())
+    );
+    values.extend(pg_values(instance_id, event_type, subject, data));
+    let Some(row) = txn
+        .query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values))
+        .await?
+    else {
+        return Ok(false);
+    };
+    written::appended(row.try_get("", "id")?);
+    Ok(true)
+}
+
+/// The columns a PostgreSQL event insert sets (`id` is an identity, `seq` the sequencer's).
+const PG_EVENT_COLUMNS: &str = "instance_id, type, workspace_id, task_id, session_id, task_environment_id, \
+     execution_id, data, created_at, actor_sub, actor_session_id";
+
+/// `$n+1, ..., $n+11`: the places of [`pg_values`] after `n` other values.
+fn pg_placeholders(n: usize) -> String {
+    let list: Vec<String> = (n + 1..=n + 11).map(|i| format!("${i}")).collect();
+    list.join(", ")
+}
+
+fn pg_values(
+    instance_id: Uuid,
+    event_type: EventType,
+    subject: Subject,
+    data: serde_json::Value,
+) -> Vec<sea_orm::Value> {
+    let actor = crate::actor::current();
+    vec![
+        instance_id.into(),
+        event_type.as_str().into(),
+        subject.workspace_id.into(),
+        subject.task_id.into(),
+        subject.session_id.into(),
+        subject.task_environment_id.into(),
+        subject.execution_id.into(),
+        data.into(),
+        crate::clock::now().into(),
+        actor.as_ref().map(|a| a.sub.clone()).into(),
+        actor.as_ref().and_then(|a| a.session_id).into(),
+    ]
 }
 
 /// The newest seq ever stamped (committed), and the oldest still retained.
@@ -262,12 +313,18 @@ pub struct Hub {
     published: AtomicI64,
     /// PostgreSQL: whether this replica holds sequencing leadership.
     leading: AtomicBool,
+    /// PostgreSQL: events become visible only when stamped, so a commit need not wake the tailer (the
+    /// stamp does). Set when the sequencer starts.
+    stamped: AtomicBool,
     /// Wakes this replica's sequencer (when it leads).
     stamp: Notify,
     /// Wakes this replica's herald, which tells the leader (when another replica leads).
     herald: Notify,
     /// Writes waiting for their event to be published, by event id (PostgreSQL).
     waiters: Mutex<HashMap<i64, oneshot::Sender<()>>>,
+    /// A replica that does not lead has writes waiting for their events (its herald said so): the
+    /// leader's next round does not wait for its pace.
+    remote_waiting: AtomicBool,
 }
 
 impl Hub {
@@ -279,16 +336,31 @@ impl Hub {
             wake: Notify::new(),
             published: AtomicI64::new(-1),
             leading: AtomicBool::new(false),
+            stamped: AtomicBool::new(false),
             stamp: Notify::new(),
             herald: Notify::new(),
             waiters: Mutex::new(HashMap::new()),
+            remote_waiting: AtomicBool::new(false),
         })
+    }
+
+    /// Whether a write on this replica is waiting for its event to be published.
+    pub fn has_waiters(&self) -> bool {
+        !self.waiters.lock().unwrap().is_empty()
+    }
+
+    /// Whether someone is waiting for a stamp (here, or on a replica whose herald said so); clears the
+    /// remote flag, which one round answers.
+    fn stamp_awaited(&self) -> bool {
+        self.remote_waiting.swap(false, Ordering::AcqRel) | self.has_waiters()
     }
 
     /// Tells the tailer that something committed, and on PostgreSQL whoever stamps it: this replica's
     /// sequencer when it leads, else the leader (through the herald, coalesced).
     pub fn wake(&self) {
-        self.wake.notify_one();
+        if !self.stamped.load(Ordering::Acquire) {
+            self.wake.notify_one();
+        }
         if self.leading.load(Ordering::Acquire) {
             self.stamp.notify_one();
         } else {
@@ -402,7 +474,14 @@ pub async fn listen_postgres(hub: Arc<Hub>, db: DatabaseConnection) {
                 } else {
                     loop {
                         match listener.recv().await {
-                            Ok(n) if n.channel() == PG_PENDING_CHANNEL => hub.stamp.notify_one(),
+                            Ok(n) if n.channel() == PG_PENDING_CHANNEL => {
+                                if n.payload() == sequencer::AWAITED {
+                                    hub.remote_waiting.store(true, Ordering::Release);
+                                }
+                                hub.stamp.notify_one()
+                            }
+                            // The leader's own stamps woke its tailer already.
+                            Ok(_) if hub.leading() => {}
                             Ok(_) => hub.wake.notify_one(),
                             Err(e) => {
                                 tracing::warn!(error = %e, "LISTEN connection lost; reconnecting");

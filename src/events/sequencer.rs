@@ -19,7 +19,9 @@
 //! herald, which sends one `NOTIFY` to the leader for however many commits arrived meanwhile (outside
 //! the writers' transactions: a `NOTIFY` inside them would serialize their commits on PostgreSQL's
 //! notification lock). A poll catches anything a lost notification missed. Both are paced (`PACE`), so
-//! a busy database pays one stamping round per interval, not one per commit.
+//! a busy database pays one stamping round per interval, not one per commit, unless a write is waiting
+//! for its event (a request about to answer, `Ctx::commit`): then the round runs at once, so a client
+//! that writes one request after another is not held to one write per interval.
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -40,6 +42,8 @@ const BATCH: i64 = 5000;
 /// stamped at once; busy, the commits of the interval share one statement, one notification and one
 /// read by each replica's tailer, instead of one each.
 const PACE: Duration = Duration::from_millis(10);
+/// The payload of a herald's `NOTIFY` when writes on its replica wait for their events.
+pub const AWAITED: &str = "awaited";
 
 /// Numbers the oldest committed unstamped events after the counter, advances it, and notifies the
 /// tailers when it stamped anything: one statement, one transaction.
@@ -60,6 +64,7 @@ const STAMP: &str = "WITH pending AS (\
 /// Campaigns for leadership and, while leading, stamps; forever. Run once per process on PostgreSQL.
 pub async fn run(hub: Arc<Hub>, db: DatabaseConnection, poll: Duration, metrics: Arc<Metrics>) {
     debug_assert_eq!(PG_CHANNEL, "berth_events", "STAMP notifies this channel by name");
+    hub.stamped.store(true, Ordering::Release);
     loop {
         match lead(&hub, &db, poll, &metrics).await {
             Ok(()) => {}
@@ -92,7 +97,9 @@ async fn lead(hub: &Hub, db: &DatabaseConnection, poll: Duration, metrics: &Metr
     tracing::info!("this replica stamps events (sequencing leadership taken)");
     let mut last = tokio::time::Instant::now() - PACE;
     loop {
-        tokio::time::sleep_until(last + PACE).await;
+        if !hub.stamp_awaited() {
+            tokio::time::sleep_until(last + PACE).await;
+        }
         last = tokio::time::Instant::now();
         // Everything committed so far, in batches, before waiting again.
         loop {
@@ -115,17 +122,25 @@ async fn lead(hub: &Hub, db: &DatabaseConnection, poll: Duration, metrics: &Metr
 /// On a replica that does not lead: one `NOTIFY` to the leader per burst of local commits.
 pub async fn herald(hub: Arc<Hub>, db: DatabaseConnection) {
     let backend = db.get_database_backend();
+    let mut last = tokio::time::Instant::now() - PACE;
     loop {
         hub.herald.notified().await;
         if hub.leading() {
             continue;
         }
-        let notify = Statement::from_string(backend, format!("SELECT pg_notify('{PG_PENDING_CHANNEL}', '')"));
+        if !hub.has_waiters() {
+            tokio::time::sleep_until(last + PACE).await;
+        }
+        last = tokio::time::Instant::now();
+        let payload = if hub.has_waiters() { AWAITED } else { "" };
+        let notify = Statement::from_string(
+            backend,
+            format!("SELECT pg_notify('{PG_PENDING_CHANNEL}', '{payload}')"),
+        );
         if let Err(e) = db.execute_raw(notify).await {
             // The leader's poll stamps it anyway.
             tracing::warn!(error = %e, "could not tell the event sequencer about a commit");
         }
-        tokio::time::sleep(PACE).await;
     }
 }
 

@@ -61,8 +61,9 @@ pub enum Stage {
     Ready,
 }
 
-/// Told each [`Stage`] as a repository reaches it; what it does (record an event) finishes before the
-/// materialization goes on, so the stages of a repository are seen in order.
+/// Told each [`Stage`] as a repository reaches it, in order; what it does (record an event) is at least
+/// queued, in that order, before the materialization goes on, so the stages of a repository are seen in
+/// order.
 pub type Progress<'a> = &'a (dyn Fn(uuid::Uuid, Stage) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync);
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {

@@ -138,6 +138,20 @@ pub(crate) async fn compare_and_set(
     patch: &JobPatch,
     now: DateTime<Utc>,
 ) -> Result<bool> {
+    let q = compare_and_set_update(id, from, lease, to, patch, now);
+    Ok(q.exec(txn).await?.rows_affected == 1)
+}
+
+/// The UPDATE of [`compare_and_set`], for a caller that adds the job's event to the same statement
+/// (`events::append_on_change` on PostgreSQL).
+pub(crate) fn compare_and_set_update(
+    id: Uuid,
+    from: CleanupJobState,
+    lease: Option<LeaseGuard<'_>>,
+    to: CleanupJobState,
+    patch: &JobPatch,
+    now: DateTime<Utc>,
+) -> sea_orm::UpdateMany<job::Entity> {
     let mut q = job::Entity::update_many()
         .col_expr(job::Column::State, Expr::value(to))
         .col_expr(job::Column::UpdatedAt, Expr::value(now));
@@ -165,7 +179,7 @@ pub(crate) async fn compare_and_set(
             .filter(job::Column::LeaseOwner.eq(g.owner))
             .filter(job::Column::Attempts.eq(g.attempts));
     }
-    Ok(q.exec(txn).await?.rows_affected == 1)
+    q
 }
 
 /// The heartbeat: a later lease expiry for a job still running under this owner and attempt. Writes no

@@ -59,6 +59,25 @@ impl Db {
         Ok(Db { conn })
     }
 
+    /// PostgreSQL: a pool with `connect`'s settings whose connections open only when first used, so
+    /// that they belong to the runtime that uses them. Each HTTP worker thread has one (issue 19 item 3):
+    /// a connection opened on another thread's runtime is driven by that runtime's reactor, so every
+    /// round trip of a request would first wake that other thread. Call inside the worker's runtime.
+    pub fn connect_lazy_postgres(url: &str, max_connections: u32) -> Result<Db, DbErr> {
+        use futures_util::FutureExt;
+        let mut opts = ConnectOptions::new(url.to_string());
+        opts.max_connections(max_connections)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(5))
+            .sqlx_logging(false)
+            .connect_lazy(true);
+        // Lazy: nothing is awaited (no connection is opened), so the first poll completes it.
+        let conn = Database::connect(opts)
+            .now_or_never()
+            .ok_or_else(|| DbErr::Custom("a lazy pool did not open at once".into()))??;
+        Ok(Db { conn })
+    }
+
     pub fn backend(&self) -> DbBackend {
         self.conn.get_database_backend()
     }

@@ -84,6 +84,8 @@ async fn archive_after_the_last_session_was_deleted_and_a_restart(app: TestApp) 
     app.delete(&format!("/api/v1/sessions/{}", uuid(&s))).await.ok(204);
     let second = restart(&app).await;
 
+    // Read before the archive: its job may remove the environment before a read after it.
+    let env = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     let r = app
         .post(&format!("/api/v1/tasks/{task}/archive"), json!({}))
         .await
@@ -92,7 +94,6 @@ async fn archive_after_the_last_session_was_deleted_and_a_restart(app: TestApp) 
     let job = &r["cleanup_jobs"][0];
     assert_eq!(job["trigger"], "archive");
     // Found through the task (the session was deleted), and shown without paths (I34).
-    let env = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     assert_eq!(
         job["resource_snapshot"]["environment"]["worktrees"][0]["worktree_id"],
         env["repos"][0]["worktree_id"]

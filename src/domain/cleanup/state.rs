@@ -1,7 +1,7 @@
 //! The cleanup job's state machine: one transition table (`CleanupJobState::on`) and one helper
 //! (`transition`) that performs a transition, a compare-and-set on the current state then its
 //! `cleanup_job.updated` event, in the caller's transaction. Every job state write goes through it.
-use sea_orm::{ActiveEnum, DatabaseTransaction, Iterable};
+use sea_orm::{ActiveEnum, ConnectionTrait, DatabaseTransaction, DbBackend, Iterable, QueryTrait};
 use serde_json::json;
 
 use crate::domain::Ctx;
@@ -94,35 +94,43 @@ pub(crate) async fn transition(
 ) -> Result<Option<job::Model>> {
     let next = j.state.on(event)?;
     let now = crate::clock::now();
-    if !store::compare_and_set(txn, j.id, j.state, lease, next, &patch, now).await? {
-        return Ok(None);
-    }
     let mut updated = job::Model {
         state: next,
         updated_at: now,
         ..j.clone()
     };
     patch.apply(&mut updated);
+    if txn.get_database_backend() == DbBackend::Postgres {
+        // Issue 19 item 4: the compare-and-set and its event in one statement (one round trip).
+        let update = store::compare_and_set_update(j.id, j.state, lease, next, &patch, now).build(DbBackend::Postgres);
+        let (event_type, subject, data) = job_event_parts(&updated);
+        if !events::append_on_change(txn, update, ctx.instance_id, event_type, subject, data).await? {
+            return Ok(None);
+        }
+    } else {
+        if !store::compare_and_set(txn, j.id, j.state, lease, next, &patch, now).await? {
+            return Ok(None);
+        }
+        job_event(txn, ctx, &updated).await?;
+    }
     ctx.metrics.cleanup_job_moved(Some(j.state), next);
-    job_event(txn, ctx, &updated).await?;
     Ok(Some(updated))
 }
 
 /// `cleanup_job.updated`: a job was written (inserted, or moved by `transition`).
 pub(super) async fn job_event(txn: &DatabaseTransaction, ctx: &Ctx, j: &job::Model) -> Result<()> {
+    let (event_type, subject, data) = job_event_parts(j);
+    events::append(txn, ctx.instance_id, event_type, subject, data).await?;
+    Ok(())
+}
+
+fn job_event_parts(j: &job::Model) -> (EventType, Subject, serde_json::Value) {
     let subject = Subject {
         task_environment_id: j.task_environment_id,
         ..Subject::task(j.workspace_id, j.task_id)
     };
-    events::append(
-        txn,
-        ctx.instance_id,
-        EventType::CleanupJobUpdated,
-        subject,
-        json!({ "cleanup_job_id": j.id, "state": j.state, "trigger": j.trigger }),
-    )
-    .await?;
-    Ok(())
+    let data = json!({ "cleanup_job_id": j.id, "state": j.state, "trigger": j.trigger });
+    (EventType::CleanupJobUpdated, subject, data)
 }
 
 #[cfg(test)]

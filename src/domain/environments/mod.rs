@@ -168,64 +168,96 @@ pub(super) async fn materialize(
             error_message: None,
             branch_origin,
         };
-    let report = reporter(ctx, owner, e.id);
-    match e.executor_type {
-        ExecutorType::Local => {
-            // The registered repository itself: no worktree, and no path berth could ever remove (I13).
-            for p in &plans {
-                report(p.repository_id, worktree::Stage::Ready).await;
+    let (report, written) = reporter(ctx, owner, e.id);
+    let made = async {
+        match e.executor_type {
+            ExecutorType::Local => {
+                // The registered repository itself: no worktree, and no path berth could ever remove (I13).
+                for p in &plans {
+                    report(p.repository_id, worktree::Stage::Ready).await;
+                }
+                let rows = plans
+                    .iter()
+                    .map(|p| active(p.repository_id, p.branch_slug.clone(), p.position, None, None))
+                    .collect();
+                let path = plans.first().map(|p| p.repository_path.to_string_lossy().into_owned());
+                Ok((rows, path, Vec::new()))
             }
-            let rows = plans
-                .iter()
-                .map(|p| active(p.repository_id, p.branch_slug.clone(), p.position, None, None))
-                .collect();
-            let path = plans.first().map(|p| p.repository_path.to_string_lossy().into_owned());
-            Ok((rows, path, Vec::new()))
-        }
-        ExecutorType::Worktree => {
-            let root = ManagedRoot::from_config(&ctx.config);
-            let made = worktree::materialize(ctx.git.as_ref(), &root, task_dir, &plans, &report)
-                .await
-                .map_err(Failed::Slot)?;
-            // Issue 17: who made each branch, recorded as it was made.
-            let origins = crate::domain::branches::record_origins(ctx, owner, &plans, &made).await?;
-            let rows = made
-                .iter()
-                .zip(origins)
-                .map(|(m, origin)| active(m.repository_id, m.branch_slug.clone(), m.position, Some(m), origin))
-                .collect();
-            // I19: one repository works in its worktree; several in the task root.
-            let path = match made.as_slice() {
-                [one] => Some(one.worktree_path.clone()),
-                _ => Some(root.path().join(task_dir).to_string_lossy().into_owned()),
-            };
-            Ok((rows, path, made))
+            ExecutorType::Worktree => {
+                let root = ManagedRoot::from_config(&ctx.config);
+                let made = worktree::materialize(ctx.git.as_ref(), &root, task_dir, &plans, &report)
+                    .await
+                    .map_err(Failed::Slot)?;
+                // Issue 17: who made each branch, recorded as it was made.
+                let origins = crate::domain::branches::record_origins(ctx, owner, &plans, &made).await?;
+                let rows = made
+                    .iter()
+                    .zip(origins)
+                    .map(|(m, origin)| active(m.repository_id, m.branch_slug.clone(), m.position, Some(m), origin))
+                    .collect();
+                // I19: one repository works in its worktree; several in the task root.
+                let path = match made.as_slice() {
+                    [one] => Some(one.worktree_path.clone()),
+                    _ => Some(root.path().join(task_dir).to_string_lossy().into_owned()),
+                };
+                Ok((rows, path, made))
+            }
         }
     }
+    .await;
+    // Every progress event commits before the outcome's (`environment.ready`, or `failed`).
+    drop(report);
+    if written.await.is_err() {
+        tracing::warn!(environment = %e.id, "the progress writer of a materialization panicked");
+    }
+    made
 }
 
-/// Records each repository's progress as an `environment.progress` event (its own small transaction:
-/// progress is shown while the materialization goes on). A failure to record it only goes to the log.
+/// Records each repository's progress as an `environment.progress` event, behind the work: a stage is
+/// queued and the materialization goes on at once; one writer appends the queued stages in order, all
+/// that are waiting in one small transaction (progress is shown while the materialization goes on, and
+/// need not hold it up: issue 19 item 3). The writer ends once the reporter is dropped and the queue is
+/// written; the caller awaits it before recording the outcome. A failure to record progress only goes
+/// to the log.
 fn reporter(
     ctx: &Ctx,
     owner: &task::Model,
     env_id: Uuid,
-) -> impl Fn(Uuid, worktree::Stage) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + use<> {
+) -> (
+    impl Fn(Uuid, worktree::Stage) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + use<>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Uuid, worktree::Stage)>();
     let (ctx, subject) = (ctx.clone(), env_subject(owner, env_id));
-    move |repository_id, stage| {
-        let (ctx, subject) = (ctx.clone(), subject.clone());
-        Box::pin(async move {
+    let writer = crate::actor::spawn(async move {
+        let mut batch = Vec::new();
+        while rx.recv_many(&mut batch, 64).await > 0 {
             let recorded = async {
                 let txn = ctx.db.begin_write().await?;
-                let data = json!({ "repository_id": repository_id, "stage": stage });
-                events::append(&txn, ctx.instance_id, EventType::EnvironmentProgress, subject, data).await?;
+                for (repository_id, stage) in batch.drain(..) {
+                    let data = json!({ "repository_id": repository_id, "stage": stage });
+                    events::append(
+                        &txn,
+                        ctx.instance_id,
+                        EventType::EnvironmentProgress,
+                        subject.clone(),
+                        data,
+                    )
+                    .await?;
+                }
                 ctx.commit(txn).await
             };
             if let Err(e) = recorded.await {
                 tracing::warn!(error = %e, environment = %env_id, "could not record environment progress");
             }
-        })
-    }
+            batch.clear();
+        }
+    });
+    let report = move |repository_id, stage| {
+        let _ = tx.send((repository_id, stage));
+        Box::pin(std::future::ready(())) as futures_util::future::BoxFuture<'static, ()>
+    };
+    (report, writer)
 }
 
 /// Under the owner's lock: select a ready environment, or elect this request to materialize one.
