@@ -124,9 +124,12 @@ pub static SETTINGS: &[Setting] = &[
         "File holding the database URL (wins over database_url)",
         unset,
     ),
-    setting("db_max_connections", Is("10"), "Database pool size", |c| {
-        int(c.db_max_connections)
-    }),
+    setting(
+        "db_max_connections",
+        Is("10"),
+        "Database pool size (PostgreSQL: also of each HTTP worker thread's own pool)",
+        |c| int(c.db_max_connections),
+    ),
     secret(setting(
         "jwt_secret",
         Computed("generated on first start into <data dir>/jwt-secret (0600)"),
