@@ -105,6 +105,10 @@ pub struct Runtime {
     /// The runtime that built this one (the process's): agents and their pipes' tasks live there, not on
     /// the HTTP worker that launched them, which ends with the server (and would drop and SIGKILL them).
     home: tokio::runtime::Handle,
+    /// Each session's dispatch lock, while an agent or a dispatch holds it: an agent restarted after a
+    /// crash takes the lock of the one before, so its first dispatch waits until the dispatch that
+    /// handed the crashed agent its message has recorded it delivered (it is not handed over again).
+    dispatch_locks: Mutex<HashMap<Uuid, std::sync::Weak<tokio::sync::Mutex<()>>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +130,7 @@ impl Runtime {
                 grace,
                 term_grace,
                 home: tokio::runtime::Handle::current(),
+                dispatch_locks: Mutex::new(HashMap::new()),
             }),
             rx,
         )
@@ -189,7 +194,7 @@ impl Runtime {
             execution_id,
             waiting: Mutex::new(HashMap::new()),
             agent_queue: std::sync::atomic::AtomicUsize::new(0),
-            dispatch: Arc::new(tokio::sync::Mutex::new(())),
+            dispatch: self.session_dispatch_lock(session_id),
             pid,
             stdin: Mutex::new(Some(stdin_tx)),
             pending: Mutex::new(Vec::new()),
@@ -394,6 +399,18 @@ impl Runtime {
     }
 
     /// The lock that makes deliveries to this session's agent one at a time; `None` without a live agent.
+    /// The session's dispatch lock: the previous execution's while anything still holds it, else new.
+    fn session_dispatch_lock(&self, session_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.dispatch_locks.lock().unwrap();
+        locks.retain(|_, lock| lock.strong_count() > 0);
+        if let Some(lock) = locks.get(&session_id).and_then(std::sync::Weak::upgrade) {
+            return lock;
+        }
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        locks.insert(session_id, Arc::downgrade(&lock));
+        lock
+    }
+
     pub fn dispatch_lock(&self, session_id: Uuid) -> Option<Arc<tokio::sync::Mutex<()>>> {
         self.agents.lock().unwrap().get(&session_id).map(|a| a.dispatch.clone())
     }
