@@ -541,3 +541,38 @@ pub fn is_dialog(event: &serde_json::Value) -> bool {
             .as_str()
             .is_some_and(|m| FIRE_AND_FORGET_UI.contains(&m))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::Runtime;
+
+    /// A restarted agent's dispatch waits for the crashed one's (the message it was handed is recorded
+    /// delivered first): the lock is the same while anything holds it, and a fresh one once nothing does.
+    #[tokio::test]
+    async fn a_restarted_agent_shares_the_dispatch_lock_of_one_still_in_flight() {
+        let (rt, _reports) = Runtime::new(Duration::from_millis(10), Duration::from_millis(10));
+        let session = uuid::Uuid::now_v7();
+        let first = rt.session_dispatch_lock(session);
+        let in_flight = first.clone().lock_owned().await;
+        drop(first); // the crashed agent is gone; its dispatch still holds the lock
+        let restarted = rt.session_dispatch_lock(session);
+        assert!(
+            restarted.try_lock().is_err(),
+            "the restarted agent waits for the dispatch in flight"
+        );
+        drop(in_flight);
+        assert!(restarted.try_lock().is_ok());
+        let weak = Arc::downgrade(&restarted);
+        drop(restarted);
+        assert!(weak.upgrade().is_none(), "nothing keeps a lock nobody holds");
+        let other = rt.session_dispatch_lock(uuid::Uuid::now_v7());
+        assert_eq!(
+            rt.dispatch_locks.lock().unwrap().len(),
+            1,
+            "dead entries are pruned: {other:?}"
+        );
+    }
+}
