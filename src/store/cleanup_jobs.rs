@@ -127,23 +127,9 @@ pub struct LeaseGuard<'a> {
 }
 
 /// `UPDATE .. SET state = to, .. WHERE id = ? AND state = from [AND lease_owner = ? AND attempts = ?]`:
-/// true when the row changed. Only `domain::cleanup::state::transition` calls it.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn compare_and_set(
-    txn: &DatabaseTransaction,
-    id: Uuid,
-    from: CleanupJobState,
-    lease: Option<LeaseGuard<'_>>,
-    to: CleanupJobState,
-    patch: &JobPatch,
-    now: DateTime<Utc>,
-) -> Result<bool> {
-    let q = compare_and_set_update(id, from, lease, to, patch, now);
-    Ok(q.exec(txn).await?.rows_affected == 1)
-}
-
-/// The UPDATE of [`compare_and_set`], for a caller that adds the job's event to the same statement
-/// (`events::append_on_change` on PostgreSQL).
+/// the compare-and-set every job state write uses (it changed the row when it affected one). Only
+/// `domain::cleanup::state::transition` runs it: on PostgreSQL with the job's event in the same statement
+/// (`events::append_on_change`), on SQLite on its own.
 pub(crate) fn compare_and_set_update(
     id: Uuid,
     from: CleanupJobState,

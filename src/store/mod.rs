@@ -33,13 +33,19 @@ pub struct Db {
 }
 
 impl Db {
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Db, DbErr> {
+    /// The settings every pool shares.
+    fn options(url: &str, max_connections: u32) -> ConnectOptions {
         let mut opts = ConnectOptions::new(url.to_string());
         opts.max_connections(max_connections)
-            .min_connections(1)
             // A database outage answers 503 within seconds instead of holding requests for long.
             .acquire_timeout(Duration::from_secs(5))
             .sqlx_logging(false);
+        opts
+    }
+
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Db, DbErr> {
+        let mut opts = Self::options(url, max_connections);
+        opts.min_connections(1);
         if url.starts_with("sqlite:") {
             // A COMMIT that fails (a full disk) leaves SQLite's transaction open on that connection; reused,
             // the next BEGIN would become a savepoint whose "commit" never reaches the file (issue 10: a
@@ -65,12 +71,8 @@ impl Db {
     /// round trip of a request would first wake that other thread. Call inside the worker's runtime.
     pub fn connect_lazy_postgres(url: &str, max_connections: u32) -> Result<Db, DbErr> {
         use futures_util::FutureExt;
-        let mut opts = ConnectOptions::new(url.to_string());
-        opts.max_connections(max_connections)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(5))
-            .sqlx_logging(false)
-            .connect_lazy(true);
+        let mut opts = Self::options(url, max_connections);
+        opts.min_connections(0).connect_lazy(true);
         // Lazy: nothing is awaited (no connection is opened), so the first poll completes it.
         let conn = Database::connect(opts)
             .now_or_never()

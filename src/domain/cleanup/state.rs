@@ -100,15 +100,16 @@ pub(crate) async fn transition(
         ..j.clone()
     };
     patch.apply(&mut updated);
+    let update = store::compare_and_set_update(j.id, j.state, lease, next, &patch, now);
     if txn.get_database_backend() == DbBackend::Postgres {
         // Issue 19 item 4: the compare-and-set and its event in one statement (one round trip).
-        let update = store::compare_and_set_update(j.id, j.state, lease, next, &patch, now).build(DbBackend::Postgres);
         let (event_type, subject, data) = job_event_parts(&updated);
+        let update = update.build(DbBackend::Postgres);
         if !events::append_on_change(txn, update, ctx.instance_id, event_type, subject, data).await? {
             return Ok(None);
         }
     } else {
-        if !store::compare_and_set(txn, j.id, j.state, lease, next, &patch, now).await? {
+        if update.exec(txn).await?.rows_affected != 1 {
             return Ok(None);
         }
         job_event(txn, ctx, &updated).await?;
