@@ -434,6 +434,26 @@ pub async fn dump(app: &TestApp) -> (Vec<String>, Option<Vec<u8>>) {
     let db = app.db();
     let backend = db.get_database_backend();
     let raw = |sql: String| Statement::from_string(backend, sql);
+    if backend == DbBackend::Postgres {
+        // An import commits its events outside any request, so the running server's sequencer stamps
+        // them a moment later. A snapshot taken before that would differ from one taken after in
+        // nothing but `seq`: wait until every committed event is stamped.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let pending = db
+                .query_one_raw(raw("SELECT EXISTS (SELECT 1 FROM events WHERE seq IS NULL) AS n".into()))
+                .await
+                .unwrap()
+                .unwrap()
+                .try_get::<bool>("", "n")
+                .unwrap();
+            if !pending {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "events stay unstamped");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
     let tables: Vec<String> = match backend {
         DbBackend::Sqlite => db
             .query_all_raw(raw(
