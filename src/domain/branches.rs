@@ -59,6 +59,9 @@ pub(crate) async fn record_origins(
         };
         if m.branch_existed == Some(false) {
             let txn = ctx.db.begin_write().await?;
+            // Lost in a database crash, the branch would count as the user's and be kept: the safe side.
+            // Otherwise the publish's flush, which follows, makes it durable.
+            crate::store::Db::unflushed(&txn).await?;
             store::record_created(&txn, owner.workspace_id, m.repository_id, branch, &plan.base, owner.id).await?;
             txn.commit().await?;
             origins.push(Some(BranchOrigin::Created));

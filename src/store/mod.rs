@@ -101,6 +101,23 @@ impl Db {
             .await
     }
 
+    /// PostgreSQL: this transaction's commit returns without waiting for the log flush
+    /// (`synchronous_commit = off` for it alone); a no-op on SQLite, whose WAL commits do not sync.
+    ///
+    /// Only for a transaction whose loss in a database crash harms nothing, because nothing outside
+    /// the database acts on it before a later, flushed commit: the log is one sequence, so the next
+    /// synchronous commit of any transaction (the sequencer's stamp of an event, say) flushes it first.
+    /// Events qualify: nobody reads one before its stamp. A crash before then loses the transaction,
+    /// and nothing anyone saw. It saves the flush (about 3 ms on this machine's disk) and keeps it from
+    /// queueing before the flushes that do matter.
+    pub async fn unflushed(txn: &DatabaseTransaction) -> Result<(), DbErr> {
+        use sea_orm::ConnectionTrait;
+        if txn.get_database_backend() == DbBackend::Postgres {
+            txn.execute_unprepared("SET LOCAL synchronous_commit TO OFF").await?;
+        }
+        Ok(())
+    }
+
     /// Whether the database answers (readiness).
     pub async fn ping(&self) -> bool {
         self.conn.ping().await.is_ok()

@@ -3,7 +3,8 @@
 //! A task owns at most one current environment (I1). The first session that needs one elects itself
 //! materializer under the task's lock and commits a `creating` row; the physical worktrees are created
 //! outside any transaction; the complete inventory and `ready` are then published together, so nothing
-//! can attach to a half-made environment. Concurrent first sessions get `workspace_preparing` (I14).
+//! can attach to a half-made environment (with the first session that asked, in the same transaction:
+//! [`OnPublish`]). Concurrent first sessions get `workspace_preparing` (I14).
 //!
 //! Executor transitions (I18) live in `transition`, the `creating` lease in `lease`, the takeover of
 //! abandoned materializations in `recovery`, the status writes (settle, supersede) in `state`; what other
@@ -17,6 +18,7 @@ use crate::auth::Principal;
 use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::entity::task_environment_repo::{self as env_repo, EnvironmentRepoStatus};
+use crate::entity::task_session as session;
 use crate::error::{Error, Result};
 use crate::events;
 use crate::events::EventType;
@@ -71,23 +73,54 @@ enum Election {
 
 /// Returns the task's ready environment for `executor`, materializing it first when there is none.
 pub async fn ensure_ready(ctx: &Ctx, task: &task::Model, executor: ExecutorType) -> Result<env::Model> {
+    Ok(ensure_ready_then(ctx, task, executor, None).await?.0)
+}
+
+/// A write that may ride in the transaction that publishes a new environment, under its locks (the
+/// owner's lock taken and the cleanup barriers of the task and its owner checked; it is given the owner's
+/// row as locked): the first session of a task is recorded there, one durable commit instead of two
+/// (issue 19 item 3). It answers `None` to leave its work to its caller, after the publish; its error
+/// fails the publish.
+pub type OnPublish = Box<
+    dyn for<'t> FnOnce(
+            &'t DatabaseTransaction,
+            &'t task::Model,
+            &'t env::Model,
+        ) -> futures_util::future::BoxFuture<'t, Result<Option<session::Model>>>
+        + Send,
+>;
+
+/// [`ensure_ready`], and `then`'s result when this call published the environment (`None` when the
+/// environment was ready already, or `then` left its work to the caller).
+pub async fn ensure_ready_then(
+    ctx: &Ctx,
+    task: &task::Model,
+    executor: ExecutorType,
+    then: Option<OnPublish>,
+) -> Result<(env::Model, Option<session::Model>)> {
     let owner = owner_of(&ctx.db.conn, task).await?;
     let env = match elect(ctx, task, &owner, executor).await? {
-        Election::Ready(env) => return Ok(env),
+        Election::Ready(env) => return Ok((env, None)),
         Election::Elected(env) => env,
     };
     // In a task of its own: a client that disconnects mid-way does not strand a `creating` environment.
     let (ctx, task) = (ctx.clone(), task.clone());
-    crate::actor::spawn(async move { prepare(&ctx, &task, &owner, &env).await })
+    crate::actor::spawn(async move { prepare(&ctx, &task, &owner, &env, then).await })
         .await
         .map_err(|e| Error::Internal(anyhow::anyhow!("materialization task failed: {e}")))?
 }
 
 /// Materializes and publishes an elected environment, keeping its lease alive meanwhile. Every way out
 /// other than success records the attempt as failed, so nobody waits on it.
-async fn prepare(ctx: &Ctx, task: &task::Model, owner: &task::Model, e: &env::Model) -> Result<env::Model> {
+async fn prepare(
+    ctx: &Ctx,
+    task: &task::Model,
+    owner: &task::Model,
+    e: &env::Model,
+    then: Option<OnPublish>,
+) -> Result<(env::Model, Option<session::Model>)> {
     let heartbeat = tokio::spawn(lease::heartbeat(ctx.clone(), e.clone())).abort_handle();
-    let outcome = materialize_and_publish(ctx, task, owner, e).await;
+    let outcome = materialize_and_publish(ctx, task, owner, e, then).await;
     heartbeat.abort();
     match outcome {
         Ok(ready) => Ok(ready),
@@ -132,9 +165,10 @@ async fn materialize_and_publish(
     task: &task::Model,
     owner: &task::Model,
     e: &env::Model,
-) -> Result<env::Model, Failed> {
+    then: Option<OnPublish>,
+) -> Result<(env::Model, Option<session::Model>), Failed> {
     let (rows, path, made) = materialize(ctx, owner, e, &owner.slug).await?;
-    let published = publish(ctx, task, owner, e, rows, path).await;
+    let published = publish(ctx, task, owner, e, rows, path, then).await;
     if let Err(Error::TaskCleanupInProgress | Error::NotFound(_)) = published {
         // A lifecycle operation won (its barrier stands, or the task is gone): what this attempt created
         // never became task state, and nobody can adopt it; remove it (I7).
@@ -234,6 +268,8 @@ fn reporter(
         while rx.recv_many(&mut batch, 64).await > 0 {
             let recorded = async {
                 let txn = ctx.db.begin_write().await?;
+                // Events only, unread until stamped: the stamp's flush makes them durable first.
+                crate::store::Db::unflushed(&txn).await?;
                 for (repository_id, stage) in batch.drain(..) {
                     let data = json!({ "repository_id": repository_id, "stage": stage });
                     events::append(
@@ -353,9 +389,10 @@ async fn publish(
     e: &env::Model,
     rows: Vec<NewRepoRow>,
     workspace_path: Option<String>,
-) -> Result<env::Model> {
+    then: Option<OnPublish>,
+) -> Result<(env::Model, Option<session::Model>)> {
     let txn = ctx.db.begin_write().await?;
-    lock_task(&txn, owner.id).await?;
+    let locked_owner = lock_task(&txn, owner.id).await?;
     ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
     let ready = Settle {
         status: EnvironmentStatus::Ready,
@@ -370,14 +407,19 @@ async fn publish(
         ));
     }
     store::insert_repo_rows(&txn, e.id, rows).await?;
-    ctx.commit(txn).await?;
-    Ok(env::Model {
+    let ready = env::Model {
         status: EnvironmentStatus::Ready,
         workspace_path,
         materializer_id: None,
         updated_at: now,
         ..e.clone()
-    })
+    };
+    let also = match then {
+        Some(then) => then(&txn, &locked_owner, &ready).await?,
+        None => None,
+    };
+    ctx.commit(txn).await?;
+    Ok((ready, also))
 }
 
 /// Records a failed materialization if this attempt still owns the environment: `failed`, with the

@@ -142,8 +142,64 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
     if task.archived_at.is_some() {
         return Err(Error::TaskArchived);
     }
-    let environment = environments::ensure_ready(ctx, &task, input.executor_type).await?;
+    let draft = first_record(&request, input.executor_type, &task, None, SessionState::Created);
+    let on_publish = record_on_publish(ctx, &task, draft.clone());
+    let (environment, recorded) =
+        environments::ensure_ready_then(ctx, &task, input.executor_type, Some(on_publish)).await?;
+    let model = match recorded {
+        Some(model) => model,
+        None => record_attached(ctx, task_id, &environment, draft).await?,
+    };
+    if request.start {
+        return super::launch::launch_session(ctx, model, request.prompt).await;
+    }
+    Ok(SessionView {
+        session: model,
+        workspace_path: environment.workspace_path,
+    })
+}
 
+/// The first session of a task whose environment this request makes is recorded in the environment's
+/// publish transaction (issue 19 item 3: one durable commit fewer), under the rules of
+/// [`record_attached`]: the owner is locked and the barriers of both are checked by the publish; a
+/// subtask is locked after its owner and checked again. A task archived, deleted or under cleanup
+/// meanwhile leaves the session to [`record_attached`], which refuses it with the usual error, and the
+/// environment is published all the same (it is the owner's).
+fn record_on_publish(ctx: &Ctx, task: &crate::entity::task::Model, draft: session::Model) -> environments::OnPublish {
+    let (ctx, task_id) = (ctx.clone(), task.id);
+    Box::new(move |txn, owner, environment| {
+        Box::pin(async move {
+            let task = if owner.id == task_id {
+                owner.clone()
+            } else {
+                match lock_task(txn, task_id).await {
+                    Ok(task) => task,
+                    Err(Error::NotFound(_)) => return Ok(None),
+                    Err(e) => return Err(e),
+                }
+            };
+            if task.archived_at.is_some() {
+                return Ok(None);
+            }
+            if owner.id != task_id {
+                match ensure_no_cleanup(txn, &[task_id]).await {
+                    Ok(()) => {}
+                    Err(Error::TaskCleanupInProgress) => return Ok(None),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(Some(record(txn, &ctx, &task, attached(draft, environment.id)).await?))
+        })
+    })
+}
+
+/// Records `draft` attached to the ready `environment`, in a transaction of its own.
+async fn record_attached(
+    ctx: &Ctx,
+    task_id: Uuid,
+    environment: &crate::entity::task_environment::Model,
+    draft: session::Model,
+) -> Result<session::Model> {
     let txn = ctx.db.begin_write().await?;
     // Owner first, then the task (the order every writer uses): a barrier on either is seen.
     if environment.task_id != task_id {
@@ -158,22 +214,21 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
     let environment = env_store::find_attachable(&txn, environment.id)
         .await?
         .ok_or_else(|| Error::Stale("the task's environment changed meanwhile; retry".into()))?;
-    let model = first_record(
-        &request,
-        input.executor_type,
-        &task,
-        Some(environment.id),
-        SessionState::Created,
-    );
-    let model = record(&txn, ctx, &task, model).await?;
+    let model = record(&txn, ctx, &task, attached(draft, environment.id)).await?;
     ctx.commit(txn).await?;
-    if request.start {
-        return super::launch::launch_session(ctx, model, request.prompt).await;
+    Ok(model)
+}
+
+/// The draft of a session attached to `environment_id`, timed when it is recorded.
+fn attached(draft: session::Model, environment_id: Uuid) -> session::Model {
+    let now = crate::clock::now();
+    session::Model {
+        task_environment_id: Some(environment_id),
+        last_activity_at: now,
+        created_at: now,
+        updated_at: now,
+        ..draft
     }
-    Ok(SessionView {
-        session: model,
-        workspace_path: environment.workspace_path,
-    })
 }
 
 /// `Prefer: respond-async`: the session is recorded `preparing` at once (under the same rules as a
