@@ -38,10 +38,13 @@ const LEADER_KEY: i64 = 0x6265_7274_6873_6571;
 pub const TAKEOVER: Duration = Duration::from_millis(250);
 /// Rows per stamping statement.
 const BATCH: i64 = 5000;
-/// At most one stamping round (and one herald `NOTIFY`) per this interval: idle, the first commit is
-/// stamped at once; busy, the commits of the interval share one statement, one notification and one
-/// read by each replica's tailer, instead of one each.
-const PACE: Duration = Duration::from_millis(10);
+/// At most one stamping round (and one herald `NOTIFY`) per this interval, unless a write waits for its
+/// event: idle, the first commit is stamped at once; busy, the commits of the interval share one
+/// statement, one log flush, one notification and one read by each replica's tailer, instead of one
+/// each. 25 ms, not 10: under a steady stream of writes nobody waits for (cleanup claims), each round
+/// costs a flush and a scan of the unstamped index that grows with the rows stamped since the last
+/// vacuum (BENCHMARKS.md, issue 19 item 4); a board sees such events at most this much later.
+const PACE: Duration = Duration::from_millis(25);
 /// The payload of a herald's `NOTIFY` when writes on its replica wait for their events.
 pub const AWAITED: &str = "awaited";
 
