@@ -45,7 +45,7 @@ pub(crate) async fn run_backend(
     table: &mut Table,
     backend: &'static str,
     pg_server: Option<String>,
-    claims_only: bool,
+    only: Option<&str>,
 ) {
     eprintln!("\n== {backend}");
     let dir = tempfile::TempDir::new().unwrap();
@@ -142,8 +142,10 @@ pub(crate) async fn run_backend(
         .await,
     );
 
-    if claims_only {
+    if only == Some("claims") {
         claims(&b, table).await;
+    } else if only == Some("materialize") {
+        materialize(&mut b, table, &source).await;
     } else {
         materialize(&mut b, table, &source).await;
         fill_tasks(&b, 1_000).await;

@@ -11,7 +11,8 @@
 //! Knobs: `BERTH_BENCH_SECS` (each throughput window, default 8), `BERTH_BENCH_SKIP_SQLITE`,
 //! `BERTH_BENCH_GROWTH` (largest task count, default 100000), `BERTH_BENCH_JOBS` (default 10000).
 //! A filter argument runs only the groups whose name contains it: `admission`, `backend` (everything
-//! measured on `run_backend`'s server), `claims` (only the claim rows of each backend), `sequencing`
+//! measured on `run_backend`'s server), `claims` (only the claim rows of each backend), `materialize`
+//! (only its materialization row), `sequencing`
 //! (PostgreSQL event sequencing with 1 and 3 replicas), `streaming` (`cargo bench --bench suite --
 //! streaming`).
 mod admission;
@@ -171,8 +172,10 @@ pub(crate) fn main() {
             Err(_) => eprintln!("BERTH_BENCH_POSTGRES_URL is not set: SQLite only"),
         }
         for (backend, url) in backends {
-            if wants("backend") || wants("claims") {
-                run_backend(&mut table, backend, url.clone(), !wants("backend")).await;
+            if wants("backend") {
+                run_backend(&mut table, backend, url.clone(), None).await;
+            } else if let Some(only) = ["claims", "materialize"].into_iter().find(|g| wants(g)) {
+                run_backend(&mut table, backend, url.clone(), Some(only)).await;
             }
             if let Some(url) = &url
                 && wants("sequencing")
