@@ -17,6 +17,7 @@ both_backends!(
     archive_hands_the_environment_to_the_nearest_live_inheritor,
     archive_then_unarchive_across_a_chain_and_resume,
     a_dirty_reset_is_refused_then_consented_and_resumed,
+    a_subtask_archived_while_its_owners_environment_is_made_gets_no_session,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -323,4 +324,138 @@ async fn a_dirty_reset_is_refused_then_consented_and_resumed(app: TestApp) {
     app.post(&format!("/api/v1/sessions/{sid}/stop"), json!({}))
         .await
         .ok(200);
+}
+
+// Issue 19 item 3: a first session is recorded in the transaction that publishes its environment. A
+// subtask archived while its owner's environment is being made gets no session (`task_archived`, as
+// before the change), and the environment, which is the owner's, is published all the same (I1, I7).
+// Without the subtask's own check in that transaction, the session would be recorded on an archived task.
+async fn a_subtask_archived_while_its_owners_environment_is_made_gets_no_session(app: TestApp) {
+    use berth::entity::task as task_entity;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, sea_query::Expr};
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let owner = app.task(ws, "owner", &[repo]).await;
+    let child = subtask(&app, ws, owner, "child").await;
+
+    let gate = std::sync::Arc::new(gated_git::Gate::default());
+    let mut ctx = app.app_state.ctx.clone();
+    ctx.git = std::sync::Arc::new(gated_git::Gated {
+        inner: ctx.git.clone(),
+        gate: gate.clone(),
+    });
+    let principal = app.app_state.verifier.verify(&app.admin).unwrap().unbound().unwrap();
+    let create = tokio::spawn(async move {
+        berth::domain::sessions::create(
+            &ctx,
+            &principal,
+            child,
+            berth::domain::sessions::NewSession {
+                executor_type: berth::entity::task_environment::ExecutorType::Worktree,
+                agent_profile: None,
+                name: None,
+                prompt: None,
+                start: Some(false),
+            },
+        )
+        .await
+    });
+    tokio::time::timeout(WAIT, gate.entered.notified())
+        .await
+        .expect("the materialization reached git");
+    // The archive commits while git runs (written directly: the API's archive would also start a job).
+    task_entity::Entity::update_many()
+        .col_expr(task_entity::Column::ArchivedAt, Expr::value(chrono::Utc::now()))
+        .filter(task_entity::Column::Id.eq(child))
+        .exec(app.db())
+        .await
+        .unwrap();
+    gate.release.notify_one();
+    let created = tokio::time::timeout(WAIT, create).await.expect("the create finished").unwrap();
+    assert!(
+        matches!(created, Err(berth::error::Error::TaskArchived)),
+        "an archived subtask got a session: {:?}",
+        created.map(|v| v.session.id)
+    );
+    let env = environment_of(&app, owner).await.expect("the owner has its environment");
+    assert_eq!(env["status"], "ready", "{env}");
+    let sessions = app.get(&format!("/api/v1/tasks/{child}/sessions")).await.ok(200);
+    assert_eq!(sessions["items"], json!([]), "{sessions}");
+}
+
+/// Git that holds `git worktree add` until the test releases it (everything else as the real one).
+mod gated_git {
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    use berth::git::cli::{GitError, GitMutations};
+    use berth::git::{BranchDeletionConsent, BranchName, MergedBranch};
+    use berth::managed_path::{Consent, ManagedPath, RecordedRegistration};
+    use tokio::sync::Notify;
+
+    #[derive(Default)]
+    pub struct Gate {
+        pub entered: Notify,
+        pub release: Notify,
+    }
+
+    pub struct Gated {
+        pub inner: Arc<dyn GitMutations>,
+        pub gate: Arc<Gate>,
+    }
+
+    #[async_trait::async_trait]
+    impl GitMutations for Gated {
+        async fn worktree_add(
+            &self,
+            repo: &Path,
+            target: &ManagedPath,
+            branch: &str,
+            base: Option<&str>,
+        ) -> Result<(), GitError> {
+            self.gate.entered.notify_one();
+            self.gate.release.notified().await;
+            self.inner.worktree_add(repo, target, branch, base).await
+        }
+        async fn worktree_remove(&self, repo: &Path, target: &ManagedPath) -> Result<(), GitError> {
+            self.inner.worktree_remove(repo, target).await
+        }
+        async fn worktree_remove_consented(
+            &self,
+            repo: &Path,
+            target: &ManagedPath,
+            consent: &Consent,
+        ) -> Result<(), GitError> {
+            self.inner.worktree_remove_consented(repo, target, consent).await
+        }
+        async fn worktree_forget(&self, repo: &Path, registration: &RecordedRegistration) -> Result<(), GitError> {
+            self.inner.worktree_forget(repo, registration).await
+        }
+        async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError> {
+            self.inner.dirty_file_count(worktree).await
+        }
+        async fn branch_tip(&self, repo: &Path, branch: &BranchName) -> Result<Option<String>, GitError> {
+            self.inner.branch_tip(repo, branch).await
+        }
+        async fn upstream_tip(&self, repo: &Path, branch: &BranchName) -> Result<Option<String>, GitError> {
+            self.inner.upstream_tip(repo, branch).await
+        }
+        async fn is_ancestor(&self, repo: &Path, commit: &str, rev: &str) -> Result<bool, GitError> {
+            self.inner.is_ancestor(repo, commit, rev).await
+        }
+        async fn checked_out_at(&self, repo: &Path, branch: &BranchName) -> Result<Vec<PathBuf>, GitError> {
+            self.inner.checked_out_at(repo, branch).await
+        }
+        async fn branch_delete_merged(&self, repo: &Path, proof: &MergedBranch) -> Result<(), GitError> {
+            self.inner.branch_delete_merged(repo, proof).await
+        }
+        async fn branch_delete_consented(
+            &self,
+            repo: &Path,
+            branch: &BranchName,
+            consent: &BranchDeletionConsent,
+        ) -> Result<(), GitError> {
+            self.inner.branch_delete_consented(repo, branch, consent).await
+        }
+    }
 }
