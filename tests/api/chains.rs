@@ -371,13 +371,18 @@ async fn a_subtask_archived_while_its_owners_environment_is_made_gets_no_session
         .await
         .unwrap();
     gate.release.notify_one();
-    let created = tokio::time::timeout(WAIT, create).await.expect("the create finished").unwrap();
+    let created = tokio::time::timeout(WAIT, create)
+        .await
+        .expect("the create finished")
+        .unwrap();
     assert!(
         matches!(created, Err(berth::error::Error::TaskArchived)),
         "an archived subtask got a session: {:?}",
         created.map(|v| v.session.id)
     );
-    let env = environment_of(&app, owner).await.expect("the owner has its environment");
+    let env = environment_of(&app, owner)
+        .await
+        .expect("the owner has its environment");
     assert_eq!(env["status"], "ready", "{env}");
     let sessions = app.get(&format!("/api/v1/tasks/{child}/sessions")).await.ok(200);
     assert_eq!(sessions["items"], json!([]), "{sessions}");
