@@ -10,8 +10,10 @@
 //!   reader after cursor N never skips it.
 //!
 //! Live delivery: one tailer per process reads stamped rows after the last one it published and
-//! broadcasts them; commits and the sequencer wake it (PostgreSQL `NOTIFY` across replicas), and a slow
-//! poll catches anything else. The rows are the truth; the broadcast is a bounded cache of them.
+//! broadcasts them. On SQLite a commit wakes it; on PostgreSQL nothing is visible before its stamp, so a
+//! commit wakes the sequencer (or this replica's herald) instead and the stamp wakes the tailers (the
+//! leader's directly, the others by `NOTIFY`). A slow poll catches anything else. The rows are the
+//! truth; the broadcast is a bounded cache of them.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
