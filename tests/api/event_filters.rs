@@ -21,12 +21,8 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// The committed events that pass `keep`, oldest first, as seqs.
 async fn committed(app: &TestApp, keep: impl Fn(&berth::entity::event::Model) -> bool) -> Vec<i64> {
-    use sea_orm::{EntityTrait, QueryOrder};
-    berth::entity::event::Entity::find()
-        .order_by_asc(berth::entity::event::Column::Seq)
-        .all(app.db())
+    app.event_rows()
         .await
-        .unwrap()
         .into_iter()
         .filter(|e| keep(e))
         .map(|e| e.seq)

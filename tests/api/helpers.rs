@@ -391,14 +391,56 @@ impl TestApp {
         row.try_get("", "n").unwrap()
     }
 
-    /// The events table, oldest first: (seq, type).
-    pub async fn events(&self) -> Vec<(i64, String, Option<Uuid>)> {
-        use sea_orm::{EntityTrait, QueryOrder};
-        berth::entity::event::Entity::find()
-            .order_by_asc(berth::entity::event::Column::Seq)
+    /// The events table as clients see it, oldest first: every event committed before the call, each
+    /// once it has its `seq`. On PostgreSQL a committed event is unstamped (`seq` null) until the
+    /// sequencer stamps it (issue 19), so this waits, with a deadline, for the ones committed so far,
+    /// and never reads an unstamped row (the entity's `seq` is not optional). On SQLite every committed
+    /// event already has its `seq`.
+    pub async fn event_rows(&self) -> Vec<berth::entity::event::Model> {
+        use berth::entity::event::{Column, Entity};
+        use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, Statement};
+        let backend = self.db().get_database_backend();
+        let newest: Option<i64> = self
+            .db()
+            .query_one_raw(Statement::from_string(backend, "SELECT MAX(id) AS m FROM events"))
+            .await
+            .unwrap()
+            .and_then(|row| row.try_get("", "m").ok());
+        if let Some(newest) = newest {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let row = self
+                    .db()
+                    .query_one_raw(Statement::from_string(
+                        backend,
+                        format!("SELECT COUNT(*) AS n FROM events WHERE seq IS NULL AND id <= {newest}"),
+                    ))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let unstamped: i64 = row.try_get("", "n").unwrap();
+                if unstamped == 0 {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{unstamped} committed events were never stamped"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+        Entity::find()
+            .filter(Column::Seq.is_not_null())
+            .order_by_asc(Column::Seq)
             .all(self.db())
             .await
             .unwrap()
+    }
+
+    /// [`Self::event_rows`] as (seq, type, task).
+    pub async fn events(&self) -> Vec<(i64, String, Option<Uuid>)> {
+        self.event_rows()
+            .await
             .into_iter()
             .map(|e| (e.seq, e.event_type.as_str().to_string(), e.task_id))
             .collect()
