@@ -14,12 +14,12 @@ pub async fn insert(txn: &DatabaseTransaction, j: &job::Model) -> Result<()> {
 }
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<job::Model>> {
-    Ok(job::Entity::find_by_id(id).one(conn).await?)
+    Ok(super::by_key(job::Entity::find_by_id(id), conn).await?)
 }
 
 /// The job, locked for the rest of the transaction (PostgreSQL; SQLite holds the writer lock already).
 pub async fn find_locked(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<job::Model>> {
-    Ok(job::Entity::find_by_id(id).lock_exclusive().one(txn).await?)
+    Ok(super::by_key(job::Entity::find_by_id(id).lock_exclusive(), txn).await?)
 }
 
 /// Filters of the operator listing; `None` is "any".

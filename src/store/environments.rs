@@ -28,7 +28,7 @@ pub struct NewRepoRow {
 }
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<env::Model>> {
-    Ok(env::Entity::find_by_id(id).one(conn).await?)
+    Ok(super::by_key(env::Entity::find_by_id(id), conn).await?)
 }
 
 /// The environment with its owner task, in one query.
@@ -38,21 +38,24 @@ pub async fn find_with_owner<C: ConnectionTrait>(
 ) -> Result<Option<(env::Model, Option<task::Model>)>> {
     Ok(env::Entity::find_by_id(id)
         .find_also_related(task::Entity)
-        .one(conn)
-        .await?)
+        .all(conn) // no LIMIT: see `super::by_key`
+        .await?
+        .pop())
 }
 
 /// An environment a session may attach to: ready or stopped.
 pub async fn find_attachable(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<env::Model>> {
-    Ok(env::Entity::find_by_id(id)
-        .filter(env::Column::Status.is_in([EnvironmentStatus::Ready, EnvironmentStatus::Stopped]))
-        .one(txn)
-        .await?)
+    Ok(super::by_key(
+        env::Entity::find_by_id(id)
+            .filter(env::Column::Status.is_in([EnvironmentStatus::Ready, EnvironmentStatus::Stopped])),
+        txn,
+    )
+    .await?)
 }
 
 /// Locks an environment row for the rest of the transaction (PostgreSQL).
 pub async fn lock(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<env::Model>> {
-    Ok(env::Entity::find_by_id(id).lock_exclusive().one(txn).await?)
+    Ok(super::by_key(env::Entity::find_by_id(id).lock_exclusive(), txn).await?)
 }
 
 /// The owner's environments that are not superseded, newest first.
@@ -166,8 +169,7 @@ pub async fn heal_workspace_path(txn: &DatabaseTransaction, id: Uuid, path: &str
 
 /// The effective workspace path of an environment, if it exists and has one.
 pub async fn workspace_path<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<String>> {
-    Ok(env::Entity::find_by_id(id)
-        .one(conn)
+    Ok(super::by_key(env::Entity::find_by_id(id), conn)
         .await?
         .and_then(|e| e.workspace_path))
 }

@@ -61,7 +61,7 @@ pub(crate) async fn compare_and_set_state<C: ConnectionTrait>(
 }
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<execution::Model>> {
-    Ok(execution::Entity::find_by_id(id).one(conn).await?)
+    Ok(super::by_key(execution::Entity::find_by_id(id), conn).await?)
 }
 
 /// How many of a session's executions failed since `since`.

@@ -65,11 +65,11 @@ pub async fn claim<C: ConnectionTrait>(
 }
 
 pub async fn find<C: ConnectionTrait>(conn: &C, subject: &str, idempotency_key: &str) -> Result<Option<key::Model>> {
-    Ok(
-        key::Entity::find_by_id((subject.to_string(), idempotency_key.to_string()))
-            .one(conn)
-            .await?,
+    Ok(super::by_key(
+        key::Entity::find_by_id((subject.to_string(), idempotency_key.to_string())),
+        conn,
     )
+    .await?)
 }
 
 /// Takes over a row that is expired, or a claim left in progress by a process that never finished it

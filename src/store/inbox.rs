@@ -40,10 +40,11 @@ pub async fn insert<C: ConnectionTrait>(
 }
 
 pub async fn find<C: ConnectionTrait>(conn: &C, session_id: Uuid, id: Uuid) -> Result<Option<inbox::Model>> {
-    Ok(inbox::Entity::find_by_id(id)
-        .filter(inbox::Column::SessionId.eq(session_id))
-        .one(conn)
-        .await?)
+    Ok(super::by_key(
+        inbox::Entity::find_by_id(id).filter(inbox::Column::SessionId.eq(session_id)),
+        conn,
+    )
+    .await?)
 }
 
 /// Every message of a session, oldest first (ids are v7: creation order).

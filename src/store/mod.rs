@@ -27,6 +27,18 @@ use sea_orm::{
     TransactionOptions, TransactionTrait,
 };
 
+/// The row a primary-key select finds, if any: `.one()` without its `LIMIT`. `.one()` binds `LIMIT 1`
+/// as a parameter, and SQLite (3.51) plans `LIMIT ?` by the value bound, so a statement with one is
+/// parsed and planned again on every execution (`sqlite3Reprepare`, about one GET's in twelve of its
+/// CPU; BENCHMARKS.md). A primary key matches at most one row, so no limit is needed. Selects of other
+/// shapes (a join, a tuple) read by key the same way: `.all(conn).await?.pop()`.
+pub async fn by_key<E: sea_orm::EntityTrait, C: sea_orm::ConnectionTrait>(
+    select: sea_orm::Select<E>,
+    conn: &C,
+) -> Result<Option<E::Model>, DbErr> {
+    Ok(select.all(conn).await?.pop())
+}
+
 #[derive(Clone)]
 pub struct Db {
     pub conn: DatabaseConnection,

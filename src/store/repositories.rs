@@ -10,24 +10,27 @@ use crate::error::Result;
 
 /// A repository row, registered or not (archived tasks keep referring to a deregistered one).
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<repository::Model>> {
-    Ok(repository::Entity::find_by_id(id).one(conn).await?)
+    Ok(super::by_key(repository::Entity::find_by_id(id), conn).await?)
 }
 
 /// A registered (not deregistered) repository.
 pub async fn find_registered<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<repository::Model>> {
-    Ok(repository::Entity::find_by_id(id)
-        .filter(repository::Column::DeletedAt.is_null())
-        .one(conn)
-        .await?)
+    Ok(super::by_key(
+        repository::Entity::find_by_id(id).filter(repository::Column::DeletedAt.is_null()),
+        conn,
+    )
+    .await?)
 }
 
 /// A registered repository, locked for the rest of the transaction (PostgreSQL).
 pub async fn lock_registered(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<repository::Model>> {
-    Ok(repository::Entity::find_by_id(id)
-        .filter(repository::Column::DeletedAt.is_null())
-        .lock_exclusive()
-        .one(txn)
-        .await?)
+    Ok(super::by_key(
+        repository::Entity::find_by_id(id)
+            .filter(repository::Column::DeletedAt.is_null())
+            .lock_exclusive(),
+        txn,
+    )
+    .await?)
 }
 
 /// Share-locks (PostgreSQL) the registered repositories of `workspace_id` among `ids`, and returns their ids.

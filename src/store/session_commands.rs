@@ -40,7 +40,7 @@ pub async fn insert<C: ConnectionTrait>(
 }
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<command::Model>> {
-    Ok(command::Entity::find_by_id(id).one(conn).await?)
+    Ok(super::by_key(command::Entity::find_by_id(id), conn).await?)
 }
 
 /// The pending commands of the given sessions, oldest first.

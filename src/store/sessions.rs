@@ -17,15 +17,12 @@ use crate::error::Result;
 const ENDED: [SessionState; 3] = [SessionState::Stopped, SessionState::Failed, SessionState::Cancelled];
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<session::Model>> {
-    Ok(session::Entity::find_by_id(id).one(conn).await?)
+    Ok(super::by_key(session::Entity::find_by_id(id), conn).await?)
 }
 
 /// A session, its row locked for the rest of the transaction as an UPDATE would (PostgreSQL).
 pub async fn find_locked(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<session::Model>> {
-    Ok(session::Entity::find_by_id(id)
-        .lock(LockType::NoKeyUpdate)
-        .one(txn)
-        .await?)
+    Ok(super::by_key(session::Entity::find_by_id(id).lock(LockType::NoKeyUpdate), txn).await?)
 }
 
 /// A session with its task, in one query.
@@ -35,8 +32,9 @@ pub async fn find_with_task<C: ConnectionTrait>(
 ) -> Result<Option<(session::Model, Option<task::Model>)>> {
     Ok(session::Entity::find_by_id(id)
         .find_also_related(task::Entity)
-        .one(conn)
-        .await?)
+        .all(conn) // no LIMIT: see `super::by_key`
+        .await?
+        .pop())
 }
 
 /// One page of a task's sessions, newest first, each with its environment.
@@ -190,8 +188,9 @@ pub async fn environment_of<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> R
         .select_only()
         .column(session::Column::TaskEnvironmentId)
         .into_tuple()
-        .one(conn)
-        .await?;
+        .all(conn) // no LIMIT: see `super::by_key`
+        .await?
+        .pop();
     Ok(env.flatten())
 }
 

@@ -22,8 +22,7 @@ pub async fn owner_of<C: ConnectionTrait>(conn: &C, task: &task::Model) -> Resul
             return Ok(current);
         }
         let parent_id = current.parent_task_id.ok_or(Error::NotFound("parent task"))?;
-        current = task::Entity::find_by_id(parent_id)
-            .one(conn)
+        current = super::by_key(task::Entity::find_by_id(parent_id), conn)
             .await?
             .ok_or(Error::NotFound("parent task"))?;
     }
@@ -49,9 +48,7 @@ pub async fn ensure_no_cleanup<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) 
 
 /// Locks a task row for the rest of the transaction (PostgreSQL; SQLite holds the writer lock already).
 pub async fn lock_task(txn: &DatabaseTransaction, id: Uuid) -> Result<task::Model> {
-    task::Entity::find_by_id(id)
-        .lock_exclusive()
-        .one(txn)
+    super::by_key(task::Entity::find_by_id(id).lock_exclusive(), txn)
         .await?
         .ok_or(Error::NotFound("task"))
 }
@@ -111,12 +108,12 @@ pub async fn live_inheritors<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Re
 }
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<task::Model>> {
-    Ok(task::Entity::find_by_id(id).one(conn).await?)
+    Ok(super::by_key(task::Entity::find_by_id(id), conn).await?)
 }
 
 /// Share-locks a task row (PostgreSQL) for the rest of the transaction.
 pub async fn lock_shared(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<task::Model>> {
-    Ok(task::Entity::find_by_id(id).lock_shared().one(txn).await?)
+    Ok(super::by_key(task::Entity::find_by_id(id).lock_shared(), txn).await?)
 }
 
 /// Inserts a task with its repository slots.

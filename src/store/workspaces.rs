@@ -12,17 +12,17 @@ use crate::entity::{repository, task};
 use crate::error::Result;
 
 pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<workspace::Model>> {
-    Ok(workspace::Entity::find_by_id(id).one(conn).await?)
+    Ok(super::by_key(workspace::Entity::find_by_id(id), conn).await?)
 }
 
 /// Locks the workspace row; `None` if it is gone.
 pub async fn lock(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<workspace::Model>> {
-    Ok(workspace::Entity::find_by_id(id).lock_exclusive().one(txn).await?)
+    Ok(super::by_key(workspace::Entity::find_by_id(id).lock_exclusive(), txn).await?)
 }
 
 /// Share-locks a workspace row (PostgreSQL) so its deletion waits for the caller's transaction.
 pub async fn lock_shared(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<workspace::Model>> {
-    Ok(workspace::Entity::find_by_id(id).lock_shared().one(txn).await?)
+    Ok(super::by_key(workspace::Entity::find_by_id(id).lock_shared(), txn).await?)
 }
 
 /// Inserts a workspace row; the caller maps a unique violation (names are unique).
