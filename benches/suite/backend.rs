@@ -146,6 +146,11 @@ pub(crate) async fn run_backend(
         claims(&b, table).await;
     } else if only == Some("materialize") {
         materialize(&mut b, table, &source).await;
+    } else if only == Some("reads") {
+        materialize(&mut b, table, &source).await;
+        fill_tasks(&b, 1_000).await;
+        load(&b, table, "1,000 tasks", false).await;
+        load(&b, table, "1,000 tasks, second run", false).await;
     } else {
         materialize(&mut b, table, &source).await;
         fill_tasks(&b, 1_000).await;

@@ -12,7 +12,8 @@
 //! `BERTH_BENCH_GROWTH` (largest task count, default 100000), `BERTH_BENCH_JOBS` (default 10000).
 //! A filter argument runs only the groups whose name contains it: `admission`, `backend` (everything
 //! measured on `run_backend`'s server), `claims` (only the claim rows of each backend), `materialize`
-//! (only its materialization row), `sequencing`
+//! (only its materialization row), `reads` (materialization, then the GET and session-cycle rows at
+//! 1,000 tasks, twice), `sequencing`
 //! (PostgreSQL event sequencing with 1 and 3 replicas), `streaming` (`cargo bench --bench suite --
 //! streaming`).
 mod admission;
@@ -174,7 +175,7 @@ pub(crate) fn main() {
         for (backend, url) in backends {
             if wants("backend") {
                 run_backend(&mut table, backend, url.clone(), None).await;
-            } else if let Some(only) = ["claims", "materialize"].into_iter().find(|g| wants(g)) {
+            } else if let Some(only) = ["claims", "materialize", "reads"].into_iter().find(|g| wants(g)) {
                 run_backend(&mut table, backend, url.clone(), Some(only)).await;
             }
             if let Some(url) = &url

@@ -15,6 +15,12 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 #[derive(Clone, Debug)]
 pub struct RequestId(pub String);
 
+/// The route pattern the request matched (`/api/v1/tasks/{id}`), `None` for no route: matched once,
+/// by the outermost middleware, for both the log span and the metrics (matching runs the router's
+/// regular expressions again).
+#[derive(Clone, Debug)]
+pub struct RoutePattern(pub Option<String>);
+
 tokio::task_local! {
     static REQUEST_ID: String;
 }
@@ -48,7 +54,9 @@ pub async fn request_id_and_metrics(
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody + 'static>, Error> {
     let id = request_id_for(&req);
+    let route = req.match_pattern();
     req.extensions_mut().insert(RequestId(id.clone()));
+    req.extensions_mut().insert(RoutePattern(route.clone()));
     let state = req.app_data::<web::Data<AppState>>().cloned();
     let method = req.method().clone();
     let started = Instant::now();
@@ -64,7 +72,7 @@ pub async fn request_id_and_metrics(
             .insert(HeaderName::from_static(REQUEST_ID_HEADER), value);
     }
     if let Some(state) = state {
-        let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_string());
+        let route = route.unwrap_or_else(|| "unmatched".to_string());
         state
             .ctx
             .metrics
@@ -85,7 +93,11 @@ impl RootSpanBuilder for BerthRootSpan {
             .get::<RequestId>()
             .map(|r| r.0.clone())
             .unwrap_or_default();
-        let route = request.match_pattern().unwrap_or_else(|| "default".to_string());
+        let route = match request.extensions().get::<RoutePattern>() {
+            Some(RoutePattern(route)) => route.clone(),
+            None => request.match_pattern(),
+        }
+        .unwrap_or_else(|| "default".to_string());
         let method = request.method().as_str();
         let user_agent = request
             .headers()

@@ -225,14 +225,23 @@ impl JwtVerifier {
     }
 
     fn verify_with(&self, token: &str, key: &jwks::Key) -> Result<Principal> {
-        let mut validation = self.validation.clone();
-        validation.algorithms = vec![key.algorithm];
-        let data =
-            jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(token, &key.decoding, &validation)
-                .map_err(|e| {
-                    tracing::debug!(error = %e, "token rejected");
-                    Error::Unauthenticated("invalid or expired token")
-                })?;
+        // The validation built at startup fits every static key; a JWKS key of another algorithm gets
+        // its own copy (a clone allocates its claim and audience sets: not per request when avoidable).
+        let other;
+        let validation = if self.validation.algorithms == [key.algorithm] {
+            &self.validation
+        } else {
+            other = Validation {
+                algorithms: vec![key.algorithm],
+                ..self.validation.clone()
+            };
+            &other
+        };
+        let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(token, &key.decoding, validation)
+            .map_err(|e| {
+                tracing::debug!(error = %e, "token rejected");
+                Error::Unauthenticated("invalid or expired token")
+            })?;
         claims::principal(data.claims, &self.scope_claim, &self.workspaces_claim)
     }
 
