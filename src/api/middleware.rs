@@ -135,14 +135,15 @@ impl RootSpanBuilder for BerthRootSpan {
     }
 
     fn on_request_end<B: MessageBody>(span: tracing::Span, outcome: &Result<ServiceResponse<B>, Error>) {
-        // The access log: one line per request, inside its span (route, redacted target, request id, and
-        // the actor once authentication proved one). `RUST_LOG=berth::access=warn` silences it.
+        // The access log: one line per request, inside its span (route, redacted target, request id, the
+        // actor once authentication proved one, and for an error its message, which the default builder
+        // records first). The only line of a refused request. `RUST_LOG=berth::access=warn` silences it.
         let status = match outcome {
             Ok(res) => res.status().as_u16(),
             Err(e) => e.as_response_error().status_code().as_u16(),
         };
+        DefaultRootSpanBuilder::on_request_end(span.clone(), outcome);
         span.in_scope(|| tracing::info!(target: "berth::access", status, "request finished"));
-        DefaultRootSpanBuilder::on_request_end(span, outcome);
     }
 }
 
