@@ -377,57 +377,30 @@ impl TestApp {
 
     /// Number of rows in `table` (for asserting that nothing was written).
     pub async fn count(&self, table: &str) -> i64 {
-        use sea_orm::{ConnectionTrait, Statement};
-        let backend = self.db().get_database_backend();
-        let row = self
-            .db()
-            .query_one_raw(Statement::from_string(
-                backend,
-                format!("SELECT COUNT(*) AS n FROM {table}"),
-            ))
-            .await
-            .unwrap()
-            .unwrap();
-        row.try_get("", "n").unwrap()
+        scalar(self.db(), &format!("SELECT COUNT(*) FROM {table}")).await
     }
 
     /// The events table as clients see it, oldest first: every event committed before the call, each
     /// once it has its `seq`. On PostgreSQL a committed event is unstamped (`seq` null) until the
     /// sequencer stamps it (issue 19), so this waits, with a deadline, for the ones committed so far,
     /// and never reads an unstamped row (the entity's `seq` is not optional). On SQLite every committed
-    /// event already has its `seq`.
+    /// event already has its `seq` (and no `id`: nothing to wait for).
     pub async fn event_rows(&self) -> Vec<berth::entity::event::Model> {
         use berth::entity::event::{Column, Entity};
-        use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, Statement};
-        let backend = self.db().get_database_backend();
-        let newest: Option<i64> = self
-            .db()
-            .query_one_raw(Statement::from_string(backend, "SELECT MAX(id) AS m FROM events"))
-            .await
-            .unwrap()
-            .and_then(|row| row.try_get("", "m").ok());
-        if let Some(newest) = newest {
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-            loop {
-                let row = self
-                    .db()
-                    .query_one_raw(Statement::from_string(
-                        backend,
-                        format!("SELECT COUNT(*) AS n FROM events WHERE seq IS NULL AND id <= {newest}"),
-                    ))
-                    .await
-                    .unwrap()
-                    .unwrap();
-                let unstamped: i64 = row.try_get("", "n").unwrap();
-                if unstamped == 0 {
-                    break;
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "{unstamped} committed events were never stamped"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
+        let newest = scalar(self.db(), "SELECT COALESCE(MAX(id), 0) FROM events").await;
+        let unstamped = format!("SELECT COUNT(*) FROM events WHERE seq IS NULL AND id <= {newest}");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let left = scalar(self.db(), &unstamped).await;
+            if left == 0 {
+                break;
             }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{left} committed events were never stamped"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         Entity::find()
             .filter(Column::Seq.is_not_null())
@@ -688,4 +661,15 @@ impl Sse {
             }
         }
     }
+}
+
+/// The first column of the first row of `sql`, an integer (a count, a maximum).
+pub async fn scalar(db: &sea_orm::DatabaseConnection, sql: &str) -> i64 {
+    use sea_orm::{ConnectionTrait, Statement};
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get_by_index(0).unwrap()
 }

@@ -8,7 +8,7 @@ use migration::MigratorTrait;
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 use tempfile::TempDir;
 
-use crate::helpers::{PgDatabase, SECRET};
+use crate::helpers::{PgDatabase, SECRET, scalar};
 
 struct Target {
     env: BTreeMap<String, String>,
@@ -90,15 +90,6 @@ async fn exec(db: &DatabaseConnection, sql: &str) {
     db.execute_raw(Statement::from_string(db.get_database_backend(), sql))
         .await
         .unwrap();
-}
-
-async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
-    let row = db
-        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
-        .await
-        .unwrap()
-        .unwrap();
-    row.try_get_by_index(0).unwrap()
 }
 
 async fn idempotent(t: Target) {

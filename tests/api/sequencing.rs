@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::faults::{Berth, process_env, start, wait_ready};
-use crate::helpers::{Backend, TestApp, client, uuid};
+use crate::helpers::{Backend, TestApp, client, scalar, uuid};
 
 const WAIT: Duration = Duration::from_secs(60);
 const HTTP_WRITERS: u64 = 5;
@@ -318,15 +318,6 @@ async fn subscribe(
 
 async fn latest_stamped(db: &DatabaseConnection) -> i64 {
     scalar(db, "SELECT last_seq AS n FROM event_sequence WHERE id = 1").await
-}
-
-async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
-    let row = db
-        .query_one_raw(Statement::from_string(sea_orm::DbBackend::Postgres, sql))
-        .await
-        .unwrap()
-        .unwrap();
-    row.try_get::<i64>("", "n").unwrap()
 }
 
 async fn stamped_after(db: &DatabaseConnection, after: i64) -> BTreeMap<i64, Value> {
