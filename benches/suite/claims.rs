@@ -31,34 +31,14 @@ pub(crate) async fn claims(b: &Bench, table: &mut Table) {
         )
         .await;
 
-        insert_jobs(b, n).await;
-        let t = Instant::now();
-        let loops: Vec<_> = (0..workers)
-            .map(|_| {
-                let ctx = b.ctx.clone();
-                tokio::spawn(async move {
-                    let mut got = Vec::new();
-                    while let Some(id) = bare_claim(&ctx).await {
-                        got.push(id);
-                    }
-                    got
-                })
-            })
-            .collect();
-        let mut ids = Vec::new();
-        for l in loops {
-            ids.extend(l.await.unwrap());
-        }
-        let bare = t.elapsed();
+        // The bare loop as berth claims (without waiting for the log flush), and as it claimed before
+        // (each claim flushed), for reference.
+        let (bare, ids) = bare_loop(b, n, workers, false).await;
+        let (flushed, _) = bare_loop(b, n, workers, true).await;
         let unique: std::collections::HashSet<_> = ids.iter().collect();
-        assert_eq!(unique.len(), n);
-        exec(
-            &b.ctx.db.conn,
-            "DELETE FROM task_resource_cleanup_jobs WHERE node_id = 'bench-bare'",
-        )
-        .await;
 
         let (ours_rate, bare_rate) = (n as f64 / ours.as_secs_f64(), n as f64 / bare.as_secs_f64());
+        let flushed_rate = n as f64 / flushed.as_secs_f64();
         let ratio = ours_rate / bare_rate;
         let target = if b.backend == "postgres" { 0.9 } else { 0.5 };
         table.add(
@@ -66,7 +46,7 @@ pub(crate) async fn claims(b: &Bench, table: &mut Table) {
             &format!("cleanup claims, {n} no-op jobs, {workers} worker(s)"),
             format!("{ours_rate:.0} jobs/s (claim, run, record); claimed twice: {twice}"),
             format!(
-                "{bare_rate:.0} claims/s (same SQL, no job logic); claimed twice: {}",
+                "{bare_rate:.0} claims/s (same SQL, no job logic; {flushed_rate:.0}/s with a flush each); claimed twice: {}",
                 ids.len() - unique.len()
             ),
             format!("{:.0}%", ratio * 100.0),
@@ -117,10 +97,45 @@ pub(crate) async fn insert_jobs(b: &Bench, n: usize) {
     analyze(&b.ctx.db.conn).await;
 }
 
-/// The claim's SQL (the same `next_claimable` queries and update as `worker::cleanup::claim`), nothing else.
-pub(crate) async fn bare_claim(ctx: &Ctx) -> Option<Uuid> {
+/// `workers` bare claim loops over `n` fresh jobs: how long they took, and the ids they claimed.
+async fn bare_loop(b: &Bench, n: usize, workers: usize, flushed: bool) -> (Duration, Vec<Uuid>) {
+    insert_jobs(b, n).await;
+    let t = Instant::now();
+    let loops: Vec<_> = (0..workers)
+        .map(|_| {
+            let ctx = b.ctx.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                while let Some(id) = bare_claim(&ctx, flushed).await {
+                    got.push(id);
+                }
+                got
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for l in loops {
+        ids.extend(l.await.unwrap());
+    }
+    let took = t.elapsed();
+    let unique: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), n);
+    exec(
+        &b.ctx.db.conn,
+        "DELETE FROM task_resource_cleanup_jobs WHERE node_id = 'bench-bare'",
+    )
+    .await;
+    (took, ids)
+}
+
+/// The claim's SQL (the same `next_claimable` queries and update as `worker::cleanup::claim`, and like it
+/// without waiting for the log flush unless `flushed`), nothing else.
+pub(crate) async fn bare_claim(ctx: &Ctx, flushed: bool) -> Option<Uuid> {
     let now = chrono::Utc::now();
     let txn = ctx.db.begin_write().await.unwrap();
+    if !flushed {
+        berth::store::Db::unflushed(&txn).await.unwrap();
+    }
     let found = berth::worker::cleanup::next_claimable(&txn, "bench-bare", now)
         .await
         .unwrap()?;

@@ -126,7 +126,8 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
         json!({ "title": model.title, "kind": model.kind, "parent_task_id": model.parent_task_id }),
     )
     .await?;
-    ctx.commit(txn).await?;
+    // Only the answer acts on it.
+    ctx.commit_answered(txn).await?;
     Ok(TaskView {
         task: model,
         repositories: rows,
@@ -283,7 +284,8 @@ pub async fn update(
         json!({ "changed": changed }),
     )
     .await?;
-    ctx.commit(txn).await?;
+    // Only the answer acts on it.
+    ctx.commit_answered(txn).await?;
     get(ctx, p, id).await
 }
 

@@ -8,6 +8,14 @@
 //! Publication is in seq order and a later commit's events are stamped no earlier than an earlier one's,
 //! so the newest one published means every earlier one is.
 //!
+//! Work a request hands to a task of its own and awaits (the first session's materialization) runs in a
+//! slot of its own ([`handed`]) and gives what it committed back to the request ([`adopt`]).
+//!
+//! Because the answer waits for a stamp, and a stamp is a flushed commit later in PostgreSQL's one log, a
+//! request's own commits need not wait for their flush when nothing outside the database acts on them
+//! before the answer (`Ctx::commit_answered`): the stamp's flush makes them durable first. Should the
+//! stamp not come in time, the request flushes the log itself before answering ([`owe_flush`]).
+//!
 //! Outside a request (workers, agent reports) there is no slot and nothing waits: those events are
 //! delivered as soon as they are stamped, and nobody is holding a response for them.
 use std::cell::RefCell;
@@ -28,6 +36,15 @@ struct Slot {
     appended: Option<i64>,
     /// The newest committed event's publication, which the request waits for before answering.
     awaited: Option<Awaited>,
+    /// A commit of this request returned before the log flush: the answer must not leave before one.
+    owes_flush: Option<sea_orm::DatabaseConnection>,
+}
+
+/// What work handed to a task of its own left for the request to wait for ([`handed`], [`adopt`]).
+#[derive(Default)]
+pub struct Handoff {
+    awaited: Option<Awaited>,
+    owes_flush: Option<sea_orm::DatabaseConnection>,
 }
 
 struct Awaited {
@@ -44,9 +61,15 @@ const STAMP_WAIT: Duration = Duration::from_secs(2);
 pub async fn request_scope<F: Future>(f: F) -> F::Output {
     SLOT.scope(RefCell::new(Slot::default()), async move {
         let out = f.await;
-        let awaited = SLOT.with(|s| s.borrow_mut().awaited.take());
+        let (awaited, owes_flush) = SLOT.with(|s| {
+            let mut s = s.borrow_mut();
+            (s.awaited.take(), s.owes_flush.take())
+        });
+        let mut flushed = false;
         if let Some(a) = awaited {
             if a.published.within(STAMP_WAIT).await {
+                // Visible to the tailer only once its (synchronous) commit flushed the log.
+                flushed = true;
                 a.metrics.event_stamped(a.committed.elapsed());
             } else {
                 // Committed all the same; it is delivered when a sequencer stamps it.
@@ -56,9 +79,65 @@ pub async fn request_scope<F: Future>(f: F) -> F::Output {
                 );
             }
         }
+        if let Some(db) = owes_flush
+            && !flushed
+            && let Err(e) = crate::store::Db::flush_log(&db).await
+        {
+            tracing::warn!(error = %e, "could not flush the log before answering");
+        }
         out
     })
     .await
+}
+
+/// Whether a commit now would be waited for: inside a request, with events appended by the open
+/// transaction.
+pub(crate) fn will_wait() -> bool {
+    SLOT.try_with(|s| s.borrow().appended.is_some()).unwrap_or(false)
+}
+
+/// A commit of this request returns before its log flush: the answer waits for one (the stamp's, or its
+/// own on `db`).
+pub(crate) fn owe_flush(db: sea_orm::DatabaseConnection) {
+    let _ = SLOT.try_with(|s| s.borrow_mut().owes_flush = Some(db));
+}
+
+/// Wraps work a request hands to a task of its own and awaits: inside a request it runs with a slot of its
+/// own, and returns, beside its output, what it committed, for the request to [`adopt`]. Outside a request
+/// it runs as it is.
+pub fn handed<F: Future>(f: F) -> impl Future<Output = (F::Output, Handoff)> {
+    let inside = SLOT.try_with(|_| ()).is_ok();
+    async move {
+        if !inside {
+            return (f.await, Handoff::default());
+        }
+        SLOT.scope(RefCell::new(Slot::default()), async move {
+            let out = f.await;
+            let handoff = SLOT.with(|s| {
+                let mut s = s.borrow_mut();
+                Handoff {
+                    awaited: s.awaited.take(),
+                    owes_flush: s.owes_flush.take(),
+                }
+            });
+            (out, handoff)
+        })
+        .await
+    }
+}
+
+/// The request waits for what handed work committed, as for its own commits (the handed work ran after
+/// them, so its events are stamped no earlier).
+pub fn adopt(h: Handoff) {
+    let _ = SLOT.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if let Some(a) = h.awaited {
+            s.awaited = Some(a);
+        }
+        if let Some(db) = h.owes_flush {
+            s.owes_flush = Some(db);
+        }
+    });
 }
 
 /// `events::append` inserted event `id` (ids grow, so the newest is the one to wait for).

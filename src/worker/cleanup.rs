@@ -96,6 +96,12 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>> {
     let claimed = crate::actor::within(job_actor(&found), transition(&txn, ctx, &found, event, None, patch))
         .await?
         .ok_or_else(|| Error::Stale("a claimed cleanup job changed under its lock".into()))?;
+    // A claim need not survive a database crash (issue 19 item 4): losing it leaves the job due again,
+    // which is the state a worker killed right after its claim leaves too, once its lease expires; the
+    // job then runs again, as every interrupted job does (it destroys only what is still there). Nothing
+    // else reads it durably first: its event is delivered only after its stamp, a flushed commit later in
+    // the log; the run's result is recorded by a flushed commit. So the claim does not wait for the flush.
+    crate::store::Db::unflushed(&txn).await?;
     ctx.commit(txn).await?;
     let due_at = found.next_attempt_at.or(found.lease_expires_at).unwrap_or(now);
     ctx.metrics.cleanup_claimed((now - due_at).to_std().unwrap_or_default());

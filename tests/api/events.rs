@@ -552,9 +552,31 @@ async fn an_answered_write_is_already_in_the_log(app: TestApp) {
         );
         after = events.last().unwrap()["seq"].as_i64().unwrap();
     }
+    // PostgreSQL: the first session of a task. Its environment is made in a task of its own, whose
+    // commits the answer waits for too: when the answer arrives, this replica has already published the
+    // session's `session.created`, the request's newest event (no replay's settle involved). On SQLite
+    // the event is numbered in its transaction and nothing waits.
+    let ctx = app.app_state.ctx.clone();
+    let (repo, _) = app.repository(ws, "r").await;
+    for i in 0..if app.backend == Backend::Postgres { 3 } else { 0 } {
+        let task = app.task(ws, &format!("first {i}"), &[repo]).await;
+        let session = id_of(&app.session(task, "worktree").await);
+        let published = ctx.events.published();
+        let page = replay(&app, &app.admin, &format!("?after={after}")).await;
+        let events = page["events"].as_array().unwrap();
+        let created = events
+            .iter()
+            .find(|e| e["type"] == "session.created" && e["session_id"] == json!(session))
+            .unwrap_or_else(|| panic!("no session.created for {session}: {page}"));
+        assert!(
+            created["seq"].as_i64().unwrap() <= published,
+            "first session {i} answered before its session.created (seq {}) was published here ({published})",
+            created["seq"]
+        );
+        after = events.last().unwrap()["seq"].as_i64().unwrap();
+    }
     // A write no request waits for (a worker's, a restore's): the next replay still holds it, as the
     // state a reader saw before it would (`sequencer::settle`).
-    let ctx = app.app_state.ctx.clone();
     for i in 0..20 {
         let txn = ctx.db.begin_write().await.unwrap();
         berth::events::append(

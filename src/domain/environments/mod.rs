@@ -104,10 +104,14 @@ pub async fn ensure_ready_then(
         Election::Elected(env) => env,
     };
     // In a task of its own: a client that disconnects mid-way does not strand a `creating` environment.
+    // The request still waits for what it publishes (`events::written`).
     let (ctx, task) = (ctx.clone(), task.clone());
-    crate::actor::spawn(async move { prepare(&ctx, &task, &owner, &env, then).await })
+    let work = crate::events::written::handed(async move { prepare(&ctx, &task, &owner, &env, then).await });
+    let (out, handoff) = crate::actor::spawn(work)
         .await
-        .map_err(|e| Error::Internal(anyhow::anyhow!("materialization task failed: {e}")))?
+        .map_err(|e| Error::Internal(anyhow::anyhow!("materialization task failed: {e}")))?;
+    crate::events::written::adopt(handoff);
+    out
 }
 
 /// Materializes and publishes an elected environment, keeping its lease alive meanwhile. Every way out
@@ -418,7 +422,8 @@ async fn publish(
         Some(then) => then(&txn, &locked_owner, &ready).await?,
         None => None,
     };
-    ctx.commit(txn).await?;
+    // What follows is the answer, or a launch, which records its handle (flushed) before it spawns.
+    ctx.commit_answered(txn).await?;
     Ok((ready, also))
 }
 

@@ -215,7 +215,8 @@ async fn record_attached(
         .await?
         .ok_or_else(|| Error::Stale("the task's environment changed meanwhile; retry".into()))?;
     let model = record(&txn, ctx, &task, attached(draft, environment.id)).await?;
-    ctx.commit(txn).await?;
+    // Followed by the answer, or a launch that records its handle (flushed) before it spawns.
+    ctx.commit_answered(txn).await?;
     Ok(model)
 }
 
