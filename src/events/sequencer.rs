@@ -20,8 +20,9 @@
 //! the writers' transactions: a `NOTIFY` inside them would serialize their commits on PostgreSQL's
 //! notification lock). A poll catches anything a lost notification missed. Both are paced (`PACE`), so
 //! a busy database pays one stamping round per interval, not one per commit, unless a write is waiting
-//! for its event (a request about to answer, `Ctx::commit`): then the round runs at once, so a client
-//! that writes one request after another is not held to one write per interval.
+//! for its event (a request about to answer, `Ctx::commit`): then the round runs at once, also when the
+//! write commits in the middle of an interval (`gather`), so a client that writes one request after
+//! another is not held to one write per interval, nor behind the background writes of one.
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -100,9 +101,7 @@ async fn lead(hub: &Hub, db: &DatabaseConnection, poll: Duration, metrics: &Metr
     tracing::info!("this replica stamps events (sequencing leadership taken)");
     let mut last = tokio::time::Instant::now() - PACE;
     loop {
-        if !hub.stamp_awaited() {
-            tokio::time::sleep_until(last + PACE).await;
-        }
+        gather(&hub.stamp, last + PACE, || hub.stamp_awaited()).await;
         last = tokio::time::Instant::now();
         // Everything committed so far, in batches, before waiting again.
         loop {
@@ -122,6 +121,15 @@ async fn lead(hub: &Hub, db: &DatabaseConnection, poll: Duration, metrics: &Metr
     }
 }
 
+/// Until `until`, lets the commits nobody waits for gather into one round, woken by each (`wake`); ends at
+/// once when `awaited` says a write waits for its event, also one that commits meanwhile (a round in the
+/// middle of a pace interval: a request is not held back by the background writes before it).
+async fn gather(wake: &tokio::sync::Notify, until: tokio::time::Instant, mut awaited: impl FnMut() -> bool) {
+    while !awaited() && tokio::time::Instant::now() < until {
+        let _ = tokio::time::timeout_at(until, wake.notified()).await;
+    }
+}
+
 /// On a replica that does not lead: one `NOTIFY` to the leader per burst of local commits.
 pub async fn herald(hub: Arc<Hub>, db: DatabaseConnection) {
     let backend = db.get_database_backend();
@@ -131,9 +139,7 @@ pub async fn herald(hub: Arc<Hub>, db: DatabaseConnection) {
         if hub.leading() {
             continue;
         }
-        if !hub.has_waiters() {
-            tokio::time::sleep_until(last + PACE).await;
-        }
+        gather(&hub.herald, last + PACE, || hub.has_waiters()).await;
         last = tokio::time::Instant::now();
         let payload = if hub.has_waiters() { AWAITED } else { "" };
         let notify = Statement::from_string(
