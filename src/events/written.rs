@@ -14,7 +14,7 @@
 //! Because the answer waits for a stamp, and a stamp is a flushed commit later in PostgreSQL's one log, a
 //! request's own commits need not wait for their flush when nothing outside the database acts on them
 //! before the answer (`Ctx::commit_answered`): the stamp's flush makes them durable first. Should the
-//! stamp not come in time, the request flushes the log itself before answering ([`owe_flush`]).
+//! stamp not come in time, the request flushes the log itself before answering ([`owe_flush`], `flush_log`).
 //!
 //! Outside a request (workers, agent reports) there is no slot and nothing waits: those events are
 //! delivered as soon as they are stamped, and nobody is holding a response for them.
@@ -81,13 +81,23 @@ pub async fn request_scope<F: Future>(f: F) -> F::Output {
         }
         if let Some(db) = owes_flush
             && !flushed
-            && let Err(e) = crate::store::Db::flush_log(&db).await
+            && let Err(e) = flush_log(&db).await
         {
             tracing::warn!(error = %e, "could not flush the log before answering");
         }
         out
     })
     .await
+}
+
+/// Returns once everything committed so far is flushed to the log: a commit that takes a transaction id
+/// and waits for its flush flushes all of the log before it (PostgreSQL).
+async fn flush_log(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbErr> {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let txn = db.begin().await?;
+    txn.execute_unprepared("SET LOCAL synchronous_commit TO ON").await?;
+    txn.execute_unprepared("SELECT txid_current()").await?;
+    txn.commit().await
 }
 
 /// Whether a commit now would be waited for: inside a request, with events appended by the open

@@ -130,16 +130,6 @@ impl Db {
         Ok(())
     }
 
-    /// PostgreSQL: returns once everything committed so far is flushed to the log (a commit that takes a
-    /// transaction id, and waits for its flush, flushes all the log before it).
-    pub async fn flush_log(conn: &DatabaseConnection) -> Result<(), DbErr> {
-        use sea_orm::{ConnectionTrait, TransactionTrait};
-        let txn = conn.begin().await?;
-        txn.execute_unprepared("SET LOCAL synchronous_commit TO ON").await?;
-        txn.execute_unprepared("SELECT txid_current()").await?;
-        txn.commit().await
-    }
-
     /// Whether the database answers (readiness).
     pub async fn ping(&self) -> bool {
         self.conn.ping().await.is_ok()
