@@ -47,6 +47,16 @@ pub struct Handoff {
     owes_flush: Option<sea_orm::DatabaseConnection>,
 }
 
+impl Slot {
+    /// What the answer must wait for, taken from the slot.
+    fn take_owed(&mut self) -> Handoff {
+        Handoff {
+            awaited: self.awaited.take(),
+            owes_flush: self.owes_flush.take(),
+        }
+    }
+}
+
 struct Awaited {
     published: PublishedId,
     committed: Instant,
@@ -61,10 +71,7 @@ const STAMP_WAIT: Duration = Duration::from_secs(2);
 pub async fn request_scope<F: Future>(f: F) -> F::Output {
     SLOT.scope(RefCell::new(Slot::default()), async move {
         let out = f.await;
-        let (awaited, owes_flush) = SLOT.with(|s| {
-            let mut s = s.borrow_mut();
-            (s.awaited.take(), s.owes_flush.take())
-        });
+        let Handoff { awaited, owes_flush } = SLOT.with(|s| s.borrow_mut().take_owed());
         let mut flushed = false;
         if let Some(a) = awaited {
             if a.published.within(STAMP_WAIT).await {
@@ -123,14 +130,7 @@ pub fn handed<F: Future>(f: F) -> impl Future<Output = (F::Output, Handoff)> {
         }
         SLOT.scope(RefCell::new(Slot::default()), async move {
             let out = f.await;
-            let handoff = SLOT.with(|s| {
-                let mut s = s.borrow_mut();
-                Handoff {
-                    awaited: s.awaited.take(),
-                    owes_flush: s.owes_flush.take(),
-                }
-            });
-            (out, handoff)
+            (out, SLOT.with(|s| s.borrow_mut().take_owed()))
         })
         .await
     }
