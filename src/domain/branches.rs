@@ -43,7 +43,7 @@ pub fn deletes_branches(trigger: CleanupTrigger) -> bool {
 /// ledger; a branch that already existed is berth's only if the ledger says berth created it for this
 /// same task (an earlier environment of it, before a reset); otherwise it is the user's.
 pub(crate) async fn record_origins(
-    ctx: &Ctx,
+    txn: &sea_orm::DatabaseTransaction,
     owner: &task::Model,
     plans: &[SlotPlan],
     made: &[Materialized],
@@ -58,16 +58,11 @@ pub(crate) async fn record_origins(
             continue;
         };
         if m.branch_existed == Some(false) {
-            let txn = ctx.db.begin_write().await?;
-            // Lost in a database crash, the branch would count as the user's and be kept: the safe side.
-            // Otherwise the publish's flush, which follows, makes it durable.
-            crate::store::Db::unflushed(&txn).await?;
-            store::record_created(&txn, owner.workspace_id, m.repository_id, branch, &plan.base, owner.id).await?;
-            txn.commit().await?;
+            store::record_created(txn, owner.workspace_id, m.repository_id, branch, &plan.base, owner.id).await?;
             origins.push(Some(BranchOrigin::Created));
             continue;
         }
-        let ours = store::find(&ctx.db.conn, m.repository_id, branch)
+        let ours = store::find(txn, m.repository_id, branch)
             .await?
             .is_some_and(|l| l.task_id == Some(owner.id));
         origins.push(Some(if ours {

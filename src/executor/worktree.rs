@@ -117,8 +117,12 @@ async fn materialize_slot(
     progress(plan.repository_id, Stage::Fetching).await;
     if std::fs::symlink_metadata(&target_path).is_err() {
         std::fs::create_dir_all(task_root.as_path()).map_err(|e| format!("cannot create the task directory: {e}"))?;
-        let (repo, branch) = (plan.repository_path.clone(), plan.branch.clone());
-        let exists = blocking(move || git::branch_exists(&repo, &branch))
+        let (common, repo, branch) = (
+            plan.common_git_dir.clone(),
+            plan.repository_path.clone(),
+            plan.branch.clone(),
+        );
+        let exists = blocking(move || git::branch_exists_in(&common, &repo, &branch))
             .await
             .map_err(|_| "the source repository is missing or is not a git repository".to_string())?;
         let base = (!exists).then_some(plan.base.as_str());

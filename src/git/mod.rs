@@ -106,7 +106,48 @@ pub mod recorded_branch_consent {
 /// What berth records about a source repository when it is registered.
 #[cfg(test)]
 mod tests {
-    use super::BranchName;
+    use super::{BranchName, branch_exists_in, inspect_repository};
+
+    fn git(dir: &std::path::Path, args: &[&str]) {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn a_branch_is_found_loose_or_packed_and_a_missing_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().canonicalize().unwrap().join("r");
+        std::fs::create_dir_all(&repo).unwrap();
+        git(&repo, &["init", "-q", "-b", "main"]);
+        git(&repo, &["commit", "-q", "--allow-empty", "-m", "init"]);
+        git(&repo, &["branch", "feature/x"]);
+        let common = inspect_repository(&repo).unwrap().common_git_dir;
+        assert!(branch_exists_in(&common, &repo, "feature/x").unwrap(), "a loose ref");
+        git(&repo, &["pack-refs", "--all"]);
+        assert!(
+            !common.join("refs/heads/feature/x").exists(),
+            "the ref is only packed now"
+        );
+        assert!(branch_exists_in(&common, &repo, "feature/x").unwrap(), "a packed ref");
+        assert!(!branch_exists_in(&common, &repo, "feature/y").unwrap());
+        assert!(
+            !branch_exists_in(&common, &repo, "feature").unwrap(),
+            "a directory of refs is no branch"
+        );
+        let plain = dir.path().join("plain");
+        std::fs::create_dir_all(&plain).unwrap();
+        assert!(branch_exists_in(&plain, &plain, "main").is_err(), "not a repository");
+    }
 
     #[test]
     fn branch_names_follow_git_rules() {
@@ -197,6 +238,20 @@ pub fn inspect_worktree(path: &Path) -> Result<WorktreeInfo, InspectError> {
         worktree_id,
         branch: identity.head_branch,
     })
+}
+
+/// True when `refs/heads/<branch>` exists in the repository whose common git directory is
+/// `common_git_dir` (the one berth recorded for it). Reads the ref store alone: opening the whole
+/// repository (its configuration, its object database) cost more than the lookup, on the path of every
+/// materialization (issue 19 item 3). A store it cannot read that way (another object hash) is asked
+/// through the repository at `repo_path`.
+pub fn branch_exists_in(common_git_dir: &Path, repo_path: &Path, branch: &str) -> Result<bool, InspectError> {
+    gix::discover::is_git(common_git_dir).map_err(|_| InspectError::NotARepository)?;
+    let refs = gix::refs::file::Store::at(common_git_dir.to_path_buf(), gix::hash::Kind::Sha1);
+    match refs.try_find(format!("refs/heads/{branch}").as_str()) {
+        Ok(found) => Ok(found.is_some()),
+        Err(_) => branch_exists(repo_path, branch),
+    }
 }
 
 /// True when `refs/heads/<branch>` exists in the repository at `repo_path`.

@@ -26,7 +26,7 @@ use crate::executor::worktree;
 use crate::managed_path::ManagedRoot;
 use crate::store::environments::{self as store, NewRepoRow, Settle};
 use crate::store::sessions as sessions_store;
-use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of, slot_at, slot_count, slots_with_repositories};
+use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of, slot_at, slots_with_repositories};
 use state::{env_subject, settle, supersede_stale};
 
 mod lease;
@@ -68,8 +68,15 @@ pub(crate) async fn current<C: ConnectionTrait>(conn: &C, owner_task_id: Uuid) -
 
 enum Election {
     Ready(env::Model),
-    Elected(env::Model),
+    /// This request materializes the environment, with the owner's slots as the election read them.
+    Elected(env::Model, Slots),
 }
+
+/// A task's repository slots with their repositories, in workspace order.
+pub(super) type Slots = Vec<(
+    crate::entity::task_repository::Model,
+    Option<crate::entity::repository::Model>,
+)>;
 
 /// Returns the task's ready environment for `executor`, materializing it first when there is none.
 pub async fn ensure_ready(ctx: &Ctx, task: &task::Model, executor: ExecutorType) -> Result<env::Model> {
@@ -99,14 +106,14 @@ pub async fn ensure_ready_then(
     then: Option<OnPublish>,
 ) -> Result<(env::Model, Option<session::Model>)> {
     let owner = owner_of(&ctx.db.conn, task).await?;
-    let env = match elect(ctx, task, &owner, executor).await? {
+    let (env, slots) = match elect(ctx, task, &owner, executor).await? {
         Election::Ready(env) => return Ok((env, None)),
-        Election::Elected(env) => env,
+        Election::Elected(env, slots) => (env, slots),
     };
     // In a task of its own: a client that disconnects mid-way does not strand a `creating` environment.
     // The request still waits for what it publishes (`events::written`).
     let (ctx, task) = (ctx.clone(), task.clone());
-    let work = crate::events::written::handed(async move { prepare(&ctx, &task, &owner, &env, then).await });
+    let work = crate::events::written::handed(async move { prepare(&ctx, &task, &owner, &env, slots, then).await });
     let (out, handoff) = crate::actor::spawn(work)
         .await
         .map_err(|e| Error::Internal(anyhow::anyhow!("materialization task failed: {e}")))?;
@@ -121,10 +128,11 @@ async fn prepare(
     task: &task::Model,
     owner: &task::Model,
     e: &env::Model,
+    slots: Slots,
     then: Option<OnPublish>,
 ) -> Result<(env::Model, Option<session::Model>)> {
     let heartbeat = tokio::spawn(lease::heartbeat(ctx.clone(), e.clone())).abort_handle();
-    let outcome = materialize_and_publish(ctx, task, owner, e, then).await;
+    let outcome = materialize_and_publish(ctx, task, owner, e, slots, then).await;
     heartbeat.abort();
     match outcome {
         Ok(ready) => Ok(ready),
@@ -169,122 +177,157 @@ async fn materialize_and_publish(
     task: &task::Model,
     owner: &task::Model,
     e: &env::Model,
+    slots: Slots,
     then: Option<OnPublish>,
 ) -> Result<(env::Model, Option<session::Model>), Failed> {
-    let (rows, path, made) = materialize(ctx, owner, e, &owner.slug).await?;
-    let published = publish(ctx, task, owner, e, rows, path, then).await;
+    let made = materialize(ctx, owner, e, &owner.slug, plan_slots(&slots, &owner.slug)?).await?;
+    let published = publish(ctx, task, owner, e, &made, then).await;
     if let Err(Error::TaskCleanupInProgress | Error::NotFound(_)) = published {
         // A lifecycle operation won (its barrier stands, or the task is gone): what this attempt created
         // never became task state, and nobody can adopt it; remove it (I7).
-        worktree::compensate(ctx.git.as_ref(), &made).await;
+        worktree::compensate(ctx.git.as_ref(), &made.worktrees).await;
     }
     // Otherwise (taken over, or the database failed) the worktrees stay for the next attempt to adopt:
     // removing them could remove what a new materializer already adopted.
     Ok(published?)
 }
 
-/// What a materialization made: the inventory rows to publish, the effective path, the worktrees.
-pub(super) type Materialization = (Vec<NewRepoRow>, Option<String>, Vec<worktree::Materialized>);
+/// What a materialization made on disk: the worktrees (none for `local`) and the effective path, with
+/// the plans they were made from.
+pub(super) struct Made {
+    plans: Vec<worktree::SlotPlan>,
+    pub(super) worktrees: Vec<worktree::Materialized>,
+    pub(super) path: Option<String>,
+    /// Stages reported but not yet recorded: the transaction that follows appends them.
+    progress: Vec<Stage>,
+}
 
-/// Makes the environment's files exist: worktrees for `worktree`, nothing for `local`.
+impl Made {
+    /// Appends the progress still unrecorded, before the outcome's event.
+    pub(super) async fn record_progress(
+        &self,
+        txn: &DatabaseTransaction,
+        ctx: &Ctx,
+        owner: &task::Model,
+        env_id: Uuid,
+    ) -> Result<()> {
+        let subject = env_subject(owner, env_id);
+        append_progress(txn, ctx, &subject, self.progress.iter().copied()).await
+    }
+
+    /// The inventory rows to publish. The branches this attempt created are recorded in `txn` (issue
+    /// 17), so they commit with the inventory that names them: one commit fewer on the way to the
+    /// answer (issue 19 item 3). A publish that fails loses that record with the rest; an attempt that
+    /// adopts the worktree later counts the branch as the user's and keeps it: the safe side.
+    pub(super) async fn inventory(&self, txn: &DatabaseTransaction, owner: &task::Model) -> Result<Vec<NewRepoRow>> {
+        let row =
+            |repository_id, branch_slug, position, made: Option<&worktree::Materialized>, branch_origin| NewRepoRow {
+                repository_id,
+                branch_slug,
+                position,
+                worktree_id: made.and_then(|m| m.worktree_id.clone()),
+                worktree_path: made.map(|m| m.worktree_path.clone()),
+                worktree_branch: made.and_then(|m| m.worktree_branch.clone()),
+                status: EnvironmentRepoStatus::Active,
+                error_message: None,
+                branch_origin,
+            };
+        if self.worktrees.is_empty() {
+            // `local`: the registered repositories themselves (a `worktree` environment has a worktree
+            // for each of its slots, and at least one slot).
+            let local = |p: &worktree::SlotPlan| row(p.repository_id, p.branch_slug.clone(), p.position, None, None);
+            return Ok(self.plans.iter().map(local).collect());
+        }
+        let origins = crate::domain::branches::record_origins(txn, owner, &self.plans, &self.worktrees).await?;
+        let made = |(m, origin): (&worktree::Materialized, _)| {
+            row(m.repository_id, m.branch_slug.clone(), m.position, Some(m), origin)
+        };
+        Ok(self.worktrees.iter().zip(origins).map(made).collect())
+    }
+}
+
+/// Makes the environment's files exist from its `plans`: worktrees for `worktree`, nothing for `local`.
 pub(super) async fn materialize(
     ctx: &Ctx,
     owner: &task::Model,
     e: &env::Model,
     task_dir: &str,
-) -> Result<Materialization, Failed> {
-    let plans = plans(&ctx.db.conn, owner, task_dir).await?;
-    let active =
-        |repository_id, branch_slug, position, made: Option<&worktree::Materialized>, branch_origin| NewRepoRow {
-            repository_id,
-            branch_slug,
-            position,
-            worktree_id: made.and_then(|m| m.worktree_id.clone()),
-            worktree_path: made.map(|m| m.worktree_path.clone()),
-            worktree_branch: made.and_then(|m| m.worktree_branch.clone()),
-            status: EnvironmentRepoStatus::Active,
-            error_message: None,
-            branch_origin,
-        };
+    plans: Vec<worktree::SlotPlan>,
+) -> Result<Made, Failed> {
     let (report, written) = reporter(ctx, owner, e.id);
-    let made = async {
+    let made: Result<_, Failed> = async {
         match e.executor_type {
             ExecutorType::Local => {
                 // The registered repository itself: no worktree, and no path berth could ever remove (I13).
                 for p in &plans {
                     report(p.repository_id, worktree::Stage::Ready).await;
                 }
-                let rows = plans
-                    .iter()
-                    .map(|p| active(p.repository_id, p.branch_slug.clone(), p.position, None, None))
-                    .collect();
                 let path = plans.first().map(|p| p.repository_path.to_string_lossy().into_owned());
-                Ok((rows, path, Vec::new()))
+                Ok((Vec::new(), path))
             }
             ExecutorType::Worktree => {
                 let root = ManagedRoot::from_config(&ctx.config);
                 let made = worktree::materialize(ctx.git.as_ref(), &root, task_dir, &plans, &report)
                     .await
                     .map_err(Failed::Slot)?;
-                // Issue 17: who made each branch, recorded as it was made.
-                let origins = crate::domain::branches::record_origins(ctx, owner, &plans, &made).await?;
-                let rows = made
-                    .iter()
-                    .zip(origins)
-                    .map(|(m, origin)| active(m.repository_id, m.branch_slug.clone(), m.position, Some(m), origin))
-                    .collect();
                 // I19: one repository works in its worktree; several in the task root.
                 let path = match made.as_slice() {
                     [one] => Some(one.worktree_path.clone()),
                     _ => Some(root.path().join(task_dir).to_string_lossy().into_owned()),
                 };
-                Ok((rows, path, made))
+                Ok((made, path))
             }
         }
     }
     .await;
-    // Every progress event commits before the outcome's (`environment.ready`, or `failed`).
+    // Every progress event commits before the outcome's (`environment.ready`, or `failed`): the stages
+    // still queued after a success are appended by the publish, before its `environment.ready`.
     drop(report);
-    if written.await.is_err() {
-        tracing::warn!(environment = %e.id, "the progress writer of a materialization panicked");
-    }
-    made
+    let (worktrees, path) = match made {
+        Ok(made) => made,
+        Err(failed) => {
+            written.finish(e.id).await;
+            return Err(failed);
+        }
+    };
+    let progress = written.hand_over(e.id).await;
+    Ok(Made {
+        plans,
+        worktrees,
+        path,
+        progress,
+    })
 }
+
+/// A repository's stage, waiting to be recorded.
+type Stage = (Uuid, worktree::Stage);
 
 /// Records each repository's progress as an `environment.progress` event, behind the work: a stage is
 /// queued and the materialization goes on at once; one writer appends the queued stages in order, all
 /// that are waiting in one small transaction (progress is shown while the materialization goes on, and
-/// need not hold it up: issue 19 item 3). The writer ends once the reporter is dropped and the queue is
-/// written; the caller awaits it before recording the outcome. A failure to record progress only goes
-/// to the log.
+/// need not hold it up: issue 19 item 3). A failure to record progress only goes to the log.
 fn reporter(
     ctx: &Ctx,
     owner: &task::Model,
     env_id: Uuid,
 ) -> (
     impl Fn(Uuid, worktree::Stage) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + use<>,
-    tokio::task::JoinHandle<()>,
+    ProgressWriter,
 ) {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Uuid, worktree::Stage)>();
+    // `None` asks the writer to hand back what is queued before it, unwritten.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<Stage>>();
     let (ctx, subject) = (ctx.clone(), env_subject(owner, env_id));
-    let writer = crate::actor::spawn(async move {
+    let handle = crate::actor::spawn(async move {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 64).await > 0 {
+            if let Some(at) = batch.iter().position(Option::is_none) {
+                return batch.drain(..at).flatten().collect();
+            }
             let recorded = async {
                 let txn = ctx.db.begin_write().await?;
                 // Events only, unread until stamped: the stamp's flush makes them durable first.
                 crate::store::Db::unflushed(&txn).await?;
-                for (repository_id, stage) in batch.drain(..) {
-                    let data = json!({ "repository_id": repository_id, "stage": stage });
-                    events::append(
-                        &txn,
-                        ctx.instance_id,
-                        EventType::EnvironmentProgress,
-                        subject.clone(),
-                        data,
-                    )
-                    .await?;
-                }
+                append_progress(&txn, &ctx, &subject, batch.drain(..).flatten()).await?;
                 ctx.commit(txn).await
             };
             if let Err(e) = recorded.await {
@@ -292,12 +335,64 @@ fn reporter(
             }
             batch.clear();
         }
+        Vec::new()
     });
+    let writer = ProgressWriter { tx: tx.clone(), handle };
     let report = move |repository_id, stage| {
-        let _ = tx.send((repository_id, stage));
+        let _ = tx.send(Some((repository_id, stage)));
         Box::pin(std::future::ready(())) as futures_util::future::BoxFuture<'static, ()>
     };
     (report, writer)
+}
+
+/// The writer of a [`reporter`]; its methods are called once the reporter is dropped.
+struct ProgressWriter {
+    tx: tokio::sync::mpsc::UnboundedSender<Option<Stage>>,
+    handle: tokio::task::JoinHandle<Vec<Stage>>,
+}
+
+impl ProgressWriter {
+    /// Waits for the stages being written, and returns those still queued, for the caller to append in
+    /// the transaction that follows (the publish: one commit fewer on the way to the answer).
+    async fn hand_over(self, env_id: Uuid) -> Vec<Stage> {
+        let _ = self.tx.send(None);
+        self.joined(env_id).await
+    }
+
+    /// Waits until every queued stage is written.
+    async fn finish(self, env_id: Uuid) {
+        self.joined(env_id).await;
+    }
+
+    async fn joined(self, env_id: Uuid) -> Vec<Stage> {
+        // The channel closes with this sender (the reporter's is gone): the writer ends once it is empty.
+        drop(self.tx);
+        self.handle.await.unwrap_or_else(|_| {
+            tracing::warn!(environment = %env_id, "the progress writer of a materialization panicked");
+            Vec::new()
+        })
+    }
+}
+
+/// Appends `stages` as `environment.progress` events of `subject`, in order.
+async fn append_progress(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    subject: &events::Subject,
+    stages: impl Iterator<Item = Stage>,
+) -> Result<()> {
+    for (repository_id, stage) in stages {
+        let data = json!({ "repository_id": repository_id, "stage": stage });
+        events::append(
+            txn,
+            ctx.instance_id,
+            EventType::EnvironmentProgress,
+            subject.clone(),
+            data,
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// Under the owner's lock: select a ready environment, or elect this request to materialize one.
@@ -326,19 +421,21 @@ async fn elect(ctx: &Ctx, task: &task::Model, owner: &task::Model, executor: Exe
         return Err(Error::WorkspaceReuseUnsafe(state::broken_category(broken)));
     }
     supersede_stale(&txn, ctx, owner, &envs).await?;
-    let model = new_candidate(&txn, ctx, owner, executor).await?;
+    let (model, slots) = new_candidate(&txn, ctx, owner, executor).await?;
     ctx.commit(txn).await?;
-    Ok(Election::Elected(model))
+    Ok(Election::Elected(model, slots))
 }
 
-/// Inserts a `creating` environment whose materializer is this request (under the owner's lock).
+/// Inserts a `creating` environment whose materializer is this request (under the owner's lock), and
+/// returns it with the slots it is made of (read here, under the lock, rather than again afterwards).
 pub(super) async fn new_candidate(
     txn: &DatabaseTransaction,
     ctx: &Ctx,
     owner: &task::Model,
     executor: ExecutorType,
-) -> Result<env::Model> {
-    let slots = slot_count(txn, owner.id).await?;
+) -> Result<(env::Model, Slots)> {
+    let slot_rows = slots_with_repositories(txn, owner.id).await?;
+    let slots = slot_rows.len();
     if executor == ExecutorType::Worktree && slots == 0 {
         return Err(Error::invalid(
             "executor_type",
@@ -381,7 +478,7 @@ pub(super) async fn new_candidate(
         json!({ "executor_type": executor, "status": "creating" }),
     )
     .await?;
-    Ok(model)
+    Ok((model, slot_rows))
 }
 
 /// Publishes the complete inventory and `ready` in one transaction, if this request still owns the
@@ -391,13 +488,14 @@ async fn publish(
     task: &task::Model,
     owner: &task::Model,
     e: &env::Model,
-    rows: Vec<NewRepoRow>,
-    workspace_path: Option<String>,
+    made: &Made,
     then: Option<OnPublish>,
 ) -> Result<(env::Model, Option<session::Model>)> {
+    let workspace_path = made.path.clone();
     let txn = ctx.db.begin_write().await?;
     let locked_owner = lock_task(&txn, owner.id).await?;
     ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+    made.record_progress(&txn, ctx, owner, e.id).await?;
     let ready = Settle {
         status: EnvironmentStatus::Ready,
         workspace_path: Some(workspace_path.clone()),
@@ -410,7 +508,7 @@ async fn publish(
             "the environment changed while it was being prepared; retry".into(),
         ));
     }
-    store::insert_repo_rows(&txn, e.id, rows).await?;
+    store::insert_repo_rows(&txn, e.id, made.inventory(&txn, owner).await?).await?;
     let ready = env::Model {
         status: EnvironmentStatus::Ready,
         workspace_path,
@@ -476,9 +574,13 @@ pub(crate) async fn plans<C: ConnectionTrait>(
     owner: &task::Model,
     task_dir: &str,
 ) -> Result<Vec<worktree::SlotPlan>> {
-    let slots = slots_with_repositories(conn, owner.id).await?;
+    plan_slots(&slots_with_repositories(conn, owner.id).await?, task_dir)
+}
+
+/// The plans of `slots` for a task directory named `task_dir`.
+pub(super) fn plan_slots(slots: &Slots, task_dir: &str) -> Result<Vec<worktree::SlotPlan>> {
     let mut plans = Vec::with_capacity(slots.len());
-    for (slot, repo) in &slots {
+    for (slot, repo) in slots {
         let repo = repo.as_ref().ok_or(Error::NotFound("repository"))?;
         let repeated = slots
             .iter()

@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::lease::is_fresh_creating;
 use super::state::{Held, settle, supersede, supersede_stale};
-use super::{fail, materialize, new_candidate, record_failure};
+use super::{Slots, fail, materialize, new_candidate, plan_slots, record_failure};
 use crate::domain::Ctx;
 use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
@@ -25,8 +25,9 @@ pub(crate) async fn prepare_transition(
     executor: ExecutorType,
 ) -> Result<(env::Model, Vec<worktree::Materialized>)> {
     let owner = owner_of(&ctx.db.conn, task).await?;
-    let candidate = elect_candidate(ctx, task, &owner, executor).await?;
-    let (rows, path, made) = match materialize(ctx, &owner, &candidate, &transition_dir(&owner, &candidate)).await {
+    let (candidate, slots) = elect_candidate(ctx, task, &owner, executor).await?;
+    let dir = transition_dir(&owner, &candidate);
+    let made = match async { materialize(ctx, &owner, &candidate, &dir, plan_slots(&slots, &dir)?).await }.await {
         Ok(m) => m,
         Err(failed) => return Err(record_failure(ctx, &owner, &candidate, failed).await?),
     };
@@ -34,21 +35,29 @@ pub(crate) async fn prepare_transition(
         let txn = ctx.db.begin_write().await?;
         lock_task(&txn, owner.id).await?;
         ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
-        store::insert_repo_rows(&txn, candidate.id, rows).await?;
-        store::set_workspace_path(&txn, candidate.id, path.clone()).await?;
+        made.record_progress(&txn, ctx, &owner, candidate.id).await?;
+        store::insert_repo_rows(&txn, candidate.id, made.inventory(&txn, &owner).await?).await?;
+        store::set_workspace_path(&txn, candidate.id, made.path.clone()).await?;
         ctx.commit(txn).await
     }
     .await;
     if let Err(e) = staged {
-        abandon_transition(ctx, task, &candidate, &made, "staging the new environment failed").await;
+        abandon_transition(
+            ctx,
+            task,
+            &candidate,
+            &made.worktrees,
+            "staging the new environment failed",
+        )
+        .await;
         return Err(e);
     }
     Ok((
         env::Model {
-            workspace_path: path,
+            workspace_path: made.path,
             ..candidate
         },
-        made,
+        made.worktrees,
     ))
 }
 
@@ -59,7 +68,7 @@ async fn elect_candidate(
     task: &task::Model,
     owner: &task::Model,
     executor: ExecutorType,
-) -> Result<env::Model> {
+) -> Result<(env::Model, Slots)> {
     let txn = ctx.db.begin_write().await?;
     lock_task(&txn, owner.id).await?;
     ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
