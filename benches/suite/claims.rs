@@ -1,5 +1,7 @@
 //! Cleanup claims: the workers on no-op jobs against a bare claim loop of the same SQL.
 use super::*;
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, QueryFilter, QueryTrait};
 
 pub(crate) async fn claims(b: &Bench, table: &mut Table) {
     let n = env_usize("BERTH_BENCH_JOBS", 10_000);
@@ -31,10 +33,17 @@ pub(crate) async fn claims(b: &Bench, table: &mut Table) {
         )
         .await;
 
-        // The bare loop as berth claims (without waiting for the log flush), and as it claimed before
-        // (each claim flushed), for reference.
-        let (bare, ids) = bare_loop(b, n, workers, false).await;
-        let (flushed, _) = bare_loop(b, n, workers, true).await;
+        // The bare loop as berth claims (without waiting for the log flush), and for reference as it
+        // claimed before (each claim flushed) and with the claim's event in its update (PostgreSQL: what
+        // the event costs, its insert and what the sequencer and the tailers then do with it).
+        let (bare, ids) = bare_loop(b, n, workers, Bare::Unflushed).await;
+        let (flushed, _) = bare_loop(b, n, workers, Bare::Flushed).await;
+        let evented = if b.backend == "postgres" {
+            let (t, _) = bare_loop(b, n, workers, Bare::WithEvent).await;
+            format!(", {:.0}/s with its event", n as f64 / t.as_secs_f64())
+        } else {
+            String::new()
+        };
         let unique: std::collections::HashSet<_> = ids.iter().collect();
 
         let (ours_rate, bare_rate) = (n as f64 / ours.as_secs_f64(), n as f64 / bare.as_secs_f64());
@@ -46,7 +55,7 @@ pub(crate) async fn claims(b: &Bench, table: &mut Table) {
             &format!("cleanup claims, {n} no-op jobs, {workers} worker(s)"),
             format!("{ours_rate:.0} jobs/s (claim, run, record); claimed twice: {twice}"),
             format!(
-                "{bare_rate:.0} claims/s (same SQL, no job logic; {flushed_rate:.0}/s with a flush each); claimed twice: {}",
+                "{bare_rate:.0} claims/s (same SQL, no job logic; {flushed_rate:.0}/s with a flush each{evented}); claimed twice: {}",
                 ids.len() - unique.len()
             ),
             format!("{:.0}%", ratio * 100.0),
@@ -97,8 +106,20 @@ pub(crate) async fn insert_jobs(b: &Bench, n: usize) {
     analyze(&b.ctx.db.conn).await;
 }
 
+/// How a bare claim commits.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Bare {
+    /// Without waiting for the log flush, as berth claims.
+    Unflushed,
+    /// Waiting for it.
+    Flushed,
+    /// Unflushed, with the claim's event written in the update's statement as berth writes it
+    /// (PostgreSQL).
+    WithEvent,
+}
+
 /// `workers` bare claim loops over `n` fresh jobs: how long they took, and the ids they claimed.
-async fn bare_loop(b: &Bench, n: usize, workers: usize, flushed: bool) -> (Duration, Vec<Uuid>) {
+async fn bare_loop(b: &Bench, n: usize, workers: usize, how: Bare) -> (Duration, Vec<Uuid>) {
     insert_jobs(b, n).await;
     let t = Instant::now();
     let loops: Vec<_> = (0..workers)
@@ -106,7 +127,7 @@ async fn bare_loop(b: &Bench, n: usize, workers: usize, flushed: bool) -> (Durat
             let ctx = b.ctx.clone();
             tokio::spawn(async move {
                 let mut got = Vec::new();
-                while let Some(id) = bare_claim(&ctx, flushed).await {
+                while let Some(id) = bare_claim(&ctx, how).await {
                     got.push(id);
                 }
                 got
@@ -129,28 +150,46 @@ async fn bare_loop(b: &Bench, n: usize, workers: usize, flushed: bool) -> (Durat
 }
 
 /// The claim's SQL (the same `next_claimable` queries and update as `worker::cleanup::claim`, and like it
-/// without waiting for the log flush unless `flushed`), nothing else.
-pub(crate) async fn bare_claim(ctx: &Ctx, flushed: bool) -> Option<Uuid> {
+/// without waiting for the log flush unless `Bare::Flushed`), nothing else.
+pub(crate) async fn bare_claim(ctx: &Ctx, how: Bare) -> Option<Uuid> {
     let now = chrono::Utc::now();
     let txn = ctx.db.begin_write().await.unwrap();
-    if !flushed {
+    if how != Bare::Flushed {
         berth::store::Db::unflushed(&txn).await.unwrap();
     }
     let found = berth::worker::cleanup::next_claimable(&txn, "bench-bare", now)
         .await
         .unwrap()?;
-    job::Entity::update(job::ActiveModel {
-        id: Set(found.id),
-        state: Set(job::CleanupJobState::Succeeded),
-        attempts: Set(found.attempts + 1),
-        lease_owner: Set(Some("bare".into())),
-        lease_expires_at: Set(Some(now)),
-        updated_at: Set(now),
-        ..Default::default()
-    })
-    .exec(&txn)
-    .await
-    .unwrap();
-    txn.commit().await.unwrap();
+    let update = job::Entity::update_many()
+        .col_expr(job::Column::State, Expr::value(job::CleanupJobState::Succeeded))
+        .col_expr(job::Column::Attempts, Expr::value(found.attempts + 1))
+        .col_expr(job::Column::LeaseOwner, Expr::value(Some("bare".to_string())))
+        .col_expr(job::Column::LeaseExpiresAt, Expr::value(Some(now)))
+        .col_expr(job::Column::UpdatedAt, Expr::value(now))
+        .filter(job::Column::Id.eq(found.id));
+    if how == Bare::WithEvent {
+        let subject = berth::events::Subject::task(found.workspace_id, found.task_id);
+        let data = json!({ "cleanup_job_id": found.id, "state": "succeeded", "trigger": found.trigger });
+        let statement = update.build(sea_orm::DbBackend::Postgres);
+        let changed = berth::events::append_on_change(
+            &txn,
+            statement,
+            ctx.instance_id,
+            berth::events::EventType::CleanupJobUpdated,
+            subject,
+            data,
+        )
+        .await
+        .unwrap();
+        assert!(changed);
+    } else {
+        update.exec(&txn).await.unwrap();
+    }
+    if how == Bare::WithEvent {
+        // As berth's claim: the tailer (and here the herald) is woken for the event.
+        ctx.commit(txn).await.unwrap();
+    } else {
+        txn.commit().await.unwrap();
+    }
     Some(found.id)
 }
