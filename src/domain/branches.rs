@@ -1,6 +1,6 @@
-//! The branch policy (issue 17, item 3). berth deletes only branches it created (recorded when
-//! `git worktree add -b` made them: `branch_origin = created` on the inventory row, and the
-//! `task_branches` ledger), only when a task is deleted (archive and reset keep every branch), only after
+//! The branch policy (issue 17, item 3). berth deletes only branches it created (recorded when the
+//! environment that `git worktree add -b` made them for is published, or its attempt fails:
+//! `branch_origin = created` on the inventory row, and the `task_branches` ledger), only when a task is deleted (archive and reset keep every branch), only after
 //! the worktree is gone, and only when the branch holds nothing its base or its upstream lacks, or the
 //! delete request said `delete_branches=true`. A branch the user named that already existed, or a default
 //! branch that existed before the task, is never deleted, consent or not; neither is one whose origin is

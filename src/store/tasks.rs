@@ -216,14 +216,6 @@ pub async fn slots_with_repositories<C: ConnectionTrait>(
         .await?)
 }
 
-/// How many repository slots a task has.
-pub async fn slot_count<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<u64> {
-    Ok(task_repository::Entity::find()
-        .filter(task_repository::Column::TaskId.eq(task_id))
-        .count(conn)
-        .await?)
-}
-
 /// A task's slot at `position`.
 pub async fn slot_at<C: ConnectionTrait>(
     conn: &C,

@@ -22,6 +22,7 @@ both_backends!(
     two_processes_with_one_node_id_run_each_job_once,
     postgres_restarting_under_load_answers_503_and_loses_nothing,
     a_full_disk_on_sqlite_answers_503_and_corrupts_nothing,
+    a_materialization_that_loses_to_a_delete_records_its_branch_and_progress,
 );
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -943,4 +944,157 @@ async fn a_full_disk_on_sqlite_answers_503_and_corrupts_nothing(app: TestApp) {
     let verdict: String = check[0].try_get_by_index(0).unwrap();
     assert_eq!(verdict, "ok");
     conn.close().await.ok();
+}
+
+/// Issue 19 item 3: the branch ledger and the last progress stages commit with the publish. When a
+/// delete sets its barrier while `git worktree add` runs, the publish fails; what it would have recorded
+/// is recorded all the same (`Made::record_unpublished`): the branch berth created stays on record as
+/// berth's (and is kept: the delete's snapshot could not know its origin), and every stage is in the log
+/// before `environment.failed`. Nothing else is touched: the source repository keeps its branches.
+async fn a_materialization_that_loses_to_a_delete_records_its_branch_and_progress(app: TestApp) {
+    let real_git = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v git"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    // `git worktree add` waits at a gate the test opens.
+    let bin = app.scratch.path().join("gated-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let (entered, release) = (app.scratch.path().join("entered"), app.scratch.path().join("release"));
+    let wrapper = bin.join("git");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in *\" worktree add \"*)\n  touch '{entered}'\n  i=0\n  \
+             while [ ! -e '{release}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n;;\nesac\n\
+             exec '{real_git}' \"$@\"\n",
+            entered = entered.display(),
+            release = release.display(),
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let data = app.scratch.path().join("gated");
+    let env = process_env(&app, &data);
+    let mut b = start(&env, Some(&bin), &app.scratch.path().join("gated.log"));
+    let client = crate::helpers::client();
+    wait_ready(&client, &mut b).await;
+    let api = format!("{}/api/v1", b.base);
+    let token = app.admin.clone();
+    let (ws, repo, source) = setup(&client, &b.base, &token, app.scratch.path()).await;
+    let before = crate::helpers::git(&source, &["for-each-ref", "--format=%(refname) %(objectname)"]);
+    let (status, t) = call(
+        &client,
+        &token,
+        Method::POST,
+        format!("{api}/workspaces/{ws}/tasks"),
+        Some(json!({"title": "lost", "repositories": [{"repository_id": repo}]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{t}");
+    let task = id_of(&t);
+    let conn = connect(&app, &data).await;
+    let slugs: Vec<String> = rows(&conn, "SELECT slug FROM tasks")
+        .await
+        .into_iter()
+        .map(|r| r.try_get("", "slug").unwrap())
+        .collect();
+    let [slug] = slugs.as_slice() else {
+        panic!("one task: {slugs:?}")
+    };
+    let branch = format!("berth/{slug}");
+
+    let session = tokio::spawn({
+        let (client, token, url) = (client.clone(), token.clone(), format!("{api}/tasks/{task}/sessions"));
+        async move {
+            let body = json!({"executor_type": "worktree", "start": false});
+            call(&client, &token, Method::POST, url, Some(body)).await
+        }
+    });
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !entered.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "git worktree add never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, d) = call(&client, &token, Method::DELETE, format!("{api}/tasks/{task}"), None).await;
+    assert_eq!(
+        status, 202,
+        "the delete sets its barrier while the worktree is made: {d}"
+    );
+    std::fs::write(&release, "").unwrap();
+    let (lost, s) = session.await.unwrap();
+    // Its barrier stands (409), or its job already removed the task (404).
+    assert!(
+        (lost, s["code"].as_str()) == (409, Some("task_cleanup_in_progress"))
+            || (lost, s["code"].as_str()) == (404, Some("not_found")),
+        "the publish lost to the delete: {lost} {s}"
+    );
+
+    wait_jobs_finished(&conn).await;
+    // The branch berth made is on record as berth's, and kept (the delete could not know its origin).
+    let (status, listed) = call(
+        &client,
+        &token,
+        Method::GET,
+        format!("{api}/workspaces/{ws}/branches"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{listed}");
+    let names: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["branch"].as_str())
+        .collect();
+    assert_eq!(names, [branch.as_str()], "{listed}");
+    assert!(crate::helpers::branch_exists(&source, &branch));
+    // The source repository's own refs are as they were; the worktree is gone.
+    let after = crate::helpers::git(&source, &["for-each-ref", "--format=%(refname) %(objectname)"]);
+    let kept: Vec<&str> = after
+        .lines()
+        .filter(|l| !l.starts_with(&format!("refs/heads/{branch} ")))
+        .collect();
+    assert_eq!(kept, before.lines().collect::<Vec<_>>());
+    assert!(
+        !Path::new(&env["BERTH_DATA_DIR"])
+            .join("worktrees")
+            .join(slug)
+            .join("svc")
+            .exists()
+    );
+    // Every stage, then the failure.
+    let (status, page) = call(
+        &client,
+        &token,
+        Method::GET,
+        format!("{api}/events?after=0&limit=1000"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let events: Vec<&Value> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["task_id"] == task.to_string())
+        .collect();
+    let progress: Vec<&&Value> = events.iter().filter(|e| e["type"] == "environment.progress").collect();
+    let stages: Vec<&str> = progress.iter().filter_map(|e| e["data"]["stage"].as_str()).collect();
+    assert_eq!(stages, ["fetching", "creating_worktree", "ready"], "{events:?}");
+    let last_stage = progress.iter().filter_map(|e| e["seq"].as_i64()).max();
+    // Recorded failed while its task stands (409); gone with its task when the job won first (404).
+    let failed = events
+        .iter()
+        .find(|e| e["type"] == "environment.failed")
+        .and_then(|e| e["seq"].as_i64());
+    assert_eq!(failed.is_some(), lost == 409, "{lost}: {events:?}");
+    assert!(failed.is_none() || last_stage < failed, "{events:?}");
 }

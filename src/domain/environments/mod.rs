@@ -182,6 +182,9 @@ async fn materialize_and_publish(
 ) -> Result<(env::Model, Option<session::Model>), Failed> {
     let made = materialize(ctx, owner, e, &owner.slug, plan_slots(&slots, &owner.slug)?).await?;
     let published = publish(ctx, task, owner, e, &made, then).await;
+    if published.is_err() {
+        made.record_unpublished(ctx, owner, e.id).await;
+    }
     if let Err(Error::TaskCleanupInProgress | Error::NotFound(_)) = published {
         // A lifecycle operation won (its barrier stands, or the task is gone): what this attempt created
         // never became task state, and nobody can adopt it; remove it (I7).
@@ -203,6 +206,25 @@ pub(super) struct Made {
 }
 
 impl Made {
+    /// What the publish would have recorded besides the environment, when it failed: the progress
+    /// still unrecorded (before the failure is), and the branches this attempt created (the worktrees
+    /// may stay for another attempt to adopt, and compensation keeps the branches: the ledger is what
+    /// tells berth's branches from the user's). In a transaction of its own; a failure only goes to the
+    /// log.
+    pub(super) async fn record_unpublished(&self, ctx: &Ctx, owner: &task::Model, env_id: Uuid) {
+        let recorded = async {
+            let txn = ctx.db.begin_write().await?;
+            self.record_progress(&txn, ctx, owner, env_id).await?;
+            if !self.worktrees.is_empty() {
+                crate::domain::branches::record_origins(&txn, owner, &self.plans, &self.worktrees).await?;
+            }
+            ctx.commit(txn).await
+        };
+        if let Err(e) = recorded.await {
+            tracing::warn!(error = %e, environment = %env_id, "could not record what an unpublished materialization made");
+        }
+    }
+
     /// Appends the progress still unrecorded, before the outcome's event.
     pub(super) async fn record_progress(
         &self,
@@ -281,7 +303,8 @@ pub(super) async fn materialize(
     }
     .await;
     // Every progress event commits before the outcome's (`environment.ready`, or `failed`): the stages
-    // still queued after a success are appended by the publish, before its `environment.ready`.
+    // still queued after a success are appended by the publish, before its `environment.ready`, or, if
+    // the publish fails, recorded before the failure is (`Made::record_unpublished`).
     drop(report);
     let (worktrees, path) = match made {
         Ok(made) => made,
@@ -305,7 +328,8 @@ type Stage = (Uuid, worktree::Stage);
 /// Records each repository's progress as an `environment.progress` event, behind the work: a stage is
 /// queued and the materialization goes on at once; one writer appends the queued stages in order, all
 /// that are waiting in one small transaction (progress is shown while the materialization goes on, and
-/// need not hold it up: issue 19 item 3). A failure to record progress only goes to the log.
+/// need not hold it up: issue 19 item 3). A failure of the writer to record progress only goes to the
+/// log; what it hands back is recorded by its caller's transaction.
 fn reporter(
     ctx: &Ctx,
     owner: &task::Model,

@@ -42,6 +42,7 @@ pub(crate) async fn prepare_transition(
     }
     .await;
     if let Err(e) = staged {
+        made.record_unpublished(ctx, &owner, candidate.id).await;
         abandon_transition(
             ctx,
             task,
