@@ -169,13 +169,14 @@ async fn reconciled(app: &TestApp, task: Uuid) -> Value {
     }
 }
 
-// Issue 17 item 1: for a task that lives on, the reconcile pass (grace 0, a fast sweep) removes what its
-// superseded environment left, by itself (no actor), keeps a dirty one and reports it, and the task keeps
-// working in its current environment afterwards.
+// Issue 17 item 1: for a task that lives on, the reconcile pass (a short grace, a fast sweep) removes what
+// its superseded environment left, by itself (no actor), keeps a dirty one and reports it, and the task
+// keeps working in its current environment afterwards. The grace is what lets the test look at a leftover
+// (and dirty one) before the pass does: with none, a pass could win that race.
 async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend) {
     let Some(app) = TestApp::spawn_with(
         backend,
-        &[("BERTH_SUPERSEDED_GRACE_SECS", "0"), ("BERTH_SWEEP_INTERVAL_MS", "100")],
+        &[("BERTH_SUPERSEDED_GRACE_SECS", "3"), ("BERTH_SWEEP_INTERVAL_MS", "100")],
     )
     .await
     else {
