@@ -399,9 +399,9 @@ async fn sigkill_at_random_points_loses_nothing(app: TestApp) {
     drop(b);
 }
 
-// The git CLI fails every third call (a wrapper first in PATH): materialization failures surface as
-// errors without leftovers, cleanup jobs retry and complete, and the invariants hold.
-async fn a_failing_git_cli_is_retried_until_jobs_complete(app: TestApp) {
+/// A directory holding a `git` that runs `script` (shell) and then the real git, for the front of a
+/// process's PATH.
+fn git_wrapper(app: &TestApp, dir: &str, script: &str) -> PathBuf {
     let real_git = String::from_utf8(
         Command::new("sh")
             .args(["-c", "command -v git"])
@@ -412,22 +412,28 @@ async fn a_failing_git_cli_is_retried_until_jobs_complete(app: TestApp) {
     .unwrap()
     .trim()
     .to_string();
-    let bin = app.scratch.path().join("flaky-bin");
+    let bin = app.scratch.path().join(dir);
     std::fs::create_dir_all(&bin).unwrap();
-    let counter = app.scratch.path().join("git-calls");
     let wrapper = bin.join("git");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nn=$(( $(cat '{c}' 2>/dev/null || echo 0) + 1 ))\necho $n > '{c}'\n\
-             if [ $((n % 3)) -eq 0 ]; then echo 'fatal: injected failure' >&2; exit 128; fi\n\
-             exec '{real_git}' \"$@\"\n",
-            c = counter.display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&wrapper, format!("#!/bin/sh\n{script}exec '{real_git}' \"$@\"\n")).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+// The git CLI fails every third call (a wrapper first in PATH): materialization failures surface as
+// errors without leftovers, cleanup jobs retry and complete, and the invariants hold.
+async fn a_failing_git_cli_is_retried_until_jobs_complete(app: TestApp) {
+    let counter = app.scratch.path().join("git-calls");
+    let bin = git_wrapper(
+        &app,
+        "flaky-bin",
+        &format!(
+            "n=$(( $(cat '{c}' 2>/dev/null || echo 0) + 1 ))\necho $n > '{c}'\n\
+             if [ $((n % 3)) -eq 0 ]; then echo 'fatal: injected failure' >&2; exit 128; fi\n",
+            c = counter.display()
+        ),
+    );
 
     let data = app.scratch.path().join("flaky");
     let env = process_env(&app, &data);
@@ -952,34 +958,18 @@ async fn a_full_disk_on_sqlite_answers_503_and_corrupts_nothing(app: TestApp) {
 /// berth's (and is kept: the delete's snapshot could not know its origin), and every stage is in the log
 /// before `environment.failed`. Nothing else is touched: the source repository keeps its branches.
 async fn a_materialization_that_loses_to_a_delete_records_its_branch_and_progress(app: TestApp) {
-    let real_git = String::from_utf8(
-        Command::new("sh")
-            .args(["-c", "command -v git"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_string();
     // `git worktree add` waits at a gate the test opens.
-    let bin = app.scratch.path().join("gated-bin");
-    std::fs::create_dir_all(&bin).unwrap();
     let (entered, release) = (app.scratch.path().join("entered"), app.scratch.path().join("release"));
-    let wrapper = bin.join("git");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\ncase \" $* \" in *\" worktree add \"*)\n  touch '{entered}'\n  i=0\n  \
-             while [ ! -e '{release}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n;;\nesac\n\
-             exec '{real_git}' \"$@\"\n",
+    let bin = git_wrapper(
+        &app,
+        "gated-bin",
+        &format!(
+            "case \" $* \" in *\" worktree add \"*)\n  touch '{entered}'\n  i=0\n  \
+             while [ ! -e '{release}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n;;\nesac\n",
             entered = entered.display(),
             release = release.display(),
         ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
 
     let data = app.scratch.path().join("gated");
     let env = process_env(&app, &data);
