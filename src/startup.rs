@@ -59,6 +59,7 @@ impl Application {
                 metrics: metrics.clone(),
                 git_status_inspected: Default::default(),
                 restore_stats: Default::default(),
+                materializing: Default::default(),
                 shutdown: Default::default(),
                 events: crate::events::Hub::new(config.event_buffer),
                 git: Arc::new(GitCli::new(config.git_max_concurrent, config.git_timeout).with_metrics(metrics)),

@@ -41,6 +41,8 @@ pub struct Ctx {
     /// When each (environment, repository) was last inspected for a live read (I25 rate limit).
     pub git_status_inspected: Arc<git_status::InspectionClock>,
     pub restore_stats: Arc<crate::metrics::RestoreStats>,
+    /// The materializations this process is running (a cleanup job waits for one it overtook).
+    pub materializing: Arc<environments::Materializing>,
     /// Begun on SIGTERM or SIGINT: event streams send their last frame and end (issue 20 item 3).
     pub shutdown: crate::shutdown::Shutdown,
 }

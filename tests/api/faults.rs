@@ -23,6 +23,7 @@ both_backends!(
     postgres_restarting_under_load_answers_503_and_loses_nothing,
     a_full_disk_on_sqlite_answers_503_and_corrupts_nothing,
     a_materialization_that_loses_to_a_delete_records_its_branch_and_progress,
+    a_materializer_killed_after_a_delete_leaves_no_worktree,
 );
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -415,7 +416,12 @@ fn git_wrapper(app: &TestApp, dir: &str, script: &str) -> PathBuf {
     let bin = app.scratch.path().join(dir);
     std::fs::create_dir_all(&bin).unwrap();
     let wrapper = bin.join("git");
-    std::fs::write(&wrapper, format!("#!/bin/sh\n{script}exec '{real_git}' \"$@\"\n")).unwrap();
+    // `$real_git` names the git the wrapper stands in front of, for a script that runs it itself.
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nreal_git='{real_git}'\n{script}exec \"$real_git\" \"$@\"\n"),
+    )
+    .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
     bin
@@ -1087,4 +1093,115 @@ async fn a_materialization_that_loses_to_a_delete_records_its_branch_and_progres
         .and_then(|e| e["seq"].as_i64());
     assert_eq!(failed.is_some(), lost == 409, "{lost}: {events:?}");
     assert!(failed.is_none() || last_stage < failed, "{events:?}");
+}
+
+/// The delete's job must not finish before the materialization it overtook: once the delete removed the
+/// task and its environment, no row records what `git worktree add` is still making. Here the job runs
+/// while git is held at a gate, git then makes the worktree, and berth is SIGKILLed before its publish
+/// meets the barrier (so no compensation ever removes what git made). The restarted berth's job removes
+/// it (I9, I13): it waited for the materializer instead of succeeding before git had made anything. The
+/// source repository keeps its refs; the branch berth made is kept (its origin was never recorded).
+async fn a_materializer_killed_after_a_delete_leaves_no_worktree(app: TestApp) {
+    let dir = app.scratch.path();
+    let (entered, release, made) = (dir.join("entered"), dir.join("release"), dir.join("made"));
+    // Held before git runs; after it, held again (berth waits for the wrapper, so it never gets further).
+    let bin = git_wrapper(
+        &app,
+        "killed-bin",
+        &format!(
+            "case \" $* \" in *\" worktree add \"*)\n  touch '{entered}'\n  i=0\n  \
+             while [ ! -e '{release}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n  \
+             \"$real_git\" \"$@\"\n  rc=$?\n  touch '{made}'\n  i=0\n  \
+             while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n  exit $rc\n;;\nesac\n",
+            entered = entered.display(),
+            release = release.display(),
+            made = made.display(),
+        ),
+    );
+    let data = dir.join("killed");
+    let env = process_env(&app, &data);
+    let mut b = start(&env, Some(&bin), &dir.join("killed.log"));
+    let client = crate::helpers::client();
+    wait_ready(&client, &mut b).await;
+    let api = format!("{}/api/v1", b.base);
+    let token = app.admin.clone();
+    let (ws, repo, source) = setup(&client, &b.base, &token, dir).await;
+    let refs = || crate::helpers::git(&source, &["for-each-ref", "--format=%(refname) %(objectname)"]);
+    let before = refs();
+    let (status, t) = call(
+        &client,
+        &token,
+        Method::POST,
+        format!("{api}/workspaces/{ws}/tasks"),
+        Some(json!({"title": "killed", "repositories": [{"repository_id": repo}]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{t}");
+    let task = id_of(&t);
+    let conn = connect(&app, &data).await;
+    let slug: String = rows(&conn, "SELECT slug FROM tasks").await[0]
+        .try_get("", "slug")
+        .unwrap();
+    let worktree = data.join("worktrees").join(&slug).join("svc");
+
+    let session = tokio::spawn({
+        let (client, token, url) = (client.clone(), token.clone(), format!("{api}/tasks/{task}/sessions"));
+        async move {
+            let body = json!({"executor_type": "worktree", "start": false});
+            call(&client, &token, Method::POST, url, Some(body)).await
+        }
+    });
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !entered.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "git worktree add never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, d) = call(&client, &token, Method::DELETE, format!("{api}/tasks/{task}"), None).await;
+    assert_eq!(status, 202, "the delete overtakes the materialization: {d}");
+    // The job has run at least once while git waits: it waits too (or, wrongly, has finished).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let jobs = rows(&conn, "SELECT state, last_error FROM task_resource_cleanup_jobs").await;
+        let state: String = jobs[0].try_get("", "state").unwrap();
+        let error: Option<String> = jobs[0].try_get("", "last_error").unwrap();
+        if state == "succeeded" || (state == "retry_wait" && error.is_some()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the job never ran: {state} {error:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // git makes the worktree; berth dies before anything records or removes it.
+    std::fs::write(&release, "").unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !made.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "git never finished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    unsafe { libc::kill(b.child.id() as i32, libc::SIGKILL) };
+    let _ = b.child.wait();
+    let _ = session.await;
+    assert!(
+        worktree.join(".git").exists(),
+        "git made the worktree before berth died"
+    );
+
+    let mut b = start(&env, None, &dir.join("killed.log"));
+    wait_ready(&client, &mut b).await;
+    let jobs = wait_jobs_finished(&conn).await;
+    assert!(jobs.iter().all(|(s, _)| s == "succeeded"), "{jobs:?}");
+    assert!(
+        !worktree.exists(),
+        "the delete's job removed what the killed materializer made"
+    );
+    assert_invariants(&conn, &data.join("worktrees").canonicalize().unwrap()).await;
+    let branch = format!("refs/heads/berth/{slug} ");
+    let after = refs();
+    assert_eq!(
+        after.lines().filter(|l| !l.starts_with(&branch)).collect::<Vec<_>>(),
+        before.lines().collect::<Vec<_>>(),
+        "the source repository keeps its refs"
+    );
 }

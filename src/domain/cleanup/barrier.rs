@@ -47,6 +47,7 @@ async fn environment_snapshot<C: ConnectionTrait>(
             id: e.id,
             task_root: String::new(),
             worktrees: Vec::new(),
+            in_flight: None,
         };
         return Ok(snap);
     }
@@ -106,6 +107,7 @@ async fn environment_snapshot<C: ConnectionTrait>(
         id: e.id,
         task_root,
         worktrees,
+        in_flight: environments::in_flight(ctx, e),
     })
 }
 

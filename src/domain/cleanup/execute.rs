@@ -37,6 +37,18 @@ pub fn record_of(ctx: &Ctx, j: &job::Model, outcome: Outcome) -> (JobEvent, JobP
         Outcome::DoneKeeping(kept) => (JobEvent::Succeed, Some(kept.join("; ")), None),
         Outcome::Cancelled(why) => (JobEvent::ReasonGone, Some(why.to_string()), None),
         Outcome::Terminal(e) => (JobEvent::Fail, Some(format!("{e:#}")), None),
+        Outcome::Wait { until, why } => {
+            let patch = JobPatch {
+                // The claim counted an attempt; waiting is not one.
+                attempts: Some((j.attempts - 1).max(0)),
+                last_error: Some(Some(why.to_string())),
+                next_attempt_at: Some(Some(until)),
+                lease_owner: Some(None),
+                lease_expires_at: Some(None),
+                ..Default::default()
+            };
+            return (JobEvent::RetryLater, patch);
+        }
         Outcome::Retry(e) if j.attempts >= j.max_attempts => (JobEvent::Fail, Some(format!("{e:#}")), None),
         Outcome::Retry(e) => {
             let delays = &ctx.config.cleanup_retry_delays;
@@ -129,6 +141,21 @@ async fn clean_current(
         // Abandoned by a crash (lease expired): nobody will publish it; its planned paths are in the snapshot.
         Ok(Some(e)) if environments::is_fresh_creating(ctx, &e) => {
             return Outcome::Retry(anyhow!("the environment is still being prepared"));
+        }
+        // Gone with its task while it was being made: its materializer may still be running git, and no
+        // row shows it any more. Its publish meets the barrier and removes what it made; if it is killed
+        // first, what it made is at the planned paths this job removes once it is surely done.
+        Ok(None) => {
+            if let Some(until) = env_snap
+                .in_flight
+                .as_ref()
+                .and_then(|f| environments::still_in_flight(ctx, f))
+            {
+                return Outcome::Wait {
+                    until,
+                    why: "the environment was being prepared when its task went; waiting for its materializer",
+                };
+            }
         }
         Ok(_) => {}
         Err(e) => return retry(e),

@@ -59,6 +59,20 @@ pub struct EnvironmentSnapshot {
     pub id: Uuid,
     pub task_root: String,
     pub worktrees: Vec<WorktreeSnapshot>,
+    /// The environment was being made when the job was written: its materializer may still make
+    /// worktrees that no row records once the mutation removed its environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<InFlight>,
+}
+
+/// A materialization a job's mutation overtook (`environments::in_flight`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InFlight {
+    /// When its lease runs out at the latest: the mutation's commit ended its heartbeats.
+    pub until: chrono::DateTime<chrono::Utc>,
+    pub materializer_id: Option<Uuid>,
+    /// The instance that ran it, when that was the instance that wrote the job.
+    pub here: Option<Uuid>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

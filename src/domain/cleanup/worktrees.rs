@@ -27,6 +27,11 @@ pub enum Outcome {
     Cancelled(&'static str),
     /// Worth another attempt later.
     Retry(anyhow::Error),
+    /// Not yet: due again at `until`, and not an attempt (it spends none of the budget).
+    Wait {
+        until: chrono::DateTime<chrono::Utc>,
+        why: &'static str,
+    },
     /// Retrying cannot help (for example a dirty worktree without consent): fail now, touch nothing.
     Terminal(anyhow::Error),
 }

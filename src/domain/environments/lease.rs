@@ -3,6 +3,9 @@
 use crate::domain::Ctx;
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
 use crate::store::environments as store;
+use uuid::Uuid;
+
+pub(crate) use crate::domain::cleanup::InFlight;
 
 pub(super) fn lease(ctx: &Ctx) -> chrono::Duration {
     chrono::Duration::from_std(ctx.config.materialize_lease).unwrap_or(chrono::Duration::minutes(5))
@@ -10,6 +13,65 @@ pub(super) fn lease(ctx: &Ctx) -> chrono::Duration {
 
 pub(crate) fn is_fresh_creating(ctx: &Ctx, e: &env::Model) -> bool {
     e.status == EnvironmentStatus::Creating && e.updated_at > crate::clock::now() - lease(ctx)
+}
+
+/// The materializations this process is running, by materializer id: a cleanup job here can tell that
+/// one it waits for has finished (removing what it made, its git calls returned) without waiting out
+/// its lease.
+#[derive(Default)]
+pub struct Materializing(std::sync::Mutex<std::collections::HashSet<Uuid>>);
+
+/// Held while a materialization runs; dropping it (on every way out) forgets the materialization.
+pub(super) struct Running<'a>(&'a Materializing, Option<Uuid>);
+
+impl Materializing {
+    pub(super) fn hold(&self, materializer_id: Option<Uuid>) -> Running<'_> {
+        if let Some(id) = materializer_id {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+        }
+        Running(self, materializer_id)
+    }
+
+    fn is_running(&self, materializer_id: Option<Uuid>) -> bool {
+        materializer_id.is_some_and(|id| self.0.lock().unwrap_or_else(|p| p.into_inner()).contains(&id))
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.1 {
+            self.0.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        }
+    }
+}
+
+/// A fresh `creating` environment, as a job that removes its row sees it: until when its materializer
+/// may still be making worktrees no row records (counted from now: the mutation that removes the row
+/// in the transaction this is called from ends its heartbeats), and whether it runs in this process.
+pub(crate) fn in_flight(ctx: &Ctx, e: &env::Model) -> Option<InFlight> {
+    is_fresh_creating(ctx, e).then(|| InFlight {
+        until: crate::clock::now() + lease(ctx),
+        materializer_id: e.materializer_id,
+        here: ctx
+            .materializing
+            .is_running(e.materializer_id)
+            .then_some(ctx.instance_id),
+    })
+}
+
+/// Whether a job must still wait for the materializer `in_flight` saw, and until when.
+pub(crate) fn still_in_flight(ctx: &Ctx, f: &InFlight) -> Option<chrono::DateTime<chrono::Utc>> {
+    let now = crate::clock::now();
+    if f.here == Some(ctx.instance_id) {
+        // Ours: done when it is no longer running; look again shortly while it is.
+        let soon = now + chrono::Duration::seconds(1);
+        return ctx
+            .materializing
+            .is_running(f.materializer_id)
+            .then_some(soon.min(f.until));
+    }
+    // Another process's (or one a restart left behind, its git calls perhaps still running): its lease.
+    (f.until > now).then_some(f.until)
 }
 
 /// Keeps a `creating` environment's lease fresh while its materializer works.

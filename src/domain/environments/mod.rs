@@ -36,7 +36,8 @@ mod recovery;
 mod state;
 mod transition;
 
-pub(crate) use lease::is_fresh_creating;
+pub use lease::Materializing;
+pub(crate) use lease::{in_flight, is_fresh_creating, still_in_flight};
 pub use recovery::recover_abandoned;
 pub(crate) use state::{broken_category, mark_broken, mark_recovered, supersede};
 pub(crate) use transition::{abandon_transition, prepare_transition, promote_transition};
@@ -133,6 +134,7 @@ async fn prepare(
     slots: Slots,
     then: Option<OnPublish>,
 ) -> Result<(env::Model, Option<session::Model>)> {
+    let _running = ctx.materializing.hold(e.materializer_id);
     let heartbeat = tokio::spawn(lease::heartbeat(ctx.clone(), e.clone())).abort_handle();
     let outcome = materialize_and_publish(ctx, task, owner, e, slots, then).await;
     heartbeat.abort();
