@@ -6,7 +6,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, web};
-use tracing_actix_web::{DefaultRootSpanBuilder, RootSpanBuilder};
+use tracing_actix_web::RootSpanBuilder;
 
 use super::AppState;
 
@@ -81,51 +81,37 @@ pub async fn request_id_and_metrics(
     Ok(res)
 }
 
-/// The root span of every request: tracing-actix-web's fields, with our request id (not its own) and a
-/// target whose secrets are redacted. Its `root_span!` records the raw query as `http.target`, which
-/// would put a stream ticket (`?ticket=`) in every log line of that request; so the span is built here.
+/// The root span of every request: the request's method, route, redacted target, client address, user
+/// agent and request id (ours, not tracing-actix-web's), then its status, the actor once authentication
+/// proved one, and for an error its message. Its `root_span!` records the raw query as `http.target`,
+/// which would put a stream ticket (`?ticket=`) in every log line of that request; so the span is built
+/// here. berth exports no OpenTelemetry spans, so the `otel.*`, flavor, scheme and host fields of the
+/// default span are left out: every field is formatted for every request (issue 19 item 3).
 pub struct BerthRootSpan;
 
 impl RootSpanBuilder for BerthRootSpan {
     fn on_request_start(request: &ServiceRequest) -> tracing::Span {
-        let id = request
-            .extensions()
-            .get::<RequestId>()
-            .map(|r| r.0.clone())
-            .unwrap_or_default();
-        let route = match request.extensions().get::<RoutePattern>() {
-            Some(RoutePattern(route)) => route.clone(),
-            None => request.match_pattern(),
-        }
-        .unwrap_or_else(|| "default".to_string());
-        let method = request.method().as_str();
+        // Before the extensions are borrowed: the connection info is cached in them.
+        let client_ip = request.connection_info().realip_remote_addr().map(str::to_string);
+        let extensions = request.extensions();
+        let id = extensions.get::<RequestId>().map_or("", |r| r.0.as_str());
+        let route = match extensions.get::<RoutePattern>() {
+            Some(RoutePattern(route)) => route.as_deref().unwrap_or("default"),
+            None => "default",
+        };
         let user_agent = request
             .headers()
             .get("User-Agent")
             .and_then(|h| h.to_str().ok())
             .unwrap_or("");
-        let flavor = match request.version() {
-            actix_web::http::Version::HTTP_09 => "0.9",
-            actix_web::http::Version::HTTP_10 => "1.0",
-            actix_web::http::Version::HTTP_2 => "2.0",
-            actix_web::http::Version::HTTP_3 => "3.0",
-            _ => "1.1",
-        };
-        let conn = request.connection_info();
         tracing::info_span!(
             "HTTP request",
-            http.method = %method,
+            http.method = %request.method(),
             http.route = %route,
-            http.flavor = %flavor,
-            http.scheme = %conn.scheme(),
-            http.host = %conn.host(),
-            http.client_ip = %conn.realip_remote_addr().unwrap_or(""),
-            http.user_agent = %user_agent,
             http.target = %redacted_target(request.uri()),
+            http.client_ip = %client_ip.as_deref().unwrap_or(""),
+            http.user_agent = %user_agent,
             http.status_code = tracing::field::Empty,
-            otel.name = %format!("{method} {route}"),
-            otel.kind = "server",
-            otel.status_code = tracing::field::Empty,
             request_id = %id,
             actor = tracing::field::Empty,
             actor_session_id = tracing::field::Empty,
@@ -135,14 +121,18 @@ impl RootSpanBuilder for BerthRootSpan {
     }
 
     fn on_request_end<B: MessageBody>(span: tracing::Span, outcome: &Result<ServiceResponse<B>, Error>) {
-        // The access log: one line per request, inside its span (route, redacted target, request id, the
-        // actor once authentication proved one, and for an error its message, which the default builder
-        // records first). The only line of a refused request. `RUST_LOG=berth::access=warn` silences it.
-        let status = match outcome {
-            Ok(res) => res.status().as_u16(),
-            Err(e) => e.as_response_error().status_code().as_u16(),
+        // The access log: one line per request, inside its span. The only line of a refused request.
+        // `RUST_LOG=berth::access=warn` silences it.
+        let (status, error) = match outcome {
+            Ok(res) => (res.status(), res.response().error().map(|e| e.as_response_error())),
+            Err(e) => (e.as_response_error().status_code(), Some(e.as_response_error())),
         };
-        DefaultRootSpanBuilder::on_request_end(span.clone(), outcome);
+        if let Some(error) = error {
+            span.record("exception.message", tracing::field::display(error));
+            span.record("exception.details", tracing::field::debug(error));
+        }
+        let status = status.as_u16();
+        span.record("http.status_code", status);
         span.in_scope(|| tracing::info!(target: "berth::access", status, "request finished"));
     }
 }
