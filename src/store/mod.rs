@@ -51,6 +51,12 @@ impl Db {
         opts.max_connections(max_connections)
             // A database outage answers 503 within seconds instead of holding requests for long.
             .acquire_timeout(Duration::from_secs(5))
+            // sqlx pings every connection as it returns to the pool (its release check, which cannot be
+            // turned off); its default ping on every acquire too was one more round trip (PostgreSQL)
+            // or worker-thread hop (SQLite) in front of every statement outside a transaction and
+            // every BEGIN (issue 19 items 3 and 4). A connection idle long enough for the server or a
+            // proxy to have dropped it is still pinged before use.
+            .test_before_acquire_if_idle_for(Duration::from_secs(30))
             .sqlx_logging(false);
         opts
     }
