@@ -25,6 +25,20 @@ pub struct Materializing(std::sync::Mutex<std::collections::HashSet<Uuid>>);
 pub(super) struct Running<'a>(&'a Materializing, Option<Uuid>);
 
 impl Materializing {
+    /// Marks a materialization as running here from its election on (before the election commits, so
+    /// that no mutation can see its `creating` row without seeing it here); `hold` takes it over.
+    pub(super) fn register(&self, materializer_id: Option<Uuid>) {
+        if let Some(id) = materializer_id {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+        }
+    }
+
+    pub(super) fn forget(&self, materializer_id: Option<Uuid>) {
+        if let Some(id) = materializer_id {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        }
+    }
+
     pub(super) fn hold(&self, materializer_id: Option<Uuid>) -> Running<'_> {
         if let Some(id) = materializer_id {
             self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
@@ -62,6 +76,10 @@ pub(crate) fn in_flight(ctx: &Ctx, e: &env::Model) -> Option<InFlight> {
 /// Whether a job must still wait for the materializer `in_flight` saw, and until when.
 pub(crate) fn still_in_flight(ctx: &Ctx, f: &InFlight) -> Option<chrono::DateTime<chrono::Utc>> {
     let now = crate::clock::now();
+    if f.until <= now {
+        // Its lease is out: whatever it still does, its planned paths are this job's.
+        return None;
+    }
     if f.here == Some(ctx.instance_id) {
         // Ours: done when it is no longer running; look again shortly while it is.
         let soon = now + chrono::Duration::seconds(1);
@@ -71,7 +89,7 @@ pub(crate) fn still_in_flight(ctx: &Ctx, f: &InFlight) -> Option<chrono::DateTim
             .then_some(soon.min(f.until));
     }
     // Another process's (or one a restart left behind, its git calls perhaps still running): its lease.
-    (f.until > now).then_some(f.until)
+    Some(f.until)
 }
 
 /// Keeps a `creating` environment's lease fresh while its materializer works.

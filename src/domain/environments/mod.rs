@@ -353,7 +353,11 @@ async fn elect(ctx: &Ctx, task: &task::Model, owner: &task::Model, executor: Exe
     }
     supersede_stale(&txn, ctx, owner, &envs).await?;
     let (model, slots) = new_candidate(&txn, ctx, owner, executor).await?;
-    ctx.commit(txn).await?;
+    ctx.materializing.register(model.materializer_id);
+    if let Err(e) = ctx.commit(txn).await {
+        ctx.materializing.forget(model.materializer_id);
+        return Err(e);
+    }
     Ok(Election::Elected(model, slots))
 }
 
