@@ -24,6 +24,7 @@ both_backends!(
     a_full_disk_on_sqlite_answers_503_and_corrupts_nothing,
     a_materialization_that_loses_to_a_delete_records_its_branch_and_progress,
     a_materializer_killed_after_a_delete_leaves_no_worktree,
+    a_transition_killed_after_a_delete_leaves_no_worktree,
 );
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -398,6 +399,32 @@ async fn sigkill_at_random_points_loses_nothing(app: TestApp) {
     // Give environments caught mid-materialization their lease, then check.
     assert_invariants(&conn, &worktree_root.canonicalize().unwrap()).await;
     drop(b);
+}
+
+fn unstarted_worktree() -> Value {
+    json!({"executor_type": "worktree", "start": false})
+}
+
+/// Creates a session of `task` (with `body`) in the background and returns once the git wrapper reports
+/// (by creating `entered`) that `git worktree add` is running and held at its gate.
+async fn session_held_in_worktree_add(
+    client: &reqwest::Client,
+    token: &str,
+    api: &str,
+    task: Uuid,
+    body: Value,
+    entered: &Path,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let session = tokio::spawn({
+        let (client, token, url) = (client.clone(), token.to_owned(), format!("{api}/tasks/{task}/sessions"));
+        async move { call(&client, &token, Method::POST, url, Some(body)).await }
+    });
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !entered.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "git worktree add never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    session
 }
 
 /// A directory holding a `git` that runs `script` (shell) and then the real git, for the front of a
@@ -1007,18 +1034,7 @@ async fn a_materialization_that_loses_to_a_delete_records_its_branch_and_progres
     };
     let branch = format!("berth/{slug}");
 
-    let session = tokio::spawn({
-        let (client, token, url) = (client.clone(), token.clone(), format!("{api}/tasks/{task}/sessions"));
-        async move {
-            let body = json!({"executor_type": "worktree", "start": false});
-            call(&client, &token, Method::POST, url, Some(body)).await
-        }
-    });
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !entered.exists() {
-        assert!(tokio::time::Instant::now() < deadline, "git worktree add never ran");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let session = session_held_in_worktree_add(&client, &token, &api, task, unstarted_worktree(), &entered).await;
     let (status, d) = call(&client, &token, Method::DELETE, format!("{api}/tasks/{task}"), None).await;
     assert_eq!(
         status, 202,
@@ -1103,21 +1119,12 @@ async fn a_materialization_that_loses_to_a_delete_records_its_branch_and_progres
 /// source repository keeps its refs; the branch berth made is kept (its origin was never recorded).
 async fn a_materializer_killed_after_a_delete_leaves_no_worktree(app: TestApp) {
     let dir = app.scratch.path();
-    let (entered, release, made) = (dir.join("entered"), dir.join("release"), dir.join("made"));
-    // Held before git runs; after it, held again (berth waits for the wrapper, so it never gets further).
-    let bin = git_wrapper(
-        &app,
-        "killed-bin",
-        &format!(
-            "case \" $* \" in *\" worktree add \"*)\n  touch '{entered}'\n  i=0\n  \
-             while [ ! -e '{release}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n  \
-             \"$real_git\" \"$@\"\n  rc=$?\n  touch '{made}'\n  i=0\n  \
-             while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n  exit $rc\n;;\nesac\n",
-            entered = entered.display(),
-            release = release.display(),
-            made = made.display(),
-        ),
-    );
+    let Gate {
+        bin,
+        entered,
+        release,
+        made,
+    } = held_around_worktree_add(&app);
     let data = dir.join("killed");
     let env = process_env(&app, &data);
     let mut b = start(&env, Some(&bin), &dir.join("killed.log"));
@@ -1144,44 +1151,10 @@ async fn a_materializer_killed_after_a_delete_leaves_no_worktree(app: TestApp) {
         .unwrap();
     let worktree = data.join("worktrees").join(&slug).join("svc");
 
-    let session = tokio::spawn({
-        let (client, token, url) = (client.clone(), token.clone(), format!("{api}/tasks/{task}/sessions"));
-        async move {
-            let body = json!({"executor_type": "worktree", "start": false});
-            call(&client, &token, Method::POST, url, Some(body)).await
-        }
-    });
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !entered.exists() {
-        assert!(tokio::time::Instant::now() < deadline, "git worktree add never ran");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let session = session_held_in_worktree_add(&client, &token, &api, task, unstarted_worktree(), &entered).await;
     let (status, d) = call(&client, &token, Method::DELETE, format!("{api}/tasks/{task}"), None).await;
     assert_eq!(status, 202, "the delete overtakes the materialization: {d}");
-    // The job has run at least once while git waits: it waits too (or, wrongly, has finished).
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let jobs = rows(&conn, "SELECT state, last_error FROM task_resource_cleanup_jobs").await;
-        let state: String = jobs[0].try_get("", "state").unwrap();
-        let error: Option<String> = jobs[0].try_get("", "last_error").unwrap();
-        if state == "succeeded" || (state == "retry_wait" && error.is_some()) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the job never ran: {state} {error:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // git makes the worktree; berth dies before anything records or removes it.
-    std::fs::write(&release, "").unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !made.exists() {
-        assert!(tokio::time::Instant::now() < deadline, "git never finished");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    unsafe { libc::kill(b.child.id() as i32, libc::SIGKILL) };
-    let _ = b.child.wait();
+    kill_once_git_made_it(&conn, &mut b, &release, &made).await;
     let _ = session.await;
     assert!(
         worktree.join(".git").exists(),
@@ -1204,4 +1177,170 @@ async fn a_materializer_killed_after_a_delete_leaves_no_worktree(app: TestApp) {
         before.lines().collect::<Vec<_>>(),
         "the source repository keeps its refs"
     );
+}
+
+/// I18 with I9 and I13: an executor transition makes its candidate in a directory of its own, beside the
+/// current environment. A delete that overtakes the candidate's `git worktree add` must name what the
+/// candidate makes and wait for it, so that the job removes it even when berth is killed before the
+/// launch could give the candidate up. The source repository keeps its refs.
+async fn a_transition_killed_after_a_delete_leaves_no_worktree(app: TestApp) {
+    let dir = app.scratch.path();
+    let Gate {
+        bin,
+        entered,
+        release,
+        made,
+    } = held_around_worktree_add(&app);
+    let data = dir.join("transition");
+    let mut env = process_env(&app, &data);
+    let config = data.join("berth.toml");
+    let agent = env!("CARGO_BIN_EXE_berth-test-agent");
+    std::fs::write(&config, format!("[agents.test]\ncommand = {agent:?}\n")).unwrap();
+    env.insert("BERTH_CONFIG".into(), config.display().to_string());
+    let mut b = start(&env, Some(&bin), &dir.join("transition.log"));
+    let client = crate::helpers::client();
+    wait_ready(&client, &mut b).await;
+    let api = format!("{}/api/v1", b.base);
+    let token = app.admin.clone();
+    let (ws, repo, source) = setup(&client, &b.base, &token, dir).await;
+    let refs = || crate::helpers::git(&source, &["for-each-ref", "--format=%(refname) %(objectname)"]);
+    let before = refs();
+    let (status, t) = call(
+        &client,
+        &token,
+        Method::POST,
+        format!("{api}/workspaces/{ws}/tasks"),
+        Some(json!({"title": "switched", "repositories": [{"repository_id": repo}]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{t}");
+    let task = id_of(&t);
+    let conn = connect(&app, &data).await;
+    let slug: String = rows(&conn, "SELECT slug FROM tasks").await[0]
+        .try_get("", "slug")
+        .unwrap();
+    // The task's environment is a local one: no worktree.
+    let body = json!({"executor_type": "local", "start": false});
+    let (status, s) = call(
+        &client,
+        &token,
+        Method::POST,
+        format!("{api}/tasks/{task}/sessions"),
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 201, "{s}");
+
+    // A worktree launch is a transition: its candidate is made beside the local environment.
+    let launch = json!({"executor_type": "worktree", "agent_profile": "test"});
+    let session = session_held_in_worktree_add(&client, &token, &api, task, launch, &entered).await;
+    let (status, d) = call(&client, &token, Method::DELETE, format!("{api}/tasks/{task}"), None).await;
+    assert_eq!(status, 202, "the delete overtakes the transition: {d}");
+    kill_once_git_made_it(&conn, &mut b, &release, &made).await;
+    let _ = session.await;
+    let worktrees = data.join("worktrees");
+    let candidates: Vec<PathBuf> = std::fs::read_dir(&worktrees)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("svc"))
+        .filter(|w| w.join(".git").exists())
+        .collect();
+    assert_eq!(
+        candidates.len(),
+        1,
+        "git made the candidate's worktree before berth died: {candidates:?}"
+    );
+    assert!(
+        candidates[0]
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(&format!("{slug}-")),
+        "a transition's directory of its own: {candidates:?}"
+    );
+
+    let mut b = start(&env, None, &dir.join("transition.log"));
+    wait_ready(&client, &mut b).await;
+    let jobs = wait_jobs_finished(&conn).await;
+    assert!(jobs.iter().all(|(s, _)| s == "succeeded"), "{jobs:?}");
+    assert!(
+        !candidates[0].exists(),
+        "the delete's job removed what the killed transition made"
+    );
+    let registered = crate::helpers::git(&source, &["worktree", "list", "--porcelain"]);
+    assert_eq!(
+        registered.lines().filter(|l| l.starts_with("worktree ")).count(),
+        1,
+        "only the source's own worktree is registered: {registered}"
+    );
+    assert_invariants(&conn, &worktrees.canonicalize().unwrap()).await;
+    // The candidate's branch is kept (`berth/<slug>-<suffix>`: its origin was never recorded).
+    let branch = format!("refs/heads/berth/{slug}-");
+    let after = refs();
+    assert_eq!(
+        after.lines().filter(|l| !l.starts_with(&branch)).collect::<Vec<_>>(),
+        before.lines().collect::<Vec<_>>(),
+        "the source repository keeps its refs"
+    );
+    drop(b);
+}
+/// A git wrapper that holds `git worktree add` at a gate (it touches `entered`, and waits for `release`),
+/// then runs it, touches `made` and holds again: berth, waiting for the wrapper, never gets further.
+struct Gate {
+    bin: PathBuf,
+    entered: PathBuf,
+    release: PathBuf,
+    made: PathBuf,
+}
+
+fn held_around_worktree_add(app: &TestApp) -> Gate {
+    let dir = app.scratch.path();
+    let (entered, release, made) = (dir.join("entered"), dir.join("release"), dir.join("made"));
+    let bin = git_wrapper(
+        app,
+        "held-bin",
+        &format!(
+            "case \" $* \" in *\" worktree add \"*)\n  touch '{entered}'\n  i=0\n  \
+             while [ ! -e '{release}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n  \
+             \"$real_git\" \"$@\"\n  rc=$?\n  touch '{made}'\n  i=0\n  \
+             while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n  exit $rc\n;;\nesac\n",
+            entered = entered.display(),
+            release = release.display(),
+            made = made.display(),
+        ),
+    );
+    Gate {
+        bin,
+        entered,
+        release,
+        made,
+    }
+}
+
+/// Once the delete's job has run at least once while git waits at the gate (it waits too, or, wrongly,
+/// has finished), lets git make the worktree and SIGKILLs berth before anything records or removes it.
+async fn kill_once_git_made_it(conn: &DatabaseConnection, b: &mut Berth, release: &Path, made: &Path) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let jobs = rows(conn, "SELECT state, last_error FROM task_resource_cleanup_jobs").await;
+        let state: String = jobs[0].try_get("", "state").unwrap();
+        let error: Option<String> = jobs[0].try_get("", "last_error").unwrap();
+        if state == "succeeded" || (state == "retry_wait" && error.is_some()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the job never ran: {state} {error:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::write(release, "").unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !made.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "git never finished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    unsafe { libc::kill(b.child.id() as i32, libc::SIGKILL) };
+    let _ = b.child.wait();
 }

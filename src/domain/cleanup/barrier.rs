@@ -30,17 +30,18 @@ pub(crate) async fn owned_environment<C: ConnectionTrait>(
     let Some(e) = environments::current(conn, t.id).await? else {
         return Ok(None);
     };
-    let snap = environment_snapshot(conn, ctx, t, &e).await?;
+    let snap = environment_snapshot(conn, ctx, t, &e, &t.slug).await?;
     Ok(Some((e, snap)))
 }
 
-/// What a job would remove of one of `t`'s environments: its active worktrees (and, while it is being
-/// made, where its worktrees would be).
+/// What a job would remove of one of `t`'s environments, whose directory under the worktree root is
+/// `dir`: its active worktrees (and, while it is being made, where its worktrees would be).
 async fn environment_snapshot<C: ConnectionTrait>(
     conn: &C,
     ctx: &Ctx,
     t: &task::Model,
     e: &env::Model,
+    dir: &str,
 ) -> Result<EnvironmentSnapshot> {
     if e.executor_type == ExecutorType::Local {
         let snap = EnvironmentSnapshot {
@@ -84,17 +85,22 @@ async fn environment_snapshot<C: ConnectionTrait>(
             })
         })
         .collect();
-    let task_root = ctx.config.worktree_root.join(&t.slug).to_string_lossy().into_owned();
+    let task_root = ctx.config.worktree_root.join(dir).to_string_lossy().into_owned();
     if e.status == EnvironmentStatus::Creating {
         // A materialization in flight, or one a crash abandoned: it may have made worktrees it has not
         // recorded yet. Name where they would be. The worker waits while the materializer lives, and
         // `git worktree remove` only ever removes a registered worktree of that repository.
-        for p in environments::plans(conn, t, &t.slug).await? {
+        for p in environments::plans(conn, t, dir).await? {
+            let worktree_path = Path::new(&task_root).join(&p.dir).to_string_lossy().into_owned();
+            if worktrees.iter().any(|w| w.worktree_path == worktree_path) {
+                // Recorded already (a staged transition candidate).
+                continue;
+            }
             worktrees.push(WorktreeSnapshot {
                 repository_id: p.repository_id,
                 repository_path: p.repository_path.to_string_lossy().into_owned(),
                 common_git_dir: p.common_git_dir.to_string_lossy().into_owned(),
-                worktree_path: Path::new(&task_root).join(&p.dir).to_string_lossy().into_owned(),
+                worktree_path,
                 worktree_id: None,
                 // Not recorded yet: an unknown origin is never deleted.
                 branch: Some(p.branch),
@@ -113,7 +119,8 @@ async fn environment_snapshot<C: ConnectionTrait>(
 
 /// Issue 17 item 1: `t`'s other environments that still name worktrees on disk (superseded by a reset or
 /// an executor transition, failed attempts), without the paths a live environment names (adopted by a
-/// later attempt: not theirs to remove).
+/// later attempt: not theirs to remove). With them, an executor transition's candidate (I18): `creating`
+/// beside the current environment, in a directory of its own, perhaps with worktrees no row names yet.
 pub(crate) async fn leftover_environments<C: ConnectionTrait>(
     conn: &C,
     ctx: &Ctx,
@@ -127,11 +134,18 @@ pub(crate) async fn leftover_environments<C: ConnectionTrait>(
     for e in env_store::all_of(conn, t.id).await? {
         if Some(e.id) == current
             || e.executor_type == ExecutorType::Local
-            || !matches!(e.status, EnvironmentStatus::Superseded | EnvironmentStatus::Failed)
+            || !matches!(
+                e.status,
+                EnvironmentStatus::Superseded | EnvironmentStatus::Failed | EnvironmentStatus::Creating
+            )
         {
             continue;
         }
-        let mut snap = environment_snapshot(conn, ctx, t, &e).await?;
+        let dir = match e.status {
+            EnvironmentStatus::Creating => environments::transition_dir(t, &e),
+            _ => t.slug.clone(),
+        };
+        let mut snap = environment_snapshot(conn, ctx, t, &e, &dir).await?;
         let mut mine = Vec::new();
         for w in snap.worktrees {
             let adopted = env_store::others_naming(conn, &w.worktree_path, e.id)

@@ -8,7 +8,9 @@ use anyhow::anyhow;
 
 use super::state::JobEvent;
 pub use super::worktrees::Outcome;
-use super::worktrees::{Decisions, Dirty, branch_after, branch_kept, claimed_by_another, destroy_worktree, retry};
+use super::worktrees::{
+    Decisions, Dirty, branch_after, branch_kept, claimed_by_another, destroy_worktree, materializer_pending, retry,
+};
 use super::{Snapshot, snapshot_of};
 use crate::domain::branches;
 use crate::domain::cleanup::branch_report::BranchDecision;
@@ -136,29 +138,8 @@ async fn clean_current(
     kept: &mut Vec<String>,
     decisions: &mut Decisions,
 ) -> Outcome {
-    match env_store::find(&ctx.db.conn, env_snap.id).await {
-        // Still being materialized: its publish will meet the barrier and remove what it made; wait.
-        // Abandoned by a crash (lease expired): nobody will publish it; its planned paths are in the snapshot.
-        Ok(Some(e)) if environments::is_fresh_creating(ctx, &e) => {
-            return Outcome::Retry(anyhow!("the environment is still being prepared"));
-        }
-        // Gone with its task while it was being made: its materializer may still be running git, and no
-        // row shows it any more. Its publish meets the barrier and removes what it made; if it is killed
-        // first, what it made is at the planned paths this job removes once it is surely done.
-        Ok(None) => {
-            if let Some(until) = env_snap
-                .in_flight
-                .as_ref()
-                .and_then(|f| environments::still_in_flight(ctx, f))
-            {
-                return Outcome::Wait {
-                    until,
-                    why: "the environment was being prepared when its task went; waiting for its materializer",
-                };
-            }
-        }
-        Ok(_) => {}
-        Err(e) => return retry(e),
+    if let Some(not_yet) = materializer_pending(ctx, env_snap).await {
+        return not_yet;
     }
     match shared_elsewhere(ctx, snap, env_snap.id).await {
         Ok(true) => return Outcome::Done,

@@ -5,7 +5,9 @@
 //! job for those of tasks that live on. Either way this is what runs: the same sharing and managed-path
 //! rules as the current environment's worktrees, except that a worktree holding changes without consent
 //! is kept and reported instead of failing the job (never destroyed without consent, and nobody is
-//! waiting on a superseded worktree).
+//! waiting on a superseded worktree). A task's archive and delete also name an executor transition's
+//! candidate that is still `creating` (I18): this waits for its materializer first, as the current
+//! environment's cleanup does.
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -28,6 +30,10 @@ pub async fn clean(
     kept: &mut Vec<String>,
     decisions: &mut Decisions,
 ) -> Outcome {
+    // An executor transition's candidate, perhaps still being made.
+    if let Some(not_yet) = super::worktrees::materializer_pending(ctx, env_snap).await {
+        return not_yet;
+    }
     match in_use(ctx, snap, env_snap.id).await {
         Ok(Some(why)) => return Outcome::Retry(anyhow!(why)),
         Ok(None) => {}

@@ -1,13 +1,14 @@
 //! The primitives a cleanup job removes worktrees with, shared by the current environment's cleanup
 //! (`execute`) and the earlier environments' (`leftovers`): how an attempt ends, removing one worktree
 //! (only inside the managed root, dirty ones only with consent, or kept and reported), forgetting exactly
-//! the registration berth recorded, and the branch decisions of a delete.
+//! the registration berth recorded, the branch decisions of a delete, and the wait for a materializer
+//! that may still be making what a job would remove.
 use std::path::Path;
 
 use anyhow::anyhow;
 
-use super::Snapshot;
 use super::WorktreeSnapshot;
+use super::{EnvironmentSnapshot, Snapshot};
 use crate::domain::Ctx;
 use crate::domain::branches;
 use crate::domain::cleanup::branch_report::{BranchAction, BranchDecision, BranchReason};
@@ -188,5 +189,33 @@ async fn forget_registration(
             Err(_) if std::fs::symlink_metadata(proof.admin_dir()).is_err() => Outcome::Done,
             Err(e) => keep(e.to_string()),
         },
+    }
+}
+
+/// I13 with I14: nothing is removed under a materializer that may still be making it. `None` once none
+/// can be (or there never was one); else how this attempt ends.
+pub(super) async fn materializer_pending(ctx: &Ctx, env_snap: &EnvironmentSnapshot) -> Option<Outcome> {
+    match env_store::find(&ctx.db.conn, env_snap.id).await {
+        // Still being materialized: its publish (a transition: its launch) will meet the barrier and
+        // remove what it made; wait. Abandoned by a crash (lease expired): nobody will publish it; its
+        // planned paths are in the snapshot.
+        Ok(Some(e)) if crate::domain::environments::is_fresh_creating(ctx, &e) => {
+            Some(Outcome::Retry(anyhow!("the environment is still being prepared")))
+        }
+        // Gone with its task while it was being made: its materializer may still be running git, and no
+        // row shows it any more. Its publish meets the barrier and removes what it made; if it is killed
+        // first, what it made is at the planned paths this job removes once it is surely done.
+        Ok(None) => {
+            let until = env_snap
+                .in_flight
+                .as_ref()
+                .and_then(|f| crate::domain::environments::still_in_flight(ctx, f))?;
+            Some(Outcome::Wait {
+                until,
+                why: "the environment was being prepared when its task went; waiting for its materializer",
+            })
+        }
+        Ok(_) => None,
+        Err(e) => Some(retry(e)),
     }
 }

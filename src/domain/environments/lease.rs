@@ -22,7 +22,7 @@ pub(crate) fn is_fresh_creating(ctx: &Ctx, e: &env::Model) -> bool {
 pub struct Materializing(std::sync::Mutex<std::collections::HashSet<Uuid>>);
 
 /// Held while a materialization runs; dropping it (on every way out) forgets the materialization.
-pub(super) struct Running<'a>(&'a Materializing, Option<Uuid>);
+pub(crate) struct Running(std::sync::Arc<Materializing>, Option<Uuid>);
 
 impl Materializing {
     /// Marks a materialization as running here from its election on (before the election commits, so
@@ -39,11 +39,9 @@ impl Materializing {
         }
     }
 
-    pub(super) fn hold(&self, materializer_id: Option<Uuid>) -> Running<'_> {
-        if let Some(id) = materializer_id {
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
-        }
-        Running(self, materializer_id)
+    pub(super) fn hold(self: &std::sync::Arc<Self>, materializer_id: Option<Uuid>) -> Running {
+        self.register(materializer_id);
+        Running(self.clone(), materializer_id)
     }
 
     fn is_running(&self, materializer_id: Option<Uuid>) -> bool {
@@ -51,11 +49,9 @@ impl Materializing {
     }
 }
 
-impl Drop for Running<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(id) = self.1 {
-            self.0.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-        }
+        self.0.forget(self.1);
     }
 }
 

@@ -4,7 +4,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use super::lease::is_fresh_creating;
+use super::lease::{Running, is_fresh_creating};
 use super::state::{Held, settle, supersede, supersede_stale};
 use super::{Slots, fail, materialize, new_candidate, plan_slots, record_failure};
 use crate::domain::Ctx;
@@ -16,16 +16,22 @@ use crate::executor::worktree;
 use crate::store::environments::{self as store, Settle};
 use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
 
+/// A staged transition candidate (I18), and what was made for it. It counts as a materialization running
+/// here (`Materializing`) until the launch promotes or abandons it and drops this: a delete's job that
+/// removed its row waits for that, and not for its lease.
+pub(crate) struct Candidate {
+    pub env: env::Model,
+    pub made: Vec<worktree::Materialized>,
+    _running: Running,
+}
+
 /// A transition candidate (I18): a new environment for `executor`, materialized with its complete
 /// inventory but still `creating`, beside the current one. `promote_transition` makes it current once the
 /// launch in it succeeded; `abandon_transition` records it failed otherwise.
-pub(crate) async fn prepare_transition(
-    ctx: &Ctx,
-    task: &task::Model,
-    executor: ExecutorType,
-) -> Result<(env::Model, Vec<worktree::Materialized>)> {
+pub(crate) async fn prepare_transition(ctx: &Ctx, task: &task::Model, executor: ExecutorType) -> Result<Candidate> {
     let owner = owner_of(&ctx.db.conn, task).await?;
     let (candidate, slots) = elect_candidate(ctx, task, &owner, executor).await?;
+    let running = ctx.materializing.hold(candidate.materializer_id);
     let dir = transition_dir(&owner, &candidate);
     let made = match async { materialize(ctx, &owner, &candidate, &dir, plan_slots(&slots, &dir)?).await }.await {
         Ok(m) => m,
@@ -53,13 +59,14 @@ pub(crate) async fn prepare_transition(
         .await;
         return Err(e);
     }
-    Ok((
-        env::Model {
+    Ok(Candidate {
+        env: env::Model {
             workspace_path: made.path,
             ..candidate
         },
-        made.worktrees,
-    ))
+        made: made.worktrees,
+        _running: running,
+    })
 }
 
 /// Under the owner's lock: supersedes stale attempts (never the current environment) and inserts the
@@ -82,14 +89,19 @@ async fn elect_candidate(
         .filter(|e| !matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped))
         .collect();
     supersede_stale(&txn, ctx, owner, &stale).await?;
-    let candidate = new_candidate(&txn, ctx, owner, executor).await?;
-    ctx.commit(txn).await?;
-    Ok(candidate)
+    let (candidate, slots) = new_candidate(&txn, ctx, owner, executor).await?;
+    // Running here from before the commit: no mutation sees the row without seeing it here.
+    ctx.materializing.register(candidate.materializer_id);
+    if let Err(e) = ctx.commit(txn).await {
+        ctx.materializing.forget(candidate.materializer_id);
+        return Err(e);
+    }
+    Ok((candidate, slots))
 }
 
 /// A transition's directory is its own (I18): never the one an earlier environment of the task left on
 /// disk, which must stay untouched and must not be adopted.
-fn transition_dir(owner: &task::Model, candidate: &env::Model) -> String {
+pub(crate) fn transition_dir(owner: &task::Model, candidate: &env::Model) -> String {
     let hex = candidate.id.simple().to_string();
     format!("{}-{}", owner.slug, &hex[hex.len() - 8..])
 }

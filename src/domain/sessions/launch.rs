@@ -17,7 +17,6 @@ use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorTy
 use crate::entity::task_session::{self as session, SessionState};
 use crate::error::{Error, Result, ReuseCategory};
 use crate::executor::admission::{self, AdmittedWorkspace, Candidate, Refusal};
-use crate::executor::worktree::Materialized;
 use crate::runtime::SpawnError;
 use crate::store::environments as env_store;
 use crate::store::executions::ExecutionPatch;
@@ -175,7 +174,7 @@ fn resolve_profile(ctx: &Ctx, s: &session::Model) -> Result<(String, AgentProfil
 }
 
 /// A fresh environment for another executor than the current one's (I18), and what was made for it.
-type Transition = (env::Model, Vec<Materialized>);
+type Transition = environments::Candidate;
 
 /// Admits the current environment; for another executor, a fresh transition candidate beside it.
 async fn admit_for_launch(
@@ -209,15 +208,15 @@ async fn admit_for_launch(
         }
         // I18: another executor than the environment's: a fresh environment for it, beside the current one.
         Err(Refusal::ExecutorMismatch) => {
-            let (candidate, made) = environments::prepare_transition(ctx, task, requested).await?;
-            match admit(ctx, owner, &candidate, requested, true).await? {
-                Ok(ws) => Ok(Ok((ws, Some((candidate, made))))),
+            let candidate = environments::prepare_transition(ctx, task, requested).await?;
+            match admit(ctx, owner, &candidate.env, requested, true).await? {
+                Ok(ws) => Ok(Ok((ws, Some(candidate)))),
                 Err(refusal) => {
                     environments::abandon_transition(
                         ctx,
                         task,
-                        &candidate,
-                        &made,
+                        &candidate.env,
+                        &candidate.made,
                         "admission refused the new environment",
                     )
                     .await;
@@ -248,8 +247,8 @@ struct Launch<'a> {
 impl Launch<'_> {
     /// Gives up a transition candidate, if the launch made one.
     async fn abandon(&self, why: &str) {
-        if let Some((candidate, made)) = &self.transition {
-            environments::abandon_transition(self.ctx, self.task, candidate, made, why).await;
+        if let Some(c) = &self.transition {
+            environments::abandon_transition(self.ctx, self.task, &c.env, &c.made, why).await;
         }
     }
 
@@ -279,9 +278,7 @@ impl Launch<'_> {
         let still = env_store::find(&txn, self.admitted.environment_id()).await?;
         let valid = match (&still, &self.transition) {
             (Some(e), None) => matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped),
-            (Some(e), Some((c, _))) => {
-                e.status == EnvironmentStatus::Creating && e.materializer_id == c.materializer_id
-            }
+            (Some(e), Some(c)) => e.status == EnvironmentStatus::Creating && e.materializer_id == c.env.materializer_id,
             (None, _) => false,
         };
         if !valid {
@@ -347,7 +344,7 @@ impl Launch<'_> {
             },
         )
         .await?;
-        if let Some((candidate, _)) = &self.transition {
+        if let Some(environments::Candidate { env: candidate, .. }) = &self.transition {
             // I18: only now, with the agent running in it, does the new environment become current.
             if let Err(e) =
                 environments::promote_transition(&txn, ctx, self.task, candidate.id, candidate.materializer_id).await
