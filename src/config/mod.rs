@@ -136,6 +136,8 @@ pub struct Config {
     /// How often a node looks for commands and messages routed to the agents it runs (issue 15, item 4);
     /// PostgreSQL `NOTIFY` wakes it sooner.
     pub routing_poll: Duration,
+    /// How long a node waits for the node that runs an agent to carry out a routed command.
+    pub routing_deadline: Duration,
     pub sse_keep_alive: Duration,
     /// After `abort`, and after closing an agent's stdin: how long before escalating.
     pub agent_stop_grace: Duration,
@@ -238,6 +240,7 @@ impl Config {
         let event_retention_secs = src.num("event_retention_secs")?;
         let event_poll_ms = src.positive("event_poll_ms")?;
         let routing_poll_ms = src.positive("routing_poll_ms")?;
+        let routing_deadline_ms = src.positive("routing_deadline_ms")?;
         let sse_keep_alive_secs = src.positive("sse_keepalive_secs")?;
         let sweep_interval_ms = src.positive("sweep_interval_ms")?;
         let stream_interval_ms = src.positive("stream_interval_ms")?;
@@ -357,6 +360,7 @@ impl Config {
             event_retention_age: Duration::from_secs(event_retention_secs),
             event_poll: Duration::from_millis(event_poll_ms),
             routing_poll: Duration::from_millis(routing_poll_ms),
+            routing_deadline: Duration::from_millis(routing_deadline_ms),
             sse_keep_alive: Duration::from_secs(sse_keep_alive_secs),
             sweep_interval: Duration::from_millis(sweep_interval_ms),
             agent_stop_grace: Duration::from_millis(agent_stop_grace_ms),

@@ -280,6 +280,12 @@ pub static SETTINGS: &[Setting] = &[
         "How often a node looks for aborts, stops, answers and messages routed to its agents (a fallback: NOTIFY wakes it)",
         |c| ms(c.routing_poll),
     ),
+    setting(
+        "routing_deadline_ms",
+        Is("30000"),
+        "How long a node waits for the node that runs an agent to carry out a routed abort, stop or answer (then 503; a cleanup job retries)",
+        |c| ms(c.routing_deadline),
+    ),
     setting("sse_keepalive_secs", Is("15"), "Event stream keep-alive", |c| {
         secs(c.sse_keep_alive)
     }),

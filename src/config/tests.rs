@@ -152,6 +152,7 @@ fn the_rendered_configuration_loads_back_the_same() {
         ("BERTH_EVENT_RETENTION_SECS", "14".into()),
         ("BERTH_EVENT_POLL_MS", "15".into()),
         ("BERTH_ROUTING_POLL_MS", "16".into()),
+        ("BERTH_ROUTING_DEADLINE_MS", "1600".into()),
         ("BERTH_SSE_KEEPALIVE_SECS", "17".into()),
         ("BERTH_SWEEP_INTERVAL_MS", "18".into()),
         ("BERTH_STREAM_INTERVAL_MS", "19".into()),

@@ -2,7 +2,8 @@
 //! `Application` with another `node_id` serves its own port; messages, aborts, stops, answers and a
 //! launch posted to it reach the agent the first one runs, through the database (PostgreSQL `NOTIFY`, or
 //! the owner's poll on SQLite). Restore relaunching only a node's own sessions is
-//! `inbox::restore_leaves_another_nodes_sessions_alone`.
+//! `inbox::restore_leaves_another_nodes_sessions_alone`. An archive or a delete posted to one replica
+//! stops the agent another one runs before it answers, and so before anything is removed (I8).
 use std::time::Duration;
 
 use reqwest::Method;
@@ -11,7 +12,7 @@ use uuid::Uuid;
 
 use crate::agents::{execution_pid, pid_alive, uuid, wait_delivered, wait_session};
 use crate::both_backends;
-use crate::helpers::{Reply, TestApp};
+use crate::helpers::{Backend, Reply, TestApp, wait_job_settled};
 use crate::inbox::{wait_message, wait_replies};
 
 both_backends!(
@@ -20,6 +21,8 @@ both_backends!(
     a_stop_posted_to_another_replica_stops_the_agent,
     an_answer_posted_to_another_replica_reaches_the_agent,
     a_launch_posted_to_another_replica_returns_the_running_agent,
+    an_archive_stops_the_agent_another_replica_runs_first,
+    a_delete_stops_the_agent_another_replica_runs_first,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -74,6 +77,11 @@ impl Replica {
         let headers = res.headers().clone();
         let text = res.text().await.unwrap();
         Reply { status, headers, text }
+    }
+
+    /// Ends this replica's background loops (its routing loop among them); its agents keep running.
+    fn stop_background(&self) {
+        self.background.iter().for_each(|b| b.abort());
     }
 
     pub(crate) async fn stop(self) {
@@ -270,4 +278,143 @@ async fn a_launch_posted_to_another_replica_returns_the_running_agent(app: TestA
     assert_eq!(b.state.ctx.runtime.live_count(), 0, "no second process");
     runs_on_first(&app, &b, id);
     b.stop().await;
+}
+
+/// A task whose environment the first replica made (its node: the one that runs its cleanup jobs) and
+/// whose `test` agent the second replica launched and runs, in a hanging turn. Returns the replica, the
+/// task, the session, the agent's pid and the worktree.
+async fn working_on_second(app: &TestApp) -> (Replica, Uuid, Uuid, i64, String) {
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Replicas", &[repo]).await;
+    let body = json!({"executor_type": "worktree", "agent_profile": "test", "start": false});
+    let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
+    let id = uuid(&s["id"]);
+    let worktree = s["workspace_path"].as_str().unwrap().to_string();
+    let b = Replica::start(app).await;
+    b.post(&format!("/api/v1/sessions/{id}/launch"), json!({"prompt": "hang"}))
+        .await
+        .ok(200);
+    wait_delivered(app, id, 1).await;
+    let s = wait_session(app, id, "running", |s| s["state"] == "running").await;
+    let pid = execution_pid(app, uuid(&s["execution_id"])).await;
+    assert!(b.state.ctx.runtime.is_live(id), "the second replica runs the agent");
+    assert!(!app.app_state.ctx.runtime.is_live(id));
+    (b, task, id, pid, worktree)
+}
+
+// I8 across replicas: an archive stops the task's agent wherever it runs, before it answers, and so before
+// its job (on the environment's node, which does not run the agent) removes the worktree.
+async fn an_archive_stops_the_agent_another_replica_runs_first(app: TestApp) {
+    let (b, task, id, pid, worktree) = working_on_second(&app).await;
+    let archived = app
+        .post(&format!("/api/v1/tasks/{task}/archive"), json!({}))
+        .await
+        .ok(202);
+    assert!(
+        !pid_alive(pid),
+        "the agent working on the second replica is stopped before the archive answers"
+    );
+    assert!(!b.state.ctx.runtime.is_live(id));
+    let job = wait_job_settled(&app, uuid(&archived["cleanup_jobs"][0]["id"])).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(
+        !std::path::Path::new(&worktree).exists(),
+        "the job removed the worktree"
+    );
+    let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+    assert!(["cancelled", "stopped"].contains(&s["state"].as_str().unwrap()), "{s}");
+    assert_eq!(s["desired_open"], false, "nothing restarts it");
+    assert_eq!(b.state.ctx.runtime.live_count(), 0);
+    b.stop().await;
+}
+
+// I8 across replicas: a delete stops the task's agent wherever it runs before its rows go (after that no
+// record would name the process for its node to stop).
+async fn a_delete_stops_the_agent_another_replica_runs_first(app: TestApp) {
+    let (b, task, id, pid, worktree) = working_on_second(&app).await;
+    let deleted = app.delete(&format!("/api/v1/tasks/{task}")).await.ok(202);
+    assert!(
+        !pid_alive(pid),
+        "the agent working on the second replica is stopped before the delete answers"
+    );
+    assert!(!b.state.ctx.runtime.is_live(id));
+    let job = wait_job_settled(&app, uuid(&deleted["cleanup_jobs"][0]["id"])).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(
+        !std::path::Path::new(&worktree).exists(),
+        "the job removed the worktree"
+    );
+    app.get(&format!("/api/v1/sessions/{id}"))
+        .await
+        .problem(404, "not_found");
+    assert_eq!(b.state.ctx.runtime.live_count(), 0);
+    b.stop().await;
+}
+
+// I8, I9 across replicas: when the node that runs the agent does not carry the stop out (its routing loop
+// is down), the archive still answers, and its job touches nothing while the agent may run: it retries,
+// and removes the worktree only once that node is back and has stopped the agent.
+async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(
+        backend,
+        &[
+            ("BERTH_ROUTING_DEADLINE_MS", "300"),
+            ("BERTH_CLEANUP_RETRY_DELAYS_SECS", "0.2"),
+            ("BERTH_CLEANUP_MAX_ATTEMPTS", "1000"),
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    let (b, task, id, pid, worktree) = working_on_second(&app).await;
+    b.stop_background();
+    let archived = app
+        .post(&format!("/api/v1/tasks/{task}/archive"), json!({}))
+        .await
+        .ok(202);
+    let job_id = uuid(&archived["cleanup_jobs"][0]["id"]);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let job = loop {
+        let j = app.get(&format!("/api/v1/cleanup-jobs/{job_id}")).await.ok(200);
+        if j["attempts"].as_i64().unwrap_or_default() >= 2 && j["state"] == "retry_wait" {
+            break j;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the job never retried: {j}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        job["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("did not carry out"),
+        "{job}"
+    );
+    assert!(pid_alive(pid), "the agent still runs on the second replica");
+    assert!(
+        std::path::Path::new(&worktree).exists(),
+        "nothing is removed while the agent may work in it"
+    );
+    // The second replica's routing loop is back: it stops its agent, and the job finishes.
+    tokio::spawn(berth::domain::sessions::serve_routed(b.state.ctx.clone()));
+    let job = wait_job_settled(&app, job_id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(!pid_alive(pid), "stopped by the node that ran it");
+    assert!(!b.state.ctx.runtime.is_live(id));
+    assert!(
+        !std::path::Path::new(&worktree).exists(),
+        "the job removed the worktree"
+    );
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped_sqlite() {
+    a_cleanup_job_retries_until_the_agent_elsewhere_stopped(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped_postgres() {
+    a_cleanup_job_retries_until_the_agent_elsewhere_stopped(Backend::Postgres).await;
 }

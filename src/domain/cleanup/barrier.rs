@@ -259,11 +259,15 @@ async fn cancel_prepared(ctx: &Ctx, jobs: &[job::Model]) {
     }
 }
 
-/// Stops the live agents of the jobs' sessions (before anything is touched, I8).
+/// Stops the live agents of the jobs' sessions wherever they run (before anything is touched, I8).
 pub(crate) async fn stop_agents(ctx: &Ctx, jobs: &[job::Model]) {
     for j in jobs {
         for id in snapshot_of(j).map(|s| s.sessions).unwrap_or_default() {
-            ctx.runtime.stop(id).await;
+            // Wherever it runs (another replica stops it on request). One that did not stop is stopped
+            // by the job before it touches a file, or the job retries.
+            if let Err(e) = crate::domain::sessions::end_agent(ctx, id).await {
+                tracing::warn!(session = %id, error = %e, "could not stop the agent before the cleanup; the job will");
+            }
         }
     }
 }

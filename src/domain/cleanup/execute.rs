@@ -85,9 +85,11 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             Err(e) => return retry(e),
         }
     }
-    // I8: processes first.
+    // I8: processes first, wherever they run: nothing is touched while one may still work in a worktree.
     for s in &snap.sessions {
-        ctx.runtime.stop(*s).await;
+        if let Err(e) = crate::domain::sessions::end_agent(ctx, *s).await {
+            return retry(e);
+        }
     }
     let mut kept = Vec::new();
     let mut branches = branches::deletes_branches(j.trigger).then(Vec::new);

@@ -21,6 +21,22 @@ pub async fn stop(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionV
     project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
 }
 
+/// I8 across replicas: a cleanup ends a session's agent wherever it runs, before it touches any file:
+/// here, or on the node that runs it (a routed stop, carried out there as a stop requested there; the
+/// wait is `routing`'s, `BERTH_ROUTING_DEADLINE_MS`). `Ok` once no agent of the session runs anywhere; an error when the node
+/// that runs it did not stop it (the caller does not touch the session's files then).
+pub(crate) async fn end_agent(ctx: &Ctx, session_id: Uuid) -> Result<()> {
+    if ctx.runtime.stop(session_id).await.is_some() {
+        return Ok(());
+    }
+    // Gone with its task (a delete's job): the delete ended its agent before the rows went.
+    let Some(s) = store::find(&ctx.db.conn, session_id).await? else {
+        return Ok(());
+    };
+    super::routing::forward(ctx, &s, super::routing::Command::Stop).await?;
+    Ok(())
+}
+
 pub(crate) async fn stop_session(ctx: &Ctx, s: &session::Model) -> Result<()> {
     let task = task_store::find(&ctx.db.conn, s.task_id)
         .await?

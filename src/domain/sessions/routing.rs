@@ -23,8 +23,6 @@ use crate::entity::task_session as session;
 use crate::error::{Error, FieldError, Result};
 use crate::store::session_commands as store;
 
-/// How long a caller waits for the owning node to carry a command out (then 503, retryable).
-const DEADLINE: Duration = Duration::from_secs(30);
 /// How often the caller looks at its command meanwhile.
 const CHECK: Duration = Duration::from_millis(25);
 /// Every this many checks, whether the owner still runs the agent (if not, the request is handled here).
@@ -77,7 +75,8 @@ pub(super) async fn forward(ctx: &Ctx, s: &session::Model, command: Command<'_>)
     if let Err(e) = store::notify(conn, s.id).await {
         tracing::warn!(session = %s.id, error = %e, "NOTIFY failed; the owner's poll finds the command");
     }
-    let deadline = tokio::time::Instant::now() + DEADLINE;
+    // How long a caller waits for the owning node to carry it out (then 503, retryable).
+    let deadline = tokio::time::Instant::now() + ctx.config.routing_deadline;
     let mut checks = 0u32;
     loop {
         tokio::time::sleep(CHECK).await;
