@@ -46,6 +46,20 @@ pub async fn ensure_no_cleanup<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) 
     }
 }
 
+/// I7 for a launch: none of these tasks is archived or has an active cleanup job (a launch admitted
+/// before an archive must not start, or go on running, once the archive committed).
+pub async fn ensure_not_archived_or_cleaning<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<()> {
+    let archived = task::Entity::find()
+        .filter(task::Column::Id.is_in(task_ids.iter().copied()))
+        .filter(task::Column::ArchivedAt.is_not_null())
+        .count(conn)
+        .await?;
+    if archived > 0 {
+        return Err(Error::TaskArchived);
+    }
+    ensure_no_cleanup(conn, task_ids).await
+}
+
 /// Locks a task row for the rest of the transaction (PostgreSQL; SQLite holds the writer lock already).
 pub async fn lock_task(txn: &DatabaseTransaction, id: Uuid) -> Result<task::Model> {
     super::by_key(task::Entity::find_by_id(id).lock_exclusive(), txn)

@@ -19,10 +19,13 @@ both_backends!(
     cascade_archive_and_delete_across_three_levels,
     archive_racing_session_creation_leaks_nothing,
     reset_racing_session_creation_leaks_nothing,
+    archive_racing_a_launch_leaves_no_agent_running,
 );
 
 const WAIT: Duration = Duration::from_secs(60);
 const ROUNDS: usize = 50;
+/// Each launch round starts an agent process.
+const LAUNCH_ROUNDS: usize = 12;
 
 async fn jobs_succeed(app: &TestApp, reply: &Value) {
     for j in reply["cleanup_jobs"].as_array().unwrap() {
@@ -192,6 +195,84 @@ async fn archive_racing_session_creation_leaks_nothing(app: TestApp) {
             branch_exists(&source, branch),
             "no lost work: the archived task's branch {branch} is kept"
         );
+    }
+    assert_eq!(worktrees_of(&source), vec![source.display().to_string()]);
+    assert_no_leak(&app, &source).await;
+}
+
+// I7, I8, I18: an archive racing a launch, of a session in the current environment or one that makes an
+// executor transition: the launch either lands before the barrier (and the archive stops its agent) or is
+// refused, or its agent is stopped by the launch itself when it finds the archive's job as it records the
+// agent running. A launch whose workspace the archive's job removed first is answered by the archive,
+// not by marking the environment broken. Never an agent left running in an archived task, never a
+// worktree nobody owns.
+async fn archive_racing_a_launch_leaves_no_agent_running(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    let (repo, source) = app.repository(ws, "svc").await;
+    let mut tasks = Vec::new();
+    let mut jobs = Vec::new();
+    for i in 0..LAUNCH_ROUNDS {
+        let transition = i % 2 == 1;
+        let task = app.task(ws, &format!("launch race {i}"), &[repo]).await;
+        let archive_url = format!("/api/v1/tasks/{task}/archive");
+        let (launch_url, body) = if transition {
+            // The task's environment is local; a worktree session makes a candidate beside it (I18).
+            app.session(task, "local").await;
+            let body = json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "hang"});
+            (format!("/api/v1/tasks/{task}/sessions"), body)
+        } else {
+            let body = json!({"executor_type": "worktree", "agent_profile": "test", "start": false});
+            let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
+            (
+                format!("/api/v1/sessions/{}/launch", uuid(&s["id"])),
+                json!({"prompt": "hang"}),
+            )
+        };
+        let (l, a) = tokio::join!(app.post(&launch_url, body), app.post(&archive_url, json!({})));
+        match l.status.as_u16() {
+            200 | 201 => {}
+            409 => {
+                let code = l.json()["code"].as_str().unwrap_or_default().to_string();
+                assert!(
+                    [
+                        "task_archived",
+                        "task_cleanup_in_progress",
+                        "workspace_preparing",
+                        "conflict"
+                    ]
+                    .contains(&code.as_str()),
+                    "{}",
+                    l.text
+                );
+            }
+            other => panic!("the launch answered {other}: {}", l.text),
+        }
+        jobs.push(a.ok(202));
+        tasks.push(task);
+    }
+    for r in &jobs {
+        jobs_succeed(&app, r).await;
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while app.app_state.ctx.runtime.live_count() > 0 {
+        if tokio::time::Instant::now() >= deadline {
+            let mut live = Vec::new();
+            for id in app.app_state.ctx.runtime.live_sessions() {
+                live.push(app.get(&format!("/api/v1/sessions/{id}")).await.json());
+            }
+            panic!("an agent still runs in an archived task: {live:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for task in tasks {
+        let sessions = app.get(&format!("/api/v1/tasks/{task}/sessions")).await.ok(200);
+        for s in sessions["items"].as_array().unwrap() {
+            assert!(
+                ["cancelled", "failed", "stopped"].contains(&s["state"].as_str().unwrap()),
+                "every session of an archived task is over: {s}"
+            );
+            assert_eq!(s["desired_open"], false, "nothing restarts it: {s}");
+        }
     }
     assert_eq!(worktrees_of(&source), vec![source.display().to_string()]);
     assert_no_leak(&app, &source).await;

@@ -8,10 +8,11 @@ use uuid::Uuid;
 use crate::domain::Ctx;
 use crate::entity::task;
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::store::environments::{self as store, Settle};
+use crate::store::tasks::{ensure_no_cleanup, lock_task};
 
 /// Supersedes what is left of earlier attempts (failed, or creating with an expired lease), keeping
 /// them recorded for diagnostics; a new attempt adopts any worktree they left in place.
@@ -51,14 +52,22 @@ pub(crate) async fn supersede(
 }
 
 /// Issue 17 item 6: admission refused the current environment: it becomes `broken` (with its category)
-/// and says so in an event, unless it already changed. Returns whether it did.
+/// and says so in an event, unless it already changed. Returns whether it did. `task_archived` or
+/// `task_cleanup_in_progress` instead when the task's lifecycle is what took the workspace (I7).
 pub(crate) async fn mark_broken(
     ctx: &Ctx,
+    task_id: Uuid,
     owner: &task::Model,
     env_id: Uuid,
     category: crate::error::ReuseCategory,
 ) -> Result<bool> {
     let txn = ctx.db.begin_write().await?;
+    // A workspace an archive, delete or reset is removing (or removed) is not broken: the task's
+    // lifecycle answers the launch, and the environment is left to it.
+    if lock_task(&txn, owner.id).await?.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    ensure_no_cleanup(&txn, &[task_id, owner.id]).await?;
     if !store::mark_broken(&txn, env_id, &category.as_str(), crate::clock::now()).await? {
         txn.rollback().await?;
         return Ok(false);

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::events::EventType;
 use crate::executor::worktree;
 use crate::store::environments::{self as store, Settle};
-use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of};
+use crate::store::tasks::{ensure_no_cleanup, ensure_not_archived_or_cleaning, lock_task, owner_of};
 
 /// A staged transition candidate (I18), and what was made for it. It counts as a materialization running
 /// here (`Materializing`) until the launch promotes or abandons it and drops this: a delete's job that
@@ -79,7 +79,7 @@ async fn elect_candidate(
 ) -> Result<(env::Model, Slots)> {
     let txn = ctx.db.begin_write().await?;
     lock_task(&txn, owner.id).await?;
-    ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+    ensure_not_archived_or_cleaning(&txn, &[task.id, owner.id]).await?;
     let envs = store::live_of(&txn, owner.id).await?;
     if envs.iter().any(|e| is_fresh_creating(ctx, e)) {
         return Err(Error::WorkspacePreparing);

@@ -21,7 +21,7 @@ use crate::runtime::SpawnError;
 use crate::store::environments as env_store;
 use crate::store::executions::ExecutionPatch;
 use crate::store::sessions::StatePatch;
-use crate::store::tasks::{self as task_store, ensure_no_cleanup, lock_task, owner_of};
+use crate::store::tasks::{self as task_store, ensure_not_archived_or_cleaning, lock_task, owner_of};
 
 impl From<Refusal> for ReuseCategory {
     fn from(r: Refusal) -> Self {
@@ -137,8 +137,11 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         }
     };
     if let Err(e) = launch.record_running(pid, prompt.is_some()).await {
-        // A process whose launch cannot be recorded must not run unrecorded (I26, I27): end it.
+        // A process whose launch cannot be recorded must not run unrecorded (I26, I27): end it, give up a
+        // transition's candidate, and say so on the session unless something else moved it on.
         ctx.runtime.stop(s.id).await;
+        launch.abandon("the launch could not be recorded").await;
+        launch.give_up(&e).await;
         return Err(e);
     }
     if let Some(text) = prompt {
@@ -227,7 +230,7 @@ async fn admit_for_launch(
         Err(refusal) => {
             // Issue 17 item 6: the current environment is unsafe to work in; it says so until a reset.
             let category = ReuseCategory::from(refusal);
-            environments::mark_broken(ctx, owner, current.id, category).await?;
+            environments::mark_broken(ctx, task.id, owner, current.id, category).await?;
             Ok(Err(category))
         }
     }
@@ -252,6 +255,23 @@ impl Launch<'_> {
         }
     }
 
+    /// The launch was not recorded running (its process is stopped): the session says why, unless
+    /// something else (an archive's cancellation, an exit report) moved it on meanwhile.
+    async fn give_up(&self, e: &Error) {
+        let ctx = self.ctx;
+        let still_ours = match reload(&ctx.db.conn, self.session_id).await {
+            Ok(s) => s.state == SessionState::Starting && s.execution_id == Some(self.execution_id),
+            Err(_) => false,
+        };
+        if !still_ours {
+            return;
+        }
+        let message = format!("the launch could not be recorded: {e}");
+        if let Err(e) = record_failure(ctx, self.task, self.session_id, "agent_start_failed", &message).await {
+            tracing::warn!(session = %self.session_id, error = %e, "could not record a launch given up");
+        }
+    }
+
     fn workspace_path(&self) -> String {
         self.admitted.path().to_string_lossy().into_owned()
     }
@@ -266,7 +286,7 @@ impl Launch<'_> {
             lock_task(&txn, owner.id).await?;
         }
         lock_task(&txn, task.id).await?;
-        ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+        ensure_not_archived_or_cleaning(&txn, &[task.id, owner.id]).await?;
         let current = reload_locked(&txn, self.session_id).await?;
         match current.state {
             // Another launch is under way (I27: one process): answer with it.
@@ -331,6 +351,12 @@ impl Launch<'_> {
             // Promotion supersedes environments: serialize with other launches and session creation.
             lock_task(&txn, self.owner.id).await?;
         }
+        // I7, I8: an archive, delete or reset that began (or even finished) after the handle was recorded
+        // owns the task now,
+        // and its stop may have come before the spawn: this agent must not run, nor its environment become
+        // current. (Its barrier commits before it stops agents, and the spawn came before this read: either
+        // this sees the job, or the stop sees the agent.)
+        ensure_not_archived_or_cleaning(&txn, &[self.task.id, self.owner.id]).await?;
         // The session row before anything appends an event (promotion does): the order every session
         // writer takes, so this cannot deadlock with an agent report.
         let current = reload_locked(&txn, self.session_id).await?;
@@ -346,14 +372,7 @@ impl Launch<'_> {
         .await?;
         if let Some(environments::Candidate { env: candidate, .. }) = &self.transition {
             // I18: only now, with the agent running in it, does the new environment become current.
-            if let Err(e) =
-                environments::promote_transition(&txn, ctx, self.task, candidate.id, candidate.materializer_id).await
-            {
-                drop(txn);
-                ctx.runtime.stop(self.session_id).await;
-                self.abandon("the new environment was taken over").await;
-                return Err(e);
-            }
+            environments::promote_transition(&txn, ctx, self.task, candidate.id, candidate.materializer_id).await?;
         }
         // I19: a successful launch writes the effective workspace back (healing an earlier wrong value).
         env_store::heal_workspace_path(&txn, self.admitted.environment_id(), &self.workspace_path()).await?;
