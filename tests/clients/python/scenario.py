@@ -56,6 +56,7 @@ from berth_client.models import (
     RuntimeOutputEvent,
     ExecutorType,
     GitStatusList,
+    GitStatusUpdatedEvent,
     Problem,
     RegisterRepository,
     Repository,
@@ -194,8 +195,8 @@ def replay() -> list[Event]:
             out.append(e)
 
 
-def replies(events: list[Event], session: UUID) -> list[str]:
-    """The texts a session's agent replied with, in order, from the `runtime.output` events."""
+def reply_events(events: list[Event], session: UUID) -> list[tuple[int, str]]:
+    """The seq and text of each reply of a session's agent, in order, from the `runtime.output` events."""
     out = []
     for e in events:
         # The union is discriminated by `type`: a runtime.output event's `data.event` is the agent's own.
@@ -203,8 +204,34 @@ def replies(events: list[Event], session: UUID) -> list[str]:
             continue
         agent = e.data.event.additional_properties
         if field(agent, "type") == "message_end" and field(agent, "message", "role") == "assistant":
-            out.append(str(field(agent, "message", "content", 0, "text")))
+            out.append((e.seq, str(field(agent, "message", "content", 0, "text"))))
     return out
+
+
+def replies(events: list[Event], session: UUID) -> list[str]:
+    """The texts a session's agent replied with, in order."""
+    return [text for _, text in reply_events(events, session)]
+
+
+def wait_completion_capture(session: UUID) -> None:
+    """Waits for berth's completion capture of the session's last turn (seed 004). It runs after the
+    turn settles, so a refresh racing it may answer with it: the newest observation is current whatever
+    its kind (I22). Once it is recorded, a refresh is the newest."""
+    seen: list[str] = []
+
+    def probe() -> bool | None:
+        nonlocal seen
+        events = replay()
+        last_reply = max((seq for seq, _ in reply_events(events, session)), default=0)
+        captures = [
+            e
+            for e in events
+            if isinstance(e, GitStatusUpdatedEvent) and e.session_id == session and e.seq > last_reply
+        ]
+        seen = [f"{e.seq}:{e.data.kind}" for e in captures]
+        return True if any(e.data.kind == "completion" for e in captures) else None
+
+    until(f"the completion capture of session {session}'s last turn", probe, lambda: seen)
 
 
 def wait_replies(session: UUID, n: int) -> list[str]:
@@ -375,6 +402,7 @@ def main() -> None:
         Message,
     )
     eq(wait_replies(s1.id, 3)[2], "wrote notes.txt", "session 1 agent's write")
+    wait_completion_capture(s1.id)
 
     def refresh() -> GitStatusList:
         return expect("refresh_environment_git_status", refresh_environment_git_status.sync_detailed(env_id, client=api), 200, GitStatusList)

@@ -115,17 +115,44 @@ async function replay(): Promise<Event[]> {
 }
 
 /** The texts a session's agent replied with, in order, from the `runtime.output` events. */
-function replies(events: Event[], session: string): string[] {
-  const out: string[] = [];
+/** The seq and text of each reply of a session's agent, in order, from the `runtime.output` events. */
+function replyEvents(events: Event[], session: string): [number, string][] {
+  const out: [number, string][] = [];
   for (const e of events) {
     // `type` discriminates the union: here `e.data` is typed as a `runtime.output` event's data.
     if (e.type !== "runtime.output" || e.session_id !== session) continue;
     const agent = e.data.event;
     if (field(agent, "type") === "message_end" && field(agent, "message", "role") === "assistant") {
-      out.push(String(field(agent, "message", "content", 0, "text")));
+      out.push([e.seq, String(field(agent, "message", "content", 0, "text"))]);
     }
   }
   return out;
+}
+
+function replies(events: Event[], session: string): string[] {
+  return replyEvents(events, session).map(([, text]) => text);
+}
+
+/**
+ * Waits for berth's completion capture of the session's last turn (seed 004). It runs after the turn
+ * settles, so a refresh racing it may answer with it: the newest observation is current whatever its
+ * kind (I22). Once it is recorded, a refresh is the newest.
+ */
+async function waitCompletionCapture(session: string): Promise<void> {
+  let seen: string[] = [];
+  await until(
+    `the completion capture of session ${session}'s last turn`,
+    async () => {
+      const events = await replay();
+      const lastReply = Math.max(0, ...replyEvents(events, session).map(([seq]) => seq));
+      const captures = events.filter(
+        (e) => e.type === "git_status.updated" && e.session_id === session && e.seq > lastReply,
+      );
+      seen = captures.map((e) => `${e.seq}:${e.type === "git_status.updated" ? e.data.kind : ""}`);
+      return captures.some((e) => e.type === "git_status.updated" && e.data.kind === "completion") ? true : undefined;
+    },
+    () => seen,
+  );
 }
 
 async function waitReplies(session: string, n: number): Promise<string[]> {
@@ -312,6 +339,7 @@ async function main(): Promise<void> {
     202,
   );
   eq((await waitReplies(s1.id, 3))[2], "wrote notes.txt", "session 1 agent's write");
+  await waitCompletionCapture(s1.id);
   const refresh = async () =>
     expectStatus(
       "refreshEnvironmentGitStatus",
