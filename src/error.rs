@@ -166,6 +166,7 @@ impl From<sea_orm::DbErr> for Error {
             return Error::invalid("body", "text must not contain NUL (\\u0000) characters");
         }
         if is_unavailable(&e) {
+            crate::store::outage::note();
             return Error::Unavailable(e.to_string());
         }
         Error::Internal(anyhow::Error::new(e))

@@ -13,6 +13,7 @@ pub mod inbox;
 pub mod messages;
 pub mod migrate;
 pub mod observations;
+pub mod outage;
 pub mod repositories;
 pub mod session_commands;
 pub mod sessions;
@@ -58,6 +59,17 @@ impl Db {
             // proxy to have dropped it is still pinged before use.
             .test_before_acquire_if_idle_for(Duration::from_secs(30))
             .sqlx_logging(false);
+        if url.starts_with("postgres") {
+            // After an outage, a connection that predates it is pinged too; a dead one is replaced.
+            opts.map_sqlx_postgres_before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if outage::predates_last(meta.idle_for) {
+                        return Ok(sea_orm::sqlx::Connection::ping(conn).await.is_ok());
+                    }
+                    Ok(true)
+                })
+            });
+        }
         opts
     }
 
@@ -138,7 +150,11 @@ impl Db {
 
     /// Whether the database answers (readiness).
     pub async fn ping(&self) -> bool {
-        self.conn.ping().await.is_ok()
+        let ok = self.conn.ping().await.is_ok();
+        if !ok {
+            outage::note();
+        }
+        ok
     }
 
     /// Pool usage for /metrics: (connections open, idle).
