@@ -59,17 +59,16 @@ impl Db {
             // proxy to have dropped it is still pinged before use.
             .test_before_acquire_if_idle_for(Duration::from_secs(30))
             .sqlx_logging(false);
-        if url.starts_with("postgres") {
-            // After an outage, a connection that predates it is pinged too; a dead one is replaced.
-            opts.map_sqlx_postgres_before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if outage::predates_last(meta.idle_for) {
-                        return Ok(sea_orm::sqlx::Connection::ping(conn).await.is_ok());
-                    }
-                    Ok(true)
-                })
-            });
-        }
+        // PostgreSQL pools only (sea-orm's PostgreSQL driver alone reads it): after an outage, a
+        // connection that predates it is pinged too; a dead one is replaced.
+        opts.map_sqlx_postgres_before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if outage::predates_last(meta.idle_for) {
+                    return Ok(sea_orm::sqlx::Connection::ping(conn).await.is_ok());
+                }
+                Ok(true)
+            })
+        });
         opts
     }
 
