@@ -299,6 +299,9 @@ export function renderTask(main, id, { setCrumbs }) {
       drawJobs();
       return seq;
     } catch (e) {
+      // A refresh still in flight when the person left this screen (after deleting the task, say) must
+      // not draw over the screen they went to.
+      if (stopped) throw e;
       if (e instanceof ApiError && e.status === 404) {
         clear(main, h('div', { class: 'card' }, h('h1', {}, 'This task is gone'), h('p', {}, 'It was deleted, or this token may not see it. ', h('a', { href: '#/' }, 'Back to the workspaces'))));
         live?.stop();

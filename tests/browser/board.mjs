@@ -57,6 +57,13 @@ async function api(method, p, body) {
   return text ? JSON.parse(text) : null;
 }
 
+/** `promise`, or a failure naming `what` after `ms`. */
+function within(promise, ms, what) {
+  let timer;
+  const late = new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(`${what} (within ${ms} ms)`)), ms); });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
 function git(cwd, ...args) {
   execFileSync('git', args, {
     cwd,
@@ -237,9 +244,42 @@ async function main() {
     const discard = consent.getByRole('button', { name: 'Delete and discard the changes' });
     if (await discard.isEnabled()) throw new Error('discarding needs no explicit consent');
     await shot('7-delete-consent');
+    // The task screen left behind must not draw over the workspace the person went to. Made to happen
+    // every time: the delete answers only once the task screen's own refresh (woken by the deletion's
+    // events) has asked for the task, and that refresh's 404 comes back only after the workspace is drawn.
+    const taskPath = `/api/v1/tasks/${dirtyTask.id}`;
+    let deleted = false;
+    let staleAsked;
+    const staleSeen = new Promise((r) => { staleAsked = r; });
+    let releaseStale;
+    const staleHeld = new Promise((r) => { releaseStale = r; });
+    const isTask = (u) => u.pathname === taskPath;
+    await page.route(isTask, async (route) => {
+      const req = route.request();
+      if (req.method() === 'DELETE') {
+        const res = await route.fetch();
+        deleted = res.ok();
+        if (deleted) await within(staleSeen, STEP_MS, 'the task screen did not refresh after the deletion\'s events');
+        return route.fulfill({ response: res });
+      }
+      if (req.method() === 'GET' && deleted) {
+        staleAsked();
+        await staleHeld;
+      }
+      return route.continue();
+    });
     await consent.getByRole('checkbox').check();
     await discard.click();
-    await page.getByRole('heading', { name: ws.name, level: 1 }).waitFor();
+    const wsHeading = page.getByRole('heading', { name: ws.name, level: 1 });
+    await wsHeading.waitFor();
+    const staleDone = page.waitForEvent('requestfinished', (r) => new URL(r.url()).pathname === taskPath && r.method() === 'GET');
+    releaseStale();
+    await staleDone;
+    // Its answer handled (a few turns of the page's event loop), the workspace is still what shows.
+    await page.evaluate(() => new Promise((r) => setTimeout(r, 100)));
+    if (await page.getByText('This task is gone').count()) throw new Error('the deleted task\'s screen drew over the workspace');
+    await wsHeading.waitFor({ timeout: 1_000 });
+    await page.unroute(isTask);
     await api('GET', `/tasks/${dirtyTask.id}`).then(
       () => { throw new Error('the dirty task still exists'); },
       (e) => { if (!/ 404 /.test(e.message)) throw e; },
@@ -269,6 +309,9 @@ async function main() {
       if (external.size) console.error(`non-loopback requests (blocked):\n  ${[...external].join('\n  ')}`);
       if (consoleErrors.length) console.error(`console errors:\n  ${consoleErrors.join('\n  ')}`);
       if (page) {
+        // What the page showed (a problem box says why an action failed), for a run without the picture.
+        const shown = await page.locator('main').innerText({ timeout: 2_000 }).catch(() => '(unreadable)');
+        console.error(`the page showed:\n  ${shown.slice(0, 1500).replace(/\n+/g, '\n  ')}`);
         const file = path.join(ARTIFACT_DIR, 'board-failed.png');
         await page.screenshot({ path: file, fullPage: true }).then(() => console.error(`failure screenshot: ${file}`), () => {});
       }
