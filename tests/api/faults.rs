@@ -25,6 +25,7 @@ both_backends!(
     a_materialization_that_loses_to_a_delete_records_its_branch_and_progress,
     a_materializer_killed_after_a_delete_leaves_no_worktree,
     a_transition_killed_after_a_delete_leaves_no_worktree,
+    a_transition_slower_than_its_lease_keeps_it,
 );
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -991,18 +992,7 @@ async fn a_full_disk_on_sqlite_answers_503_and_corrupts_nothing(app: TestApp) {
 /// berth's (and is kept: the delete's snapshot could not know its origin), and every stage is in the log
 /// before `environment.failed`. Nothing else is touched: the source repository keeps its branches.
 async fn a_materialization_that_loses_to_a_delete_records_its_branch_and_progress(app: TestApp) {
-    // `git worktree add` waits at a gate the test opens.
-    let (entered, release) = (app.scratch.path().join("entered"), app.scratch.path().join("release"));
-    let bin = git_wrapper(
-        &app,
-        "gated-bin",
-        &format!(
-            "case \" $* \" in *\" worktree add \"*)\n  touch '{entered}'\n  i=0\n  \
-             while [ ! -e '{release}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n;;\nesac\n",
-            entered = entered.display(),
-            release = release.display(),
-        ),
-    );
+    let (bin, entered, release) = held_before_worktree_add(&app);
 
     let data = app.scratch.path().join("gated");
     let env = process_env(&app, &data);
@@ -1285,6 +1275,117 @@ async fn a_transition_killed_after_a_delete_leaves_no_worktree(app: TestApp) {
     );
     drop(b);
 }
+/// A git wrapper whose `git worktree add` waits at a gate the test opens: it touches `entered`, waits for
+/// `release`, then runs. Returns the wrapper's directory, `entered` and `release`.
+fn held_before_worktree_add(app: &TestApp) -> (PathBuf, PathBuf, PathBuf) {
+    let (entered, release) = (app.scratch.path().join("entered"), app.scratch.path().join("release"));
+    let bin = git_wrapper(
+        app,
+        "gated-bin",
+        &format!(
+            "case \" $* \" in *\" worktree add \"*)\n  touch '{entered}'\n  i=0\n  \
+             while [ ! -e '{release}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n;;\nesac\n",
+            entered = entered.display(),
+            release = release.display(),
+        ),
+    );
+    (bin, entered, release)
+}
+
+/// I14 with I18: a transition's candidate keeps its `creating` lease fresh from its election until the
+/// launch promotes or abandons it. Its `git worktree add` is held well past the lease (2 s here): the
+/// row's lease is renewed meanwhile, another session's transition is refused (`workspace_preparing`)
+/// instead of taking the candidate for an abandoned attempt and superseding it, and once git goes on the
+/// launch promotes the candidate.
+async fn a_transition_slower_than_its_lease_keeps_it(app: TestApp) {
+    let dir = app.scratch.path();
+    let (bin, entered, release) = held_before_worktree_add(&app);
+    let data = dir.join("slow");
+    let mut env = process_env(&app, &data);
+    let lease = chrono::Duration::seconds(env["BERTH_MATERIALIZE_LEASE_SECS"].parse().unwrap());
+    let config = data.join("berth.toml");
+    let agent = env!("CARGO_BIN_EXE_berth-test-agent");
+    std::fs::write(&config, format!("[agents.test]\ncommand = {agent:?}\n")).unwrap();
+    env.insert("BERTH_CONFIG".into(), config.display().to_string());
+    let mut b = start(&env, Some(&bin), &dir.join("slow.log"));
+    let client = crate::helpers::client();
+    wait_ready(&client, &mut b).await;
+    let api = format!("{}/api/v1", b.base);
+    let token = app.admin.clone();
+    let (ws, repo, _) = setup(&client, &b.base, &token, dir).await;
+    let (status, t) = call(
+        &client,
+        &token,
+        Method::POST,
+        format!("{api}/workspaces/{ws}/tasks"),
+        Some(json!({"title": "slow", "repositories": [{"repository_id": repo}]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{t}");
+    let task = id_of(&t);
+    let body = json!({"executor_type": "local", "start": false});
+    let (status, s) = call(
+        &client,
+        &token,
+        Method::POST,
+        format!("{api}/tasks/{task}/sessions"),
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 201, "{s}");
+
+    // A worktree launch is a transition: its candidate waits in `git worktree add`.
+    let launch = json!({"executor_type": "worktree", "agent_profile": "test"});
+    let first = session_held_in_worktree_add(&client, &token, &api, task, launch.clone(), &entered).await;
+    let conn = connect(&app, &data).await;
+    let sql = "SELECT id, created_at, updated_at FROM task_environments WHERE status = 'creating'";
+    // Well before the gate gives up by itself (60 s), after which the row changes for other reasons.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let candidate: Uuid = loop {
+        let found = rows(&conn, sql).await;
+        assert_eq!(found.len(), 1, "one candidate, still creating");
+        let created: chrono::DateTime<chrono::Utc> = found[0].try_get("", "created_at").unwrap();
+        let touched: chrono::DateTime<chrono::Utc> = found[0].try_get("", "updated_at").unwrap();
+        if touched > created + lease + chrono::Duration::milliseconds(500) {
+            break found[0].try_get("", "id").unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the candidate's lease was not renewed while its launch ran (updated {touched}, created {created})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // Past the lease of its election, the candidate is still a materialization under way.
+    let (status, p) = call(
+        &client,
+        &token,
+        Method::POST,
+        format!("{api}/tasks/{task}/sessions"),
+        Some(launch),
+    )
+    .await;
+    assert_eq!(status, 409, "{p}");
+    assert_eq!(p["code"], "workspace_preparing", "{p}");
+
+    std::fs::write(&release, "").unwrap();
+    let (status, s) = first.await.unwrap();
+    assert_eq!(status, 201, "the slow launch succeeds: {s}");
+    let (status, e) = call(
+        &client,
+        &token,
+        Method::GET,
+        format!("{api}/tasks/{task}/environment"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{e}");
+    assert_eq!(e["id"], candidate.to_string(), "the candidate became current: {e}");
+    assert_eq!(e["executor_type"], "worktree", "{e}");
+    assert_eq!(e["status"], "ready", "{e}");
+    drop(b);
+}
+
 /// A git wrapper that holds `git worktree add` at a gate (it touches `entered`, and waits for `release`),
 /// then runs it, touches `made` and holds again: berth, waiting for the wrapper, never gets further.
 struct Gate {

@@ -88,8 +88,25 @@ pub(crate) fn still_in_flight(ctx: &Ctx, f: &InFlight) -> Option<chrono::DateTim
     Some(f.until)
 }
 
-/// Keeps a `creating` environment's lease fresh while its materializer works.
-pub(super) async fn heartbeat(ctx: Ctx, e: env::Model) {
+/// Keeps a `creating` environment's lease fresh until dropped (on every way out of its materializer):
+/// a first materialization while it runs, a transition's candidate from its election until the launch
+/// promotes or abandons it.
+pub(crate) struct Lease(tokio::task::AbortHandle);
+
+impl Lease {
+    pub(super) fn keep(ctx: &Ctx, e: &env::Model) -> Self {
+        Lease(tokio::spawn(heartbeat(ctx.clone(), e.clone())).abort_handle())
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Touches the row every quarter lease while it is still `creating` and held by this materializer.
+async fn heartbeat(ctx: Ctx, e: env::Model) {
     let every = (ctx.config.materialize_lease / 4).max(std::time::Duration::from_millis(200));
     loop {
         tokio::time::sleep(every).await;

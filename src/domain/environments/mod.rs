@@ -135,9 +135,9 @@ async fn prepare(
     then: Option<OnPublish>,
 ) -> Result<(env::Model, Option<session::Model>)> {
     let _running = ctx.materializing.hold(e.materializer_id);
-    let heartbeat = tokio::spawn(lease::heartbeat(ctx.clone(), e.clone())).abort_handle();
+    let lease = lease::Lease::keep(ctx, e);
     let outcome = materialize_and_publish(ctx, task, owner, e, slots, then).await;
-    heartbeat.abort();
+    drop(lease);
     match outcome {
         Ok(ready) => Ok(ready),
         Err(failed) => Err(record_failure(ctx, owner, e, failed).await?),

@@ -4,7 +4,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use super::lease::{Running, is_fresh_creating};
+use super::lease::{Lease, Running, is_fresh_creating};
 use super::state::{Held, settle, supersede, supersede_stale};
 use super::{Slots, fail, materialize, new_candidate, plan_slots, record_failure};
 use crate::domain::Ctx;
@@ -18,11 +18,13 @@ use crate::store::tasks::{ensure_no_cleanup, ensure_not_archived_or_cleaning, lo
 
 /// A staged transition candidate (I18), and what was made for it. It counts as a materialization running
 /// here (`Materializing`) until the launch promotes or abandons it and drops this: a delete's job that
-/// removed its row waits for that, and not for its lease.
+/// removed its row waits for that, and not for its lease. Its lease is kept fresh as long (I14): a launch
+/// slower than the lease is not taken for an abandoned attempt by another session's election.
 pub(crate) struct Candidate {
     pub env: env::Model,
     pub made: Vec<worktree::Materialized>,
     _running: Running,
+    _lease: Lease,
 }
 
 /// A transition candidate (I18): a new environment for `executor`, materialized with its complete
@@ -32,6 +34,7 @@ pub(crate) async fn prepare_transition(ctx: &Ctx, task: &task::Model, executor: 
     let owner = owner_of(&ctx.db.conn, task).await?;
     let (candidate, slots) = elect_candidate(ctx, task, &owner, executor).await?;
     let running = ctx.materializing.hold(candidate.materializer_id);
+    let lease = Lease::keep(ctx, &candidate);
     let dir = transition_dir(&owner, &candidate);
     let made = match async { materialize(ctx, &owner, &candidate, &dir, plan_slots(&slots, &dir)?).await }.await {
         Ok(m) => m,
@@ -66,6 +69,7 @@ pub(crate) async fn prepare_transition(ctx: &Ctx, task: &task::Model, executor: 
         },
         made: made.worktrees,
         _running: running,
+        _lease: lease,
     })
 }
 
