@@ -16,6 +16,7 @@ use crate::helpers::{Backend, TestApp, git, uuid, wait_job_settled, worktrees_of
 both_backends!(
     archive_removes_what_a_superseded_environment_left,
     delete_keeps_a_dirty_superseded_worktree_unless_consented,
+    a_transitions_own_directory_goes_with_its_environment,
 );
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -244,4 +245,72 @@ async fn the_reconcile_pass_heals_leaks_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconcile_pass_heals_leaks_postgres() {
     the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(Backend::Postgres).await;
+}
+
+// I18, I13: a transition's environment lives in a directory of its own (`<slug>-<suffix>`). Once a job
+// removed its worktrees, that directory goes too (only ever if empty), whether the environment was still
+// current (an archive) or superseded by a transition back to `local` (a delete); the source repository
+// is untouched.
+async fn a_transitions_own_directory_goes_with_its_environment(app: TestApp) {
+    let ws = app.workspace("ws").await;
+    for (name, superseded) in [("current", false), ("superseded", true)] {
+        let (repo, source) = app.repository(ws, name).await;
+        let task = app.task(ws, name, &[repo]).await;
+        app.session(task, "local").await;
+        let launch = |executor: &str| json!({"executor_type": executor, "agent_profile": "test"});
+        let s = app
+            .post(&format!("/api/v1/tasks/{task}/sessions"), launch("worktree"))
+            .await
+            .ok(201);
+        let env_id = uuid(&s["task_environment_id"]);
+        let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
+        let own = worktree.parent().unwrap().to_path_buf();
+        let hex = env_id.simple().to_string();
+        assert!(
+            own.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .ends_with(&format!("-{}", &hex[hex.len() - 8..])),
+            "{name}: the transition made its environment in a directory of its own: {}",
+            own.display()
+        );
+        app.post(&format!("/api/v1/sessions/{}/stop", uuid(&s["id"])), json!({}))
+            .await
+            .ok(200);
+        let env = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
+        assert_eq!(env["id"], env_id.to_string(), "{name}: promoted");
+        if superseded {
+            let back = app
+                .post(&format!("/api/v1/tasks/{task}/sessions"), launch("local"))
+                .await
+                .ok(201);
+            app.post(&format!("/api/v1/sessions/{}/stop", uuid(&back["id"])), json!({}))
+                .await
+                .ok(200);
+            let old = app.get(&format!("/api/v1/environments/{env_id}")).await.ok(200);
+            assert_eq!(old["status"], "superseded", "{old}");
+        }
+        let before = source_state(&source);
+        let r = if superseded {
+            app.delete(&format!("/api/v1/tasks/{task}")).await.ok(202)
+        } else {
+            app.post(&format!("/api/v1/tasks/{task}/archive"), json!({}))
+                .await
+                .ok(202)
+        };
+        let job = wait_job_settled(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
+        assert_eq!(job["state"], "succeeded", "{name}: {job}");
+        assert!(!worktree.exists(), "{name}: the worktree is removed");
+        assert!(
+            !own.exists(),
+            "{name}: and the directory it was made in: {}",
+            own.display()
+        );
+        assert!(own.parent().unwrap().is_dir(), "{name}: the worktree root stays");
+        assert_eq!(
+            source_state(&source),
+            before,
+            "{name}: the source repository is untouched"
+        );
+    }
 }

@@ -30,7 +30,7 @@ pub(crate) async fn owned_environment<C: ConnectionTrait>(
     let Some(e) = environments::current(conn, t.id).await? else {
         return Ok(None);
     };
-    let snap = environment_snapshot(conn, ctx, t, &e, &t.slug).await?;
+    let snap = environment_snapshot(conn, ctx, t, &e, &environments::dir_of(t, &e)).await?;
     Ok(Some((e, snap)))
 }
 
@@ -143,7 +143,7 @@ pub(crate) async fn leftover_environments<C: ConnectionTrait>(
         }
         let dir = match e.status {
             EnvironmentStatus::Creating => environments::transition_dir(t, &e),
-            _ => t.slug.clone(),
+            _ => environments::dir_of(t, &e),
         };
         let mut snap = environment_snapshot(conn, ctx, t, &e, &dir).await?;
         let mut mine = Vec::new();

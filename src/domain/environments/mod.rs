@@ -40,7 +40,9 @@ pub use lease::Materializing;
 pub(crate) use lease::{in_flight, is_fresh_creating, still_in_flight};
 pub use recovery::recover_abandoned;
 pub(crate) use state::{broken_category, mark_broken, mark_recovered, supersede};
-pub(crate) use transition::{Candidate, abandon_transition, prepare_transition, promote_transition, transition_dir};
+pub(crate) use transition::{
+    Candidate, abandon_transition, dir_of, prepare_transition, promote_transition, transition_dir,
+};
 
 /// An environment with its inventory, in workspace order.
 #[derive(Debug, Clone)]

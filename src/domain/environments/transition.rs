@@ -110,6 +110,19 @@ pub(crate) fn transition_dir(owner: &task::Model, candidate: &env::Model) -> Str
     format!("{}-{}", owner.slug, &hex[hex.len() - 8..])
 }
 
+/// The directory under the worktree root that `e`, an environment of `owner`, lives in: its own for what
+/// was a transition's candidate (recorded by its workspace path, so also once promoted, or superseded
+/// later), the task's for every other one.
+pub(crate) fn dir_of(owner: &task::Model, e: &env::Model) -> String {
+    let own = transition_dir(owner, e);
+    let in_own = e.workspace_path.as_deref().is_some_and(|p| {
+        std::path::Path::new(p)
+            .components()
+            .any(|c| c.as_os_str() == own.as_str())
+    });
+    if in_own { own } else { owner.slug.clone() }
+}
+
 /// The launch in the candidate succeeded: it becomes current; the previous one is kept, superseded and
 /// untouched on disk (I18). Runs inside the caller's transaction.
 pub(crate) async fn promote_transition(
