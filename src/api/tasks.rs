@@ -425,7 +425,9 @@ async fn unarchive_task(
 /// Once a worktree is gone, its branch is deleted only if berth created it and it is fully merged into its
 /// base, or its upstream has every commit, or the request says `delete_branches=true`; a branch the user
 /// named or that existed before the task is always kept. `branches` says, per branch, `delete` or `keep`
-/// and why. Scope `tasks:delete`.
+/// and why. The task's agents are stopped first, on whichever replica runs them: if that replica does
+/// not carry the stop out in time, the answer is `503 unavailable` (retryable) and nothing changes.
+/// Scope `tasks:delete`.
 #[utoipa::path(
     operation_id = "deleteTask",
     tag = "tasks",

@@ -152,8 +152,9 @@ pub struct DeleteWorkspaceQuery {
 /// Deletes the workspace, its repositories and every task in it, in one step, once `confirm_name` repeats the
 /// workspace's name (a mismatch is `400` and changes nothing). Files are never removed inline: each task's
 /// worktrees and environment are removed by a durable cleanup job, returned here, which survives restarts
-/// and is retried. Refused with `409 task_cleanup_in_progress` while a task's cleanup already runs. Scope
-/// `workspaces:admin`.
+/// and is retried. Refused with `409 task_cleanup_in_progress` while a task's cleanup already runs, and
+/// with `503 unavailable` (retryable, nothing changed) when a replica running one of its agents does not
+/// carry out the stop in time. Scope `workspaces:admin`.
 #[utoipa::path(
     operation_id = "deleteWorkspace",
     tag = "workspaces",

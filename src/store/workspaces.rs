@@ -51,9 +51,18 @@ pub async fn page<C: ConnectionTrait>(
 
 /// Task creation refuses a `deleting` workspace.
 pub async fn mark_deleting(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+    set_status(txn, id, WorkspaceStatus::Deleting, now).await
+}
+
+/// A workspace whose delete was refused before it changed anything takes tasks again.
+pub async fn mark_active(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+    set_status(txn, id, WorkspaceStatus::Active, now).await
+}
+
+async fn set_status(txn: &DatabaseTransaction, id: Uuid, status: WorkspaceStatus, now: DateTime<Utc>) -> Result<()> {
     workspace::Entity::update(workspace::ActiveModel {
         id: Set(id),
-        status: Set(WorkspaceStatus::Deleting),
+        status: Set(status),
         updated_at: Set(now),
         ..Default::default()
     })

@@ -418,3 +418,76 @@ async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped_sqlite() {
 async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped_postgres() {
     a_cleanup_job_retries_until_the_agent_elsewhere_stopped(Backend::Postgres).await;
 }
+
+// I8 across replicas, for a delete: its rows are what names the agent's process, so once they are gone no
+// job could have it stopped. When the node running the agent does not carry the stop out, a task delete
+// and a workspace delete answer 503 (retryable) and change nothing: the task, its session, the running
+// agent and its worktree stay, the prepared jobs are cancelled, the workspace still takes tasks. Once
+// that node is back, the same delete goes through.
+async fn a_delete_is_refused_while_the_agent_elsewhere_runs(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_ROUTING_DEADLINE_MS", "300")]).await else {
+        return;
+    };
+    let (b, task, id, pid, worktree) = working_on_second(&app).await;
+    b.stop_background();
+    let ws = uuid(&app.get(&format!("/api/v1/tasks/{task}")).await.ok(200)["workspace_id"]);
+    let refused = app
+        .delete(&format!("/api/v1/tasks/{task}"))
+        .await
+        .problem(503, "unavailable");
+    assert_eq!(refused["retryable"], true, "{refused}");
+    app.delete(&format!("/api/v1/workspaces/{ws}?confirm_name=ws"))
+        .await
+        .problem(503, "unavailable");
+    app.get(&format!("/api/v1/tasks/{task}")).await.ok(200);
+    let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+    assert_eq!(s["state"], "running", "{s}");
+    assert!(pid_alive(pid), "the agent still runs on the second replica");
+    assert!(std::path::Path::new(&worktree).exists(), "its worktree is untouched");
+    let jobs = app.get(&format!("/api/v1/cleanup-jobs?task_id={task}")).await.ok(200);
+    let states: Vec<&str> = jobs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["state"].as_str().unwrap())
+        .collect();
+    assert!(
+        !states.is_empty() && states.iter().all(|s| *s == "cancelled"),
+        "the refused deletes' jobs are cancelled: {jobs}"
+    );
+    let (repo, _) = app.repository(ws, "other").await;
+    app.task(ws, "still open", &[repo]).await;
+
+    // The second replica's routing loop is back: the same delete, retried as a 503 says, stops the agent
+    // there and goes through (on SQLite that node finds the command at its next poll).
+    tokio::spawn(berth::domain::sessions::serve_routed(b.state.ctx.clone()));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let deleted = loop {
+        let r = app.delete(&format!("/api/v1/tasks/{task}")).await;
+        if r.status.as_u16() != 503 || tokio::time::Instant::now() > deadline {
+            break r.ok(202);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        !pid_alive(pid),
+        "stopped by the node that ran it, before the delete answered"
+    );
+    let job = wait_job_settled(&app, uuid(&deleted["cleanup_jobs"][0]["id"])).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(
+        !std::path::Path::new(&worktree).exists(),
+        "the job removed the worktree"
+    );
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_is_refused_while_the_agent_elsewhere_runs_sqlite() {
+    a_delete_is_refused_while_the_agent_elsewhere_runs(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_is_refused_while_the_agent_elsewhere_runs_postgres() {
+    a_delete_is_refused_while_the_agent_elsewhere_runs(Backend::Postgres).await;
+}

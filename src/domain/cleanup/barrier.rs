@@ -260,16 +260,21 @@ async fn cancel_prepared(ctx: &Ctx, jobs: &[job::Model]) {
 }
 
 /// Stops the live agents of the jobs' sessions wherever they run (before anything is touched, I8).
-pub(crate) async fn stop_agents(ctx: &Ctx, jobs: &[job::Model]) {
+pub(crate) async fn stop_agents(ctx: &Ctx, jobs: &[job::Model]) -> Result<()> {
+    let mut first = Ok(());
     for j in jobs {
         for id in snapshot_of(j).map(|s| s.sessions).unwrap_or_default() {
-            // Wherever it runs (another replica stops it on request). One that did not stop is stopped
-            // by the job before it touches a file, or the job retries.
+            // Wherever it runs (another replica stops it on request). Every agent is asked, whatever
+            // became of the others.
             if let Err(e) = crate::domain::sessions::end_agent(ctx, id).await {
-                tracing::warn!(session = %id, error = %e, "could not stop the agent before the cleanup; the job will");
+                tracing::warn!(session = %id, error = %e, "could not stop the agent before the cleanup");
+                if first.is_ok() {
+                    first = Err(e);
+                }
             }
         }
     }
+    first
 }
 
 /// After the mutation: if it did not commit, its prepared jobs are cancelled (I6); if it did, the

@@ -109,7 +109,13 @@ pub(crate) async fn delete_tasks(
         jobs.push(j);
     }
     ctx.commit(txn).await?;
-    stop_agents(ctx, &jobs).await;
+    // I8: the rows this delete removes are what names the agents' processes; once they are gone no job
+    // could have one stopped. An agent that did not stop (its node did not carry the stop out) refuses
+    // the delete, which changes nothing (503, retryable).
+    let stopped = stop_agents(ctx, &jobs).await;
+    if stopped.is_err() {
+        settle(ctx, &jobs, stopped).await?;
+    }
     let mut sessions = Vec::new();
     for t in tasks {
         sessions.extend(

@@ -38,7 +38,20 @@ pub async fn delete_workspace(
     }
     workspace_store::mark_deleting(&txn, workspace_id, crate::clock::now()).await?;
     ctx.commit(txn).await?;
-    stop_agents(ctx, &jobs).await;
+    // I8, as for a task delete: an agent that did not stop refuses the delete, which changes nothing.
+    let stopped = stop_agents(ctx, &jobs).await;
+    if stopped.is_err() {
+        let reopened = async {
+            let txn = ctx.db.begin_write().await?;
+            workspace_store::mark_active(&txn, workspace_id, crate::clock::now()).await?;
+            ctx.commit(txn).await
+        }
+        .await;
+        if let Err(e) = reopened {
+            tracing::warn!(workspace = %workspace_id, error = %e, "could not reopen a workspace whose delete was refused");
+        }
+        settle(ctx, &jobs, stopped).await?;
+    }
     let result: Result<()> = async {
         let txn = ctx.db.begin_write().await?;
         workspace_store::delete(&txn, workspace_id).await?;
