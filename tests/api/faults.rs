@@ -26,6 +26,7 @@ both_backends!(
     a_materializer_killed_after_a_delete_leaves_no_worktree,
     a_transition_killed_after_a_delete_leaves_no_worktree,
     a_transition_slower_than_its_lease_keeps_it,
+    a_delete_waits_in_place_for_a_materializer_of_its_process,
 );
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -1383,6 +1384,81 @@ async fn a_transition_slower_than_its_lease_keeps_it(app: TestApp) {
     assert_eq!(e["id"], candidate.to_string(), "the candidate became current: {e}");
     assert_eq!(e["executor_type"], "worktree", "{e}");
     assert_eq!(e["status"], "ready", "{e}");
+    drop(b);
+}
+
+/// I13 with I14: a delete that overtakes a materialization running in the same process has its job wait
+/// for that materializer in place: claimed once, it goes on the moment the materializer is done, with no
+/// `retry_wait` round trips (each of which wrote two `cleanup_job.updated` events, twice a second).
+async fn a_delete_waits_in_place_for_a_materializer_of_its_process(app: TestApp) {
+    let dir = app.scratch.path();
+    let (bin, entered, release) = held_before_worktree_add(&app);
+    let data = dir.join("inplace");
+    let env = process_env(&app, &data);
+    let mut b = start(&env, Some(&bin), &dir.join("inplace.log"));
+    let client = crate::helpers::client();
+    wait_ready(&client, &mut b).await;
+    let api = format!("{}/api/v1", b.base);
+    let token = app.admin.clone();
+    let (ws, repo, _) = setup(&client, &b.base, &token, dir).await;
+    let (status, t) = call(
+        &client,
+        &token,
+        Method::POST,
+        format!("{api}/workspaces/{ws}/tasks"),
+        Some(json!({"title": "overtaken", "repositories": [{"repository_id": repo}]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{t}");
+    let task = id_of(&t);
+    let session = session_held_in_worktree_add(&client, &token, &api, task, unstarted_worktree(), &entered).await;
+    let (status, d) = call(&client, &token, Method::DELETE, format!("{api}/tasks/{task}"), None).await;
+    assert_eq!(status, 202, "the delete overtakes the materialization: {d}");
+    let job = d["cleanup_jobs"][0]["id"].as_str().unwrap().to_string();
+
+    // The job has run once while git is held (it waits, or has let its claim go to look again later).
+    let conn = connect(&app, &data).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let found = rows(&conn, "SELECT state, attempts FROM task_resource_cleanup_jobs").await;
+        let state: String = found[0].try_get("", "state").unwrap();
+        if state == "running" || state == "retry_wait" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the job never ran: {state}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::write(&release, "").unwrap();
+    let _ = session.await;
+    let jobs = wait_jobs_finished(&conn).await;
+    assert_eq!(jobs[0].0, "succeeded", "{jobs:?}");
+
+    let (status, page) = call(
+        &client,
+        &token,
+        Method::GET,
+        format!("{api}/events?after=0&limit=1000"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let states: Vec<&str> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "cleanup_job.updated" && e["data"]["cleanup_job_id"] == job.as_str())
+        .filter_map(|e| e["data"]["state"].as_str())
+        .collect();
+    assert_eq!(
+        states.iter().filter(|s| **s == "running").count(),
+        1,
+        "claimed once: {states:?}"
+    );
+    assert!(
+        !states.contains(&"retry_wait"),
+        "no round trips while it waited: {states:?}"
+    );
+    assert_eq!(states.last(), Some(&"succeeded"), "{states:?}");
     drop(b);
 }
 

@@ -68,7 +68,8 @@ pub struct EnvironmentSnapshot {
 /// A materialization a job's mutation overtook (`environments::in_flight`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct InFlight {
-    /// When its lease runs out at the latest: the mutation's commit ended its heartbeats.
+    /// When its lease runs out at the latest: the mutation's commit ended its heartbeats. What a job of
+    /// another instance waits for; one of `here` waits for the materializer itself to finish.
     pub until: chrono::DateTime<chrono::Utc>,
     pub materializer_id: Option<Uuid>,
     /// The instance that ran it, when that was the instance that wrote the job.

@@ -192,6 +192,10 @@ async fn forget_registration(
     }
 }
 
+/// How long a job waits in place for a materializer of this process before it lets its claim go (and
+/// looks again later): well within any job lease, which its heartbeat renews meanwhile.
+const IN_PLACE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// I13 with I14: nothing is removed under a materializer that may still be making it. `None` once none
 /// can be (or there never was one); else how this attempt ends.
 pub(super) async fn materializer_pending(ctx: &Ctx, env_snap: &EnvironmentSnapshot) -> Option<Outcome> {
@@ -206,10 +210,17 @@ pub(super) async fn materializer_pending(ctx: &Ctx, env_snap: &EnvironmentSnapsh
         // row shows it any more. Its publish meets the barrier and removes what it made; if it is killed
         // first, what it made is at the planned paths this job removes once it is surely done.
         Ok(None) => {
-            let until = env_snap
-                .in_flight
-                .as_ref()
-                .and_then(|f| crate::domain::environments::still_in_flight(ctx, f))?;
+            let f = env_snap.in_flight.as_ref()?;
+            let mut until = crate::domain::environments::still_in_flight(ctx, f)?;
+            if f.here == Some(ctx.instance_id) {
+                // Ours: waited for here, a bounded while (no re-poll, so no events meanwhile), and the job
+                // goes on the moment it is done.
+                let deadline = tokio::time::Instant::now() + IN_PLACE_WAIT;
+                if ctx.materializing.finished(f.materializer_id, deadline).await {
+                    return None;
+                }
+                until = crate::domain::environments::still_in_flight(ctx, f)?;
+            }
             Some(Outcome::Wait {
                 until,
                 why: "the environment was being prepared when its task went; waiting for its materializer",

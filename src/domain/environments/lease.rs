@@ -19,7 +19,11 @@ pub(crate) fn is_fresh_creating(ctx: &Ctx, e: &env::Model) -> bool {
 /// one it waits for has finished (removing what it made, its git calls returned) without waiting out
 /// its lease.
 #[derive(Default)]
-pub struct Materializing(std::sync::Mutex<std::collections::HashSet<Uuid>>);
+pub struct Materializing {
+    running: std::sync::Mutex<std::collections::HashSet<Uuid>>,
+    /// Told whenever one is forgotten.
+    finished: tokio::sync::Notify,
+}
 
 /// Held while a materialization runs; dropping it (on every way out) forgets the materialization.
 pub(crate) struct Running(std::sync::Arc<Materializing>, Option<Uuid>);
@@ -29,13 +33,14 @@ impl Materializing {
     /// that no mutation can see its `creating` row without seeing it here); `hold` takes it over.
     pub(super) fn register(&self, materializer_id: Option<Uuid>) {
         if let Some(id) = materializer_id {
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+            self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         }
     }
 
     pub(super) fn forget(&self, materializer_id: Option<Uuid>) {
         if let Some(id) = materializer_id {
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            self.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            self.finished.notify_waiters();
         }
     }
 
@@ -45,7 +50,23 @@ impl Materializing {
     }
 
     fn is_running(&self, materializer_id: Option<Uuid>) -> bool {
-        materializer_id.is_some_and(|id| self.0.lock().unwrap_or_else(|p| p.into_inner()).contains(&id))
+        materializer_id.is_some_and(|id| self.running.lock().unwrap_or_else(|p| p.into_inner()).contains(&id))
+    }
+
+    /// Waits until the materialization is no longer running here, or `deadline`: whether it finished.
+    pub(crate) async fn finished(&self, materializer_id: Option<Uuid>, deadline: tokio::time::Instant) -> bool {
+        loop {
+            let told = self.finished.notified();
+            tokio::pin!(told);
+            // Registered before the look, so a `forget` right after it is not missed.
+            told.as_mut().enable();
+            if !self.is_running(materializer_id) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, told).await.is_err() {
+                return !self.is_running(materializer_id);
+            }
+        }
     }
 }
 
@@ -72,17 +93,17 @@ pub(crate) fn in_flight(ctx: &Ctx, e: &env::Model) -> Option<InFlight> {
 /// Whether a job must still wait for the materializer `in_flight` saw, and until when.
 pub(crate) fn still_in_flight(ctx: &Ctx, f: &InFlight) -> Option<chrono::DateTime<chrono::Utc>> {
     let now = crate::clock::now();
-    if f.until <= now {
-        // Its lease is out: whatever it still does, its planned paths are this job's.
-        return None;
-    }
     if f.here == Some(ctx.instance_id) {
-        // Ours: done when it is no longer running; look again shortly while it is.
-        let soon = now + chrono::Duration::seconds(1);
+        // Ours, so known exactly, lease or not: done when it is no longer running (its git calls returned,
+        // what it made removed); look again shortly while it is.
         return ctx
             .materializing
             .is_running(f.materializer_id)
-            .then_some(soon.min(f.until));
+            .then_some(now + chrono::Duration::seconds(1));
+    }
+    if f.until <= now {
+        // Its lease is out: whatever it still does, its planned paths are this job's.
+        return None;
     }
     // Another process's (or one a restart left behind, its git calls perhaps still running): its lease.
     Some(f.until)
