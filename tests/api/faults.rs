@@ -26,7 +26,7 @@ both_backends!(
     a_materializer_killed_after_a_delete_leaves_no_worktree,
     a_transition_killed_after_a_delete_leaves_no_worktree,
     a_transition_slower_than_its_lease_keeps_it,
-    a_delete_waits_in_place_for_a_materializer_of_its_process,
+    a_lifecycle_job_waits_in_place_for_a_materializer_of_its_process,
 );
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -1387,10 +1387,11 @@ async fn a_transition_slower_than_its_lease_keeps_it(app: TestApp) {
     drop(b);
 }
 
-/// I13 with I14: a delete that overtakes a materialization running in the same process has its job wait
-/// for that materializer in place: claimed once, it goes on the moment the materializer is done, with no
-/// `retry_wait` round trips (each of which wrote two `cleanup_job.updated` events, twice a second).
-async fn a_delete_waits_in_place_for_a_materializer_of_its_process(app: TestApp) {
+/// I13 with I14: a delete or an archive that overtakes a materialization running in the same process has
+/// its job wait for that materializer in place: claimed once, it goes on the moment the materializer is
+/// done, with no round trips through `retry_wait` (a delete's wrote two `cleanup_job.updated` events a
+/// second; an archive's was an attempt, retried after the retry delay).
+async fn a_lifecycle_job_waits_in_place_for_a_materializer_of_its_process(app: TestApp) {
     let dir = app.scratch.path();
     let (bin, entered, release) = held_before_worktree_add(&app);
     let data = dir.join("inplace");
@@ -1401,64 +1402,76 @@ async fn a_delete_waits_in_place_for_a_materializer_of_its_process(app: TestApp)
     let api = format!("{}/api/v1", b.base);
     let token = app.admin.clone();
     let (ws, repo, _) = setup(&client, &b.base, &token, dir).await;
-    let (status, t) = call(
-        &client,
-        &token,
-        Method::POST,
-        format!("{api}/workspaces/{ws}/tasks"),
-        Some(json!({"title": "overtaken", "repositories": [{"repository_id": repo}]})),
-    )
-    .await;
-    assert_eq!(status, 201, "{t}");
-    let task = id_of(&t);
-    let session = session_held_in_worktree_add(&client, &token, &api, task, unstarted_worktree(), &entered).await;
-    let (status, d) = call(&client, &token, Method::DELETE, format!("{api}/tasks/{task}"), None).await;
-    assert_eq!(status, 202, "the delete overtakes the materialization: {d}");
-    let job = d["cleanup_jobs"][0]["id"].as_str().unwrap().to_string();
-
-    // The job has run once while git is held (it waits, or has let its claim go to look again later).
     let conn = connect(&app, &data).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let found = rows(&conn, "SELECT state, attempts FROM task_resource_cleanup_jobs").await;
-        let state: String = found[0].try_get("", "state").unwrap();
-        if state == "running" || state == "retry_wait" {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the job never ran: {state}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    std::fs::write(&release, "").unwrap();
-    let _ = session.await;
-    let jobs = wait_jobs_finished(&conn).await;
-    assert_eq!(jobs[0].0, "succeeded", "{jobs:?}");
+    for (title, method, path) in [("deleted", Method::DELETE, ""), ("archived", Method::POST, "/archive")] {
+        let (status, t) = call(
+            &client,
+            &token,
+            Method::POST,
+            format!("{api}/workspaces/{ws}/tasks"),
+            Some(json!({"title": title, "repositories": [{"repository_id": repo}]})),
+        )
+        .await;
+        assert_eq!(status, 201, "{t}");
+        let task = id_of(&t);
+        let _ = std::fs::remove_file(&entered);
+        let _ = std::fs::remove_file(&release);
+        let session = session_held_in_worktree_add(&client, &token, &api, task, unstarted_worktree(), &entered).await;
+        let body = (method == Method::POST).then(|| json!({}));
+        let (status, d) = call(&client, &token, method, format!("{api}/tasks/{task}{path}"), body).await;
+        assert_eq!(status, 202, "{title}: it overtakes the materialization: {d}");
+        let job = d["cleanup_jobs"][0]["id"].as_str().unwrap().to_string();
 
-    let (status, page) = call(
-        &client,
-        &token,
-        Method::GET,
-        format!("{api}/events?after=0&limit=1000"),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200, "{page}");
-    let states: Vec<&str> = page["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["type"] == "cleanup_job.updated" && e["data"]["cleanup_job_id"] == job.as_str())
-        .filter_map(|e| e["data"]["state"].as_str())
-        .collect();
-    assert_eq!(
-        states.iter().filter(|s| **s == "running").count(),
-        1,
-        "claimed once: {states:?}"
-    );
-    assert!(
-        !states.contains(&"retry_wait"),
-        "no round trips while it waited: {states:?}"
-    );
-    assert_eq!(states.last(), Some(&"succeeded"), "{states:?}");
+        // The job has run once while git is held (it waits, or has let its claim go to look again later).
+        // (Any earlier round's job has succeeded.)
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let states: Vec<String> = rows(&conn, "SELECT state FROM task_resource_cleanup_jobs")
+                .await
+                .iter()
+                .map(|r| r.try_get("", "state").unwrap())
+                .collect();
+            if states.iter().any(|s| s == "running" || s == "retry_wait") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{title}: the job never ran: {states:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        std::fs::write(&release, "").unwrap();
+        let _ = session.await;
+        let jobs = wait_jobs_finished(&conn).await;
+        assert!(jobs.iter().all(|(s, _)| s == "succeeded"), "{title}: {jobs:?}");
+
+        let (status, page) = call(
+            &client,
+            &token,
+            Method::GET,
+            format!("{api}/events?after=0&limit=1000"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        let states: Vec<&str> = page["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"] == "cleanup_job.updated" && e["data"]["cleanup_job_id"] == job.as_str())
+            .filter_map(|e| e["data"]["state"].as_str())
+            .collect();
+        assert_eq!(
+            states.iter().filter(|s| **s == "running").count(),
+            1,
+            "{title}: claimed once: {states:?}"
+        );
+        assert!(
+            !states.contains(&"retry_wait"),
+            "{title}: no round trips while it waited: {states:?}"
+        );
+        assert_eq!(states.last(), Some(&"succeeded"), "{title}: {states:?}");
+    }
     drop(b);
 }
 

@@ -199,12 +199,25 @@ const IN_PLACE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// I13 with I14: nothing is removed under a materializer that may still be making it. `None` once none
 /// can be (or there never was one); else how this attempt ends.
 pub(super) async fn materializer_pending(ctx: &Ctx, env_snap: &EnvironmentSnapshot) -> Option<Outcome> {
+    use crate::domain::environments::is_fresh_creating;
+    let preparing = || Some(Outcome::Retry(anyhow!("the environment is still being prepared")));
     match env_store::find(&ctx.db.conn, env_snap.id).await {
         // Still being materialized: its publish (a transition: its launch) will meet the barrier and
-        // remove what it made; wait. Abandoned by a crash (lease expired): nobody will publish it; its
-        // planned paths are in the snapshot.
-        Ok(Some(e)) if crate::domain::environments::is_fresh_creating(ctx, &e) => {
-            Some(Outcome::Retry(anyhow!("the environment is still being prepared")))
+        // remove what it made; wait (in place when it runs here). Abandoned by a crash (lease expired):
+        // nobody will publish it; its planned paths are in the snapshot.
+        Ok(Some(e)) if is_fresh_creating(ctx, &e) => {
+            let deadline = tokio::time::Instant::now() + IN_PLACE_WAIT;
+            if !(ctx.materializing.is_running(e.materializer_id)
+                && ctx.materializing.finished(e.materializer_id, deadline).await)
+            {
+                return preparing();
+            }
+            // Ours, and done: its row says what it left.
+            match env_store::find(&ctx.db.conn, env_snap.id).await {
+                Ok(Some(e)) if is_fresh_creating(ctx, &e) => preparing(),
+                Ok(_) => None,
+                Err(e) => Some(retry(e)),
+            }
         }
         // Gone with its task while it was being made: its materializer may still be running git, and no
         // row shows it any more. Its publish meets the barrier and removes what it made; if it is killed

@@ -49,7 +49,7 @@ impl Materializing {
         Running(self.clone(), materializer_id)
     }
 
-    fn is_running(&self, materializer_id: Option<Uuid>) -> bool {
+    pub(crate) fn is_running(&self, materializer_id: Option<Uuid>) -> bool {
         materializer_id.is_some_and(|id| self.running.lock().unwrap_or_else(|p| p.into_inner()).contains(&id))
     }
 
