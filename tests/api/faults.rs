@@ -1182,52 +1182,22 @@ async fn a_transition_killed_after_a_delete_leaves_no_worktree(app: TestApp) {
         release,
         made,
     } = held_around_worktree_add(&app);
+    let mut g = gated(&app, "transition", &bin).await;
     let data = dir.join("transition");
-    let mut env = process_env(&app, &data);
-    let config = data.join("berth.toml");
-    let agent = env!("CARGO_BIN_EXE_berth-test-agent");
-    std::fs::write(&config, format!("[agents.test]\ncommand = {agent:?}\n")).unwrap();
-    env.insert("BERTH_CONFIG".into(), config.display().to_string());
-    let mut b = start(&env, Some(&bin), &dir.join("transition.log"));
-    let client = crate::helpers::client();
-    wait_ready(&client, &mut b).await;
-    let api = format!("{}/api/v1", b.base);
-    let token = app.admin.clone();
-    let (ws, repo, source) = setup(&client, &b.base, &token, dir).await;
+    let source = g.source.clone();
     let refs = || crate::helpers::git(&source, &["for-each-ref", "--format=%(refname) %(objectname)"]);
     let before = refs();
-    let (status, t) = call(
-        &client,
-        &token,
-        Method::POST,
-        format!("{api}/workspaces/{ws}/tasks"),
-        Some(json!({"title": "switched", "repositories": [{"repository_id": repo}]})),
-    )
-    .await;
-    assert_eq!(status, 201, "{t}");
-    let task = id_of(&t);
-    let conn = connect(&app, &data).await;
-    let slug: String = rows(&conn, "SELECT slug FROM tasks").await[0]
+    let task = g.task_on_local("switched").await;
+    let slug: String = rows(&g.conn, "SELECT slug FROM tasks").await[0]
         .try_get("", "slug")
         .unwrap();
-    // The task's environment is a local one: no worktree.
-    let body = json!({"executor_type": "local", "start": false});
-    let (status, s) = call(
-        &client,
-        &token,
-        Method::POST,
-        format!("{api}/tasks/{task}/sessions"),
-        Some(body),
-    )
-    .await;
-    assert_eq!(status, 201, "{s}");
 
     // A worktree launch is a transition: its candidate is made beside the local environment.
     let launch = json!({"executor_type": "worktree", "agent_profile": "test"});
-    let session = session_held_in_worktree_add(&client, &token, &api, task, launch, &entered).await;
-    let (status, d) = call(&client, &token, Method::DELETE, format!("{api}/tasks/{task}"), None).await;
+    let session = g.session_held(task, launch, &entered).await;
+    let (status, d) = g.call(Method::DELETE, &format!("/tasks/{task}"), None).await;
     assert_eq!(status, 202, "the delete overtakes the transition: {d}");
-    kill_once_git_made_it(&conn, &mut b, &release, &made).await;
+    kill_once_git_made_it(&g.conn, &mut g.b, &release, &made).await;
     let _ = session.await;
     let worktrees = data.join("worktrees");
     let candidates: Vec<PathBuf> = std::fs::read_dir(&worktrees)
@@ -1251,9 +1221,9 @@ async fn a_transition_killed_after_a_delete_leaves_no_worktree(app: TestApp) {
         "a transition's directory of its own: {candidates:?}"
     );
 
-    let mut b = start(&env, None, &dir.join("transition.log"));
-    wait_ready(&client, &mut b).await;
-    let jobs = wait_jobs_finished(&conn).await;
+    g.b = start(&g.env, None, &dir.join("transition.log"));
+    wait_ready(&g.client, &mut g.b).await;
+    let jobs = wait_jobs_finished(&g.conn).await;
     assert!(jobs.iter().all(|(s, _)| s == "succeeded"), "{jobs:?}");
     assert!(
         !candidates[0].exists(),
@@ -1265,7 +1235,7 @@ async fn a_transition_killed_after_a_delete_leaves_no_worktree(app: TestApp) {
         1,
         "only the source's own worktree is registered: {registered}"
     );
-    assert_invariants(&conn, &worktrees.canonicalize().unwrap()).await;
+    assert_invariants(&g.conn, &worktrees.canonicalize().unwrap()).await;
     // The candidate's branch is kept (`berth/<slug>-<suffix>`: its origin was never recorded).
     let branch = format!("refs/heads/berth/{slug}-");
     let after = refs();
@@ -1274,8 +1244,82 @@ async fn a_transition_killed_after_a_delete_leaves_no_worktree(app: TestApp) {
         before.lines().collect::<Vec<_>>(),
         "the source repository keeps its refs"
     );
-    drop(b);
 }
+
+/// A `berth serve` of its own (`process_env`, with the agent profile `test`) whose git is the wrapper in
+/// `bin`, serving a workspace with one registered repository: for the tests that hold its git at a gate.
+struct Gated {
+    b: Berth,
+    env: BTreeMap<String, String>,
+    client: reqwest::Client,
+    token: String,
+    api: String,
+    ws: Uuid,
+    repo: Uuid,
+    source: PathBuf,
+    conn: DatabaseConnection,
+}
+
+async fn gated(app: &TestApp, name: &str, bin: &Path) -> Gated {
+    let dir = app.scratch.path();
+    let data = dir.join(name);
+    let mut env = process_env(app, &data);
+    let config = data.join("berth.toml");
+    let agent = env!("CARGO_BIN_EXE_berth-test-agent");
+    std::fs::write(&config, format!("[agents.test]\ncommand = {agent:?}\n")).unwrap();
+    env.insert("BERTH_CONFIG".into(), config.display().to_string());
+    let mut b = start(&env, Some(bin), &dir.join(format!("{name}.log")));
+    let client = crate::helpers::client();
+    wait_ready(&client, &mut b).await;
+    let api = format!("{}/api/v1", b.base);
+    let token = app.admin.clone();
+    let (ws, repo, source) = setup(&client, &b.base, &token, dir).await;
+    let conn = connect(app, &data).await;
+    Gated {
+        b,
+        env,
+        client,
+        token,
+        api,
+        ws,
+        repo,
+        source,
+        conn,
+    }
+}
+
+impl Gated {
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        call(&self.client, &self.token, method, format!("{}{path}", self.api), body).await
+    }
+
+    /// A task of the repository.
+    async fn task(&self, title: &str) -> Uuid {
+        let body = json!({"title": title, "repositories": [{"repository_id": self.repo}]});
+        let (status, t) = self
+            .call(Method::POST, &format!("/workspaces/{}/tasks", self.ws), Some(body))
+            .await;
+        assert_eq!(status, 201, "{t}");
+        id_of(&t)
+    }
+
+    /// A task whose environment is a local one (no worktree): a worktree launch in it is a transition.
+    async fn task_on_local(&self, title: &str) -> Uuid {
+        let task = self.task(title).await;
+        let body = json!({"executor_type": "local", "start": false});
+        let (status, s) = self
+            .call(Method::POST, &format!("/tasks/{task}/sessions"), Some(body))
+            .await;
+        assert_eq!(status, 201, "{s}");
+        task
+    }
+
+    /// `session_held_in_worktree_add` on this berth.
+    async fn session_held(&self, task: Uuid, body: Value, entered: &Path) -> tokio::task::JoinHandle<(u16, Value)> {
+        session_held_in_worktree_add(&self.client, &self.token, &self.api, task, body, entered).await
+    }
+}
+
 /// A git wrapper whose `git worktree add` waits at a gate the test opens: it touches `entered`, waits for
 /// `release`, then runs. Returns the wrapper's directory, `entered` and `release`.
 fn held_before_worktree_add(app: &TestApp) -> (PathBuf, PathBuf, PathBuf) {
@@ -1299,51 +1343,19 @@ fn held_before_worktree_add(app: &TestApp) -> (PathBuf, PathBuf, PathBuf) {
 /// instead of taking the candidate for an abandoned attempt and superseding it, and once git goes on the
 /// launch promotes the candidate.
 async fn a_transition_slower_than_its_lease_keeps_it(app: TestApp) {
-    let dir = app.scratch.path();
     let (bin, entered, release) = held_before_worktree_add(&app);
-    let data = dir.join("slow");
-    let mut env = process_env(&app, &data);
-    let lease = chrono::Duration::seconds(env["BERTH_MATERIALIZE_LEASE_SECS"].parse().unwrap());
-    let config = data.join("berth.toml");
-    let agent = env!("CARGO_BIN_EXE_berth-test-agent");
-    std::fs::write(&config, format!("[agents.test]\ncommand = {agent:?}\n")).unwrap();
-    env.insert("BERTH_CONFIG".into(), config.display().to_string());
-    let mut b = start(&env, Some(&bin), &dir.join("slow.log"));
-    let client = crate::helpers::client();
-    wait_ready(&client, &mut b).await;
-    let api = format!("{}/api/v1", b.base);
-    let token = app.admin.clone();
-    let (ws, repo, _) = setup(&client, &b.base, &token, dir).await;
-    let (status, t) = call(
-        &client,
-        &token,
-        Method::POST,
-        format!("{api}/workspaces/{ws}/tasks"),
-        Some(json!({"title": "slow", "repositories": [{"repository_id": repo}]})),
-    )
-    .await;
-    assert_eq!(status, 201, "{t}");
-    let task = id_of(&t);
-    let body = json!({"executor_type": "local", "start": false});
-    let (status, s) = call(
-        &client,
-        &token,
-        Method::POST,
-        format!("{api}/tasks/{task}/sessions"),
-        Some(body),
-    )
-    .await;
-    assert_eq!(status, 201, "{s}");
+    let g = gated(&app, "slow", &bin).await;
+    let lease = chrono::Duration::seconds(g.env["BERTH_MATERIALIZE_LEASE_SECS"].parse().unwrap());
+    let task = g.task_on_local("slow").await;
 
     // A worktree launch is a transition: its candidate waits in `git worktree add`.
     let launch = json!({"executor_type": "worktree", "agent_profile": "test"});
-    let first = session_held_in_worktree_add(&client, &token, &api, task, launch.clone(), &entered).await;
-    let conn = connect(&app, &data).await;
+    let first = g.session_held(task, launch.clone(), &entered).await;
     let sql = "SELECT id, created_at, updated_at FROM task_environments WHERE status = 'creating'";
     // Well before the gate gives up by itself (60 s), after which the row changes for other reasons.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let candidate: Uuid = loop {
-        let found = rows(&conn, sql).await;
+        let found = rows(&g.conn, sql).await;
         assert_eq!(found.len(), 1, "one candidate, still creating");
         let created: chrono::DateTime<chrono::Utc> = found[0].try_get("", "created_at").unwrap();
         let touched: chrono::DateTime<chrono::Utc> = found[0].try_get("", "updated_at").unwrap();
@@ -1358,33 +1370,20 @@ async fn a_transition_slower_than_its_lease_keeps_it(app: TestApp) {
     };
 
     // Past the lease of its election, the candidate is still a materialization under way.
-    let (status, p) = call(
-        &client,
-        &token,
-        Method::POST,
-        format!("{api}/tasks/{task}/sessions"),
-        Some(launch),
-    )
-    .await;
+    let (status, p) = g
+        .call(Method::POST, &format!("/tasks/{task}/sessions"), Some(launch))
+        .await;
     assert_eq!(status, 409, "{p}");
     assert_eq!(p["code"], "workspace_preparing", "{p}");
 
     std::fs::write(&release, "").unwrap();
     let (status, s) = first.await.unwrap();
     assert_eq!(status, 201, "the slow launch succeeds: {s}");
-    let (status, e) = call(
-        &client,
-        &token,
-        Method::GET,
-        format!("{api}/tasks/{task}/environment"),
-        None,
-    )
-    .await;
+    let (status, e) = g.call(Method::GET, &format!("/tasks/{task}/environment"), None).await;
     assert_eq!(status, 200, "{e}");
     assert_eq!(e["id"], candidate.to_string(), "the candidate became current: {e}");
     assert_eq!(e["executor_type"], "worktree", "{e}");
     assert_eq!(e["status"], "ready", "{e}");
-    drop(b);
 }
 
 /// I13 with I14: a delete or an archive that overtakes a materialization running in the same process has
@@ -1392,33 +1391,15 @@ async fn a_transition_slower_than_its_lease_keeps_it(app: TestApp) {
 /// done, with no round trips through `retry_wait` (a delete's wrote two `cleanup_job.updated` events a
 /// second; an archive's was an attempt, retried after the retry delay).
 async fn a_lifecycle_job_waits_in_place_for_a_materializer_of_its_process(app: TestApp) {
-    let dir = app.scratch.path();
     let (bin, entered, release) = held_before_worktree_add(&app);
-    let data = dir.join("inplace");
-    let env = process_env(&app, &data);
-    let mut b = start(&env, Some(&bin), &dir.join("inplace.log"));
-    let client = crate::helpers::client();
-    wait_ready(&client, &mut b).await;
-    let api = format!("{}/api/v1", b.base);
-    let token = app.admin.clone();
-    let (ws, repo, _) = setup(&client, &b.base, &token, dir).await;
-    let conn = connect(&app, &data).await;
+    let g = gated(&app, "inplace", &bin).await;
     for (title, method, path) in [("deleted", Method::DELETE, ""), ("archived", Method::POST, "/archive")] {
-        let (status, t) = call(
-            &client,
-            &token,
-            Method::POST,
-            format!("{api}/workspaces/{ws}/tasks"),
-            Some(json!({"title": title, "repositories": [{"repository_id": repo}]})),
-        )
-        .await;
-        assert_eq!(status, 201, "{t}");
-        let task = id_of(&t);
+        let task = g.task(title).await;
         let _ = std::fs::remove_file(&entered);
         let _ = std::fs::remove_file(&release);
-        let session = session_held_in_worktree_add(&client, &token, &api, task, unstarted_worktree(), &entered).await;
+        let session = g.session_held(task, unstarted_worktree(), &entered).await;
         let body = (method == Method::POST).then(|| json!({}));
-        let (status, d) = call(&client, &token, method, format!("{api}/tasks/{task}{path}"), body).await;
+        let (status, d) = g.call(method, &format!("/tasks/{task}{path}"), body).await;
         assert_eq!(status, 202, "{title}: it overtakes the materialization: {d}");
         let job = d["cleanup_jobs"][0]["id"].as_str().unwrap().to_string();
 
@@ -1426,7 +1407,7 @@ async fn a_lifecycle_job_waits_in_place_for_a_materializer_of_its_process(app: T
         // (Any earlier round's job has succeeded.)
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            let states: Vec<String> = rows(&conn, "SELECT state FROM task_resource_cleanup_jobs")
+            let states: Vec<String> = rows(&g.conn, "SELECT state FROM task_resource_cleanup_jobs")
                 .await
                 .iter()
                 .map(|r| r.try_get("", "state").unwrap())
@@ -1442,17 +1423,10 @@ async fn a_lifecycle_job_waits_in_place_for_a_materializer_of_its_process(app: T
         }
         std::fs::write(&release, "").unwrap();
         let _ = session.await;
-        let jobs = wait_jobs_finished(&conn).await;
+        let jobs = wait_jobs_finished(&g.conn).await;
         assert!(jobs.iter().all(|(s, _)| s == "succeeded"), "{title}: {jobs:?}");
 
-        let (status, page) = call(
-            &client,
-            &token,
-            Method::GET,
-            format!("{api}/events?after=0&limit=1000"),
-            None,
-        )
-        .await;
+        let (status, page) = g.call(Method::GET, "/events?after=0&limit=1000", None).await;
         assert_eq!(status, 200, "{page}");
         let states: Vec<&str> = page["events"]
             .as_array()
@@ -1472,7 +1446,6 @@ async fn a_lifecycle_job_waits_in_place_for_a_materializer_of_its_process(app: T
         );
         assert_eq!(states.last(), Some(&"succeeded"), "{title}: {states:?}");
     }
-    drop(b);
 }
 
 /// A git wrapper that holds `git worktree add` at a gate (it touches `entered`, and waits for `release`),
