@@ -196,6 +196,13 @@ async fn forget_registration(
 /// looks again later): well within any job lease, which its heartbeat renews meanwhile.
 const IN_PLACE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Waits for a materializer of this process, a bounded while (no re-poll, so no events meanwhile):
+/// whether it finished, so the job goes on the moment it is done.
+async fn finished_here(ctx: &Ctx, materializer_id: Option<uuid::Uuid>) -> bool {
+    let deadline = tokio::time::Instant::now() + IN_PLACE_WAIT;
+    ctx.materializing.finished(materializer_id, deadline).await
+}
+
 /// I13 with I14: nothing is removed under a materializer that may still be making it. `None` once none
 /// can be (or there never was one); else how this attempt ends.
 pub(super) async fn materializer_pending(ctx: &Ctx, env_snap: &EnvironmentSnapshot) -> Option<Outcome> {
@@ -206,10 +213,7 @@ pub(super) async fn materializer_pending(ctx: &Ctx, env_snap: &EnvironmentSnapsh
         // remove what it made; wait (in place when it runs here). Abandoned by a crash (lease expired):
         // nobody will publish it; its planned paths are in the snapshot.
         Ok(Some(e)) if is_fresh_creating(ctx, &e) => {
-            let deadline = tokio::time::Instant::now() + IN_PLACE_WAIT;
-            if !(ctx.materializing.is_running(e.materializer_id)
-                && ctx.materializing.finished(e.materializer_id, deadline).await)
-            {
+            if !(ctx.materializing.is_running(e.materializer_id) && finished_here(ctx, e.materializer_id).await) {
                 return preparing();
             }
             // Ours, and done: its row says what it left.
@@ -226,10 +230,7 @@ pub(super) async fn materializer_pending(ctx: &Ctx, env_snap: &EnvironmentSnapsh
             let f = env_snap.in_flight.as_ref()?;
             let mut until = crate::domain::environments::still_in_flight(ctx, f)?;
             if f.here == Some(ctx.instance_id) {
-                // Ours: waited for here, a bounded while (no re-poll, so no events meanwhile), and the job
-                // goes on the moment it is done.
-                let deadline = tokio::time::Instant::now() + IN_PLACE_WAIT;
-                if ctx.materializing.finished(f.materializer_id, deadline).await {
+                if finished_here(ctx, f.materializer_id).await {
                     return None;
                 }
                 until = crate::domain::environments::still_in_flight(ctx, f)?;
