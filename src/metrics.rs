@@ -262,6 +262,11 @@ impl Metrics {
         self.cleanup_claim_latency.observe(waited.as_secs_f64());
     }
 
+    /// How many cleanup jobs this process claimed (the benches wait on it without querying).
+    pub fn cleanup_claims_total(&self) -> u64 {
+        self.cleanup_claims.get()
+    }
+
     /// A git command ran for `elapsed` and came to `outcome`.
     pub fn git_command(&self, op: &'static str, elapsed: Duration, outcome: GitOutcome) {
         let label = match outcome {
