@@ -88,3 +88,16 @@ pub(crate) fn fmt_d(d: Duration) -> String {
         format!("{:.2} s", d.as_secs_f64())
     }
 }
+
+/// CPU seconds from `/proc/<pid>/stat` (`pid` may be `self`): the process's own (user + system, every
+/// thread), and that of its children it has reaped (a finished `wrk`).
+pub(crate) fn cpu_of(pid: &str) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis: state (3rd) .. utime (14th), stime, cutime, cstime.
+    let rest: Vec<f64> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().map(|f| f.parse().unwrap_or(0.0)).collect())
+        .unwrap_or_default();
+    let at = |i: usize| rest.get(i).copied().unwrap_or(0.0) / 100.0;
+    (at(11) + at(12), at(13) + at(14))
+}
