@@ -32,11 +32,11 @@ pub(crate) async fn claims(b: &Bench, table: &mut Table) {
         }
         // For reference, once: as berth claimed before (each claim flushed).
         let flushed_rate = rate(bare_loop(b, n, workers, Bare::Flushed).await.0);
-        let (ours_rate, bare_rate) = (median(&mut ours), median(&mut bare));
+        let (ours_rate, bare_rate) = (*median_by(&mut ours, |r| *r), *median_by(&mut bare, |r| *r));
         let evented = if evented.is_empty() {
             String::new()
         } else {
-            let with_event = median(&mut evented);
+            let with_event = *median_by(&mut evented, |r| *r);
             format!(
                 ", {with_event:.0}/s with its event: berth at {:.0}% of that",
                 100.0 * ours_rate / with_event
@@ -60,12 +60,6 @@ pub(crate) async fn claims(b: &Bench, table: &mut Table) {
             Some(ratio >= target && twice == 0 && bare_twice == 0),
         );
     }
-}
-
-/// The median of `rates` (reordered).
-fn median(rates: &mut [f64]) -> f64 {
-    rates.sort_by(f64::total_cmp);
-    rates[rates.len() / 2]
 }
 
 /// The real workers (`worker::cleanup::run`) over `n` fresh no-op jobs: how long they took, and how many

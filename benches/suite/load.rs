@@ -47,9 +47,7 @@ pub(crate) async fn load(b: &Bench, table: &mut Table, size: &str, events: bool)
             bare_cpu += cpu_of("self").0 - bench_before;
             bare.push(t);
         }
-        ours.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-        bare.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-        let (w, t) = (&ours[rounds / 2], &bare[rounds / 2]);
+        let (w, t) = (median_by(&mut ours, |w| w.rate), median_by(&mut bare, |t| t.rate));
         let per = |cpu: f64, n: f64| cpu / n * 1e6;
         let ratio = w.rate / t.rate;
         table.add(

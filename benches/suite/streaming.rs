@@ -24,21 +24,13 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 
 /// CPU seconds (user + system) of a process and of its live children (the agents).
 fn cpu_secs(pid: u32) -> (f64, f64) {
-    let ticks = |stat: &str| -> Option<(u32, f64)> {
-        // Fields after the command's closing parenthesis: state, ppid, ..., utime (14th), stime (15th).
-        let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let ppid = rest.get(1)?.parse().ok()?;
-        let t: f64 = rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?;
-        Some((ppid, t / 100.0))
-    };
-    let own = ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default()).map_or(0.0, |t| t.1);
+    let own = proc_stat(&pid.to_string()).map_or(0.0, |s| s.own);
     let mut children = 0.0;
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
-            && let Some((ppid, t)) = ticks(&stat)
-            && ppid == pid
+        if let Some(stat) = proc_stat(&entry.file_name().to_string_lossy())
+            && stat.ppid == pid
         {
-            children += t;
+            children += stat.own;
         }
     }
     (own, children)

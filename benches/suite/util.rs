@@ -89,15 +89,35 @@ pub(crate) fn fmt_d(d: Duration) -> String {
     }
 }
 
-/// CPU seconds from `/proc/<pid>/stat` (`pid` may be `self`): the process's own (user + system, every
-/// thread), and that of its children it has reaped (a finished `wrk`).
+/// What the suite reads of `/proc/<pid>/stat` (`pid` may be `self`).
+pub(crate) struct ProcStat {
+    pub(crate) ppid: u32,
+    /// CPU seconds of the process itself (user + system, every thread).
+    pub(crate) own: f64,
+    /// CPU seconds of the children it has reaped (a finished `wrk`).
+    pub(crate) reaped: f64,
+}
+
+pub(crate) fn proc_stat(pid: &str) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis: state (3rd), ppid, .., utime (14th), stime, cutime,
+    // cstime; in clock ticks (100 a second).
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let secs = |i: usize| rest.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0) / 100.0;
+    Some(ProcStat {
+        ppid: rest.get(1)?.parse().ok()?,
+        own: secs(11) + secs(12),
+        reaped: secs(13) + secs(14),
+    })
+}
+
+/// CPU seconds of `pid`: its own, and its reaped children's ([`ProcStat`]).
 pub(crate) fn cpu_of(pid: &str) -> (f64, f64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command's closing parenthesis: state (3rd) .. utime (14th), stime, cutime, cstime.
-    let rest: Vec<f64> = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r.split_whitespace().map(|f| f.parse().unwrap_or(0.0)).collect())
-        .unwrap_or_default();
-    let at = |i: usize| rest.get(i).copied().unwrap_or(0.0) / 100.0;
-    (at(11) + at(12), at(13) + at(14))
+    proc_stat(pid).map_or((0.0, 0.0), |s| (s.own, s.reaped))
+}
+
+/// The median element of `items` by `key` (reorders them).
+pub(crate) fn median_by<T>(items: &mut [T], key: impl Fn(&T) -> f64) -> &T {
+    items.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    &items[items.len() / 2]
 }
