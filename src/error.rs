@@ -76,6 +76,12 @@ pub enum Error {
     /// The agent command could not be started; the session is `failed` with the reason.
     #[error("the agent could not be started")]
     AgentStartFailed,
+    /// The agent wants authentication berth does not give it; the session is `failed` naming its methods.
+    #[error("{0}")]
+    AgentAuthRequired(String),
+    /// The agent takes no steering messages; the message was not stored.
+    #[error("the session's agent does not take steering messages")]
+    SteerUnsupported,
     /// Preparing the workspace failed; the environment is `failed` and its repos say why.
     #[error("preparing the workspace failed for repository {repository_name}")]
     MaterializationFailed {
@@ -129,12 +135,14 @@ impl ReuseCategory {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ConversationCategory {
-    /// Its file is gone.
+    /// Its file is gone, or the agent does not know the recorded conversation.
     Missing,
     /// Its file is not the conversation berth recorded (unreadable, not a conversation, another one).
     Corrupt,
     /// Another live session holds the same conversation.
     Leased,
+    /// The agent cannot load a recorded conversation at all.
+    Unsupported,
 }
 
 /// A repository whose worktree holds changes (for `task_delete_dirty_worktree`; no paths).

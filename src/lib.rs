@@ -3,6 +3,7 @@
 //! Data flows one way: `api` → `domain` → (`store`, `git`, `events`). A task owns its environment and
 //! worktrees; sessions only use them; physical cleanup belongs to task lifecycle operations.
 pub mod actor;
+pub mod agent;
 pub mod api;
 pub mod auth;
 pub mod clock;

@@ -267,7 +267,13 @@ fn snapshot() -> Value {
             "notifications": [],
             "session_name": null,
             "thinking_level": null,
-            "title": null
+            "title": null,
+            "identity": null,
+            "mode": null,
+            "modes": [],
+            "config_options": [],
+            "plan": [],
+            "usage": null
         },
         "last_activity_at": "2024-11-28T09:04:30Z",
         "attention_requests": [],

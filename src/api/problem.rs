@@ -23,6 +23,8 @@ pub enum ErrorCode {
     WorkspaceReuseUnsafe,
     WorkspaceReuseUnsupported,
     AgentSessionUnavailable,
+    AgentAuthRequired,
+    SteerUnsupported,
     TaskDeleteDirtyWorktree,
     RepositoryInUse,
     NotAGitRepository,
@@ -49,6 +51,8 @@ impl ErrorCode {
             ErrorCode::WorkspaceReuseUnsafe => "workspace_reuse_unsafe",
             ErrorCode::WorkspaceReuseUnsupported => "workspace_reuse_unsupported",
             ErrorCode::AgentSessionUnavailable => "agent_session_unavailable",
+            ErrorCode::AgentAuthRequired => "agent_auth_required",
+            ErrorCode::SteerUnsupported => "steer_unsupported",
             ErrorCode::TaskDeleteDirtyWorktree => "task_delete_dirty_worktree",
             ErrorCode::RepositoryInUse => "repository_in_use",
             ErrorCode::NotAGitRepository => "not_a_git_repository",
@@ -312,6 +316,24 @@ impl From<&Error> for Problem {
                     C::TaskDeleteDirtyWorktree,
                     "Worktrees hold changes",
                     "commit or discard the changes, or repeat the request with discard_worktree_changes=true; nothing was changed",
+                )
+            },
+            Error::AgentAuthRequired(detail) => Problem {
+                action: Some("check_agent_profile".into()),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::AgentAuthRequired,
+                    "The agent requires authentication",
+                    detail.clone(),
+                )
+            },
+            Error::SteerUnsupported => Problem {
+                action: Some("send_as_follow_up".into()),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::SteerUnsupported,
+                    "The agent takes no steering messages",
+                    "this session's agent cannot be steered mid-turn; send the message with delivery auto or follow_up, or abort the turn",
                 )
             },
             Error::AgentStartFailed => Problem {

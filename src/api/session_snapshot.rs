@@ -74,7 +74,7 @@ pub struct SessionSnapshot {
     /// Messages waiting: queued in berth's inbox plus held in the agent's own queue (Pi's `queue_update`).
     pub queue_length: u64,
     /// What the agent last said about itself (Pi: `get_state`, `get_commands`, `get_available_models`,
-    /// status lines, title, notifications).
+    /// status lines, title, notifications; ACP: its introduction, modes, options, plan, commands, usage).
     pub agent: AgentInfo,
     pub last_activity_at: DateTime<Utc>,
     /// Pending requests: `{id, method, title, message, options}` as the agent sent them.
@@ -102,6 +102,19 @@ pub struct AgentInfo {
     pub title: Option<String>,
     /// The latest notifications (`notify`), newest last: `{message, notify_type, at}`.
     pub notifications: Vec<serde_json::Value>,
+    /// Who the agent said it is when its connection opened (ACP's `initialize`): `{name, title, version,
+    /// protocol_version, capabilities, auth_methods}`; null for agents that do not say.
+    pub identity: serde_json::Value,
+    /// The agent's current mode, and the modes it offers (`{id, name, description}`).
+    pub mode: Option<String>,
+    pub modes: Vec<serde_json::Value>,
+    /// The configuration options the agent offers (ACP `configOptions`: `{id, name, category, type,
+    /// currentValue, options}`; a model selector is one).
+    pub config_options: Vec<serde_json::Value>,
+    /// The agent's plan for the turn, as it last sent it (`{content, priority, status}` entries).
+    pub plan: Vec<serde_json::Value>,
+    /// The context and cost the agent last reported (ACP `usage_update`: `{used, size, cost}`).
+    pub usage: serde_json::Value,
 }
 
 impl From<Option<serde_json::Value>> for AgentInfo {
@@ -118,6 +131,12 @@ impl From<Option<serde_json::Value>> for AgentInfo {
             status: v["status"].as_object().cloned().unwrap_or_default(),
             title: text("title"),
             notifications: list("notifications"),
+            identity: v["identity"].clone(),
+            mode: text("mode"),
+            modes: list("modes"),
+            config_options: list("config_options"),
+            plan: list("plan"),
+            usage: v["usage"].clone(),
         }
     }
 }

@@ -431,13 +431,16 @@ async fn make_primary(
 pub struct AttentionAnswer {
     pub value: Option<serde_json::Value>,
     pub confirmed: Option<bool>,
+    /// For a permission request: the `optionId` of one of the options the agent offered.
+    pub option_id: Option<String>,
     pub cancelled: Option<bool>,
 }
 
 /// Answer an agent's attention request
 ///
 /// Answers a question the agent asked (listed in the session snapshot's `attention_requests`): `value` for
-/// select, input and editor, `confirmed` for confirm, or `cancelled: true` to decline. `404` when that request
+/// select, input and editor, `confirmed` for confirm, `option_id` for a permission request (one of its
+/// `options`), or `cancelled: true` to decline. `404` when that request
 /// is not pending on this session (already answered, or another session's). The agent then goes on. Scope
 /// `sessions:write`.
 #[utoipa::path(
@@ -450,7 +453,7 @@ pub struct AttentionAnswer {
         (status = 200, description = "Answered; the agent goes on", body = Session),
         (status = 404, description = "That request is not pending on this session (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Another replica runs the agent and did not carry the request out in time; nothing was done (`unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Not the shape the question's method takes: `value` (select, input, editor), `confirmed` (confirm) or `cancelled: true` (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not the shape the question takes: `value` (select, input, editor), `confirmed` (confirm), `option_id` (one of a permission request's options) or `cancelled: true` (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/sessions/{id}/attention/{request_id}")]
@@ -462,7 +465,7 @@ async fn answer_attention(
 ) -> Result<web::Json<Session>, Error> {
     let (id, request_id) = path.into_inner();
     let b = body.into_inner();
-    let answer = sessions::Answer::parse(b.value, b.confirmed, b.cancelled)?;
+    let answer = sessions::parse_answer(b.value, b.confirmed, b.option_id, b.cancelled)?;
     let view = sessions::answer_attention(&state.ctx, &auth, id, &request_id, answer).await?;
     Ok(web::Json(view.into()))
 }

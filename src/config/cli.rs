@@ -121,8 +121,15 @@ pub fn render(config: &Config) -> String {
         let protocol = match profile.protocol {
             super::AgentProtocol::JsonLines => "jsonl",
             super::AgentProtocol::Pi => "pi",
+            super::AgentProtocol::Acp => "acp",
         };
         table.insert("protocol".into(), protocol.into());
+        if let Some(mode) = &profile.mode {
+            table.insert("mode".into(), mode.clone().into());
+        }
+        if let Some(read) = profile.fs_read {
+            table.insert("fs_read".into(), read.into());
+        }
         let mut agents = toml::Table::new();
         agents.insert(name.clone(), toml::Value::Table(table));
         let mut root = toml::Table::new();

@@ -51,11 +51,21 @@ pub struct AgentProfile {
     /// How berth talks to the agent beyond the JSON-lines commands every agent speaks.
     #[serde(default)]
     pub protocol: AgentProtocol,
+    /// ACP: the session mode berth sets once a conversation is open (an agent's own mode ids, for
+    /// example codex's `read-only`, which sends its permission requests to berth).
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// ACP: whether berth offers the agent `fs/read_text_file` (default true). gemini-cli 0.61 cannot
+    /// create a new file through a client that offers reads (it mistakes "not found" for a failure).
+    #[serde(default)]
+    pub fs_read: Option<bool>,
 }
 
-/// `jsonl`: commands and events as JSON lines, nothing kept between launches. `pi`: the Pi coding agent's
+/// `jsonl`: berth's minimal JSON-lines protocol, nothing kept between launches. `pi`: the Pi coding agent's
 /// RPC mode, whose conversation berth keeps in a file of its own per session and hands back on every
-/// relaunch (`--session <file>`), so the agent continues the same conversation (seed 002).
+/// relaunch (`--session <file>`), so the agent continues the same conversation (seed 002). `acp`: the
+/// Agent Client Protocol, whose conversation the agent keeps under an id berth records and loads again.
+/// How each is spoken lives in `crate::agent`.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 pub enum AgentProtocol {
     #[default]
@@ -63,6 +73,8 @@ pub enum AgentProtocol {
     JsonLines,
     #[serde(rename = "pi")]
     Pi,
+    #[serde(rename = "acp")]
+    Acp,
 }
 
 /// Where the JWT verification key comes from.

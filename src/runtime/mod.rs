@@ -7,22 +7,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::Command;
+use tokio::process::Command as Process;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use uuid::Uuid;
 
+use crate::agent::lines::{held_bytes, parsed_bound, skip_line};
+use crate::agent::{Delta, Inbound, Reply, Signal, Wire};
 use crate::config::AgentProfile;
 
-mod lines;
+mod commands;
 mod orphans;
 mod stop;
 use crate::executor::admission::AdmittedWorkspace;
-pub use lines::{held_bytes, parsed_bound, strip_partial};
-use lines::{parse, skip_line};
 pub use orphans::{Orphan, end_orphan};
-
-/// The `id` prefix of berth's own commands, whose responses are routed back instead of logged.
-const REQUEST_PREFIX: &str = "berth-";
 /// The longest stdout line kept; longer lines are dropped (an agent must not grow berth's memory).
 pub const MAX_LINE: usize = 8 * 1024 * 1024;
 const STDERR_TAIL: usize = 16 * 1024;
@@ -38,11 +35,15 @@ const LINE_KEEP: usize = 64 * 1024;
 
 #[derive(Debug)]
 pub enum RuntimeEvent {
-    /// One JSON line the agent printed (a streamed delta without its `partial` copy of the message).
+    /// One line the agent printed, decoded by its protocol (or what berth's own command meant at once).
     Output {
         session_id: Uuid,
         execution_id: Uuid,
-        event: serde_json::Value,
+        /// What the session records of it (`runtime.output`), in the agent's own shape.
+        record: Option<serde_json::Value>,
+        /// A streamed piece, coalesced with its run.
+        delta: Option<Delta>,
+        signals: Vec<Signal>,
         /// The line's share of `REPORT_BYTES`: drop it once the line is recorded.
         held: InFlight,
     },
@@ -58,15 +59,19 @@ pub enum RuntimeEvent {
 
 struct Agent {
     execution_id: Uuid,
-    /// berth's own commands waiting for the agent's `response` (matched by `id`).
-    waiting: Mutex<HashMap<String, oneshot::Sender<serde_json::Value>>>,
-    /// What the agent holds in its own queue (Pi's `queue_update`: steering plus follow-up messages).
+    /// The agent's protocol: what berth's commands become, what its lines mean.
+    wire: Mutex<Wire>,
+    /// The admitted workspace (canonical): the only place berth serves the agent files from.
+    root: std::path::PathBuf,
+    /// berth's own commands waiting for the agent's answer (matched by `id`).
+    waiting: Mutex<HashMap<String, oneshot::Sender<Reply>>>,
+    /// What the agent holds in its own queue (steering plus follow-up messages).
     agent_queue: std::sync::atomic::AtomicUsize,
     /// Deliveries of the inbox to this agent, one at a time.
     dispatch: Arc<tokio::sync::Mutex<()>>,
     /// Attention requests the agent is waiting on (I31: they belong to this session only).
     pending: Mutex<Vec<serde_json::Value>>,
-    /// The tool the agent is running, between `tool_execution_start` and `_end`.
+    /// The tool the agent is running, between its start and its end.
     tool: Mutex<Option<String>>,
     pid: u32,
     stdin: Mutex<Option<mpsc::UnboundedSender<String>>>,
@@ -165,7 +170,7 @@ impl Runtime {
         }
         // An agent sees an allow-list of berth's environment, never its secrets or database URL (an agent
         // holding BERTH_JWT_SECRET could mint an admin token): then its profile's, then its session's.
-        let mut child = Command::new(&profile.command)
+        let mut child = Process::new(&profile.command)
             .args(&profile.args)
             .env_clear()
             .envs(inherited_env())
@@ -190,8 +195,11 @@ impl Runtime {
         let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<String>();
         let (working, _) = watch::channel(false);
         let (exited_tx, exited) = watch::channel(false);
+        let root = ws.path().canonicalize().unwrap_or_else(|_| ws.path().to_path_buf());
         let agent = Arc::new(Agent {
             execution_id,
+            wire: Mutex::new(Wire::for_profile(profile)),
+            root,
             waiting: Mutex::new(HashMap::new()),
             agent_queue: std::sync::atomic::AtomicUsize::new(0),
             dispatch: self.session_dispatch_lock(session_id),
@@ -276,59 +284,44 @@ impl Runtime {
                 let Ok(mut held) = in_flight.clone().acquire_many_owned(bound as u32).await else {
                     break;
                 };
-                let Some(event) = parse(&line) else {
+                let Some(line) = crate::agent::lines::parse(&line) else {
                     continue;
                 };
                 // Keep only the share of what the stripped line holds.
-                let keep = held_bytes(&event).min(bound);
+                let keep = held_bytes(&line).min(bound);
                 drop(held.split(bound - keep));
-                match event["type"].as_str() {
-                    // An answer to one of berth's own commands goes to whoever waits for it, not to the log.
-                    Some("response") if event["id"].as_str().is_some_and(|id| id.starts_with(REQUEST_PREFIX)) => {
-                        let id = event["id"].as_str().unwrap_or_default().to_string();
-                        if let Some(tx) = agent_r.waiting.lock().unwrap().remove(&id) {
-                            let _ = tx.send(event);
-                        }
-                        continue;
-                    }
-                    Some("queue_update") => {
-                        let len = |k: &str| event[k].as_array().map_or(0, Vec::len);
-                        agent_r
-                            .agent_queue
-                            .store(len("steering") + len("followUp"), std::sync::atomic::Ordering::Release);
-                    }
-                    Some("agent_start") => {
-                        agent_r.working.send_replace(true);
-                    }
-                    Some("agent_end" | "agent_settled") => {
-                        agent_r.working.send_replace(false);
-                        // Requests expire when the agent ends its turn (it timed them out or was aborted).
-                        agent_r.pending.lock().unwrap().clear();
-                    }
-                    Some("tool_execution_start") => {
-                        let name = event["toolName"]
-                            .as_str()
-                            .or(event["tool"].as_str())
-                            .unwrap_or("tool")
-                            .to_string();
-                        *agent_r.tool.lock().unwrap() = Some(name);
-                    }
-                    Some("tool_execution_end") => {
-                        agent_r.tool.lock().unwrap().take();
-                    }
-                    Some("extension_ui_request") if event["id"].is_string() && is_dialog(&event) => {
-                        agent_r.pending.lock().unwrap().push(event.clone());
-                        if let Some(ms) = event["timeout"].as_u64() {
-                            expire_after(&agent_r, &events, session_id, execution_id, &event, ms);
-                        }
-                    }
-                    _ => {}
+                let inbound = agent_r.wire.lock().unwrap().decode(line);
+                let Inbound {
+                    record,
+                    delta,
+                    signals,
+                    reply,
+                    serve,
+                    send,
+                } = inbound;
+                // An answer to one of berth's own commands goes to whoever waits for it.
+                if let Some((id, reply)) = reply
+                    && let Some(tx) = agent_r.waiting.lock().unwrap().remove(&id)
+                {
+                    let _ = tx.send(reply);
+                }
+                for line in send {
+                    agent_r.write(line);
+                }
+                if let Some(request) = serve {
+                    agent_r.serve(request);
+                }
+                agent_r.apply(&events, session_id, execution_id, &signals);
+                if record.is_none() && delta.is_none() && signals.is_empty() {
+                    continue;
                 }
                 let _ = events
                     .send(RuntimeEvent::Output {
                         session_id,
                         execution_id,
-                        event,
+                        record,
+                        delta,
+                        signals,
                         held: InFlight(Some(held)),
                     })
                     .await;
@@ -368,36 +361,6 @@ impl Runtime {
         }
     }
 
-    /// Queues a command line for the agent's stdin. False when there is no live agent.
-    pub fn send(&self, session_id: Uuid, command: serde_json::Value) -> bool {
-        let agent = self.agents.lock().unwrap().get(&session_id).cloned();
-        let Some(agent) = agent else { return false };
-        let stdin = agent.stdin.lock().unwrap();
-        stdin.as_ref().is_some_and(|tx| tx.send(command.to_string()).is_ok())
-    }
-
-    /// Sends one of berth's own commands and waits for the agent's `response` to it (matched by an `id`
-    /// berth gives it). `None`: no live agent, or no answer within `within`.
-    pub async fn request(
-        &self,
-        session_id: Uuid,
-        mut command: serde_json::Value,
-        within: Duration,
-    ) -> Option<serde_json::Value> {
-        let agent = self.agents.lock().unwrap().get(&session_id).cloned()?;
-        let id = format!("{REQUEST_PREFIX}{}", Uuid::now_v7());
-        command["id"] = id.clone().into();
-        let (tx, rx) = oneshot::channel();
-        agent.waiting.lock().unwrap().insert(id.clone(), tx);
-        if !self.send(session_id, command) {
-            agent.waiting.lock().unwrap().remove(&id);
-            return None;
-        }
-        let answer = tokio::time::timeout(within, rx).await.ok().and_then(Result::ok);
-        agent.waiting.lock().unwrap().remove(&id);
-        answer
-    }
-
     /// The lock that makes deliveries to this session's agent one at a time; `None` without a live agent.
     /// The session's dispatch lock: the previous execution's while anything still holds it, else new.
     fn session_dispatch_lock(&self, session_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
@@ -415,15 +378,7 @@ impl Runtime {
         self.agents.lock().unwrap().get(&session_id).map(|a| a.dispatch.clone())
     }
 
-    /// Marks the agent working as soon as berth hands it a prompt (before its `agent_start` arrives), so
-    /// the next message waits for the turn instead of being sent as a second prompt.
-    pub fn mark_working(&self, session_id: Uuid, working: bool) {
-        if let Some(a) = self.agents.lock().unwrap().get(&session_id) {
-            a.working.send_replace(working);
-        }
-    }
-
-    /// How many messages the agent holds in its own queue (Pi's `queue_update`).
+    /// How many messages the agent holds in its own queue.
     pub fn agent_queue(&self, session_id: Uuid) -> usize {
         self.agents
             .lock()
@@ -456,23 +411,6 @@ impl Runtime {
             .unwrap_or_default()
     }
 
-    /// Answers a pending request of this session; false when it is not pending here (I31).
-    pub fn answer(&self, session_id: Uuid, request_id: &str, mut response: serde_json::Value) -> bool {
-        let agent = self.agents.lock().unwrap().get(&session_id).cloned();
-        let Some(agent) = agent else { return false };
-        {
-            let mut pending = agent.pending.lock().unwrap();
-            let Some(i) = pending.iter().position(|r| r["id"] == request_id) else {
-                return false;
-            };
-            pending.remove(i);
-        }
-        response["type"] = "extension_ui_response".into();
-        response["id"] = request_id.into();
-        drop(agent);
-        self.send(session_id, response)
-    }
-
     pub fn is_working(&self, session_id: Uuid) -> bool {
         self.agents
             .lock()
@@ -480,41 +418,6 @@ impl Runtime {
             .get(&session_id)
             .is_some_and(|a| *a.working.borrow())
     }
-}
-
-/// A dialog with its own `timeout` is resolved by the agent when it passes (Pi answers it with a
-/// default): berth then forgets the question and reports `{"type": "extension_ui_expired", "id"}`, so the
-/// session does not wait for an answer nobody can give any more.
-fn expire_after(
-    agent: &Arc<Agent>,
-    events: &mpsc::Sender<RuntimeEvent>,
-    session_id: Uuid,
-    execution_id: Uuid,
-    request: &serde_json::Value,
-    ms: u64,
-) {
-    let (agent, events, id) = (Arc::downgrade(agent), events.clone(), request["id"].clone());
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-        let Some(agent) = agent.upgrade() else { return };
-        let expired = {
-            let mut pending = agent.pending.lock().unwrap();
-            let before = pending.len();
-            pending.retain(|r| r["id"] != id);
-            pending.len() < before
-        };
-        if expired {
-            let event = serde_json::json!({ "type": "extension_ui_expired", "id": id });
-            let _ = events
-                .send(RuntimeEvent::Output {
-                    session_id,
-                    execution_id,
-                    event,
-                    held: InFlight::none(),
-                })
-                .await;
-        }
-    });
 }
 
 /// The variables of berth's own environment an agent inherits: what a program needs to find its tools,
@@ -527,19 +430,6 @@ fn inherited_env() -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsStri
         k.to_str()
             .is_some_and(|k| INHERITED_ENV.contains(&k) || k.starts_with("LC_"))
     })
-}
-
-/// The `extension_ui_request` methods that only tell the user something (Pi RPC: a notification, a status
-/// line, a widget, a title, the editor's text): no answer is awaited, so they never make a session wait.
-pub const FIRE_AND_FORGET_UI: [&str; 5] = ["notify", "setStatus", "setWidget", "setTitle", "set_editor_text"];
-
-/// Whether an agent's output line is a question waiting for an answer (`select`, `confirm`, `input`,
-/// `editor`, or any method not known to be fire-and-forget: a question is never ignored).
-pub fn is_dialog(event: &serde_json::Value) -> bool {
-    event["type"] == "extension_ui_request"
-        && !event["method"]
-            .as_str()
-            .is_some_and(|m| FIRE_AND_FORGET_UI.contains(&m))
 }
 
 #[cfg(test)]

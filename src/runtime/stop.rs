@@ -31,7 +31,10 @@ impl Runtime {
         agent.stopping.store(true, std::sync::atomic::Ordering::Release);
         let mut exited = agent.exited.clone();
         if *agent.working.borrow() {
-            self.send(session_id, serde_json::json!({"type": "abort"}));
+            // Not waited for: the turn's end is.
+            let _ = self
+                .call(session_id, crate::agent::Command::Abort, Duration::ZERO)
+                .await;
             let mut working = agent.working.subscribe();
             let _ = tokio::time::timeout(graces.stop, working.wait_for(|w| !*w)).await;
         }

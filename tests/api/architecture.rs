@@ -7,7 +7,8 @@ const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 const MAX_LINES: usize = 600;
 
 /// Modules below the domain: they may not name `domain`, `api`, `worker` or `startup`.
-const LOWER: [&str; 11] = [
+const LOWER: [&str; 12] = [
+    "agent",
     "auth",
     "clock",
     "config",
@@ -270,6 +271,80 @@ fn no_source_file_passes_600_lines() {
         "one concern per file, at most {MAX_LINES} lines:\n{}",
         long.join("\n")
     );
+}
+
+/// The agent protocols' wire names and the protocol checks: only the seam (`src/agent/`) names them.
+const WIRE_NAMES: [&str; 24] = [
+    "\"agent_start\"",
+    "\"agent_end\"",
+    "\"agent_settled\"",
+    "\"message_update\"",
+    "\"message_end\"",
+    "\"extension_ui_request\"",
+    "\"extension_ui_response\"",
+    "\"extension_ui_expired\"",
+    "\"tool_execution_start\"",
+    "\"tool_execution_end\"",
+    "\"queue_update\"",
+    "\"get_state\"",
+    "\"get_commands\"",
+    "\"get_available_models\"",
+    "assistantMessageEvent",
+    "\"jsonrpc\"",
+    "\"session/",
+    "\"fs/",
+    "sessionUpdate",
+    "stopReason",
+    "AgentProtocol::",
+    "Protocol::Pi",
+    "Protocol::Acp",
+    "Protocol::JsonLines",
+];
+
+/// Where protocol names may appear outside the seam: the seam itself, the configuration that names the
+/// protocols, the test agent (an agent speaking the JSON-lines protocol), and the OpenAPI examples (a
+/// recorded line shown as an agent wrote it).
+fn may_name_the_wire(f: &SourceFile) -> bool {
+    matches!(f.module.first().map(String::as_str), Some("agent" | "config" | "bin")) || f.module == ["api", "examples"]
+}
+
+/// The text without comments and without the unit tests at the end; string literals kept.
+fn without_comments(text: &str) -> String {
+    let text = text.find("#[cfg(test)]\nmod ").map_or(text, |at| &text[..at]);
+    text.lines()
+        .map(|l| {
+            let t = l.trim_start();
+            if t.starts_with("//") { "" } else { l }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Issue 37 item 1: `runtime/` and `domain/` speak the seam's types, never a protocol's wire names, and
+/// never ask which protocol they talk to.
+#[test]
+fn agent_protocols_live_behind_the_seam() {
+    let mut found = Vec::new();
+    for f in source_files().iter().filter(|f| !may_name_the_wire(f)) {
+        let code = without_comments(&f.text);
+        for name in WIRE_NAMES {
+            if code.contains(name) {
+                found.push(format!("src/{} names {name}", rel(f)));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "agent protocols are spoken in src/agent/ only:\n{}",
+        found.join("\n")
+    );
+    // The checker sees a wire name.
+    let probe = SourceFile {
+        path: PathBuf::from(format!("{SRC}/runtime/probe.rs")),
+        module: vec!["runtime".into(), "probe".into()],
+        text: "fn f(v: &Value) -> bool { v[\"type\"] == \"agent_start\" }".into(),
+    };
+    assert!(!may_name_the_wire(&probe) && WIRE_NAMES.iter().any(|n| without_comments(&probe.text).contains(n)));
 }
 
 #[test]

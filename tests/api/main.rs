@@ -3,6 +3,7 @@
 mod git_status;
 mod helpers;
 
+mod acp;
 mod actors;
 mod agents;
 mod architecture;

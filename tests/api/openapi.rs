@@ -270,6 +270,8 @@ fn error_codes_are_the_contracts() {
             "workspace_reuse_unsafe",
             "workspace_reuse_unsupported",
             "agent_session_unavailable",
+            "agent_auth_required",
+            "steer_unsupported",
             "task_delete_dirty_worktree",
             "repository_in_use",
             "not_a_git_repository",

@@ -142,6 +142,8 @@ impl Pi {
             env: self.env(),
             protocol: berth::config::AgentProtocol::Pi,
             pass_env: Vec::new(),
+            mode: None,
+            fs_read: None,
         }
     }
 }
@@ -669,14 +671,14 @@ both_backends!(
     a_missing_or_corrupt_conversation_is_refused_never_replaced,
 );
 
-fn uuid(v: &Value) -> Uuid {
+pub(crate) fn uuid(v: &Value) -> Uuid {
     v.as_str()
         .unwrap_or_else(|| panic!("not a string: {v}"))
         .parse()
         .unwrap()
 }
 
-async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
@@ -688,7 +690,7 @@ async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value)
     }
 }
 
-async fn wait_snapshot(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn wait_snapshot(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let s = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
@@ -704,7 +706,7 @@ async fn wait_snapshot(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value
 }
 
 /// Posts a message (`delivery` `None`: the default, auto) and returns it as the 202 answered it.
-async fn say(app: &TestApp, session: Uuid, text: &str, delivery: Option<&str>) -> Value {
+pub(crate) async fn say(app: &TestApp, session: Uuid, text: &str, delivery: Option<&str>) -> Value {
     let mut body = json!({ "text": text });
     if let Some(d) = delivery {
         body["delivery"] = json!(d);
@@ -720,7 +722,7 @@ async fn say(app: &TestApp, session: Uuid, text: &str, delivery: Option<&str>) -
     m
 }
 
-async fn messages(app: &TestApp, session: Uuid) -> Vec<Value> {
+pub(crate) async fn messages(app: &TestApp, session: Uuid) -> Vec<Value> {
     app.get(&format!("/api/v1/sessions/{session}/messages")).await.ok(200)["items"]
         .as_array()
         .unwrap()
@@ -728,7 +730,7 @@ async fn messages(app: &TestApp, session: Uuid) -> Vec<Value> {
 }
 
 /// Waits for a message of the inbox to be in `state`, and returns it.
-async fn wait_message(app: &TestApp, session: Uuid, message: &Value, state: &str) -> Value {
+pub(crate) async fn wait_message(app: &TestApp, session: Uuid, message: &Value, state: &str) -> Value {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let all = messages(app, session).await;
@@ -749,14 +751,14 @@ async fn wait_message(app: &TestApp, session: Uuid, message: &Value, state: &str
     }
 }
 
-fn pid_alive(pid: i64) -> bool {
+pub(crate) fn pid_alive(pid: i64) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .unwrap_or_default()
             .contains(") Z ")
 }
 
-async fn execution_pid(app: &TestApp, execution: &Value) -> i64 {
+pub(crate) async fn execution_pid(app: &TestApp, execution: &Value) -> i64 {
     use sea_orm::EntityTrait;
     let e = berth::entity::agent_execution::Entity::find_by_id(uuid(execution))
         .one(app.db())
@@ -766,7 +768,7 @@ async fn execution_pid(app: &TestApp, execution: &Value) -> i64 {
     e.pid.expect("the durable handle records the pid") as i64
 }
 
-async fn agent_session_ref(app: &TestApp, session: Uuid) -> Option<String> {
+pub(crate) async fn agent_session_ref(app: &TestApp, session: Uuid) -> Option<String> {
     use sea_orm::EntityTrait;
     berth::entity::task_session::Entity::find_by_id(session)
         .one(app.db())
@@ -841,7 +843,7 @@ fn continued(first: &str, second: &str) -> Vec<(String, String)> {
 }
 
 /// A berth restarted on the same data dir and database (see `restart`); dropped before the `TestApp`.
-struct Restarted {
+pub(crate) struct Restarted {
     handle: actix_web::dev::ServerHandle,
     background: Vec<tokio::task::AbortHandle>,
 }
@@ -857,7 +859,7 @@ impl Drop for Restarted {
 
 /// Restarts berth: its agents stop as on a server stop (`desired_open` stays), its server and workers stop,
 /// and a new berth starts on the same configuration, data dir and database; `app` then talks to the new one.
-async fn restart(app: &mut TestApp) -> Restarted {
+pub(crate) async fn restart(app: &mut TestApp) -> Restarted {
     app.app_state.ctx.runtime.stop_all().await;
     app.stop_server();
     let new = berth::startup::Application::build(app.config.clone())
@@ -873,7 +875,7 @@ async fn restart(app: &mut TestApp) -> Restarted {
     restarted
 }
 
-async fn stop(app: &TestApp, session: Uuid) {
+pub(crate) async fn stop(app: &TestApp, session: Uuid) {
     app.post(&format!("/api/v1/sessions/{session}/stop"), json!({}))
         .await
         .ok(200);

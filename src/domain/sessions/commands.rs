@@ -10,7 +10,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Ctx;
-use super::control::{self, Answer};
+use super::control;
 use super::inbox;
 use super::routing;
 use crate::entity::session_command::{self as command, CommandKind, CommandState};
@@ -141,7 +141,7 @@ async fn execute(ctx: &Ctx, c: &command::Model) -> Result<()> {
         CommandKind::Stop => control::stop_session(ctx, &s).await,
         CommandKind::Answer => {
             let request_id = c.payload["request_id"].as_str().unwrap_or_default();
-            let answer = Answer::from_response(&c.payload["response"])?;
+            let answer = control::from_response(&c.payload["response"])?;
             control::answer_session(ctx, &task, &s, request_id, answer).await
         }
     }

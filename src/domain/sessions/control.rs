@@ -4,6 +4,7 @@ use uuid::Uuid;
 use super::Ctx;
 use super::access::{SessionView, project, reload, reload_locked, visible, visible_with_task};
 use super::state::{SessionEvent, transition};
+use crate::agent::Answered;
 use crate::auth::Principal;
 use crate::entity::task;
 use crate::entity::task_session::{self as session, SessionState};
@@ -111,7 +112,7 @@ pub async fn answer_attention(
     // Issue 15, item 4: another node runs the agent: the answer is checked and given there.
     let routed = super::routing::Command::Answer {
         request_id,
-        response: answer.response(),
+        response: response(&answer),
     };
     if !super::routing::forward(ctx, &s, routed).await? {
         answer_session(ctx, &task, &s, request_id, answer).await?;
@@ -127,14 +128,10 @@ pub(super) async fn answer_session(
     request_id: &str,
     answer: Answer,
 ) -> Result<()> {
-    let pending = ctx.runtime.attention(s.id);
-    let request = pending
-        .iter()
-        .find(|r| r["id"] == request_id)
-        .ok_or(Error::NotFound("attention request"))?;
-    answer.fits(request["method"].as_str())?;
-    if !ctx.runtime.answer(s.id, request_id, answer.response()) {
-        return Err(Error::NotFound("attention request"));
+    match ctx.runtime.answer(s.id, request_id, &answer) {
+        Answered::Sent => {}
+        Answered::NotPending => return Err(Error::NotFound("attention request")),
+        Answered::Unfit(field, why) => return Err(Error::invalid(field, why)),
     }
     let left = ctx.runtime.attention(s.id);
     let txn = ctx.db.begin_write().await?;
@@ -156,64 +153,47 @@ pub(super) async fn answer_session(
     Ok(())
 }
 
-/// An answer to an agent's question, in the shape Pi's RPC `extension_ui_response` takes: a `value`
-/// (select, input, editor), `confirmed` (confirm), or `cancelled: true` (any).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
-    Value(String),
-    Confirmed(bool),
-    Cancelled,
+/// An answer to an agent's question: `value` (select, input, editor), `confirmed` (confirm), `option_id`
+/// (a permission request's options) or `cancelled: true` (any). Whether it fits the question is the
+/// agent protocol's to say, on the node that runs the agent.
+pub type Answer = crate::agent::Answer;
+
+/// Exactly one of the four, `value` a string and `cancelled` true.
+pub fn parse_answer(
+    value: Option<serde_json::Value>,
+    confirmed: Option<bool>,
+    option_id: Option<String>,
+    cancelled: Option<bool>,
+) -> Result<Answer> {
+    match (value, confirmed, option_id, cancelled) {
+        (Some(serde_json::Value::String(v)), None, None, None) => Ok(Answer::Value(v)),
+        (Some(_), None, None, None) => Err(Error::invalid("value", "must be a string")),
+        (None, Some(c), None, None) => Ok(Answer::Confirmed(c)),
+        (None, None, Some(o), None) => Ok(Answer::Option(o)),
+        (None, None, None, Some(true)) => Ok(Answer::Cancelled),
+        (None, None, None, Some(false)) => Err(Error::invalid("cancelled", "only true cancels a question")),
+        _ => Err(Error::invalid(
+            "body",
+            "give exactly one of value, confirmed, option_id or cancelled: true",
+        )),
+    }
 }
 
-impl Answer {
-    /// Exactly one of the three, `value` a string and `cancelled` true.
-    pub fn parse(value: Option<serde_json::Value>, confirmed: Option<bool>, cancelled: Option<bool>) -> Result<Answer> {
-        match (value, confirmed, cancelled) {
-            (Some(serde_json::Value::String(v)), None, None) => Ok(Answer::Value(v)),
-            (Some(_), None, None) => Err(Error::invalid("value", "must be a string")),
-            (None, Some(c), None) => Ok(Answer::Confirmed(c)),
-            (None, None, Some(true)) => Ok(Answer::Cancelled),
-            (None, None, Some(false)) => Err(Error::invalid("cancelled", "only true cancels a question")),
-            _ => Err(Error::invalid(
-                "body",
-                "give exactly one of value, confirmed or cancelled: true",
-            )),
-        }
-    }
+/// The answer [`response`] wrote (an answer routed to the node that runs the agent).
+pub(super) fn from_response(r: &serde_json::Value) -> Result<Answer> {
+    parse_answer(
+        r.get("value").cloned(),
+        r["confirmed"].as_bool(),
+        r["option_id"].as_str().map(str::to_string),
+        r["cancelled"].as_bool(),
+    )
+}
 
-    /// A wrong shape for the question's method is refused (and the question stays pending).
-    fn fits(&self, method: Option<&str>) -> Result<()> {
-        match (method, self) {
-            (_, Answer::Cancelled) => Ok(()),
-            (Some("confirm"), Answer::Confirmed(_)) => Ok(()),
-            (Some("confirm"), _) => Err(Error::invalid(
-                "confirmed",
-                "a confirm question is answered with confirmed",
-            )),
-            (Some("select" | "input" | "editor"), Answer::Value(_)) => Ok(()),
-            (Some(m @ ("select" | "input" | "editor")), _) => Err(Error::invalid(
-                "value",
-                format!("a {m} question is answered with a value"),
-            )),
-            // A method this berth does not know: the agent judges the answer.
-            _ => Ok(()),
-        }
-    }
-
-    /// The answer [`Answer::response`] gave (an answer routed to the node that runs the agent).
-    pub(super) fn from_response(r: &serde_json::Value) -> Result<Answer> {
-        Answer::parse(
-            r.get("value").cloned(),
-            r["confirmed"].as_bool(),
-            r["cancelled"].as_bool(),
-        )
-    }
-
-    fn response(&self) -> serde_json::Value {
-        match self {
-            Answer::Value(v) => serde_json::json!({ "value": v }),
-            Answer::Confirmed(c) => serde_json::json!({ "confirmed": c }),
-            Answer::Cancelled => serde_json::json!({ "cancelled": true }),
-        }
+pub(super) fn response(answer: &Answer) -> serde_json::Value {
+    match answer {
+        Answer::Value(v) => serde_json::json!({ "value": v }),
+        Answer::Confirmed(c) => serde_json::json!({ "confirmed": c }),
+        Answer::Option(o) => serde_json::json!({ "option_id": o }),
+        Answer::Cancelled => serde_json::json!({ "cancelled": true }),
     }
 }

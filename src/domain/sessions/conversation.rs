@@ -1,7 +1,9 @@
-//! A Pi session's conversation (seed 002 "Identity"): berth keeps it in a file of its own per session,
-//! under its data directory, hands that exact file back on every relaunch, and never lets the agent
-//! substitute another one. The agent's own identity of it (`sessionId`) is recorded as the session's
-//! `agent_session_ref` once the file exists.
+//! A session's one conversation (seed 002 "Identity"), never substituted. Where the protocol keeps it
+//! in a file (Pi), berth keeps that file per session under its data directory, hands that exact file back
+//! on every relaunch, and records the agent's identity of it (`agent_session_ref`) once the file exists.
+//! Where the agent keeps it (ACP), berth records the id the agent gave it and loads that id on every
+//! relaunch; an agent that cannot load it refuses the launch. Either way, a relaunch that cannot continue
+//! the recorded conversation never starts another in its place.
 use std::io::{BufRead, Read};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,9 +12,11 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::Ctx;
+use crate::agent::Delivery;
+use crate::agent::{self, Command, Memory, Notice, Signal};
 use crate::config::{AgentProfile, AgentProtocol};
 use crate::entity::task_session as session;
-use crate::error::{ConversationCategory, Result};
+use crate::error::{ConversationCategory, Error, Result};
 use crate::store::sessions as store;
 
 /// How long berth waits for the agent to answer one of its questions about itself.
@@ -39,19 +43,144 @@ pub(super) fn file(ctx: &Ctx, session_id: Uuid) -> PathBuf {
     dir(ctx).join(format!("{session_id}.jsonl"))
 }
 
-/// The profile to spawn: for Pi, its arguments plus the session's own conversation file.
+/// The profile to spawn: where berth keeps the conversation in a file, its arguments plus that file.
 pub(super) fn launch_profile(ctx: &Ctx, profile: &AgentProfile, session_id: Uuid) -> Result<AgentProfile> {
     let mut profile = profile.clone();
-    if profile.protocol == AgentProtocol::Pi {
+    if agent::memory(profile.protocol) == Memory::File {
         let dir = dir(ctx);
-        std::fs::create_dir_all(&dir).map_err(|e| crate::error::Error::Internal(e.into()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Internal(e.into()))?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| crate::error::Error::Internal(e.into()))?;
-        profile.args.push("--session".into());
-        profile.args.push(file(ctx, session_id).display().to_string());
+            .map_err(|e| Error::Internal(e.into()))?;
+        let file = file(ctx, session_id);
+        profile.args.extend(agent::Wire::launch_args(profile.protocol, &file));
     }
     Ok(profile)
+}
+
+/// How long an agent may take to open its connection and its conversation (node agents start in
+/// seconds; more on a loaded machine).
+const OPEN: Duration = Duration::from_secs(120);
+
+/// Why a launched agent could not open the session's conversation.
+#[derive(Debug)]
+pub(super) enum OpenFailure {
+    /// The recorded conversation cannot be continued: the launch is refused, never started afresh.
+    Unavailable(ConversationCategory, String),
+    /// The agent wants credentials berth does not give it (its auth methods named).
+    AuthRequired(String),
+    /// The agent did not speak the protocol, or refused.
+    Failed(String),
+}
+
+/// Where the agent keeps the conversation (ACP): opens the connection, then creates the conversation
+/// (first launch, recording its id) or loads the recorded one (every relaunch), in the admitted
+/// worktree; sets the profile's mode. Nothing to do for other protocols.
+pub(super) async fn open(
+    ctx: &Ctx,
+    s: &session::Model,
+    profile: &AgentProfile,
+    cwd: &str,
+) -> std::result::Result<(), OpenFailure> {
+    if agent::memory(profile.protocol) != Memory::Agent {
+        return Ok(());
+    }
+    let rt = &ctx.runtime;
+    match rt.call(s.id, Command::Initialize, OPEN).await {
+        Delivery::Accepted(_) => {}
+        other => {
+            return Err(OpenFailure::Failed(format!(
+                "the agent did not initialize: {}",
+                said(&other)
+            )));
+        }
+    }
+    let intro = rt.introduction(s.id).unwrap_or_default();
+    let cwd = cwd.to_string();
+    let command = match s.agent_session_ref.clone() {
+        None => Command::NewConversation { cwd },
+        Some(id) if intro.can_load => Command::LoadConversation { id, cwd },
+        Some(id) if intro.can_resume => Command::ResumeConversation { id, cwd },
+        Some(_) => {
+            return Err(OpenFailure::Unavailable(
+                ConversationCategory::Unsupported,
+                "the agent cannot load a recorded conversation".into(),
+            ));
+        }
+    };
+    let creating = matches!(command, Command::NewConversation { .. });
+    let opened = match rt.call(s.id, command, OPEN).await {
+        Delivery::Accepted(v) => v,
+        Delivery::Refused {
+            code: Some(agent::acp::AUTH_REQUIRED),
+            ..
+        } => {
+            let methods: Vec<String> = intro
+                .auth_methods
+                .iter()
+                .map(|m| m["id"].as_str().or(m["name"].as_str()).unwrap_or("?").to_string())
+                .collect();
+            return Err(OpenFailure::AuthRequired(format!(
+                "the agent requires authentication ({}); give it credentials through the profile's env",
+                methods.join(", ")
+            )));
+        }
+        other if !creating => {
+            return Err(OpenFailure::Unavailable(
+                ConversationCategory::Missing,
+                format!("the agent could not load the recorded conversation: {}", said(&other)),
+            ));
+        }
+        other => {
+            return Err(OpenFailure::Failed(format!(
+                "the agent did not open a conversation: {}",
+                said(&other)
+            )));
+        }
+    };
+    if let Some(mode) = &profile.mode {
+        match rt.call(s.id, Command::SetMode(mode.clone()), OPEN).await {
+            Delivery::Accepted(_) => {}
+            other => {
+                return Err(OpenFailure::Failed(format!(
+                    "the agent did not take mode {mode}: {}",
+                    said(&other)
+                )));
+            }
+        }
+    }
+    if creating {
+        let Some(id) = opened["sessionId"].as_str() else {
+            return Err(OpenFailure::Failed("the agent named no conversation".into()));
+        };
+        let txn = ctx
+            .db
+            .begin_write()
+            .await
+            .map_err(|e| OpenFailure::Failed(e.to_string()))?;
+        let known = store::find_locked(&txn, s.id)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.agent_state)
+            .unwrap_or_else(|| json!({}));
+        store::record_agent(&txn, s.id, Some(id), known)
+            .await
+            .map_err(|e| OpenFailure::Failed(e.to_string()))?;
+        txn.commit().await.map_err(|e| OpenFailure::Failed(e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn said(d: &Delivery) -> String {
+    match d {
+        Delivery::Refused { reason, .. } => reason.clone(),
+        Delivery::NoAnswer => "no answer in time".into(),
+        Delivery::Gone => "the agent exited".into(),
+        Delivery::Unsupported(u) => u.to_string(),
+        Delivery::Busy => "busy".into(),
+        Delivery::Accepted(_) => "accepted".into(),
+    }
 }
 
 /// Whether a relaunch may continue the session's recorded conversation: its file is there, is that
@@ -61,7 +190,7 @@ pub(super) async fn check(
     profile: &AgentProfile,
     s: &session::Model,
 ) -> Result<Option<ConversationCategory>> {
-    if profile.protocol != AgentProtocol::Pi {
+    if agent::memory(profile.protocol) != Memory::File {
         return Ok(None);
     }
     let Some(recorded) = s.agent_session_ref.as_deref() else {
@@ -94,7 +223,7 @@ fn header_of(path: &std::path::Path, recorded: &str) -> Option<ConversationCateg
         return Some(ConversationCategory::Corrupt);
     }
     match serde_json::from_str::<Value>(first.trim_end()) {
-        Ok(h) if h["type"] == "session" && h["id"] == recorded => None,
+        Ok(h) if agent::pi::header_names(&h, recorded) => None,
         _ => Some(ConversationCategory::Corrupt),
     }
 }
@@ -109,29 +238,24 @@ pub(crate) async fn remove(ctx: &Ctx, session_id: Uuid) {
     }
 }
 
-/// Asks a Pi agent who it is (`get_state`), and with `full` what it offers (`get_commands`,
-/// `get_available_models`); records the conversation's identity once its file exists, and the rest for
-/// snapshots.
+/// Asks an agent who it is (its state), and with `full` what it offers (commands, models); records the
+/// conversation's identity once its file exists, and the rest for snapshots.
 pub(super) async fn learn(ctx: &Ctx, session_id: Uuid, full: bool) -> Result<()> {
-    let Some(state) = ask(ctx, session_id, "get_state").await else {
+    let Some(state) = ask(ctx, session_id, Command::AskState).await else {
         return Ok(());
     };
-    let mut learned = json!({
-        "model": state["model"],
-        "thinking_level": state["thinkingLevel"],
-        "session_name": state["sessionName"],
-    });
-    if full {
-        if let Some(c) = ask(ctx, session_id, "get_commands").await {
-            learned["commands"] = c["commands"].clone();
-        }
-        if let Some(m) = ask(ctx, session_id, "get_available_models").await {
-            learned["models"] = m["models"].clone();
-        }
-    }
-    // The identity only once Pi has written the file berth gave it (it writes lazily, after the first
-    // message): a recorded conversation must be one that exists.
-    let id = state["sessionId"].as_str().map(str::to_string);
+    let (commands, models) = if full {
+        (
+            ask(ctx, session_id, Command::AskCommands).await,
+            ask(ctx, session_id, Command::AskModels).await,
+        )
+    } else {
+        (None, None)
+    };
+    let (learned, id) = agent::pi::learned(&state, commands.as_ref(), models.as_ref());
+    let learned = Value::Object(learned);
+    // The identity only once the agent has written the file berth gave it (Pi writes lazily, after the
+    // first message): a recorded conversation must be one that exists.
     let exists = tokio::fs::metadata(file(ctx, session_id)).await.is_ok();
     let reference = id.filter(|_| exists);
     // Merged into what is known under the row's lock: notices recorded meanwhile are kept.
@@ -148,46 +272,55 @@ pub(super) async fn learn(ctx: &Ctx, session_id: Uuid, full: bool) -> Result<()>
     Ok(())
 }
 
-async fn ask(ctx: &Ctx, session_id: Uuid, command: &str) -> Option<Value> {
-    let answer = ctx.runtime.request(session_id, json!({ "type": command }), ASK).await?;
-    (answer["success"] == true).then(|| answer["data"].clone())
+async fn ask(ctx: &Ctx, session_id: Uuid, command: Command) -> Option<Value> {
+    match ctx.runtime.call(session_id, command, ASK).await {
+        Delivery::Accepted(v) => Some(v),
+        _ => None,
+    }
 }
 
-/// What a fire-and-forget UI notice changes in what a snapshot shows (status lines, title,
-/// notifications); `None` for anything else.
-pub(super) fn noticed(known: Option<&Value>, event: &Value) -> Option<Value> {
-    if event["type"] != "extension_ui_request" {
-        return None;
-    }
+/// What the agent's notices change in what a snapshot shows (status lines, title, notifications, what
+/// it learned); `None` when there is none.
+pub(super) fn noticed(known: Option<&Value>, signals: &[Signal]) -> Option<Value> {
     let mut known = known.cloned().unwrap_or_else(|| json!({}));
-    match event["method"].as_str()? {
-        "setStatus" => {
-            let key = event["statusKey"].as_str().unwrap_or("status").to_string();
-            if !known["status"].is_object() {
-                known["status"] = json!({});
+    let mut changed = false;
+    for signal in signals {
+        let Signal::Notice(notice) = signal else { continue };
+        changed = true;
+        match notice {
+            Notice::Status { key, text } => {
+                if !known["status"].is_object() {
+                    known["status"] = json!({});
+                }
+                match text {
+                    Some(text) => known["status"][key] = text.clone().into(),
+                    None => {
+                        if let Some(status) = known["status"].as_object_mut() {
+                            status.remove(key);
+                        }
+                    }
+                }
             }
-            match event["statusText"].as_str() {
-                Some(text) => known["status"][key] = text.into(),
-                None => {
-                    known["status"].as_object_mut()?.remove(&key);
+            Notice::Title(title) => known["title"] = title.clone(),
+            Notice::Notify { message, kind } => {
+                let mut list = known["notifications"].as_array().cloned().unwrap_or_default();
+                list.push(json!({
+                    "message": message,
+                    "notify_type": kind,
+                    "at": crate::clock::now(),
+                }));
+                let excess = list.len().saturating_sub(NOTIFICATIONS_KEPT);
+                list.drain(..excess);
+                known["notifications"] = Value::Array(list);
+            }
+            Notice::Learned(facts) => {
+                if let Some(k) = known.as_object_mut() {
+                    k.extend(facts.clone());
                 }
             }
         }
-        "setTitle" => known["title"] = event["title"].clone(),
-        "notify" => {
-            let mut list = known["notifications"].as_array().cloned().unwrap_or_default();
-            list.push(json!({
-                "message": event["message"],
-                "notify_type": event["notifyType"].as_str().unwrap_or("info"),
-                "at": crate::clock::now(),
-            }));
-            let excess = list.len().saturating_sub(NOTIFICATIONS_KEPT);
-            list.drain(..excess);
-            known["notifications"] = Value::Array(list);
-        }
-        _ => return None,
     }
-    Some(known)
+    changed.then_some(known)
 }
 
 /// The questions pending on the agent, kept with what it said about itself so that any replica's snapshot
@@ -229,14 +362,15 @@ mod tests {
     #[test]
     fn notices_update_status_title_and_notifications() {
         let n = |v: Value| {
-            json!({"type": "extension_ui_request", "id": "x"})
+            let line = json!({"type": "extension_ui_request", "id": "x"})
                 .as_object()
                 .cloned()
                 .map(|mut o| {
                     o.extend(v.as_object().unwrap().clone());
                     Value::Object(o)
                 })
-                .unwrap()
+                .unwrap();
+            agent::Wire::new(AgentProtocol::Pi).decode(line).signals
         };
         let k = noticed(
             None,

@@ -10,8 +10,9 @@ use uuid::Uuid;
 
 use super::Ctx;
 use super::access::{SessionView, project, reload, subject, visible, visible_with_task};
+use crate::agent::Command;
+use crate::agent::Delivery as Sent;
 use crate::auth::Principal;
-use crate::config::AgentProtocol;
 use crate::entity::session_inbox::{self as inbox, Delivery, InboxState};
 use crate::entity::session_message::MessageRole;
 use crate::entity::task;
@@ -44,6 +45,10 @@ pub async fn post(ctx: &Ctx, p: &Principal, session_id: Uuid, text: &str, delive
         return Err(Error::InvalidState(
             "the session has no running agent; launch or resume it".into(),
         ));
+    }
+    // A steer the agent cannot take is refused now, never downgraded to a follow-up.
+    if delivery == Delivery::Steer && !crate::agent::steers(super::conversation::protocol_of(ctx, &s)) {
+        return Err(Error::SteerUnsupported);
     }
     let message = enqueue(ctx, &task, &s, text, delivery).await?;
     wake(ctx, s.id);
@@ -114,11 +119,7 @@ pub(super) async fn abort_session(ctx: &Ctx, task: &task::Model, s: &session::Mo
     // Under the delivery lock: nothing queued can be handed over between the cancel and the abort.
     let guard = lock.lock().await;
     cancel_queued(ctx, task, s, "the turn was aborted").await?;
-    if super::conversation::protocol_of(ctx, s) == AgentProtocol::Pi {
-        ctx.runtime.request(s.id, json!({ "type": "abort" }), ACCEPT).await;
-    } else {
-        ctx.runtime.send(s.id, json!({ "type": "abort" }));
-    }
+    ctx.runtime.call(s.id, Command::Abort, ACCEPT).await;
     drop(guard);
     Ok(())
 }
@@ -183,23 +184,15 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
     let Some((s, Some(task))) = crate::store::sessions::find_with_task(&ctx.db.conn, session_id).await? else {
         return Ok(());
     };
-    let pi = super::conversation::protocol_of(ctx, &s) == AgentProtocol::Pi;
     for m in store::queued(&ctx.db.conn, s.id).await? {
         let working = ctx.runtime.is_working(s.id);
-        let kind = match (m.delivery, working) {
-            (_, false) => "prompt",
-            (Delivery::Steer, true) => "steer",
+        let command = match (m.delivery, working) {
+            (_, false) => Command::Prompt(m.text.clone()),
+            (Delivery::Steer, true) => Command::Steer(m.text.clone()),
             // Held until the turn settles.
             (Delivery::Auto | Delivery::FollowUp, true) => continue,
         };
-        let prompt = kind == "prompt";
-        // Pi runs an extension command (`/name`) at once, outside any turn (no agent_start/agent_end), and
-        // answers its prompt only when the command is done (after a dialog is answered, say): it is handed
-        // over without waiting, and does not make the agent look busy.
-        let command_line = prompt && m.text.starts_with('/');
-        if prompt && !command_line {
-            ctx.runtime.mark_working(s.id, true);
-        }
+        let prompt = matches!(command, Command::Prompt(_));
         // In the transcript before the agent can answer it (a reply must never come first); taken back if
         // the agent does not take the message.
         let entry = crate::store::messages::append(
@@ -210,33 +203,16 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
             crate::clock::now(),
         )
         .await?;
-        let command = json!({ "type": kind, "message": m.text });
-        let outcome = if command_line {
-            if ctx.runtime.send(s.id, command) {
-                Outcome::Delivered
-            } else {
-                Outcome::Gone
-            }
-        } else if pi {
-            match ctx.runtime.request(s.id, command, ACCEPT).await {
-                Some(r) if r["success"] == true => Outcome::Delivered,
-                Some(r) => {
-                    let reason = r["error"].as_str().unwrap_or("refused by the agent").to_string();
-                    if prompt && is_busy_refusal(&reason) {
-                        // It was working after all: the message waits for the turn to settle.
-                        Outcome::Wait
-                    } else {
-                        Outcome::Refused(reason)
-                    }
-                }
-                None if !ctx.runtime.is_live(s.id) => Outcome::Gone,
-                // It has the message and did not refuse it: a refusal comes at once.
-                None => Outcome::Delivered,
-            }
-        } else if ctx.runtime.send(s.id, command) {
-            Outcome::Delivered
-        } else {
-            Outcome::Gone
+        let outcome = match ctx.runtime.call(s.id, command, ACCEPT).await {
+            Sent::Accepted(_) => Outcome::Delivered,
+            Sent::Refused { reason, .. } => Outcome::Refused(reason),
+            Sent::Unsupported(u) => Outcome::Refused(u.to_string()),
+            // It was working after all: the message waits for the turn to settle.
+            Sent::Busy if prompt => Outcome::Wait,
+            Sent::Busy => Outcome::Refused("the agent is busy".into()),
+            // It has the message and did not refuse it: a refusal comes at once.
+            Sent::NoAnswer => Outcome::Delivered,
+            Sent::Gone => Outcome::Gone,
         };
         match outcome {
             Outcome::Delivered => {
@@ -244,9 +220,6 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
             }
             Outcome::Refused(reason) => {
                 crate::store::messages::remove(&ctx.db.conn, entry).await?;
-                if prompt && !command_line {
-                    ctx.runtime.mark_working(s.id, false);
-                }
                 settle(ctx, &task, &s, m.id, InboxState::Refused, Some(&reason)).await?;
             }
             Outcome::Wait => {
@@ -267,11 +240,6 @@ enum Outcome {
     Refused(String),
     Wait,
     Gone,
-}
-
-/// Pi refuses a plain prompt while it streams ("Agent is already processing. Specify streamingBehavior").
-fn is_busy_refusal(reason: &str) -> bool {
-    reason.contains("already processing") || reason.contains("streamingBehavior")
 }
 
 /// `queued` → `next`, with its event, if it was still queued.

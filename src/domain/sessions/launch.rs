@@ -136,6 +136,34 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
             return Err(Error::AgentStartFailed);
         }
     };
+    // Where the agent keeps the conversation (ACP): it opens it now, in the admitted worktree, or the
+    // launch fails with why (a recorded conversation is never replaced by a new one).
+    let cwd = launch.workspace_path();
+    if let Err(failure) = conversation::open(ctx, &s, &profile, &cwd).await {
+        ctx.runtime.stop(s.id).await;
+        launch.abandon("the agent did not open its conversation").await;
+        let (code, message, error) = match failure {
+            conversation::OpenFailure::Unavailable(category, message) => (
+                "agent_session_unavailable",
+                message,
+                Error::AgentSessionUnavailable(category),
+            ),
+            conversation::OpenFailure::AuthRequired(message) => (
+                "agent_auth_required",
+                message.clone(),
+                Error::AgentAuthRequired(message),
+            ),
+            conversation::OpenFailure::Failed(message) => ("agent_start_failed", message, Error::AgentStartFailed),
+        };
+        tracing::warn!(session = %s.id, profile = %profile_name, %message, "agent did not open its conversation");
+        if reload(&ctx.db.conn, s.id)
+            .await
+            .is_ok_and(|c| c.execution_id == Some(launch.execution_id))
+        {
+            record_failure(ctx, &task, s.id, code, &message).await?;
+        }
+        return Err(error);
+    }
     if let Err(e) = launch.record_running(pid, prompt.is_some()).await {
         // A process whose launch cannot be recorded must not run unrecorded (I26, I27): end it, give up a
         // transition's candidate, and say so on the session unless something else moved it on.
@@ -150,7 +178,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     }
     // Whatever waited for the agent (the prompt, messages posted while it was recovering) goes now.
     inbox::wake(ctx, s.id);
-    if profile.protocol == crate::config::AgentProtocol::Pi {
+    if crate::agent::asks_state(profile.protocol) {
         let ctx = ctx.clone();
         crate::actor::spawn(async move {
             if let Err(e) = conversation::learn(&ctx, s.id, true).await {

@@ -28,7 +28,7 @@ pub use access::SessionView;
 pub(crate) use access::visible;
 pub use commands::serve_routed;
 pub(crate) use control::end_agent;
-pub use control::{Answer, answer_attention, stop};
+pub use control::{Answer, answer_attention, parse_answer, stop};
 pub(crate) use conversation::remove as remove_conversation;
 pub use inbox::{abort, cancel as cancel_message, list as list_messages, post as post_message, view as message_view};
 pub use launch::launch;

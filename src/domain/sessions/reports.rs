@@ -9,7 +9,8 @@ use futures_util::StreamExt;
 use super::Ctx;
 use super::launch::record_failure;
 use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
-use super::stream::{Coalescer, STREAM_CAP, Write};
+use super::stream::{Coalescer, Offer, STREAM_CAP, Write};
+use crate::agent::Signal;
 use crate::entity::session_message::MessageRole;
 use crate::error::Result;
 use crate::events::EventType;
@@ -40,10 +41,16 @@ pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>
             Some(RuntimeEvent::Output {
                 session_id,
                 execution_id,
-                event,
+                record,
+                delta,
+                signals,
                 held,
             }) => {
-                for w in streams.offer(session_id, execution_id, event, Instant::now()) {
+                let offer = match delta {
+                    Some(d) => Offer::Delta(d),
+                    None => Offer::Line { record, signals },
+                };
+                for w in streams.offer(session_id, execution_id, offer, Instant::now()) {
                     write(&ctx, w).await;
                 }
                 // The line is recorded, or held in its session's bounded buffer: its bytes are free.
@@ -79,24 +86,30 @@ pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>
 }
 
 async fn write(ctx: &Ctx, w: Write) {
-    if let Err(e) = on_output(ctx, w.session_id, w.execution_id, w.event).await {
+    if let Err(e) = on_output(ctx, w).await {
         tracing::warn!(error = %e, "could not record an agent report");
     }
 }
 
-/// The session event an agent's output line means, if any.
-fn session_event(output: &serde_json::Value) -> Option<SessionEvent> {
-    match output["type"].as_str() {
-        Some("agent_start") => Some(SessionEvent::AgentStart),
-        Some("agent_end" | "agent_settled") => Some(SessionEvent::AgentEnd),
-        Some("extension_ui_request") if crate::runtime::is_dialog(output) => Some(SessionEvent::UiRequest),
+/// The session event a signal means, if any.
+fn session_event(signal: &Signal) -> Option<SessionEvent> {
+    match signal {
+        Signal::TurnStarted => Some(SessionEvent::AgentStart),
+        Signal::TurnSettled { .. } => Some(SessionEvent::AgentEnd),
+        Signal::Question { .. } => Some(SessionEvent::UiRequest),
         // A question whose own timeout passed: like an answer (the agent resolved it with its default).
-        Some("extension_ui_expired") => Some(SessionEvent::Answered { working: true }),
+        Signal::QuestionExpired { .. } => Some(SessionEvent::Answered { working: true }),
         _ => None,
     }
 }
 
-async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde_json::Value) -> Result<()> {
+async fn on_output(ctx: &Ctx, w: Write) -> Result<()> {
+    let Write {
+        session_id,
+        execution_id,
+        event,
+        signals,
+    } = w;
     let txn = ctx.db.begin_write().await?;
     // The row first, as every session writer takes it before the event sequence; and it is written once:
     // a second UPDATE of a row this transaction wrote re-checks its foreign keys on PostgreSQL (a
@@ -111,14 +124,19 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
         return Ok(());
     };
     let now = crate::clock::now();
-    if event["type"] == "message_end" && event["message"]["role"] == "assistant" {
-        crate::store::messages::append(&txn, session_id, MessageRole::Assistant, event["message"].clone(), now).await?;
+    for signal in &signals {
+        if let Signal::Assistant(message) = signal {
+            crate::store::messages::append(&txn, session_id, MessageRole::Assistant, message.clone(), now).await?;
+        }
     }
     // Outside running/idle/attention, or already there, a report changes no state.
-    let moves = session_event(&event).filter(|e| s.state.on(*e).is_ok());
-    // A notice (status line, title, notification) and the pending questions are kept for snapshots, in
-    // the row's one write.
-    let noticed = super::conversation::noticed(s.agent_state.as_ref(), &event);
+    let moves = signals
+        .iter()
+        .filter_map(session_event)
+        .find(|e| s.state.on(*e).is_ok());
+    // What the agent says about itself and the pending questions are kept for snapshots, in the row's one
+    // write.
+    let noticed = super::conversation::noticed(s.agent_state.as_ref(), &signals);
     let known = noticed.as_ref().or(s.agent_state.as_ref());
     let agent_state = super::conversation::with_attention(known, &ctx.runtime.attention(session_id)).or(noticed);
     if moves.is_none() {
@@ -130,14 +148,16 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
         execution_id: Some(execution_id),
         ..Subject::task(task.workspace_id, task.id)
     };
-    events::append(
-        &txn,
-        ctx.instance_id,
-        EventType::RuntimeOutput,
-        subject,
-        json!({ "event": event }),
-    )
-    .await?;
+    if let Some(event) = event {
+        events::append(
+            &txn,
+            ctx.instance_id,
+            EventType::RuntimeOutput,
+            subject,
+            json!({ "event": event }),
+        )
+        .await?;
+    }
     // Another question may still be pending after one expired: then the session keeps waiting.
     let moves = match moves {
         Some(SessionEvent::Answered { .. }) if !ctx.runtime.attention(session_id).is_empty() => None,
@@ -157,17 +177,17 @@ async fn on_output(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, event: serde
     }
     ctx.commit(txn).await?;
     // What waited for the turn goes now (a steer or an abort may end a turn without a state change).
-    if matches!(event["type"].as_str(), Some("agent_end" | "agent_settled")) {
+    if signals.iter().any(|s| matches!(s, Signal::TurnSettled { .. })) {
         super::inbox::wake(ctx, session_id);
     }
-    // Once per turn: a newer Pi sends both `agent_end` and `agent_settled`; only the one that moved the
-    // session to `idle` settles the turn.
+    // Once per turn: a newer Pi reports the end twice; only the report that moved the session to `idle`
+    // settles the turn.
     if settled {
         // Seed 004: a finished turn is captured as a completion observation of the environment.
         let c = ctx.clone();
         crate::actor::spawn(async move { crate::domain::git_status::capture_completion(&c, session_id).await });
-        // A Pi agent tells who it is (its conversation file exists from the first turn on).
-        if super::conversation::protocol_of(ctx, &s) == crate::config::AgentProtocol::Pi {
+        // An agent that is asked tells who it is (Pi: its conversation file exists from the first turn on).
+        if crate::agent::asks_state(super::conversation::protocol_of(ctx, &s)) {
             let c = ctx.clone();
             crate::actor::spawn(async move {
                 if let Err(e) = super::conversation::learn(&c, session_id, false).await {
@@ -263,39 +283,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn output_lines_that_move_a_session() {
+    fn signals_that_move_a_session() {
+        assert_eq!(session_event(&Signal::TurnStarted), Some(SessionEvent::AgentStart));
         assert_eq!(
-            session_event(&json!({"type": "agent_start"})),
-            Some(SessionEvent::AgentStart)
-        );
-        assert_eq!(
-            session_event(&json!({"type": "agent_end"})),
+            session_event(&Signal::TurnSettled { stop_reason: None }),
             Some(SessionEvent::AgentEnd)
         );
-        assert_eq!(
-            session_event(&json!({"type": "agent_settled"})),
-            Some(SessionEvent::AgentEnd)
-        );
-        assert_eq!(
-            session_event(&json!({"type": "extension_ui_request"})),
-            Some(SessionEvent::UiRequest)
-        );
-        assert_eq!(session_event(&json!({"type": "message_end"})), None);
-        // Notices are events, never questions: the state stays.
-        for method in crate::runtime::FIRE_AND_FORGET_UI {
-            assert_eq!(
-                session_event(&json!({"type": "extension_ui_request", "id": "n", "method": method})),
-                None,
-                "{method}"
-            );
-        }
-        for method in ["select", "confirm", "input", "editor", "something_new"] {
-            assert_eq!(
-                session_event(&json!({"type": "extension_ui_request", "id": "q", "method": method})),
-                Some(SessionEvent::UiRequest),
-                "{method}"
-            );
-        }
+        let q = Signal::Question {
+            request: json!({"id": "q"}),
+            timeout_ms: None,
+        };
+        assert_eq!(session_event(&q), Some(SessionEvent::UiRequest));
+        assert_eq!(session_event(&Signal::ToolEnded), None);
+        assert_eq!(session_event(&Signal::QuestionsCleared), None);
     }
 
     #[test]

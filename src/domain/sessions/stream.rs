@@ -1,15 +1,11 @@
-//! Streamed deltas, coalesced (issue 15, item 7): an agent streams one `message_update` per token, and
-//! each would be a write transaction and an event. Deltas are held per session and written as one
-//! `runtime.output` event per session per `BERTH_STREAM_INTERVAL_MS`, in order, so an SSE subscriber
-//! still sees the text grow about ten times a second and rebuilds it exactly.
+//! Streamed deltas, coalesced (issue 15, item 7): an agent streams one delta per token, and each would be
+//! a write transaction and an event. Deltas are held per session and written as one `runtime.output`
+//! event per session per `BERTH_STREAM_INTERVAL_MS`, in order, so an SSE subscriber still sees the text
+//! grow about ten times a second and rebuilds it exactly.
 //!
-//! A delta is a `message_update` whose `assistantMessageEvent` is a `text_delta`, `thinking_delta` or
-//! `toolcall_delta` (Pi), or the plain `{"type":"message_update","delta":".."}`. Consecutive deltas of one
-//! run (same kind and `contentIndex`) merge into one event of the same shape, with `coalesced` counting
-//! the lines it holds:
-//!
-//! `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"<joined>"},"coalesced":N}`
-//! `{"type":"message_update","delta":"<joined>","coalesced":N}`
+//! What a delta is, and the one line that stands for a run of them, is the agent protocol's
+//! (`crate::agent`: `Delta`, `Run::render`); consecutive deltas of one run merge, the line keeping the
+//! agent's own shape with `coalesced` counting the deltas it holds.
 //!
 //! A delta of another run, any other line of the session and its exit write what is held first (order
 //! is kept: an event never holds two runs, so every event keeps the agent's own shape); so does a
@@ -19,30 +15,31 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use uuid::Uuid;
+
+use crate::agent::{Delta, Run, Signal};
 
 /// The most delta text held for one session before it is written early.
 pub const STREAM_CAP: usize = 256 * 1024;
 
-/// The kinds of Pi's `assistantMessageEvent` that carry a piece of a content block.
-const DELTA_KINDS: [&str; 3] = ["text_delta", "thinking_delta", "toolcall_delta"];
-
-/// One `runtime.output` event to write.
+/// One agent report to apply: the `runtime.output` event to write (if any) and the signals it carries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Write {
     pub session_id: Uuid,
     pub execution_id: Uuid,
-    pub event: Value,
+    pub event: Option<Value>,
+    pub signals: Vec<Signal>,
 }
 
-/// What consecutive deltas add to.
+/// One decoded agent line: a streamed piece, or anything else.
 #[derive(Debug, Clone, PartialEq)]
-enum Run {
-    /// Pi: the kind (`text_delta`, ...) and the content block (`contentIndex`, null when absent).
-    Block { kind: String, content_index: Value },
-    /// `{"type":"message_update","delta":..}`.
-    Plain,
+pub enum Offer {
+    Delta(Delta),
+    Line {
+        record: Option<Value>,
+        signals: Vec<Signal>,
+    },
 }
 
 struct Held {
@@ -55,20 +52,11 @@ struct Held {
 
 impl Held {
     fn into_write(self, session_id: Uuid) -> Write {
-        let event = match self.run {
-            Run::Block { kind, content_index } => {
-                let mut piece = json!({"type": kind, "delta": self.text});
-                if !content_index.is_null() {
-                    piece["contentIndex"] = content_index;
-                }
-                json!({"type": "message_update", "assistantMessageEvent": piece, "coalesced": self.count})
-            }
-            Run::Plain => json!({"type": "message_update", "delta": self.text, "coalesced": self.count}),
-        };
         Write {
             session_id,
             execution_id: self.execution_id,
-            event,
+            event: Some(self.run.render(&self.text, self.count)),
+            signals: Vec::new(),
         }
     }
 }
@@ -93,16 +81,20 @@ impl Coalescer {
     }
 
     /// Takes one output line of a session; returns what to write now, in order.
-    pub fn offer(&mut self, session_id: Uuid, execution_id: Uuid, event: Value, now: Instant) -> Vec<Write> {
+    pub fn offer(&mut self, session_id: Uuid, execution_id: Uuid, offer: Offer, now: Instant) -> Vec<Write> {
         let mut out = Vec::new();
-        let Some((run, text)) = delta(&event) else {
-            out.extend(self.flush(session_id));
-            out.push(Write {
-                session_id,
-                execution_id,
-                event,
-            });
-            return out;
+        let Delta { run, text } = match offer {
+            Offer::Delta(d) => d,
+            Offer::Line { record, signals } => {
+                out.extend(self.flush(session_id));
+                out.push(Write {
+                    session_id,
+                    execution_id,
+                    event: record,
+                    signals,
+                });
+                return out;
+            }
         };
         if self
             .held
@@ -122,7 +114,7 @@ impl Coalescer {
             text: String::new(),
             count: 0,
         });
-        held.text.push_str(text);
+        held.text.push_str(&text);
         held.count += 1;
         if held.text.len() >= self.cap {
             out.extend(self.flush(session_id));
@@ -167,54 +159,38 @@ impl Coalescer {
     }
 }
 
-/// The run and text of a streamed delta; `None` for any other line, and for a delta that carries more
-/// than its kind, block and text (merging would lose the rest; it is written as it came).
-fn delta(event: &Value) -> Option<(Run, &str)> {
-    let line = event.as_object()?;
-    if event["type"] != "message_update" {
-        return None;
-    }
-    if let Some(piece) = line.get("assistantMessageEvent") {
-        let piece = piece.as_object()?;
-        let kind = piece.get("type")?.as_str()?;
-        let only_known = line
-            .keys()
-            .all(|k| matches!(k.as_str(), "type" | "assistantMessageEvent"))
-            && piece
-                .keys()
-                .all(|k| matches!(k.as_str(), "type" | "contentIndex" | "delta"));
-        if !DELTA_KINDS.contains(&kind) || !only_known {
-            return None;
-        }
-        let run = Run::Block {
-            kind: kind.to_string(),
-            content_index: piece.get("contentIndex").cloned().unwrap_or(Value::Null),
-        };
-        return Some((run, piece.get("delta")?.as_str()?));
-    }
-    if !line.keys().all(|k| matches!(k.as_str(), "type" | "delta")) {
-        return None;
-    }
-    Some((Run::Plain, line.get("delta")?.as_str()?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
-    fn pi(kind: &str, index: u64, text: &str) -> Value {
-        json!({"type": "message_update", "assistantMessageEvent": {"type": kind, "contentIndex": index, "delta": text}})
+    /// A Pi line, decoded as the runtime decodes it.
+    fn line(v: Value) -> Offer {
+        let d = crate::agent::Wire::new(crate::agent::Protocol::Pi).decode(v);
+        match d.delta {
+            Some(delta) => Offer::Delta(delta),
+            None => Offer::Line {
+                record: d.record,
+                signals: d.signals,
+            },
+        }
     }
 
-    fn plain(text: &str) -> Value {
-        json!({"type": "message_update", "delta": text})
+    fn pi(kind: &str, index: u64, text: &str) -> Offer {
+        line(
+            json!({"type": "message_update", "assistantMessageEvent": {"type": kind, "contentIndex": index, "delta": text}}),
+        )
+    }
+
+    fn plain(text: &str) -> Offer {
+        line(json!({"type": "message_update", "delta": text}))
     }
 
     /// What a subscriber rebuilds from the written events: the text of each (kind, block), in order.
     fn rebuild(writes: &[Write]) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
         for w in writes {
-            let e = &w.event;
+            let e = w.event.as_ref().unwrap();
             let (key, text) = if e["assistantMessageEvent"].is_object() {
                 let p = &e["assistantMessageEvent"];
                 (
@@ -251,7 +227,9 @@ mod tests {
         let expected: String = (0..50).map(|i| format!("{i} ")).collect();
         assert_eq!(
             due[0].event,
-            json!({"type": "message_update", "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": expected}, "coalesced": 50})
+            Some(
+                json!({"type": "message_update", "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": expected}, "coalesced": 50})
+            )
         );
         assert_eq!((due[0].session_id, due[0].execution_id), (s, x));
         assert_eq!(c.next_due(), None);
@@ -269,10 +247,15 @@ mod tests {
         writes.extend(c.offer(s, x, pi("text_delta", 1, "lo"), t));
         writes.extend(c.offer(s, x, pi("text_delta", 2, "!"), t));
         writes.extend(c.offer(s, x, pi("toolcall_delta", 3, "{\"a\""), t));
-        writes.extend(c.offer(s, x, json!({"type": "tool_execution_start", "toolName": "bash"}), t));
+        writes.extend(c.offer(
+            s,
+            x,
+            line(json!({"type": "tool_execution_start", "toolName": "bash"})),
+            t,
+        ));
         writes.extend(c.offer(s, x, plain("x"), t));
         writes.extend(c.offer(s, x, plain("y"), t));
-        writes.extend(c.offer(s, x, json!({"type": "message_end"}), t));
+        writes.extend(c.offer(s, x, line(json!({"type": "message_end"})), t));
         assert_eq!(
             rebuild(&writes),
             [
@@ -286,7 +269,7 @@ mod tests {
             ]
             .map(|(k, t)| (k.to_string(), t.to_string()))
         );
-        let counts: Vec<&Value> = writes.iter().map(|w| &w.event["coalesced"]).collect();
+        let counts: Vec<&Value> = writes.iter().map(|w| &w.event.as_ref().unwrap()["coalesced"]).collect();
         assert_eq!(
             counts,
             [
@@ -311,14 +294,20 @@ mod tests {
         assert!(c.offer(b, y, plain("b1"), t + Duration::from_millis(50)).is_empty());
         let due = c.due(t + Duration::from_millis(120));
         assert_eq!(due.len(), 1, "only the older buffer is due");
-        assert_eq!(due[0].event["delta"], "a1");
+        assert_eq!(due[0].event.as_ref().unwrap()["delta"], "a1");
         // A relaunch of session b (a new execution) never merges with the old one's deltas.
         let z = Uuid::now_v7();
         let w = c.offer(b, z, plain("b2"), t + Duration::from_millis(130));
         assert_eq!(w.len(), 1);
-        assert_eq!((w[0].execution_id, w[0].event["delta"].as_str()), (y, Some("b1")));
+        assert_eq!(
+            (w[0].execution_id, w[0].event.as_ref().unwrap()["delta"].as_str()),
+            (y, Some("b1"))
+        );
         let rest = c.drain();
-        assert_eq!((rest[0].execution_id, rest[0].event["delta"].as_str()), (z, Some("b2")));
+        assert_eq!(
+            (rest[0].execution_id, rest[0].event.as_ref().unwrap()["delta"].as_str()),
+            (z, Some("b2"))
+        );
     }
 
     #[test]
@@ -362,27 +351,7 @@ mod tests {
         assert!(c.offer(s, x, plain("12345"), t).is_empty());
         let w = c.offer(s, x, plain("67890"), t);
         assert_eq!(w.len(), 1);
-        assert_eq!(w[0].event["delta"], "1234567890");
+        assert_eq!(w[0].event.as_ref().unwrap()["delta"], "1234567890");
         assert_eq!(c.next_due(), None);
-    }
-
-    #[test]
-    fn only_plain_deltas_merge() {
-        for line in [
-            json!({"type": "message_update", "assistantMessageEvent": {"type": "text_start", "contentIndex": 0}}),
-            json!({"type": "message_update", "assistantMessageEvent": {"type": "text_end", "contentIndex": 0, "content": "Hi"}}),
-            json!({"type": "message_update", "assistantMessageEvent": {"type": "text_delta", "contentIndex": 0, "delta": "x", "extra": 1}}),
-            json!({"type": "message_update", "delta": "x", "id": "keep-me"}),
-            json!({"type": "message_update", "delta": 5}),
-            json!({"type": "message_end", "delta": "x"}),
-            json!("message_update"),
-        ] {
-            assert!(delta(&line).is_none(), "{line}");
-        }
-        assert!(delta(&pi("toolcall_delta", 2, "{")).is_some());
-        assert!(
-            delta(&json!({"type": "message_update", "assistantMessageEvent": {"type": "text_delta", "delta": "x"}}))
-                .is_some()
-        );
     }
 }

@@ -1,0 +1,491 @@
+//! The Agent Client Protocol, version 1 (agentclientprotocol.com): JSON-RPC 2.0, one message per line,
+//! over the agent's stdio. berth is the client: it opens the connection (`initialize`), starts or loads
+//! the session's one conversation (`session/new`, `session/load`, `session/resume`), sends each message as
+//! a `session/prompt` whose answer (`stopReason`) ends the turn, cancels with `session/cancel`, answers
+//! `session/request_permission` with the option a person chose, and serves `fs/read_text_file` and
+//! `fs/write_text_file` inside the admitted worktree only. It offers no terminal.
+//!
+//! What berth records of an ACP agent is the agent's own messages (without `jsonrpc`): each
+//! `session/update`, each permission request, and the answer to each prompt. Message and thought chunks
+//! of one run are coalesced into one `session/update` with the text joined and `coalesced` counting the
+//! chunks. Chunks and tool calls outside a turn are what `session/load` replays: never recorded again.
+use std::collections::HashMap;
+
+use serde_json::{Map, Value, json};
+
+use super::fs;
+use super::types::{
+    Answer, Command, Delta, Inbound, Introduction, Notice, Outgoing, Protocol, Reply, Run, Signal, Unsupported,
+};
+
+/// The protocol version berth speaks.
+pub const PROTOCOL_VERSION: u64 = 1;
+/// ACP's "authentication required" error code.
+pub const AUTH_REQUIRED: i64 = -32000;
+/// The most text of one turn kept for its transcript entry (the events hold all of it).
+const TURN_TEXT_CAP: usize = 1024 * 1024;
+
+/// One agent's side of the protocol.
+#[derive(Debug, Default)]
+pub struct Wire {
+    /// Whether berth offers `fs/read_text_file` (it always offers writes).
+    offer_reads: bool,
+    /// The agent's id of the conversation, once `session/new`, `session/load` or `session/resume` named it.
+    conversation: Option<String>,
+    /// berth's requests waiting for their answer, by id.
+    asked: HashMap<String, Asked>,
+    /// The agent's permission requests waiting for a person: berth's id of each, and the agent's own.
+    questions: HashMap<String, Value>,
+    /// The prompt in flight, if any: its turn.
+    turn: Option<Turn>,
+    introduction: Option<Introduction>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    Initialize,
+    Conversation,
+    Prompt,
+    Other,
+}
+
+#[derive(Debug, Default)]
+struct Turn {
+    id: String,
+    text: String,
+    thought: String,
+}
+
+/// The one `session/update` that stands for a run of chunks: its kind (`agent_message_chunk`,
+/// `agent_thought_chunk`), conversation and message id (when the agent gives one), the text joined.
+pub fn render(run: &Run, text: &str, count: usize) -> Value {
+    let mut update = json!({"sessionUpdate": run.kind, "content": {"type": "text", "text": text}});
+    if !run.block.is_null() {
+        update["messageId"] = run.block.clone();
+    }
+    json!({"method": "session/update", "params": {"sessionId": run.conversation, "update": update}, "coalesced": count})
+}
+
+fn request(id: &str, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+impl Wire {
+    pub fn new(offer_reads: bool) -> Wire {
+        Wire {
+            offer_reads,
+            ..Default::default()
+        }
+    }
+
+    pub fn introduction(&self) -> Option<&Introduction> {
+        self.introduction.as_ref()
+    }
+
+    pub fn encode(&mut self, command: &Command, id: String) -> Result<Outgoing, Unsupported> {
+        let awaited = |wire: &mut Wire, asked: Asked, method: &str, params: Value| {
+            wire.asked.insert(id.clone(), asked);
+            Ok(Outgoing {
+                lines: vec![request(&id, method, params)],
+                awaits: Some(id.clone()),
+                ..Default::default()
+            })
+        };
+        let conversation = self.conversation.clone().unwrap_or_default();
+        match command {
+            Command::Initialize => awaited(
+                self,
+                Asked::Initialize,
+                "initialize",
+                json!({
+                    "protocolVersion": PROTOCOL_VERSION,
+                    "clientCapabilities": {"fs": {"readTextFile": self.offer_reads, "writeTextFile": true}, "terminal": false},
+                    "clientInfo": {"name": "berth", "title": "berth", "version": crate::version::VERSION},
+                }),
+            ),
+            Command::NewConversation { cwd } => awaited(
+                self,
+                Asked::Conversation,
+                "session/new",
+                json!({"cwd": cwd, "mcpServers": []}),
+            ),
+            Command::LoadConversation { id: conv, cwd } | Command::ResumeConversation { id: conv, cwd } => {
+                let method = if matches!(command, Command::LoadConversation { .. }) {
+                    "session/load"
+                } else {
+                    "session/resume"
+                };
+                self.conversation = Some(conv.clone());
+                awaited(
+                    self,
+                    Asked::Conversation,
+                    method,
+                    json!({"sessionId": conv, "cwd": cwd, "mcpServers": []}),
+                )
+            }
+            Command::Prompt(text) => {
+                if self.conversation.is_none() {
+                    return Err(Unsupported::Command);
+                }
+                // Delivered once written: the answer comes when the turn ends.
+                self.asked.insert(id.clone(), Asked::Prompt);
+                self.turn = Some(Turn {
+                    id: id.clone(),
+                    ..Default::default()
+                });
+                let params = json!({"sessionId": conversation, "prompt": [{"type": "text", "text": text}]});
+                Ok(Outgoing {
+                    lines: vec![request(&id, "session/prompt", params)],
+                    awaits: None,
+                    working: Some(true),
+                    signals: vec![Signal::TurnStarted],
+                })
+            }
+            Command::Steer(_) => Err(Unsupported::Steer),
+            Command::Abort => {
+                // The protocol requires every pending permission request be answered `cancelled`.
+                let mut lines =
+                    vec![json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": conversation}})];
+                for (_, agent_id) in self.questions.drain() {
+                    lines.push(answer(agent_id, &Answer::Cancelled));
+                }
+                Ok(Outgoing {
+                    lines,
+                    signals: vec![Signal::QuestionsCleared],
+                    ..Default::default()
+                })
+            }
+            Command::Answer { request_id, answer: a } => {
+                let agent_id = self.questions.remove(request_id).ok_or(Unsupported::Command)?;
+                Ok(Outgoing {
+                    lines: vec![answer(agent_id, a)],
+                    ..Default::default()
+                })
+            }
+            Command::SetMode(mode) => awaited(
+                self,
+                Asked::Other,
+                "session/set_mode",
+                json!({"sessionId": conversation, "modeId": mode}),
+            ),
+            Command::SetOption { option_id, value } => awaited(
+                self,
+                Asked::Other,
+                "session/set_config_option",
+                json!({"sessionId": conversation, "configId": option_id, "value": value}),
+            ),
+            Command::AskState | Command::AskCommands | Command::AskModels => Err(Unsupported::Command),
+        }
+    }
+
+    pub fn decode(&mut self, mut line: Value) -> Inbound {
+        if let Some(o) = line.as_object_mut() {
+            o.remove("jsonrpc");
+        }
+        let method = line["method"].as_str().map(str::to_string);
+        let has_id = line.get("id").is_some_and(|id| !id.is_null());
+        match (method, has_id) {
+            (None, true) => self.answered(line),
+            (Some(method), true) => self.asked_of_berth(&method, line),
+            (Some(method), false) if method == "session/update" => self.update(line),
+            // Other notifications (`_meta` traffic, an auth status) are the agent's to tell: recorded.
+            _ => Inbound {
+                record: Some(line),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The answer to one of berth's requests.
+    fn answered(&mut self, line: Value) -> Inbound {
+        let id = match &line["id"] {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let Some(asked) = self.asked.remove(&id) else {
+            return Inbound {
+                record: Some(line),
+                ..Default::default()
+            };
+        };
+        let reply = match line.get("error") {
+            Some(e) => Reply::Refused {
+                reason: e["message"].as_str().unwrap_or("refused by the agent").to_string(),
+                code: e["code"].as_i64(),
+            },
+            None => Reply::Ok(line["result"].clone()),
+        };
+        let mut inbound = Inbound::default();
+        match asked {
+            Asked::Prompt => {
+                let turn = self.turn.take_if(|t| t.id == id).unwrap_or_default();
+                let stop_reason = match &reply {
+                    Reply::Ok(r) => r["stopReason"].as_str().unwrap_or("end_turn").to_string(),
+                    _ => "error".to_string(),
+                };
+                let mut content = Vec::new();
+                if !turn.thought.is_empty() {
+                    content.push(json!({"type": "thinking", "thinking": turn.thought}));
+                }
+                content.push(json!({"type": "text", "text": turn.text}));
+                inbound.signals = vec![
+                    Signal::QuestionsCleared,
+                    Signal::ToolEnded,
+                    Signal::Assistant(json!({"role": "assistant", "content": content, "stopReason": stop_reason})),
+                    Signal::TurnSettled {
+                        stop_reason: Some(stop_reason),
+                    },
+                ];
+                self.questions.clear();
+                inbound.record = Some(line);
+                return inbound;
+            }
+            Asked::Initialize => {
+                if let Reply::Ok(r) = &reply {
+                    let caps = &r["agentCapabilities"];
+                    let intro = Introduction {
+                        info: r["agentInfo"].clone(),
+                        can_load: caps["loadSession"] == true,
+                        can_resume: caps["sessionCapabilities"]["resume"].is_object(),
+                        auth_methods: r["authMethods"].as_array().cloned().unwrap_or_default(),
+                    };
+                    let mut facts = Map::new();
+                    facts.insert(
+                        "identity".into(),
+                        json!({
+                            "name": r["agentInfo"]["name"],
+                            "title": r["agentInfo"]["title"],
+                            "version": r["agentInfo"]["version"],
+                            "protocol_version": r["protocolVersion"],
+                            "capabilities": caps,
+                            "auth_methods": intro.auth_methods,
+                        }),
+                    );
+                    inbound.signals.push(Signal::Notice(Notice::Learned(facts)));
+                    self.introduction = Some(intro);
+                }
+            }
+            Asked::Conversation => {
+                if let Reply::Ok(r) = &reply {
+                    if let Some(conv) = r["sessionId"].as_str() {
+                        self.conversation = Some(conv.to_string());
+                    }
+                    let facts = conversation_facts(r);
+                    if !facts.is_empty() {
+                        inbound.signals.push(Signal::Notice(Notice::Learned(facts)));
+                    }
+                }
+            }
+            Asked::Other => {}
+        }
+        inbound.reply = Some((id, reply));
+        inbound
+    }
+
+    /// A request of the agent's: a permission question, a file berth serves, or something not offered.
+    fn asked_of_berth(&mut self, method: &str, line: Value) -> Inbound {
+        let agent_id = line["id"].clone();
+        let params = &line["params"];
+        match method {
+            "session/request_permission" => {
+                let shown = match &agent_id {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                self.questions.insert(shown.clone(), agent_id);
+                let request = json!({
+                    "id": shown,
+                    "method": "request_permission",
+                    "title": params["toolCall"]["title"],
+                    "tool_call": params["toolCall"],
+                    "options": params["options"],
+                });
+                Inbound {
+                    signals: vec![Signal::Question {
+                        request,
+                        timeout_ms: None,
+                    }],
+                    record: Some(line),
+                    ..Default::default()
+                }
+            }
+            "fs/read_text_file" | "fs/write_text_file" if method != "fs/read_text_file" || self.offer_reads => {
+                let path = params["path"].as_str().unwrap_or_default().to_string();
+                let op = if method == "fs/read_text_file" {
+                    fs::Op::Read {
+                        path: path.clone(),
+                        line: params["line"].as_u64(),
+                        limit: params["limit"].as_u64(),
+                    }
+                } else {
+                    fs::Op::Write {
+                        path: path.clone(),
+                        content: params["content"].as_str().map(str::to_string),
+                    }
+                };
+                // Recorded without the file's content: which file, and that it was asked for.
+                let record = json!({"id": agent_id, "method": method, "params": {"path": path}});
+                Inbound {
+                    record: Some(record),
+                    serve: Some(fs::Request { id: agent_id, op }),
+                    ..Default::default()
+                }
+            }
+            _ => Inbound {
+                send: vec![json!({"jsonrpc": "2.0", "id": agent_id,
+                    "error": {"code": -32601, "message": format!("berth does not offer {method}")}})],
+                record: Some(line),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// A `session/update` notification.
+    fn update(&mut self, line: Value) -> Inbound {
+        let update = &line["params"]["update"];
+        let kind = update["sessionUpdate"].as_str().unwrap_or_default().to_string();
+        let mut inbound = Inbound::default();
+        let learned = |key: &str, value: &Value| {
+            let mut facts = Map::new();
+            facts.insert(key.to_string(), value.clone());
+            Signal::Notice(Notice::Learned(facts))
+        };
+        match kind.as_str() {
+            "agent_message_chunk" | "agent_thought_chunk" => {
+                // Outside a turn it is history that `session/load` replays: recorded when it was said.
+                let Some(turn) = self.turn.as_mut() else {
+                    return inbound;
+                };
+                let text = update["content"]["text"].as_str().unwrap_or_default();
+                let kept = if kind == "agent_message_chunk" {
+                    &mut turn.text
+                } else {
+                    &mut turn.thought
+                };
+                if kept.len() + text.len() <= TURN_TEXT_CAP {
+                    kept.push_str(text);
+                }
+                if let Some(delta) = chunk(&line, &kind) {
+                    inbound.delta = Some(delta);
+                    return inbound;
+                }
+            }
+            "user_message_chunk" => return inbound,
+            "tool_call" | "tool_call_update" => {
+                if self.turn.is_none() {
+                    return inbound;
+                }
+                let status = update["status"].as_str().unwrap_or_default();
+                if kind == "tool_call" && !matches!(status, "completed" | "failed") {
+                    let title = update["title"].as_str().or(update["kind"].as_str()).unwrap_or("tool");
+                    inbound.signals.push(Signal::ToolStarted(title.to_string()));
+                } else if matches!(status, "completed" | "failed") {
+                    inbound.signals.push(Signal::ToolEnded);
+                }
+            }
+            "plan" => inbound.signals.push(learned("plan", &update["entries"])),
+            "available_commands_update" => inbound.signals.push(learned("commands", &update["availableCommands"])),
+            "current_mode_update" => inbound.signals.push(learned("mode", &update["currentModeId"])),
+            "config_option_update" => inbound
+                .signals
+                .push(learned("config_options", &update["configOptions"])),
+            "session_info_update" => {
+                if update["title"].is_string() {
+                    inbound.signals.push(learned("session_name", &update["title"]));
+                }
+            }
+            "usage_update" => inbound.signals.push(learned(
+                "usage",
+                &json!({"used": update["used"], "size": update["size"], "cost": update["cost"]}),
+            )),
+            _ => {}
+        }
+        inbound.record = Some(line);
+        inbound
+    }
+}
+
+/// The modes, models and options a conversation offers, as `session/new` (or a load) tells them.
+fn conversation_facts(result: &Value) -> Map<String, Value> {
+    let mut facts = Map::new();
+    if let Some(modes) = result.get("modes").filter(|m| m.is_object()) {
+        facts.insert("modes".into(), modes["availableModes"].clone());
+        facts.insert("mode".into(), modes["currentModeId"].clone());
+    }
+    if let Some(models) = result.get("models").filter(|m| m.is_object()) {
+        facts.insert("models".into(), models["availableModels"].clone());
+        facts.insert("model".into(), models["currentModelId"].clone());
+    }
+    if let Some(options) = result.get("configOptions").filter(|o| o.is_array()) {
+        facts.insert("config_options".into(), options.clone());
+    }
+    facts
+}
+
+/// A text chunk that carries nothing beyond its kind, text and message id merges with its run; anything
+/// richer is recorded as it came.
+fn chunk(line: &Value, kind: &str) -> Option<Delta> {
+    let params = line["params"].as_object()?;
+    let update = params.get("update")?.as_object()?;
+    let content = update.get("content")?.as_object()?;
+    let only_known = line
+        .as_object()?
+        .keys()
+        .all(|k| matches!(k.as_str(), "method" | "params"))
+        && params.keys().all(|k| matches!(k.as_str(), "sessionId" | "update"))
+        && update
+            .keys()
+            .all(|k| matches!(k.as_str(), "sessionUpdate" | "content" | "messageId"))
+        && content.keys().all(|k| matches!(k.as_str(), "type" | "text"))
+        && content.get("type")? == "text";
+    if !only_known {
+        return None;
+    }
+    Some(Delta {
+        run: Run {
+            protocol: Protocol::Acp,
+            kind: Some(kind.to_string()),
+            block: update.get("messageId").cloned().unwrap_or(Value::Null),
+            conversation: params.get("sessionId").cloned().unwrap_or(Value::Null),
+        },
+        text: content.get("text")?.as_str()?.to_string(),
+    })
+}
+
+/// The answer to a permission request.
+fn answer(agent_id: Value, answer: &Answer) -> Value {
+    let outcome = match answer {
+        Answer::Option(option) => json!({"outcome": "selected", "optionId": option}),
+        _ => json!({"outcome": "cancelled"}),
+    };
+    json!({"jsonrpc": "2.0", "id": agent_id, "result": {"outcome": outcome}})
+}
+
+/// A permission question is answered with one of its options, or cancelled.
+pub(super) fn fits(request: &Value, answer: &Answer) -> Result<(), (&'static str, String)> {
+    match answer {
+        Answer::Cancelled => Ok(()),
+        Answer::Option(o) => {
+            let offered = request["options"]
+                .as_array()
+                .is_some_and(|opts| opts.iter().any(|opt| opt["optionId"] == o.as_str()));
+            if offered {
+                Ok(())
+            } else {
+                Err(("option_id", "not one of the options the agent offered".into()))
+            }
+        }
+        _ => Err(("option_id", "a permission request is answered with option_id".into())),
+    }
+}
+
+/// The answer to a file request berth served.
+pub(super) fn served(id: Value, result: Result<Value, fs::Failure>) -> Value {
+    match result {
+        Ok(r) => json!({"jsonrpc": "2.0", "id": id, "result": r}),
+        Err(f) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": f.code, "message": f.message}}),
+    }
+}
+
+#[cfg(test)]
+mod tests;
