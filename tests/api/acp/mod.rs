@@ -205,7 +205,7 @@ impl Agent {
                 let codex_home = self.home().join(".codex");
                 std::fs::create_dir_all(&codex_home).unwrap();
                 let config = format!(
-                    r#"model = "mock-model"
+                    r#"model = "gpt-5.5"
 model_provider = "mock"
 approval_policy = "on-request"
 sandbox_mode = "danger-full-access"

@@ -174,6 +174,7 @@ async fn tools_streams_and_one_conversation_across_a_restart(app: TestApp, kind:
         return;
     };
     let (id, worktree) = session(&app, kind).await;
+    let opened_at = chrono::Utc::now();
     let hello = format!("{worktree}/hello.txt");
     agent.model.reply_to(
         WRITE,
@@ -229,6 +230,9 @@ async fn tools_streams_and_one_conversation_across_a_restart(app: TestApp, kind:
     let recorded_ref = agent_session_ref(&app, id).await;
 
     // berth restarts: the session is relaunched, the agent loads the same conversation.
+    if kind == Kind::Gemini {
+        next_minute_after(opened_at).await;
+    }
     let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
     let restarted = restart(&mut app).await;
     wait_session(&app, id, "relaunched", |v| {
@@ -250,6 +254,22 @@ async fn tools_streams_and_one_conversation_across_a_restart(app: TestApp, kind:
     assert_eq!(after.iter().filter(|t| *t == &long).count(), 1, "{after:?}");
     stop(&app, id).await;
     drop(restarted);
+}
+
+/// gemini-cli 0.61 names a conversation's file after the wall-clock minute it opens it in: a process that
+/// loads the conversation within the minute it was created writes over that file and finds nothing
+/// (`session/load`: "No previous sessions found"). Its users restart it in a later minute; so does this test.
+async fn next_minute_after(t: chrono::DateTime<chrono::Utc>) {
+    use chrono::Timelike;
+    let minute = |t: chrono::DateTime<chrono::Utc>| (t.date_naive(), t.hour(), t.minute());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(70);
+    while minute(chrono::Utc::now()) == minute(t) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the clock never reached the next minute"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 const FIRST: &str = "Start a long answer.";
