@@ -14,6 +14,7 @@ pub mod ops;
 pub mod problem;
 pub mod repositories;
 pub mod session_messages;
+pub mod session_settings;
 pub mod session_snapshot;
 pub mod sessions;
 pub mod tasks;
@@ -301,6 +302,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(sessions::routes)
                 .configure(session_messages::routes)
                 .configure(session_snapshot::routes)
+                .configure(session_settings::routes)
                 .configure(events::routes)
                 .configure(agent_profiles::routes)
                 .configure(cleanup_jobs::routes)

@@ -13,6 +13,9 @@ pub enum CommandKind {
     /// An answer to one of the agent's questions (`payload`: `request_id` and `response`).
     #[sea_orm(string_value = "answer")]
     Answer,
+    /// A mode or configuration option for the agent (`payload`: a `Setting`).
+    #[sea_orm(string_value = "configure")]
+    Configure,
 }
 
 /// `pending` until the owning node carried it out (`done`) or could not (`failed`, with the error in

@@ -354,6 +354,9 @@ impl TestApp {
     pub async fn delete(&self, path: &str) -> Reply {
         self.call(Method::DELETE, path, Some(&self.admin), None).await
     }
+    pub async fn put(&self, path: &str, body: Value) -> Reply {
+        self.call(Method::PUT, path, Some(&self.admin), Some(body)).await
+    }
 
     /// Creates a workspace and returns its id.
     pub async fn workspace(&self, name: &str) -> Uuid {

@@ -41,12 +41,13 @@ pub struct Wire {
     introduction: Option<Introduction>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Asked {
     Initialize,
     Conversation,
     Prompt,
-    Other,
+    Mode(String),
+    Option,
 }
 
 #[derive(Debug, Default)]
@@ -164,13 +165,13 @@ impl Wire {
             }
             Command::SetMode(mode) => awaited(
                 self,
-                Asked::Other,
+                Asked::Mode(mode.clone()),
                 "session/set_mode",
                 json!({"sessionId": conversation, "modeId": mode}),
             ),
             Command::SetOption { option_id, value } => awaited(
                 self,
-                Asked::Other,
+                Asked::Option,
                 "session/set_config_option",
                 json!({"sessionId": conversation, "configId": option_id, "value": value}),
             ),
@@ -210,7 +211,7 @@ impl Wire {
         };
         let reply = match line.get("error") {
             Some(e) => Reply::Refused {
-                reason: e["message"].as_str().unwrap_or("refused by the agent").to_string(),
+                reason: refusal(e),
                 code: e["code"].as_i64(),
             },
             None => Reply::Ok(line["result"].clone()),
@@ -276,7 +277,19 @@ impl Wire {
                     }
                 }
             }
-            Asked::Other => {}
+            // A mode or an option taken: what the agent now says about its options (it may also report
+            // the change as an update).
+            Asked::Mode(_) | Asked::Option => {
+                if let Reply::Ok(r) = &reply {
+                    let mut facts = conversation_facts(r);
+                    if let Asked::Mode(mode) = &asked {
+                        facts.insert("mode".into(), mode.clone().into());
+                    }
+                    if !facts.is_empty() {
+                        inbound.signals.push(Signal::Notice(Notice::Learned(facts)));
+                    }
+                }
+            }
         }
         inbound.reply = Some((id, reply));
         inbound
@@ -402,6 +415,25 @@ impl Wire {
         }
         inbound.record = Some(line);
         inbound
+    }
+}
+
+/// A JSON-RPC error as a reason: its message, with the details agents put in `data` (gemini-cli answers
+/// "Internal error" and says why there).
+fn refusal(e: &Value) -> String {
+    let message = e["message"].as_str().unwrap_or("refused by the agent");
+    let details = match &e["data"] {
+        Value::String(d) => Some(d.clone()),
+        Value::Object(o) => o
+            .get("details")
+            .or(o.get("message"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    };
+    match details {
+        Some(d) if !d.is_empty() && d != message => format!("{message}: {d}"),
+        _ => message.to_string(),
     }
 }
 

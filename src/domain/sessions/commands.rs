@@ -144,5 +144,9 @@ async fn execute(ctx: &Ctx, c: &command::Model) -> Result<()> {
             let answer = control::from_response(&c.payload["response"])?;
             control::answer_session(ctx, &task, &s, request_id, answer).await
         }
+        CommandKind::Configure => {
+            let setting = super::settings::Setting::from_payload(&c.payload)?;
+            super::settings::configure_session(ctx, &s, &setting).await
+        }
     }
 }

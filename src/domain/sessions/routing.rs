@@ -37,6 +37,8 @@ pub(super) enum Command<'a> {
         request_id: &'a str,
         response: Value,
     },
+    /// A mode or an option for the agent.
+    Configure(Value),
 }
 
 /// The execution of the session's agent when another node runs it (it is `starting` or `running`
@@ -69,6 +71,7 @@ pub(super) async fn forward(ctx: &Ctx, s: &session::Model, command: Command<'_>)
             CommandKind::Answer,
             json!({ "request_id": request_id, "response": response }),
         ),
+        Command::Configure(setting) => (CommandKind::Configure, setting),
     };
     let conn = &ctx.db.conn;
     let id = store::insert(conn, s.id, execution_id, kind, payload, crate::clock::now()).await?;

@@ -256,6 +256,69 @@ async fn tools_streams_and_one_conversation_across_a_restart(app: TestApp, kind:
     drop(restarted);
 }
 
+/// Picks another value of the agent's first select option with two values or more (else another mode),
+/// sets it through the API and waits for the snapshot to show it; then a value the agent refuses.
+async fn choose_a_setting(app: &TestApp, id: Uuid) {
+    let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+    let agent = &snap["agent"];
+    let option = agent["config_options"].as_array().into_iter().flatten().find(|o| {
+        o["type"] == "select" && o["options"].as_array().is_some_and(|v| v.len() > 1) && o["category"] != "model"
+    });
+    if let Some(option) = option {
+        let option_id = option["id"].as_str().unwrap();
+        let other = option["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["value"].clone())
+            .find(|v| *v != option["currentValue"])
+            .unwrap();
+        app.put(
+            &format!("/api/v1/sessions/{id}/config-options/{option_id}"),
+            json!({ "value": other }),
+        )
+        .await
+        .ok(200);
+        wait_snapshot(app, id, "the option set", |s| {
+            s["agent"]["config_options"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|o| o["id"] == option_id && o["currentValue"] == other)
+        })
+        .await;
+        app.put(
+            &format!("/api/v1/sessions/{id}/config-options/{option_id}"),
+            json!({ "value": "no-such-value" }),
+        )
+        .await
+        .problem(422, "validation_failed");
+        return;
+    }
+    // A mode the agent takes: some refuse privileged modes in a folder they do not trust (422 with why).
+    let modes = agent["modes"].as_array().cloned().unwrap_or_default();
+    let mut refused = Vec::new();
+    for other in modes.iter().map(|m| m["id"].clone()).filter(|m| *m != agent["mode"]) {
+        let r = app
+            .put(&format!("/api/v1/sessions/{id}/mode"), json!({ "mode_id": other }))
+            .await;
+        if r.status == 422 {
+            refused.push(r.json()["detail"].clone());
+            continue;
+        }
+        r.ok(200);
+        wait_snapshot(app, id, "the mode set", |s| s["agent"]["mode"] == other).await;
+        app.put(
+            &format!("/api/v1/sessions/{id}/mode"),
+            json!({ "mode_id": "no-such-mode" }),
+        )
+        .await
+        .problem(422, "validation_failed");
+        return;
+    }
+    panic!("the agent took no mode and offers no option to choose: {agent}; refused: {refused:?}");
+}
+
 /// gemini-cli 0.61 names a conversation's file after the wall-clock minute it opens it in: a process that
 /// loads the conversation within the minute it was created writes over that file and finds nothing
 /// (`session/load`: "No previous sessions found"). Its users restart it in a later minute; so does this test.
@@ -338,6 +401,9 @@ async fn abort_and_a_message_mid_turn(app: TestApp, kind: Kind) {
             "usage reaches the events"
         );
     }
+    // The modes and options the agent offers can be set; a refused value says why and changes nothing.
+    choose_a_setting(&app, id).await;
+
     // Steering is refused with a typed 409, never downgraded.
     app.post(
         &format!("/api/v1/sessions/{id}/messages"),
