@@ -44,7 +44,7 @@ impl Run {
 pub enum Wire {
     Lines(jsonl::Wire),
     Pi(pi::Wire),
-    Acp(acp::Wire),
+    Acp(Box<acp::Wire>),
 }
 
 impl Wire {
@@ -52,14 +52,14 @@ impl Wire {
         match protocol {
             Protocol::JsonLines => Wire::Lines(jsonl::Wire),
             Protocol::Pi => Wire::Pi(pi::Wire::default()),
-            Protocol::Acp => Wire::Acp(acp::Wire::new(true)),
+            Protocol::Acp => Wire::Acp(Box::new(acp::Wire::new(true))),
         }
     }
 
     /// The wire for an agent of this profile.
     pub fn for_profile(profile: &crate::config::AgentProfile) -> Wire {
         match profile.protocol {
-            Protocol::Acp => Wire::Acp(acp::Wire::new(profile.fs_read.unwrap_or(true))),
+            Protocol::Acp => Wire::Acp(Box::new(acp::Wire::new(profile.fs_read.unwrap_or(true)))),
             other => Wire::new(other),
         }
     }

@@ -402,10 +402,8 @@ impl Wire {
             "config_option_update" => inbound
                 .signals
                 .push(learned("config_options", &update["configOptions"])),
-            "session_info_update" => {
-                if update["title"].is_string() {
-                    inbound.signals.push(learned("session_name", &update["title"]));
-                }
+            "session_info_update" if update["title"].is_string() => {
+                inbound.signals.push(learned("session_name", &update["title"]));
             }
             "usage_update" => inbound.signals.push(learned(
                 "usage",
