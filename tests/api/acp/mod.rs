@@ -17,6 +17,7 @@ use tempfile::TempDir;
 use crate::helpers::TestApp;
 use crate::model_server::ModelServer;
 
+mod hostile;
 mod scenarios;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
