@@ -135,11 +135,6 @@ pub fn asks_state(protocol: Protocol) -> bool {
     protocol == Protocol::Pi
 }
 
-/// Whether every command waits for the agent's answer (Pi answers each; `jsonl` answers none).
-pub fn answers_commands(protocol: Protocol) -> bool {
-    matches!(protocol, Protocol::Pi | Protocol::Acp)
-}
-
 /// Whether the agent takes a steering message mid-turn (ACP has no such message in version 1).
 pub fn steers(protocol: Protocol) -> bool {
     matches!(protocol, Protocol::Pi | Protocol::JsonLines)

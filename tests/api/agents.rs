@@ -1131,7 +1131,7 @@ async fn a_restore_that_moves_a_session_to_recovering_reports_it(app: TestApp) {
 }
 
 /// Every event, through replay pages.
-async fn all_events(app: &TestApp) -> Vec<Value> {
+pub(crate) async fn all_events(app: &TestApp) -> Vec<Value> {
     let mut out = Vec::new();
     let mut after = 0;
     loop {

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::{Kind, with_agent};
+use crate::agents::all_events;
 use crate::helpers::TestApp;
 use crate::model_server::{Gate, ModelRequest, Outcome, Reply};
 use crate::pi::{
@@ -64,24 +65,6 @@ async fn launch(app: &TestApp, id: Uuid, prompt: Option<&str>) {
 
 async fn idle(app: &TestApp, id: Uuid, what: &str) -> Value {
     wait_session(app, id, what, |s| s["state"] == "idle").await
-}
-
-/// Every event of the log, oldest first.
-async fn all_events(app: &TestApp) -> Vec<Value> {
-    let mut out = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = app
-            .get(&format!("/api/v1/events?after={after}&limit=1000"))
-            .await
-            .ok(200);
-        let events = page["events"].as_array().unwrap().clone();
-        if events.is_empty() {
-            return out;
-        }
-        after = events.last().unwrap()["seq"].as_i64().unwrap();
-        out.extend(events);
-    }
 }
 
 /// What the agent printed for this session, as berth recorded it (`runtime.output`), in order.
