@@ -68,13 +68,38 @@ enum Command {
         #[command(subcommand)]
         source: berth::import::ImportSource,
     },
+    /// The agents of the configuration's `[agents.<name>]` profiles.
+    Agents {
+        #[command(subcommand)]
+        action: AgentsAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum AgentsAction {
+    /// Start each profile's agent as a launch would, ask who it is (ACP `initialize`: name, version,
+    /// capabilities, auth methods; Pi: its model), stop it. Exit 1 if one fails.
+    Check {
+        /// Check only this profile (repeatable); every profile when absent.
+        #[arg(long = "profile")]
+        profiles: Vec<String>,
+        /// How long each agent has to answer: 30s, 2m.
+        #[arg(long, default_value = "60s")]
+        timeout: String,
+        #[command(flatten)]
+        settings: SettingsArgs,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let settings = match &cli.command {
         Command::Serve(s) | Command::Migrate(s) | Command::Config(s) => s.clone(),
-        Command::Token { settings, .. } | Command::Healthcheck { settings, .. } => settings.clone(),
+        Command::Token { settings, .. }
+        | Command::Healthcheck { settings, .. }
+        | Command::Agents {
+            action: AgentsAction::Check { settings, .. },
+        } => settings.clone(),
         Command::Openapi | Command::Import { .. } => SettingsArgs::default(),
     };
     let env = settings.over(&ProcessEnv);
@@ -103,6 +128,14 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    if let Command::Agents {
+        action: AgentsAction::Check { profiles, timeout, .. },
+    } = &cli.command
+    {
+        let code = runtime.block_on(check_agents(&config, profiles, timeout));
+        runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+        return code;
+    }
     if let Command::Import { source } = cli.command {
         return runtime.block_on(berth::import::run_cli(&config, source));
     }
@@ -119,9 +152,11 @@ fn main() -> ExitCode {
                 new_secret,
                 ..
             } => token(&config, &sub, &scope, workspaces, session, &ttl, new_secret),
-            Command::Openapi | Command::Config(_) | Command::Healthcheck { .. } | Command::Import { .. } => {
-                unreachable!()
-            }
+            Command::Openapi
+            | Command::Config(_)
+            | Command::Healthcheck { .. }
+            | Command::Import { .. }
+            | Command::Agents { .. } => unreachable!(),
         }
     });
     // Nothing left behind may hold the exit (a blocking task would, were the runtime merely dropped).
@@ -165,6 +200,51 @@ fn healthcheck(env: &dyn Env, timeout: &str) -> ExitCode {
             eprintln!("not ready: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `berth agents check`: one block per profile, `ok` or `FAILED` with the reason.
+async fn check_agents(config: &Config, only: &[String], timeout: &str) -> ExitCode {
+    let within = match parse_ttl(timeout) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("berth: --timeout: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(unknown) = only.iter().find(|name| !config.agents.contains_key(*name)) {
+        eprintln!("berth: --profile {unknown}: no such profile in the configuration");
+        return ExitCode::from(2);
+    }
+    if config.agents.is_empty() {
+        eprintln!("berth: the configuration has no [agents.<name>] profiles (BERTH_CONFIG)");
+        return ExitCode::from(2);
+    }
+    let mut failed = 0;
+    for (name, profile) in &config.agents {
+        if !only.is_empty() && !only.contains(name) {
+            continue;
+        }
+        match berth::runtime::check::check(profile, within).await {
+            Ok(facts) => {
+                println!("{name}: ok");
+                for (label, value) in facts {
+                    println!("  {label}: {value}");
+                }
+            }
+            Err(reason) => {
+                failed += 1;
+                println!("{name}: FAILED");
+                for line in reason.lines() {
+                    println!("  {line}");
+                }
+            }
+        }
+    }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

@@ -15,6 +15,7 @@ use crate::agent::lines::{held_bytes, parsed_bound, skip_line};
 use crate::agent::{Delta, Inbound, Reply, Signal, Wire};
 use crate::config::AgentProfile;
 
+pub mod check;
 mod commands;
 mod orphans;
 mod stop;
@@ -170,17 +171,7 @@ impl Runtime {
         }
         // An agent sees an allow-list of berth's environment, never its secrets or database URL (an agent
         // holding BERTH_JWT_SECRET could mint an admin token): then its profile's, then its session's.
-        let mut child = Process::new(&profile.command)
-            .args(&profile.args)
-            .env_clear()
-            .envs(inherited_env())
-            .envs(
-                profile
-                    .pass_env
-                    .iter()
-                    .filter_map(|k| std::env::var_os(k).map(|v| (k.clone(), v))),
-            )
-            .envs(&profile.env)
+        let mut child = agent_process(profile)
             .env("BERTH_SESSION_ID", session_id.to_string())
             .env("BERTH_EXECUTION_ID", execution_id.to_string())
             .current_dir(ws.path())
@@ -424,6 +415,24 @@ impl Runtime {
 /// its home, its locale and its terminal. Everything else (every `BERTH_*` setting and secret, database
 /// URLs, cloud credentials) stays with berth; a profile passes what its agent needs through `env`.
 pub const INHERITED_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "TERM", "USER", "TMPDIR"];
+
+/// The agent's process as a profile describes it: its command and arguments, and an allow-list of berth's
+/// environment (never its secrets or database URL), then the profile's `pass_env`, then its `env`.
+pub(crate) fn agent_process(profile: &AgentProfile) -> Process {
+    let mut process = Process::new(&profile.command);
+    process
+        .args(&profile.args)
+        .env_clear()
+        .envs(inherited_env())
+        .envs(
+            profile
+                .pass_env
+                .iter()
+                .filter_map(|k| std::env::var_os(k).map(|v| (k.clone(), v))),
+        )
+        .envs(&profile.env);
+    process
+}
 
 fn inherited_env() -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
     std::env::vars_os().filter(|(k, _)| {

@@ -17,7 +17,7 @@ both_backends!(
     an_agent_wanting_credentials_fails_with_its_methods
 );
 
-fn profile(auth: bool) -> berth::config::AgentProfile {
+pub(super) fn profile(auth: bool) -> berth::config::AgentProfile {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/acp/hostile/agent.py");
     let mut env = BTreeMap::new();
     if auth {

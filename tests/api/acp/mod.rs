@@ -17,6 +17,7 @@ use tempfile::TempDir;
 use crate::helpers::TestApp;
 use crate::model_server::ModelServer;
 
+mod check;
 mod hostile;
 mod scenarios;
 
