@@ -17,6 +17,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+pub mod about;
 pub mod acp;
 pub mod fs;
 pub mod jsonl;

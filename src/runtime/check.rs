@@ -1,7 +1,6 @@
 //! `berth agents check`: each configured profile's agent started as a launch would start it (the same
-//! command, arguments and environment), asked who it is, and stopped. ACP: `initialize`, whose answer
-//! names the agent, its version, capabilities and auth methods. Pi: `get_state` (its model and thinking
-//! level). The JSON-lines protocol has no handshake: the check proves the command starts and lives.
+//! command, arguments and environment), asked who it is (`crate::agent::about`), and stopped. A protocol
+//! without a handshake: the check proves the command starts and lives.
 //!
 //! The agent runs in an empty directory of its own, removed afterwards; nothing is recorded anywhere.
 use std::process::Stdio;
@@ -11,11 +10,9 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use super::agent_process;
-use crate::agent::{Command, Protocol, Reply, Wire};
+use crate::agent::about::{self, Facts};
+use crate::agent::{Reply, Wire};
 use crate::config::AgentProfile;
-
-/// What an agent said about itself: `(label, value)` pairs to print.
-pub type Facts = Vec<(&'static str, String)>;
 
 /// Starts the agent of `profile`, asks it who it is within `within`, and stops it.
 pub async fn check(profile: &AgentProfile, within: Duration) -> Result<Facts, String> {
@@ -62,18 +59,14 @@ async fn run(profile: &AgentProfile, dir: &std::path::Path, within: Duration) ->
 
 async fn ask(profile: &AgentProfile, child: &mut tokio::process::Child, within: Duration) -> Result<Facts, String> {
     let mut wire = Wire::for_profile(profile);
-    let command = match profile.protocol {
-        Protocol::Acp => Command::Initialize,
-        Protocol::Pi => Command::AskState,
-        Protocol::JsonLines => {
-            // No handshake: the command must start and still be running a moment later (its stdin kept
-            // open: `wait` would close it).
-            let _stdin = child.stdin.take();
-            return match tokio::time::timeout(Duration::from_millis(500), child.wait()).await {
-                Ok(status) => Err(format!("the agent exited at once ({})", describe(status))),
-                Err(_) => Ok(vec![("protocol", "jsonl (no handshake: the command started)".into())]),
-            };
-        }
+    let Some(command) = about::question(profile.protocol) else {
+        // No handshake: the command must start and still be running a moment later (its stdin kept
+        // open: `wait` would close it).
+        let _stdin = child.stdin.take();
+        return match tokio::time::timeout(Duration::from_millis(500), child.wait()).await {
+            Ok(status) => Err(format!("the agent exited at once ({})", describe(status))),
+            Err(_) => Ok(about::started(profile.protocol)),
+        };
     };
     let id = "berth-check".to_string();
     let outgoing = wire
@@ -113,7 +106,7 @@ async fn ask(profile: &AgentProfile, child: &mut tokio::process::Child, within: 
     .map_err(|_| format!("no answer within {}s", within.as_secs()))??;
     drop(stdin);
     match answer {
-        Reply::Ok(result) => Ok(facts(profile.protocol, &result)),
+        Reply::Ok(result) => Ok(about::facts(profile.protocol, &result)),
         Reply::Refused { reason, code } => Err(match code {
             Some(code) => format!("the agent refused ({code}): {reason}"),
             None => format!("the agent refused: {reason}"),
@@ -126,57 +119,5 @@ fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
     match status {
         Ok(s) => s.to_string(),
         Err(e) => e.to_string(),
-    }
-}
-
-/// What to print of the agent's answer.
-fn facts(protocol: Protocol, result: &Value) -> Facts {
-    let text = |v: &Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
-    match protocol {
-        Protocol::Acp => {
-            let info = &result["agentInfo"];
-            let methods: Vec<String> = result["authMethods"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|m| match m["name"].as_str() {
-                    Some(name) if name != m["id"] => format!("{} ({name})", text(&m["id"])),
-                    _ => text(&m["id"]),
-                })
-                .collect();
-            vec![
-                ("protocol", format!("acp, version {}", text(&result["protocolVersion"]))),
-                ("name", text(&info["name"])),
-                ("version", text(&info["version"])),
-                ("capabilities", result["agentCapabilities"].to_string()),
-                (
-                    "auth methods",
-                    if methods.is_empty() {
-                        "none".into()
-                    } else {
-                        methods.join(", ")
-                    },
-                ),
-            ]
-        }
-        _ => {
-            let data = if result["data"].is_null() {
-                result
-            } else {
-                &result["data"]
-            };
-            let model = &data["model"];
-            vec![
-                ("protocol", "pi".into()),
-                (
-                    "model",
-                    match (model["provider"].as_str(), model["id"].as_str()) {
-                        (Some(p), Some(m)) => format!("{p}/{m}"),
-                        _ => "none configured".into(),
-                    },
-                ),
-                ("thinking level", text(&data["thinkingLevel"])),
-            ]
-        }
     }
 }
