@@ -136,7 +136,12 @@ pub fn asks_state(protocol: Protocol) -> bool {
     protocol == Protocol::Pi
 }
 
-/// Whether the agent takes a steering message mid-turn (ACP has no such message in version 1).
-pub fn steers(protocol: Protocol) -> bool {
-    matches!(protocol, Protocol::Pi | Protocol::JsonLines)
+/// Whether the agent takes a steering message mid-turn, from its protocol and what it said about itself
+/// (a session's recorded facts). ACP version 1 has no such message: an agent takes one only when its
+/// `initialize` advertised the steering extension (the `identity` berth recorded says so).
+pub fn steers(protocol: Protocol, known: Option<&Value>) -> bool {
+    match protocol {
+        Protocol::Pi | Protocol::JsonLines => true,
+        Protocol::Acp => known.is_some_and(|k| k["identity"]["steering"] == true),
+    }
 }

@@ -179,6 +179,8 @@ pub struct Introduction {
     pub can_load: bool,
     pub can_resume: bool,
     pub auth_methods: Vec<Value>,
+    /// Whether it takes a message into a running turn (`_session/steering`, advertised in `_meta`).
+    pub steering: bool,
 }
 
 /// What a command came to.

@@ -20,6 +20,8 @@ use super::types::{
 
 /// The protocol version berth speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
+/// The steering extension's request: a message into the running turn.
+const STEER_METHOD: &str = "_session/steering";
 /// ACP's "authentication required" error code.
 pub const AUTH_REQUIRED: i64 = -32000;
 /// The most text of one turn kept for its transcript entry (the events hold all of it).
@@ -48,6 +50,7 @@ enum Asked {
     Prompt,
     Mode(String),
     Option,
+    Steer,
 }
 
 #[derive(Debug, Default)]
@@ -142,6 +145,19 @@ impl Wire {
                     signals: vec![Signal::TurnStarted],
                 })
             }
+            // The steering extension (`_session/steering`) where the agent advertises it. berth opts in to
+            // `promptRequired`: a steer that finds no running turn comes back to berth, which then sends
+            // it as the next prompt (never a turn the agent starts on its own).
+            Command::Steer(text) if self.introduction.as_ref().is_some_and(|i| i.steering) => awaited(
+                self,
+                Asked::Steer,
+                STEER_METHOD,
+                json!({
+                    "sessionId": conversation,
+                    "prompt": [{"type": "text", "text": text}],
+                    "_meta": {"steering": {"idleBehavior": "promptRequired"}},
+                }),
+            ),
             Command::Steer(_) => Err(Unsupported::Steer),
             Command::Abort => {
                 // The protocol requires every pending permission request be answered `cancelled`.
@@ -249,6 +265,7 @@ impl Wire {
                         can_load: caps["loadSession"] == true,
                         can_resume: caps["sessionCapabilities"]["resume"].is_object(),
                         auth_methods: r["authMethods"].as_array().cloned().unwrap_or_default(),
+                        steering: steering(r),
                     };
                     let mut facts = Map::new();
                     facts.insert(
@@ -260,6 +277,7 @@ impl Wire {
                             "protocol_version": r["protocolVersion"],
                             "capabilities": caps,
                             "auth_methods": intro.auth_methods,
+                            "steering": intro.steering,
                         }),
                     );
                     inbound.signals.push(Signal::Notice(Notice::Learned(facts)));
@@ -276,6 +294,20 @@ impl Wire {
                         inbound.signals.push(Signal::Notice(Notice::Learned(facts)));
                     }
                 }
+            }
+            Asked::Steer => {
+                // Taken into the turn; or the turn had ended (berth sends it as a prompt); or not taken.
+                let reply = match (&reply, reply_outcome(&reply)) {
+                    (Reply::Ok(_), Some("promptRequired")) => Reply::Busy,
+                    (Reply::Ok(_), Some("failed")) => Reply::Refused {
+                        reason: "the agent could not take the message into its turn".into(),
+                        code: None,
+                    },
+                    _ => reply,
+                };
+                inbound.record = Some(line);
+                inbound.reply = Some((id, reply));
+                return inbound;
             }
             // A mode or an option taken: what the agent now says about its options (it may also report
             // the change as an update).
@@ -418,6 +450,18 @@ impl Wire {
 
 /// A JSON-RPC error as a reason: its message, with the details agents put in `data` (gemini-cli answers
 /// "Internal error" and says why there).
+/// Whether an `initialize` answer advertises the steering extension (`_meta.steering.supported`).
+pub fn steering(initialized: &Value) -> bool {
+    initialized["_meta"]["steering"]["supported"] == true
+}
+
+fn reply_outcome(reply: &Reply) -> Option<&str> {
+    match reply {
+        Reply::Ok(r) => r["outcome"].as_str(),
+        _ => None,
+    }
+}
+
 fn refusal(e: &Value) -> String {
     let message = e["message"].as_str().unwrap_or("refused by the agent");
     let details = match &e["data"] {

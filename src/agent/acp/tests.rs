@@ -148,3 +148,44 @@ fn coalesced_chunks_render_in_the_agents_shape() {
     ));
     assert!(d.delta.is_none() && d.record.is_some());
 }
+
+fn introduced(w: &mut Wire, meta: Value) {
+    w.encode(&Command::Initialize, "berth-i".into()).unwrap();
+    w.decode(json!({"id": "berth-i", "result": {"protocolVersion": 1, "agentCapabilities": {}, "_meta": meta}}));
+}
+
+#[test]
+fn a_steer_goes_out_only_to_an_agent_that_advertised_the_extension() {
+    let mut plain = opened();
+    introduced(&mut plain, json!({}));
+    assert!(matches!(
+        plain.encode(&Command::Steer("s".into()), "berth-s".into()),
+        Err(Unsupported::Steer)
+    ));
+
+    let mut w = opened();
+    introduced(&mut w, json!({"steering": {"supported": true}}));
+    w.encode(&Command::Prompt("go".into()), "berth-p".into()).unwrap();
+    let out = w.encode(&Command::Steer("s".into()), "berth-s".into()).unwrap();
+    assert_eq!(out.awaits.as_deref(), Some("berth-s"));
+    assert_eq!(out.lines[0]["method"], "_session/steering");
+    assert_eq!(out.lines[0]["params"]["prompt"][0]["text"], "s");
+    assert_eq!(
+        out.lines[0]["params"]["_meta"]["steering"]["idleBehavior"], "promptRequired",
+        "berth, not the agent, starts a turn for a steer that finds none"
+    );
+    let d = w.decode(json!({"id": "berth-s", "result": {"outcome": "injected"}}));
+    assert_eq!(
+        d.reply,
+        Some(("berth-s".into(), Reply::Ok(json!({"outcome": "injected"}))))
+    );
+    assert!(d.record.is_some(), "the agent's answer is recorded");
+
+    // No turn to steer: berth keeps the message for the next prompt.
+    w.encode(&Command::Steer("late".into()), "berth-l".into()).unwrap();
+    let d = w.decode(json!({"id": "berth-l", "result": {"outcome": "promptRequired", "reason": "noRunningTurn"}}));
+    assert_eq!(d.reply, Some(("berth-l".into(), Reply::Busy)));
+    w.encode(&Command::Steer("x".into()), "berth-x".into()).unwrap();
+    let d = w.decode(json!({"id": "berth-x", "result": {"outcome": "failed"}}));
+    assert!(matches!(d.reply, Some((_, Reply::Refused { .. }))));
+}

@@ -47,7 +47,8 @@ pub async fn post(ctx: &Ctx, p: &Principal, session_id: Uuid, text: &str, delive
         ));
     }
     // A steer the agent cannot take is refused now, never downgraded to a follow-up.
-    if delivery == Delivery::Steer && !crate::agent::steers(super::conversation::protocol_of(ctx, &s)) {
+    let protocol = super::conversation::protocol_of(ctx, &s);
+    if delivery == Delivery::Steer && !crate::agent::steers(protocol, s.agent_state.as_ref()) {
         return Err(Error::SteerUnsupported);
     }
     let message = enqueue(ctx, &task, &s, text, delivery).await?;
@@ -192,7 +193,6 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
             // Held until the turn settles.
             (Delivery::Auto | Delivery::FollowUp, true) => continue,
         };
-        let prompt = matches!(command, Command::Prompt(_));
         // In the transcript before the agent can answer it (a reply must never come first); taken back if
         // the agent does not take the message.
         let entry = crate::store::messages::append(
@@ -207,9 +207,9 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
             Sent::Accepted(_) => Outcome::Delivered,
             Sent::Refused { reason, .. } => Outcome::Refused(reason),
             Sent::Unsupported(u) => Outcome::Refused(u.to_string()),
-            // It was working after all: the message waits for the turn to settle.
-            Sent::Busy if prompt => Outcome::Wait,
-            Sent::Busy => Outcome::Refused("the agent is busy".into()),
+            // A prompt: it was working after all, the message waits for the turn to settle. A steer: the
+            // turn had ended, the message waits to be the next prompt.
+            Sent::Busy => Outcome::Wait,
             // It has the message and did not refuse it: a refusal comes at once.
             Sent::NoAnswer => Outcome::Delivered,
             Sent::Gone => Outcome::Gone,

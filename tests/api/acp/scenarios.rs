@@ -387,12 +387,56 @@ async fn abort_and_a_message_mid_turn(app: TestApp, kind: Kind) {
     // The modes and options the agent offers can be set; a refused value says why and changes nothing.
     choose_a_setting(&app, id).await;
 
-    // Steering is refused with a typed 409, never downgraded.
-    app.post(
-        &format!("/api/v1/sessions/{id}/messages"),
-        json!({"text": "steer me", "delivery": "steer"}),
-    )
-    .await
-    .problem(409, "steer_unsupported");
+    // Steering: an agent that advertises the extension (Claude Code, Codex) takes a message into the
+    // running turn, and the model sees it in that turn; the others refuse it with a typed 409, never
+    // downgraded to a follow-up.
+    let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+    let steering = matches!(kind, Kind::Claude | Kind::Codex);
+    assert_eq!(snap["agent"]["identity"]["steering"], steering, "{}", snap["agent"]);
+    if steering {
+        steer_into_a_running_turn(&app, &agent, id).await;
+    } else {
+        app.post(
+            &format!("/api/v1/sessions/{id}/messages"),
+            json!({"text": "steer me", "delivery": "steer"}),
+        )
+        .await
+        .problem(409, "steer_unsupported");
+    }
     stop(&app, id).await;
+}
+
+const STEERED: &str = "Begin a turn to steer.";
+const STEER: &str = "A steer into the running turn.";
+
+/// A steer sent while the model answers is delivered at once (not held for the turn like a follow-up)
+/// and reaches the model within the same turn.
+async fn steer_into_a_running_turn(app: &TestApp, agent: &super::Agent, id: Uuid) {
+    let gate = Gate::new();
+    agent
+        .model
+        .reply_to(STEERED, Reply::text("Working on it.").gated(&gate));
+    say(app, id, STEERED, None).await;
+    turn_request(agent, STEERED, Outcome::Held).await;
+    wait_session(app, id, "running", |v| v["state"] == "running").await;
+    let steer = say(app, id, STEER, Some("steer")).await;
+    wait_message(app, id, &steer, "delivered").await;
+    gate.release();
+    let requests = agent
+        .model
+        .wait_until("a model request carrying the steer", WAIT, |rs| {
+            rs.iter()
+                .any(|r| r.mentions_substring(STEER) && r.mentions_substring(STEERED))
+        })
+        .await;
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.mentions_substring(STEER) && r.mentions_substring(STEERED)),
+        "the steer joined the turn"
+    );
+    idle(app, id, "idle after the steered turn").await;
+    let recorded = outputs(app, id).await;
+    let answers = recorded.iter().filter(|o| o["result"]["outcome"] == "injected").count();
+    assert_eq!(answers, 1, "the agent took the steer into its turn: {recorded:?}");
 }
