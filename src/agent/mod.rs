@@ -53,14 +53,17 @@ impl Wire {
         match protocol {
             Protocol::JsonLines => Wire::Lines(jsonl::Wire),
             Protocol::Pi => Wire::Pi(pi::Wire::default()),
-            Protocol::Acp => Wire::Acp(Box::new(acp::Wire::new(true))),
+            Protocol::Acp => Wire::Acp(Box::new(acp::Wire::new(true, &[]))),
         }
     }
 
     /// The wire for an agent of this profile.
     pub fn for_profile(profile: &crate::config::AgentProfile) -> Wire {
         match profile.protocol {
-            Protocol::Acp => Wire::Acp(Box::new(acp::Wire::new(profile.fs_read.unwrap_or(true)))),
+            Protocol::Acp => Wire::Acp(Box::new(acp::Wire::new(
+                profile.fs_read.unwrap_or(true),
+                &profile.mcp_servers,
+            ))),
             other => Wire::new(other),
         }
     }

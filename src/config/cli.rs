@@ -130,6 +130,10 @@ pub fn render(config: &Config) -> String {
         if let Some(read) = profile.fs_read {
             table.insert("fs_read".into(), read.into());
         }
+        if !profile.mcp_servers.is_empty() {
+            let servers = profile.mcp_servers.iter().map(mcp_server).collect();
+            table.insert("mcp_servers".into(), toml::Value::Array(servers));
+        }
         let mut agents = toml::Table::new();
         agents.insert(name.clone(), toml::Value::Table(table));
         let mut root = toml::Table::new();
@@ -138,4 +142,41 @@ pub fn render(config: &Config) -> String {
         out.push_str(&toml::to_string(&root).unwrap_or_default());
     }
     out
+}
+
+/// One `[[agents.<name>.mcp_servers]]` table, its `env` and `headers` values redacted.
+fn mcp_server(server: &super::McpServer) -> toml::Value {
+    let redacted = |m: &std::collections::BTreeMap<String, String>| -> toml::Table {
+        m.keys().map(|k| (k.clone(), toml::Value::from("<redacted>"))).collect()
+    };
+    let mut t = toml::Table::new();
+    match server {
+        super::McpServer::Stdio {
+            name,
+            command,
+            args,
+            env,
+        } => {
+            t.insert("name".into(), name.clone().into());
+            t.insert("command".into(), command.clone().into());
+            t.insert("args".into(), args.clone().into());
+            t.insert("env".into(), toml::Value::Table(redacted(env)));
+        }
+        super::McpServer::Remote {
+            name,
+            url,
+            transport,
+            headers,
+        } => {
+            t.insert("name".into(), name.clone().into());
+            t.insert("url".into(), url.clone().into());
+            let transport = match transport {
+                super::McpTransport::Http => "http",
+                super::McpTransport::Sse => "sse",
+            };
+            t.insert("transport".into(), transport.into());
+            t.insert("headers".into(), toml::Value::Table(redacted(headers)));
+        }
+    }
+    toml::Value::Table(t)
 }

@@ -59,6 +59,42 @@ pub struct AgentProfile {
     /// create a new file through a client that offers reads (it mistakes "not found" for a failure).
     #[serde(default)]
     pub fs_read: Option<bool>,
+    /// ACP: the MCP servers handed to the agent with every conversation it opens or loads
+    /// (`[[agents.<name>.mcp_servers]]`).
+    #[serde(default)]
+    pub mcp_servers: Vec<McpServer>,
+}
+
+/// An MCP server an ACP agent connects to: one it starts (`command`, `args`, `env`), or one it reaches at
+/// a `url` (`transport` `http`, the default, or `sse`; `headers`). Values may be secrets: `berth config`
+/// redacts `env` and `headers`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum McpServer {
+    Stdio {
+        name: String,
+        command: String,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    Remote {
+        name: String,
+        url: String,
+        #[serde(default)]
+        transport: McpTransport,
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum McpTransport {
+    #[default]
+    Http,
+    Sse,
 }
 
 /// `jsonl`: berth's minimal JSON-lines protocol, nothing kept between launches. `pi`: the Pi coding agent's

@@ -285,3 +285,56 @@ fn flags_then_variables_then_file() {
     let err = Config::load(&env(&[("BERTH_CONFIG", file.to_str().unwrap())], dir.path())).unwrap_err();
     assert_eq!(err.setting, "BERTH_EVENT_BUFFER", "{err}");
 }
+
+/// `[[agents.<name>.mcp_servers]]`: a server the agent starts or one it reaches by URL; a table that is
+/// neither is refused; `berth config` never shows their env or header values.
+#[test]
+fn mcp_servers_are_read_from_the_file_and_their_secrets_redacted() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let file = dir.path().join("berth.toml");
+    std::fs::write(
+        &file,
+        r#"
+[agents.claude]
+command = "claude-agent-acp"
+protocol = "acp"
+
+[[agents.claude.mcp_servers]]
+name = "files"
+command = "/usr/bin/mcp-files"
+args = ["--root", "."]
+env = { FILES_TOKEN = "secret-token-1" }
+
+[[agents.claude.mcp_servers]]
+name = "tickets"
+url = "https://mcp.example.com/tickets"
+headers = { Authorization = "Bearer secret-token-2" }
+"#,
+    )
+    .unwrap();
+    let c = Config::load(&env(&[("BERTH_CONFIG", file.to_str().unwrap())], dir.path())).unwrap();
+    let servers = &c.agents["claude"].mcp_servers;
+    assert_eq!(servers.len(), 2);
+    assert!(matches!(&servers[0], McpServer::Stdio { name, args, .. } if name == "files" && args.len() == 2));
+    assert!(matches!(
+        &servers[1],
+        McpServer::Remote { transport: McpTransport::Http, url, .. } if url.ends_with("/tickets")
+    ));
+    let out = cli::render(&c);
+    for secret in ["secret-token-1", "secret-token-2"] {
+        assert!(!out.contains(secret), "{secret} shown:\n{out}");
+    }
+    assert!(out.contains("FILES_TOKEN = \"<redacted>\""), "{out}");
+    let back = dir.path().join("back.toml");
+    std::fs::write(&back, &out).unwrap();
+    let again = Config::load(&env(&[("BERTH_CONFIG", back.to_str().unwrap())], dir.path())).unwrap();
+    assert_eq!(again.agents["claude"].mcp_servers.len(), 2, "what is shown reads back");
+
+    std::fs::write(
+        &file,
+        "[agents.x]\ncommand = \"x\"\n[[agents.x.mcp_servers]]\nname = \"neither\"\n",
+    )
+    .unwrap();
+    let err = Config::load(&env(&[("BERTH_CONFIG", file.to_str().unwrap())], dir.path())).unwrap_err();
+    assert_eq!(err.setting, "BERTH_CONFIG", "{err}");
+}

@@ -144,6 +144,7 @@ impl Pi {
             pass_env: Vec::new(),
             mode: None,
             fs_read: None,
+            mcp_servers: Vec::new(),
         }
     }
 }

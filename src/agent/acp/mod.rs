@@ -17,6 +17,7 @@ use super::fs;
 use super::types::{
     Answer, Command, Delta, Inbound, Introduction, Notice, Outgoing, Protocol, Reply, Run, Signal, Unsupported,
 };
+use crate::config::{McpServer, McpTransport};
 
 /// The protocol version berth speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -32,6 +33,8 @@ const TURN_TEXT_CAP: usize = 1024 * 1024;
 pub struct Wire {
     /// Whether berth offers `fs/read_text_file` (it always offers writes).
     offer_reads: bool,
+    /// The profile's MCP servers, in the protocol's shape, for every conversation opened or loaded.
+    mcp_servers: Vec<Value>,
     /// The agent's id of the conversation, once `session/new`, `session/load` or `session/resume` named it.
     conversation: Option<String>,
     /// berth's requests waiting for their answer, by id.
@@ -70,14 +73,44 @@ pub fn render(run: &Run, text: &str, count: usize) -> Value {
     json!({"method": "session/update", "params": {"sessionId": run.conversation, "update": update}, "coalesced": count})
 }
 
+/// An MCP server as ACP names it: stdio without a `type`, `env` and `headers` as name/value lists.
+fn mcp_server(server: &McpServer) -> Value {
+    let pairs = |m: &std::collections::BTreeMap<String, String>| -> Vec<Value> {
+        m.iter().map(|(k, v)| json!({"name": k, "value": v})).collect()
+    };
+    match server {
+        McpServer::Stdio {
+            name,
+            command,
+            args,
+            env,
+        } => {
+            json!({"name": name, "command": command, "args": args, "env": pairs(env)})
+        }
+        McpServer::Remote {
+            name,
+            url,
+            transport,
+            headers,
+        } => {
+            let kind = match transport {
+                McpTransport::Http => "http",
+                McpTransport::Sse => "sse",
+            };
+            json!({"type": kind, "name": name, "url": url, "headers": pairs(headers)})
+        }
+    }
+}
+
 fn request(id: &str, method: &str, params: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
 }
 
 impl Wire {
-    pub fn new(offer_reads: bool) -> Wire {
+    pub fn new(offer_reads: bool, mcp_servers: &[McpServer]) -> Wire {
         Wire {
             offer_reads,
+            mcp_servers: mcp_servers.iter().map(mcp_server).collect(),
             ..Default::default()
         }
     }
@@ -111,7 +144,7 @@ impl Wire {
                 self,
                 Asked::Conversation,
                 "session/new",
-                json!({"cwd": cwd, "mcpServers": []}),
+                json!({"cwd": cwd, "mcpServers": self.mcp_servers}),
             ),
             Command::LoadConversation { id: conv, cwd } | Command::ResumeConversation { id: conv, cwd } => {
                 let method = if matches!(command, Command::LoadConversation { .. }) {
@@ -124,7 +157,7 @@ impl Wire {
                     self,
                     Asked::Conversation,
                     method,
-                    json!({"sessionId": conv, "cwd": cwd, "mcpServers": []}),
+                    json!({"sessionId": conv, "cwd": cwd, "mcpServers": self.mcp_servers}),
                 )
             }
             Command::Prompt(text) => {

@@ -2,7 +2,7 @@
 use super::*;
 
 fn opened() -> Wire {
-    let mut w = Wire::new(true);
+    let mut w = Wire::new(true, &[]);
     w.encode(&Command::NewConversation { cwd: "/w".into() }, "berth-n".into())
         .unwrap();
     let d = w.decode(json!({"jsonrpc": "2.0", "id": "berth-n", "result": {"sessionId": "c1",

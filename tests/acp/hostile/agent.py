@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A hostile Agent Client Protocol agent (tests/api/acp/hostile.rs): on each prompt it asks berth to write
 files inside and outside the session's worktree (through '..', an absolute path elsewhere, a symbolic
-link, the worktree's .git) and to read a file outside it, then reports what berth answered as its message.
+link, the worktree's .git) and to read a file outside it, then reports what berth answered (and the MCP
+servers its conversation was opened with) as its message.
 With HOSTILE_AUTH=1 it refuses to open a conversation until authenticated (-32000)."""
 import json, os, sys
 
@@ -41,6 +42,7 @@ while True:
         else:
             session = "hostile-1"
             cwd = params["cwd"]
+            mcp = params.get("mcpServers")
             send({"id": mid, "result": {"sessionId": session}})
     elif method == "session/prompt":
         outside = os.path.dirname(cwd)
@@ -53,7 +55,7 @@ while True:
             "read_outside": ("fs/read_text_file", {"path": outside + "/secret.txt"}),
             "read_inside": ("fs/read_text_file", {"path": cwd + "/ok/inside.txt"}),
         }
-        report = {}
+        report = {"mcp": mcp}
         for name, (m, p) in attempts.items():
             p["sessionId"] = session
             answer = ask(m, p)

@@ -2,7 +2,7 @@
 //! `tests/acp/hostile/agent.py`: no real agent asks for files outside its worktree). It serves files
 //! only inside the admitted worktree, never through `..`, an absolute path elsewhere, a symbolic link or
 //! the worktree's `.git`; and an agent that wants authentication fails the launch with a typed reason
-//! naming its methods.
+//! naming its methods. The profile's MCP servers reach the conversation as the protocol names them.
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -28,6 +28,20 @@ pub(super) fn profile(auth: bool) -> berth::config::AgentProfile {
         args: vec![script.display().to_string()],
         env,
         protocol: berth::config::AgentProtocol::Acp,
+        mcp_servers: vec![
+            berth::config::McpServer::Stdio {
+                name: "files".into(),
+                command: "/usr/bin/mcp-files".into(),
+                args: vec!["--root".into()],
+                env: [("FILES_TOKEN".to_string(), "t1".to_string())].into(),
+            },
+            berth::config::McpServer::Remote {
+                name: "tickets".into(),
+                url: "https://mcp.example.com/tickets".into(),
+                transport: berth::config::McpTransport::Sse,
+                headers: [("Authorization".to_string(), "Bearer t2".to_string())].into(),
+            },
+        ],
         ..Default::default()
     }
 }
@@ -85,6 +99,17 @@ async fn a_hostile_agent_gets_no_file_outside_its_worktree(app: TestApp) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
     wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    // The profile's MCP servers reach the conversation, in the protocol's shape.
+    assert_eq!(
+        report["mcp"],
+        json!([
+            {"name": "files", "command": "/usr/bin/mcp-files", "args": ["--root"],
+             "env": [{"name": "FILES_TOKEN", "value": "t1"}]},
+            {"type": "sse", "name": "tickets", "url": "https://mcp.example.com/tickets",
+             "headers": [{"name": "Authorization", "value": "Bearer t2"}]},
+        ]),
+        "{report}"
+    );
     assert_eq!(report["inside"], "ok", "{report}");
     assert_eq!(report["read_inside"], "fine\n", "{report}");
     for refused in ["dotdot", "absolute", "link", "git", "read_outside"] {

@@ -271,6 +271,7 @@ enabled = false
             protocol: berth::config::AgentProtocol::Acp,
             mode,
             fs_read,
+            mcp_servers: Vec::new(),
         }
     }
 }
