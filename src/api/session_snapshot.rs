@@ -115,6 +115,9 @@ pub struct AgentInfo {
     pub plan: Vec<serde_json::Value>,
     /// The context and cost the agent last reported (ACP `usage_update`: `{used, size, cost}`).
     pub usage: serde_json::Value,
+    /// The tool calls of the agent's current or last turn (ACP), oldest first, at most 50: `{id, title,
+    /// kind, status (pending, in_progress, completed, failed), paths}`.
+    pub tool_calls: Vec<serde_json::Value>,
 }
 
 impl From<Option<serde_json::Value>> for AgentInfo {
@@ -137,6 +140,7 @@ impl From<Option<serde_json::Value>> for AgentInfo {
             config_options: list("config_options"),
             plan: list("plan"),
             usage: v["usage"].clone(),
+            tool_calls: list("tool_calls"),
         }
     }
 }

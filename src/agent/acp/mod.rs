@@ -14,9 +14,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 
 use super::fs;
-use super::types::{
-    Answer, Command, Delta, Inbound, Introduction, Notice, Outgoing, Protocol, Reply, Run, Signal, Unsupported,
-};
+use super::types::{Answer, Command, Inbound, Introduction, Notice, Outgoing, Reply, Run, Signal, Unsupported};
 use crate::config::{McpServer, McpTransport};
 
 /// The protocol version berth speaks.
@@ -25,6 +23,8 @@ pub const PROTOCOL_VERSION: u64 = 1;
 const STEER_METHOD: &str = "_session/steering";
 /// ACP's "authentication required" error code.
 pub const AUTH_REQUIRED: i64 = -32000;
+/// The most tool calls of one turn kept for the snapshot (the events hold all of them).
+const TOOL_CALLS_SHOWN: usize = 50;
 /// The most text of one turn kept for its transcript entry (the events hold all of it).
 const TURN_TEXT_CAP: usize = 1024 * 1024;
 
@@ -43,6 +43,8 @@ pub struct Wire {
     questions: HashMap<String, Value>,
     /// The prompt in flight, if any: its turn.
     turn: Option<Turn>,
+    /// The tool calls of the current (or last) turn, as shown: `{id, title, kind, status, paths}`.
+    tool_calls: Vec<Value>,
     introduction: Option<Introduction>,
 }
 
@@ -170,12 +172,17 @@ impl Wire {
                     id: id.clone(),
                     ..Default::default()
                 });
+                let mut signals = vec![Signal::TurnStarted];
+                if !self.tool_calls.is_empty() {
+                    self.tool_calls.clear();
+                    signals.push(learned("tool_calls", &json!([])));
+                }
                 let params = json!({"sessionId": conversation, "prompt": [{"type": "text", "text": text}]});
                 Ok(Outgoing {
                     lines: vec![request(&id, "session/prompt", params)],
                     awaits: None,
                     working: Some(true),
-                    signals: vec![Signal::TurnStarted],
+                    signals,
                 })
             }
             // The steering extension (`_session/steering`) where the agent advertises it. berth opts in to
@@ -417,72 +424,14 @@ impl Wire {
             },
         }
     }
-
-    /// A `session/update` notification.
-    fn update(&mut self, line: Value) -> Inbound {
-        let update = &line["params"]["update"];
-        let kind = update["sessionUpdate"].as_str().unwrap_or_default().to_string();
-        let mut inbound = Inbound::default();
-        let learned = |key: &str, value: &Value| {
-            let mut facts = Map::new();
-            facts.insert(key.to_string(), value.clone());
-            Signal::Notice(Notice::Learned(facts))
-        };
-        match kind.as_str() {
-            "agent_message_chunk" | "agent_thought_chunk" => {
-                // Outside a turn it is history that `session/load` replays: recorded when it was said.
-                let Some(turn) = self.turn.as_mut() else {
-                    return inbound;
-                };
-                let text = update["content"]["text"].as_str().unwrap_or_default();
-                let kept = if kind == "agent_message_chunk" {
-                    &mut turn.text
-                } else {
-                    &mut turn.thought
-                };
-                if kept.len() + text.len() <= TURN_TEXT_CAP {
-                    kept.push_str(text);
-                }
-                if let Some(delta) = chunk(&line, &kind) {
-                    inbound.delta = Some(delta);
-                    return inbound;
-                }
-            }
-            "user_message_chunk" => return inbound,
-            "tool_call" | "tool_call_update" => {
-                if self.turn.is_none() {
-                    return inbound;
-                }
-                let status = update["status"].as_str().unwrap_or_default();
-                if kind == "tool_call" && !matches!(status, "completed" | "failed") {
-                    let title = update["title"].as_str().or(update["kind"].as_str()).unwrap_or("tool");
-                    inbound.signals.push(Signal::ToolStarted(title.to_string()));
-                } else if matches!(status, "completed" | "failed") {
-                    inbound.signals.push(Signal::ToolEnded);
-                }
-            }
-            "plan" => inbound.signals.push(learned("plan", &update["entries"])),
-            "available_commands_update" => inbound.signals.push(learned("commands", &update["availableCommands"])),
-            "current_mode_update" => inbound.signals.push(learned("mode", &update["currentModeId"])),
-            "config_option_update" => inbound
-                .signals
-                .push(learned("config_options", &update["configOptions"])),
-            "session_info_update" if update["title"].is_string() => {
-                inbound.signals.push(learned("session_name", &update["title"]));
-            }
-            "usage_update" => inbound.signals.push(learned(
-                "usage",
-                &json!({"used": update["used"], "size": update["size"], "cost": update["cost"]}),
-            )),
-            _ => {}
-        }
-        inbound.record = Some(line);
-        inbound
-    }
 }
 
-/// A JSON-RPC error as a reason: its message, with the details agents put in `data` (gemini-cli answers
-/// "Internal error" and says why there).
+fn learned(key: &str, value: &Value) -> Signal {
+    let mut facts = Map::new();
+    facts.insert(key.to_string(), value.clone());
+    Signal::Notice(Notice::Learned(facts))
+}
+
 /// Whether an `initialize` answer advertises the steering extension (`_meta.steering.supported`).
 pub fn steering(initialized: &Value) -> bool {
     initialized["_meta"]["steering"]["supported"] == true
@@ -495,6 +444,8 @@ fn reply_outcome(reply: &Reply) -> Option<&str> {
     }
 }
 
+/// A JSON-RPC error as a reason: its message, with the details agents put in `data` (gemini-cli answers
+/// "Internal error" and says why there).
 fn refusal(e: &Value) -> String {
     let message = e["message"].as_str().unwrap_or("refused by the agent");
     let details = match &e["data"] {
@@ -527,36 +478,6 @@ fn conversation_facts(result: &Value) -> Map<String, Value> {
         facts.insert("config_options".into(), options.clone());
     }
     facts
-}
-
-/// A text chunk that carries nothing beyond its kind, text and message id merges with its run; anything
-/// richer is recorded as it came.
-fn chunk(line: &Value, kind: &str) -> Option<Delta> {
-    let params = line["params"].as_object()?;
-    let update = params.get("update")?.as_object()?;
-    let content = update.get("content")?.as_object()?;
-    let only_known = line
-        .as_object()?
-        .keys()
-        .all(|k| matches!(k.as_str(), "method" | "params"))
-        && params.keys().all(|k| matches!(k.as_str(), "sessionId" | "update"))
-        && update
-            .keys()
-            .all(|k| matches!(k.as_str(), "sessionUpdate" | "content" | "messageId"))
-        && content.keys().all(|k| matches!(k.as_str(), "type" | "text"))
-        && content.get("type")? == "text";
-    if !only_known {
-        return None;
-    }
-    Some(Delta {
-        run: Run {
-            protocol: Protocol::Acp,
-            kind: Some(kind.to_string()),
-            block: update.get("messageId").cloned().unwrap_or(Value::Null),
-            conversation: params.get("sessionId").cloned().unwrap_or(Value::Null),
-        },
-        text: content.get("text")?.as_str()?.to_string(),
-    })
 }
 
 /// The answer to a permission request.
@@ -593,6 +514,8 @@ pub(super) fn served(id: Value, result: Result<Value, fs::Failure>) -> Value {
         Err(f) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": f.code, "message": f.message}}),
     }
 }
+
+mod updates;
 
 #[cfg(test)]
 mod tests;

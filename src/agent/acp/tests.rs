@@ -189,3 +189,34 @@ fn a_steer_goes_out_only_to_an_agent_that_advertised_the_extension() {
     let d = w.decode(json!({"id": "berth-x", "result": {"outcome": "failed"}}));
     assert!(matches!(d.reply, Some((_, Reply::Refused { .. }))));
 }
+
+#[test]
+fn the_turns_tool_calls_are_kept_with_status_and_paths_and_cleared_by_the_next_prompt() {
+    let mut w = opened();
+    w.encode(&Command::Prompt("go".into()), "berth-p".into()).unwrap();
+    let tools = |d: &Inbound| {
+        d.signals.iter().find_map(|s| match s {
+            Signal::Notice(Notice::Learned(f)) => f.get("tool_calls").cloned(),
+            _ => None,
+        })
+    };
+    let d = w.decode(update(json!({"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Write a.txt",
+        "kind": "edit", "status": "pending", "locations": [{"path": "/w/a.txt"}]})));
+    assert_eq!(
+        tools(&d),
+        Some(json!([{"id": "t1", "title": "Write a.txt", "kind": "edit", "status": "pending", "paths": ["/w/a.txt"]}]))
+    );
+    let d = w.decode(update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"})));
+    assert_eq!(tools(&d).unwrap()[0]["status"], "completed");
+    assert_eq!(tools(&d).unwrap()[0]["paths"], json!(["/w/a.txt"]), "an update keeps what it does not name");
+    let d = w.decode(update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"})));
+    assert_eq!(tools(&d), None, "nothing changed, nothing learned");
+    w.decode(json!({"id": "berth-p", "result": {"stopReason": "end_turn"}}));
+    let out = w.encode(&Command::Prompt("again".into()), "berth-q".into()).unwrap();
+    assert!(
+        out.signals
+            .iter()
+            .any(|s| matches!(s, Signal::Notice(Notice::Learned(f)) if f["tool_calls"] == json!([]))),
+        "a new turn starts with no tool calls shown"
+    );
+}
