@@ -81,6 +81,7 @@ export async function request(method, path, body, opts = {}) {
 
 export const get = async (path, opts) => (await request('GET', path, undefined, opts)).body;
 export const post = async (path, body, opts) => (await request('POST', path, body, opts)).body;
+export const put = async (path, body, opts) => (await request('PUT', path, body, opts)).body;
 export const patch = async (path, body, opts) => (await request('PATCH', path, body, opts)).body;
 export const del = async (path, opts) => (await request('DELETE', path, undefined, opts)).body;
 

@@ -26,6 +26,7 @@ pub const FILES: &[(&str, &str, &str)] = &[
     ("workspace.js", JS, include_str!("workspace.js")),
     ("task.js", JS, include_str!("task.js")),
     ("session.js", JS, include_str!("session.js")),
+    ("agent.js", JS, include_str!("agent.js")),
     ("cleanup.js", JS, include_str!("cleanup.js")),
 ];
 

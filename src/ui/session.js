@@ -3,6 +3,7 @@
 import { ApiError, del, enc, get, post, uuid } from './api.js';
 import { badge, clear, confirmDialog, debounce, h, problemBox, time } from './dom.js';
 import { Live } from './live.js';
+import { agentPanel, permissionInputs } from './agent.js';
 
 /** The text of a transcript entry or agent message, as parts: [{kind: text|thinking|tool, text}]. */
 function parts(content) {
@@ -46,13 +47,14 @@ export function renderSession(main, id, { setCrumbs }) {
   const transcript = h('ol', { class: 'transcript', id: 'transcript', 'aria-live': 'polite', 'aria-label': 'Transcript' });
   const scroller = h('div', { class: 'transcript-box', tabindex: '0' }, transcript);
   const queue = h('div', { id: 'queue' });
+  const agentBox = h('div', { id: 'agent-box' });
   const text = h('textarea', { id: 'message-text', rows: 3, placeholder: 'Message the agent (Ctrl+Enter sends)' });
   const msgErr = h('div', { class: 'errors' });
   const send = (delivery) => sendMessage(delivery);
   const box = h('form', { class: 'stack', id: 'message-form' },
     h('label', { for: 'message-text' }, 'Message'), text, msgErr,
     h('div', { class: 'row end' },
-      h('button', { type: 'button', onclick: () => send('steer'), title: 'Read by the working agent before its next model call' }, 'Steer'),
+      h('button', { type: 'button', id: 'steer', onclick: () => send('steer'), title: 'Read by the working agent before its next model call' }, 'Steer'),
       h('button', { type: 'button', onclick: () => send('follow_up'), title: 'Delivered after the current turn' }, 'Follow up'),
       h('button', { type: 'submit', class: 'primary', title: 'A prompt when the agent is idle, the next prompt after the turn while it works' }, 'Send')));
   box.addEventListener('submit', (ev) => { ev.preventDefault(); send('auto'); });
@@ -61,7 +63,7 @@ export function renderSession(main, id, { setCrumbs }) {
   clear(main, head, errors, controls, controlErr, attention,
     h('div', { class: 'session-grid' },
       h('section', { class: 'card' }, h('h2', {}, 'Transcript'), scroller, box),
-      h('aside', { class: 'card' }, h('h2', {}, 'Queue'), queue)));
+      h('aside', { class: 'stack' }, agentBox, h('section', { class: 'card' }, h('h2', {}, 'Queue'), queue))));
 
   let stopped = false;
   let live = null;
@@ -158,6 +160,9 @@ export function renderSession(main, id, { setCrumbs }) {
         snap.agent?.model?.id ? [' · model ', h('code', {}, snap.agent.model.id)] : null),
       s.last_error ? h('div', { class: 'problem' }, h('strong', {}, s.last_error.code), h('p', {}, s.last_error.message)) : null,
       HINTS[snap.state] ? h('p', { class: 'hint' }, HINTS[snap.state]) : null);
+    // An agent that said who it is and did not offer steering cannot take a steer (berth would refuse it).
+    const identity = snap.agent?.identity;
+    box.querySelector('#steer').hidden = Boolean(identity?.name) && !identity.steering;
     const state = snap.state;
     clear(controls,
       state === 'created' ? control('Launch agent', 'launch', 'primary') : null,
@@ -188,7 +193,9 @@ export function renderSession(main, id, { setCrumbs }) {
         return run;
       };
       let inputs;
-      if (r.method === 'confirm') {
+      if (r.method === 'request_permission') {
+        inputs = permissionInputs(r, answer);
+      } else if (r.method === 'confirm') {
         inputs = h('div', { class: 'row' },
           h('button', { type: 'button', class: 'primary', onclick: answer({ confirmed: true }) }, 'Yes'),
           h('button', { type: 'button', onclick: answer({ confirmed: false }) }, 'No'));
@@ -265,6 +272,7 @@ export function renderSession(main, id, { setCrumbs }) {
       }
       clear(errors);
       drawHead();
+      clear(agentBox, agentPanel(snap, id, soon));
       drawAttention();
       drawTranscript();
       loadMessages();
@@ -289,8 +297,26 @@ export function renderSession(main, id, { setCrumbs }) {
     clear(main, h('div', { class: 'card' }, h('h1', {}, 'This session is gone'), h('p', {}, 'It was deleted, or this token may not see it. ', back)));
   }
 
+  /** A line of an agent speaking the Agent Client Protocol: chunks stream in, the rest reloads. */
+  function onAcp(ev) {
+    const u = ev.params?.update ?? {};
+    if (u.sessionUpdate === 'agent_message_chunk' || u.sessionUpdate === 'agent_thought_chunk') {
+      const piece = u.content?.text ?? '';
+      if (u.sessionUpdate === 'agent_thought_chunk') {
+        st.thinking = (st.thinking ?? '') + piece;
+        return drawTranscript();
+      }
+      const wasNull = st.partial === null;
+      st.partial = (st.partial ?? '') + piece;
+      return wasNull ? drawTranscript() : drawPartial();
+    }
+    // Tool calls, the plan, modes and options, a permission question, the turn's end: the snapshot has them.
+    if (ev.method || ev.result?.stopReason) soon();
+  }
+
   function onOutput(e) {
     const ev = e.data?.event ?? {};
+    if (ev.type === undefined) return onAcp(ev); // ACP lines carry no `type`
     const role = ev.message?.role;
     switch (ev.type) {
       case 'agent_start':

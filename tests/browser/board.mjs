@@ -16,71 +16,17 @@
 // (the whole run's deadline, default 180000). Usually run by .ci/browser, which starts a server with an
 // agent profile `test` and mints the token.
 
-import { execFileSync } from 'node:child_process';
-import { mkdtemp, mkdir, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { chromium } from 'playwright-core';
-import { guardOffline } from './offline.mjs';
+import { BERTH_URL, REPO_DIR, STEP_MS, TOKEN, api, inBrowser, logger, makeRepository, run, within } from './common.mjs';
 
-const BERTH_URL = (process.env.BERTH_URL ?? '').replace(/\/+$/, '');
-const TOKEN = process.env.BERTH_TOKEN ?? '';
-const REPO_DIR = process.env.BOARD_REPO_DIR ?? '';
-const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
-const ARTIFACT_DIR = process.env.ARTIFACT_DIR || 'target/ci-artifacts';
 const DEADLINE_MS = Number(process.env.BOARD_TIMEOUT_MS || 180_000);
-const STEP_MS = 20_000; // any single UI step
 const JOB_MS = 60_000; // a cleanup job until it succeeds
 
 if (!BERTH_URL || !TOKEN || !REPO_DIR) {
   console.error('board.mjs: BERTH_URL, BERTH_TOKEN and BOARD_REPO_DIR must be set');
   process.exit(2);
 }
-
-const started = Date.now();
-const log = (msg) => console.log(`[board ${((Date.now() - started) / 1000).toFixed(1)}s] ${msg}`);
-
-// Chromium reports an aborted request (recorded separately) as a console error; a 4xx the board shows in
-// place (a 409 it answers with the consent flow, say) is logged as "Failed to load resource".
-const IGNORED_CONSOLE = [/net::ERR_FAILED/, /net::ERR_BLOCKED_BY_CLIENT/, /Failed to load resource: the server responded with a status of 4\d\d/];
-
-async function api(method, p, body) {
-  const res = await fetch(`${BERTH_URL}/api/v1${p}`, {
-    method,
-    headers: { Authorization: `Bearer ${TOKEN}`, 'Content-Type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-    signal: AbortSignal.timeout(STEP_MS),
-  });
-  const text = await res.text();
-  if (!res.ok) throw new Error(`${method} ${p}: ${res.status} ${text}`);
-  return text ? JSON.parse(text) : null;
-}
-
-/** `promise`, or a failure naming `what` after `ms`. */
-function within(promise, ms, what) {
-  let timer;
-  const late = new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(`${what} (within ${ms} ms)`)), ms); });
-  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
-}
-
-function git(cwd, ...args) {
-  execFileSync('git', args, {
-    cwd,
-    stdio: ['ignore', 'ignore', 'inherit'],
-    env: { ...process.env, GIT_AUTHOR_NAME: 'ci', GIT_AUTHOR_EMAIL: 'ci@localhost', GIT_COMMITTER_NAME: 'ci', GIT_COMMITTER_EMAIL: 'ci@localhost' },
-  });
-}
-
-async function makeRepository(name) {
-  const dir = path.join(REPO_DIR, name);
-  await mkdir(dir, { recursive: true });
-  git(dir, 'init', '-q', '-b', 'main');
-  await writeFile(path.join(dir, 'README.md'), '# board test\n');
-  git(dir, 'add', 'README.md');
-  git(dir, 'commit', '-q', '-m', 'first');
-  return dir;
-}
+const log = logger('board');
 
 async function main() {
   const suffix = randomBytes(4).toString('hex');
@@ -89,42 +35,7 @@ async function main() {
   const repo = await api('POST', `/workspaces/${ws.id}/repositories`, { path: repoPath });
   log(`workspace ${ws.name} with repository ${repo.name} (through the API)`);
 
-  await mkdir(ARTIFACT_DIR, { recursive: true });
-  const userDataDir = await mkdtemp(path.join(tmpdir(), 'berth-chromium-'));
-  const external = new Set();
-  const consoleErrors = [];
-  const ignoredConsole = [];
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-quic', '--no-first-run', '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1280, height: 800 },
-    serviceWorkers: 'block',
-    timeout: STEP_MS,
-  });
-  let page;
-  let ok = false;
-  const shot = async (name) => {
-    const file = path.join(ARTIFACT_DIR, `board-${name}.png`);
-    await page.screenshot({ path: file, fullPage: true });
-    log(`screenshot: ${file}`);
-  };
-  try {
-    // Abort everything that would leave the machine, and remember it: the page must work offline.
-    await guardOffline(context, external);
-    page = context.pages()[0] ?? (await context.newPage());
-    page.setDefaultTimeout(STEP_MS);
-    page.on('console', (msg) => {
-      if (msg.type() !== 'error') return;
-      const text = `${msg.text()} @ ${msg.location()?.url ?? '?'}`;
-      (IGNORED_CONSOLE.some((re) => re.test(text)) ? ignoredConsole : consoleErrors).push(text);
-    });
-    page.on('pageerror', (err) => consoleErrors.push(`uncaught: ${err.message}`));
-    page.on('dialog', (d) => {
-      consoleErrors.push(`the page opened a ${d.type()} dialog: ${d.message()}`);
-      d.dismiss().catch(() => {});
-    });
-
+  await inBrowser('board', log, async ({ context, page, shot }) => {
     // 1. Sign in: a wrong token is refused in place, then the real one is accepted.
     const resp = await page.goto(`${BERTH_URL}/ui`, { waitUntil: 'load' });
     if (!resp || !resp.ok()) throw new Error(`GET /ui: ${resp ? resp.status() : 'no response'}`);
@@ -298,42 +209,7 @@ async function main() {
     if (fresh.url().includes('token')) throw new Error(`the token stayed in the address bar: ${fresh.url()}`);
     await fresh.close();
     log('a #token= fragment signs in and is removed from the address bar');
-
-    await page.waitForLoadState('networkidle', { timeout: 3_000 }).catch(() => {});
-    if (external.size) throw new Error(`the page tried to reach beyond loopback (blocked):\n  ${[...external].join('\n  ')}`);
-    if (consoleErrors.length) throw new Error(`console errors:\n  ${consoleErrors.join('\n  ')}`);
-    if (ignoredConsole.length) log(`ignored console messages:\n  ${ignoredConsole.join('\n  ')}`);
-    ok = true;
-  } finally {
-    if (!ok) {
-      if (external.size) console.error(`non-loopback requests (blocked):\n  ${[...external].join('\n  ')}`);
-      if (consoleErrors.length) console.error(`console errors:\n  ${consoleErrors.join('\n  ')}`);
-      if (page) {
-        // What the page showed (a problem box says why an action failed), for a run without the picture.
-        const shown = await page.locator('main').innerText({ timeout: 2_000 }).catch(() => '(unreadable)');
-        console.error(`the page showed:\n  ${shown.slice(0, 1500).replace(/\n+/g, '\n  ')}`);
-        const file = path.join(ARTIFACT_DIR, 'board-failed.png');
-        await page.screenshot({ path: file, fullPage: true }).then(() => console.error(`failure screenshot: ${file}`), () => {});
-      }
-    }
-    await context.close().catch(() => {});
-    await rm(userDataDir, { recursive: true, force: true }).catch(() => {});
-  }
+  });
 }
 
-const deadline = setTimeout(() => {
-  console.error(`board.mjs: FAILED: no result within ${DEADLINE_MS} ms`);
-  process.exit(1);
-}, DEADLINE_MS);
-deadline.unref();
-
-main().then(
-  () => {
-    log('PASS: signed in, created a task and a session, watched the agent stream, answered it, deleted the session, archived the task and saw its cleanup succeed, offline');
-    process.exit(0);
-  },
-  (err) => {
-    console.error(`board.mjs: FAILED: ${err.stack ?? err}`);
-    process.exit(1);
-  },
-);
+run('board', DEADLINE_MS, main, 'signed in, created a task and a session, watched the agent stream, answered it, deleted the session, archived the task and saw its cleanup succeed, offline');
