@@ -28,8 +28,9 @@ function optionValues(option) {
  */
 export function agentPanel(snap, sessionId, changed) {
   const a = snap.agent ?? {};
-  const modes = a.modes ?? [];
   const options = (a.config_options ?? []).filter((o) => o.type === 'select' && Array.isArray(o.options));
+  // An agent offering its mode as a config option too: one selector (ACP's options supersede its modes).
+  const modes = options.some((o) => o.category === 'mode') ? [] : (a.modes ?? []);
   const plan = a.plan ?? [];
   const tools = a.tool_calls ?? [];
   if (!a.identity?.name && !modes.length && !options.length && !plan.length && !tools.length) return null;

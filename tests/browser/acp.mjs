@@ -3,12 +3,14 @@
 // Agent card names the agent and offers its modes and options as selectors; a message asking for a file
 // shows the agent's plan, its tool call with status and path, and its permission question with the
 // agent's own options as buttons; allowing writes the file into the worktree; the tool call ends
-// `completed`; the mode selector changes the agent's mode. Same rules as board.mjs: loopback only, no
-// console error.
+// `completed`; the mode selector changes the agent's mode. Claude Code (tests/acp/claude) on the same
+// task shows its plan (it renders its TodoWrite as the ACP plan; opencode 1.18 sends none). Same rules as
+// board.mjs: loopback only, no console error.
 //
 // Environment: as board.mjs, plus OPENCODE_CONFIG_FILE (the opencode.json the server's `opencode` profile
-// points OPENCODE_CONFIG at; written here once the model server has a port) and optionally
-// ACP_TIMEOUT_MS (default 240000).
+// points OPENCODE_CONFIG at; written here), MODEL_PORT (the loopback port the scripted model listens on,
+// which the server's `claude` profile names in ANTHROPIC_BASE_URL) and optionally ACP_TIMEOUT_MS
+// (default 240000).
 import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, writeFile } from 'node:fs/promises';
@@ -18,16 +20,17 @@ import { startModel } from './model.mjs';
 
 const DEADLINE_MS = Number(process.env.ACP_TIMEOUT_MS || 240_000);
 const CONFIG = process.env.OPENCODE_CONFIG_FILE ?? '';
+const MODEL_PORT = Number(process.env.MODEL_PORT || 0);
 const AGENT_MS = 90_000; // a real agent starting or answering on a loaded machine
 
-if (!BERTH_URL || !TOKEN || !REPO_DIR || !CONFIG) {
-  console.error('acp.mjs: BERTH_URL, BERTH_TOKEN, BOARD_REPO_DIR and OPENCODE_CONFIG_FILE must be set');
+if (!BERTH_URL || !TOKEN || !REPO_DIR || !CONFIG || !MODEL_PORT) {
+  console.error('acp.mjs: BERTH_URL, BERTH_TOKEN, BOARD_REPO_DIR, OPENCODE_CONFIG_FILE and MODEL_PORT must be set');
   process.exit(2);
 }
 const log = logger('acp');
 
 async function main() {
-  const model = await startModel();
+  const model = await startModel(MODEL_PORT);
   try {
     await mkdir(path.dirname(CONFIG), { recursive: true });
     await writeFile(CONFIG, JSON.stringify({
@@ -126,7 +129,24 @@ async function board(model) {
     const asked = model.requests.filter((r) => r.path.endsWith('/chat/completions')).length;
     log(`the model was asked ${asked} times`);
     await api('POST', `/sessions/${session.id}/stop`);
+
+    // Claude Code on the same task: its plan in the agent card.
+    const claude = await api('POST', `/tasks/${task.id}/sessions`, { executor_type: 'worktree', agent_profile: 'claude', name: 'claude session' });
+    await page.goto(`${BERTH_URL}/ui#/s/${claude.id}`);
+    await page.getByRole('heading', { name: 'claude session', level: 1 }).waitFor();
+    await page.locator('#session-state .badge', { hasText: 'idle' }).waitFor({ timeout: AGENT_MS });
+    await page.locator('#agent-identity').waitFor();
+    await page.locator('#message-text').fill('Make a plan, please.');
+    await page.getByRole('button', { name: 'Send', exact: true }).click();
+    await page.locator('#agent-plan li[data-status="in_progress"]', { hasText: 'greeting file' }).waitFor({ timeout: AGENT_MS });
+    await page.locator('#agent-plan li[data-status="pending"]', { hasText: 'Say it is done' }).waitFor();
+    await page.locator('#transcript .msg.assistant', { hasText: 'Planned.' }).waitFor({ timeout: AGENT_MS });
+    const modeSelectors = await page.locator('#agent select').evaluateAll((ss) => ss.filter((s) => /^mode$/i.test(s.getAttribute("aria-label"))).length);
+    if (modeSelectors !== 1) throw new Error(`the agent card shows ${modeSelectors} mode selectors: ${JSON.stringify((await api('GET', `/sessions/${claude.id}/snapshot`)).agent)}`);
+    await shot('4-plan');
+    log('Claude Code\'s plan shows in the agent card with each entry\'s status');
+    await api('POST', `/sessions/${claude.id}/stop`);
   });
 }
 
-run('acp', DEADLINE_MS, main, 'opencode in the board: agent card, plan, tool call, permission buttons, mode selector, offline');
+run('acp', DEADLINE_MS, main, 'opencode and Claude Code in the board: agent card, tool call, permission buttons, mode selector, plan, offline');

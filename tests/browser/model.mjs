@@ -1,9 +1,11 @@
-// A scripted OpenAI Chat Completions server on loopback, for the board's real-agent test (acp.mjs): the
-// model opencode talks to, offline. Streams (`data:` chunks, usage last), and logs every request it was
-// sent. The script, by the last message:
-//   - a request offering no tools (opencode's title and summary calls): a short title;
-//   - the user asking to "write <absolute path>": a `todowrite` call (opencode's plan), then, on its
-//     result, a `write` call for that path, then, on that result, "I wrote it.";
+// A scripted model server on loopback, for the board's real-agent test (acp.mjs), offline: OpenAI Chat
+// Completions (`/v1/chat/completions`, opencode) and Anthropic Messages (`/v1/messages`, Claude Code),
+// both streaming, logging every request. The script, by the last message:
+//   - a request offering no tools (title and summary calls): a short title;
+//   - OpenAI, the user asking to "write <absolute path>": a `todowrite` call, then, on its result, a
+//     `write` call for that path, then, on that result, "I wrote it.";
+//   - Anthropic, the user asking for "a plan": a `TodoWrite` call (which Claude Code shows as its plan),
+//     then, on its result, "Planned.";
 //   - anything else: "Hello from the model.".
 import http from 'node:http';
 
@@ -63,8 +65,43 @@ export function answer(body) {
   return { text: 'Hello from the model.' };
 }
 
-/** Starts the server on a free loopback port: `{url, requests, close}` (`url` ends in `/v1`). */
-export async function startModel() {
+const PLAN = [
+  { content: 'Write the greeting file', status: 'in_progress', activeForm: 'Writing the greeting file' },
+  { content: 'Say it is done', status: 'pending', activeForm: 'Saying it is done' },
+];
+
+/** What the model answers to an Anthropic Messages `body`. */
+export function answerAnthropic(body) {
+  const messages = body.messages ?? [];
+  if (!(body.tools ?? []).length) return { text: TITLE };
+  const blocks = (m) => (Array.isArray(m?.content) ? m.content : [{ type: 'text', text: m?.content ?? '' }]);
+  const last = messages[messages.length - 1];
+  if (blocks(last).some((b) => b.type === 'tool_result')) return { text: 'Planned.' };
+  const asked = blocks(last).map((b) => b.text ?? '').join('');
+  if (/a plan/i.test(asked)) return { tool: { id: 'toolu_plan', name: 'TodoWrite', arguments: { todos: PLAN } } };
+  return { text: 'Hello from the model.' };
+}
+
+function streamAnthropic(res, { text, tool }) {
+  res.writeHead(200, { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache' });
+  const event = (type, data) => res.write(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
+  event('message_start', { message: { id: 'msg_board', type: 'message', role: 'assistant', model: 'claude-sonnet-4-5', content: [],
+    stop_reason: null, stop_sequence: null, usage: { input_tokens: 120, output_tokens: 1 } } });
+  if (tool) {
+    event('content_block_start', { index: 0, content_block: { type: 'tool_use', id: tool.id, name: tool.name, input: {} } });
+    event('content_block_delta', { index: 0, delta: { type: 'input_json_delta', partial_json: JSON.stringify(tool.arguments) } });
+  } else {
+    event('content_block_start', { index: 0, content_block: { type: 'text', text: '' } });
+    for (const w of text.split(/(?<= )/)) event('content_block_delta', { index: 0, delta: { type: 'text_delta', text: w } });
+  }
+  event('content_block_stop', { index: 0 });
+  event('message_delta', { delta: { stop_reason: tool ? 'tool_use' : 'end_turn', stop_sequence: null }, usage: { output_tokens: 12 } });
+  event('message_stop', {});
+  res.end();
+}
+
+/** Starts the server on loopback (`port`, or a free one): `{url, requests, close}` (`url` ends in `/v1`). */
+export async function startModel(port = 0) {
   const requests = [];
   const server = http.createServer((req, res) => {
     let raw = '';
@@ -77,15 +114,21 @@ export async function startModel() {
         body = {};
       }
       requests.push({ method: req.method, path: req.url, body });
-      if (req.method === 'POST' && req.url.endsWith('/chat/completions')) return stream(res, answer(body));
+      const route = req.url.split('?')[0];
+      if (req.method === 'POST' && route.endsWith('/chat/completions')) return stream(res, answer(body));
+      if (req.method === 'POST' && route === '/v1/messages/count_tokens') {
+        res.writeHead(200, { 'Content-Type': 'application/json' });
+        return res.end('{"input_tokens":120}');
+      }
+      if (req.method === 'POST' && route === '/v1/messages') return streamAnthropic(res, answerAnthropic(body));
       res.writeHead(404, { 'Content-Type': 'application/json' });
       res.end('{"error":{"message":"not scripted"}}');
     });
   });
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address();
+  await new Promise((resolve) => server.listen(port, '127.0.0.1', resolve));
+  const bound = server.address().port;
   return {
-    url: `http://127.0.0.1:${port}/v1`,
+    url: `http://127.0.0.1:${bound}/v1`,
     requests,
     close: () => new Promise((resolve) => { server.closeAllConnections?.(); server.close(resolve); }),
   };
