@@ -37,6 +37,7 @@ mod pagination;
 mod pi;
 mod prune_scope;
 mod races;
+mod readme_agent;
 mod replicas;
 mod repositories;
 mod sequencing;
