@@ -1,11 +1,10 @@
 //! The files berth serves an agent (ACP's `fs/read_text_file`, `fs/write_text_file`): only inside the
 //! admitted worktree. A path must be absolute, hold no `..`, lie under the worktree, pass through no
-//! symbolic link (every component below the worktree is checked, and the file itself is opened with
-//! `O_NOFOLLOW`), and never name the worktree's `.git`. The same rule as cleanup's managed paths: what
+//! symbolic link (it is walked from the worktree's descriptor one `openat(O_NOFOLLOW)` at a time, so a
+//! link swapped in meanwhile is not followed either), and never name the worktree's `.git`. The same rule as cleanup's managed paths: what
 //! berth touches for an agent is proven inside what berth admitted, never reached through a link.
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 
 use serde_json::{Value, json};
 
@@ -55,12 +54,7 @@ fn refused(message: impl Into<String>) -> Failure {
 pub fn serve(worktree: &Path, op: &Op) -> Result<Value, Failure> {
     match op {
         Op::Read { path, line, limit } => {
-            let target = inside(worktree, path, false)?;
-            let mut file = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&target)
-                .map_err(|e| io_failure(e, path))?;
+            let mut file = open_inside(worktree, path, libc::O_RDONLY)?;
             let meta = file.metadata().map_err(|e| io_failure(e, path))?;
             if !meta.is_file() {
                 return Err(refused(format!("{path} is not a regular file")));
@@ -84,14 +78,10 @@ pub fn serve(worktree: &Path, op: &Op) -> Result<Value, Failure> {
         }
         Op::Write { path, content } => {
             let content = content.as_deref().ok_or_else(|| refused("content is missing"))?;
-            let target = inside(worktree, path, true)?;
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&target)
-                .map_err(|e| io_failure(e, path))?;
+            let mut file = open_inside(worktree, path, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC)?;
+            if !file.metadata().map_err(|e| io_failure(e, path))?.is_file() {
+                return Err(refused(format!("{path} is not a regular file")));
+            }
             file.write_all(content.as_bytes()).map_err(|e| io_failure(e, path))?;
             Ok(Value::Null)
         }
@@ -113,9 +103,12 @@ fn io_failure(e: std::io::Error, path: &str) -> Failure {
     }
 }
 
-/// The path, proven inside the worktree: absolute, no `..`, no symbolic link on the way, not `.git`.
-/// With `create`, missing directories on the way are made (inside the worktree).
-fn inside(worktree: &Path, path: &str, create: bool) -> Result<PathBuf, Failure> {
+/// The file at `path`, opened inside the worktree: the path is absolute, holds no `..`, lies under the
+/// worktree and does not name its `.git`; then it is walked one directory at a time from the worktree's
+/// own descriptor (`openat` with `O_NOFOLLOW`), so no symbolic link is followed anywhere on the way, even
+/// one swapped in while berth walks. With `O_CREAT` in `flags`, missing directories are made on the way.
+/// Nothing blocks on a FIFO (`O_NONBLOCK`); the caller checks it got a regular file.
+fn open_inside(worktree: &Path, path: &str, flags: libc::c_int) -> Result<std::fs::File, Failure> {
     let requested = Path::new(path);
     if !requested.is_absolute() {
         return Err(refused(format!("{path} is not an absolute path")));
@@ -139,23 +132,66 @@ fn inside(worktree: &Path, path: &str, create: bool) -> Result<PathBuf, Failure>
     if parts.first().is_some_and(|p| *p == ".git") {
         return Err(refused(format!("{path} is the worktree's git link")));
     }
-    let mut at = worktree.to_path_buf();
+    let create = flags & libc::O_CREAT != 0;
+    let link = |e: std::io::Error| match e.raw_os_error() {
+        Some(libc::ELOOP) | Some(libc::ENOTDIR) => refused(format!("{path} passes through a symbolic link or a file")),
+        _ => io_failure(e, path),
+    };
+    let directory = libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let mut at = std::fs::File::open(worktree).map_err(|e| io_failure(e, path))?;
     for dir in dirs {
-        at.push(dir);
-        match std::fs::symlink_metadata(&at) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(refused(format!("{path} passes through a symbolic link")));
-            }
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(refused(format!("{path}: a component is not a directory"))),
+        at = match openat(&at, dir, directory | libc::O_RDONLY, 0) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
-                std::fs::create_dir(&at).map_err(|e| io_failure(e, path))?;
+                mkdirat(&at, dir).map_err(link)?;
+                openat(&at, dir, directory | libc::O_RDONLY, 0).map_err(link)?
             }
-            Err(e) => return Err(io_failure(e, path)),
+            other => other.map_err(link)?,
+        };
+    }
+    openat(
+        &at,
+        file,
+        flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        0o666,
+    )
+    .map_err(|e| io_failure(e, path))
+}
+
+fn c_name(name: &std::ffi::OsStr) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(name.as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `openat(2)` relative to the directory `dir`.
+fn openat(
+    dir: &std::fs::File,
+    name: &std::ffi::OsStr,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let name = c_name(name)?;
+    // SAFETY: a valid directory descriptor and a NUL-terminated name; the new descriptor is owned by the File.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags, mode as libc::c_uint) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor nothing else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// `mkdirat(2)` relative to the directory `dir` (an existing one is fine: another writer made it).
+fn mkdirat(dir: &std::fs::File, name: &std::ffi::OsStr) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let name = c_name(name)?;
+    // SAFETY: a valid directory descriptor and a NUL-terminated name.
+    if unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o777) } < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(e);
         }
     }
-    at.push(file);
-    Ok(at)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -228,5 +264,24 @@ mod tests {
             "nothing outside changed"
         );
         assert_eq!(std::fs::read_to_string(wt.join(".git")).unwrap(), "gitdir: x");
+    }
+
+    /// A FIFO or a directory where a file is asked for is refused at once (berth never waits on a
+    /// writer that does not come), and a file where a directory is needed is refused too.
+    #[test]
+    fn nothing_but_regular_files_and_no_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let wt = dir.path().canonicalize().unwrap();
+        let at = |p: &str| format!("{}/{p}", wt.display());
+        let fifo = std::ffi::CString::new(at("pipe")).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert_eq!(read(&wt, &at("pipe")).unwrap_err().code, REFUSED);
+        assert_eq!(write(&wt, &at("pipe"), "x").unwrap_err().code, FAILED, "no reader: ENXIO, at once");
+        std::fs::create_dir(wt.join("d")).unwrap();
+        assert_eq!(read(&wt, &at("d")).unwrap_err().code, REFUSED);
+        std::fs::write(wt.join("f"), "plain").unwrap();
+        assert_eq!(write(&wt, &at("f/under.txt"), "x").unwrap_err().code, REFUSED);
+        assert_eq!(std::fs::read_to_string(wt.join("f")).unwrap(), "plain");
     }
 }
