@@ -12,6 +12,7 @@ mod m20261202_000008_branch_ownership;
 mod m20261203_000009_actors_and_broken;
 mod m20261203_000010_imported_from;
 mod m20261204_000011_event_stamping;
+mod m20261205_000012_command_actors;
 
 pub struct Migrator;
 
@@ -30,6 +31,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000009_actors_and_broken::Migration),
             Box::new(m20261203_000010_imported_from::Migration),
             Box::new(m20261204_000011_event_stamping::Migration),
+            Box::new(m20261205_000012_command_actors::Migration),
         ]
     }
 }

@@ -47,6 +47,10 @@ pub struct Model {
     pub result: Option<Json>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
+    /// Who asked (the caller's token `sub`, and its session for an agent's token): the events the command
+    /// causes on the owning node name them.
+    pub actor_sub: Option<String>,
+    pub actor_session_id: Option<Uuid>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

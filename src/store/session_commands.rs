@@ -20,6 +20,7 @@ pub async fn insert<C: ConnectionTrait>(
     execution_id: Uuid,
     kind: CommandKind,
     payload: serde_json::Value,
+    actor: Option<crate::actor::Actor>,
     now: DateTime<Utc>,
 ) -> Result<Uuid> {
     let id = Uuid::now_v7();
@@ -33,6 +34,8 @@ pub async fn insert<C: ConnectionTrait>(
         result: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
+        actor_sub: Set(actor.as_ref().map(|a| a.sub.clone())),
+        actor_session_id: Set(actor.and_then(|a| a.session_id)),
     })
     .exec_without_returning(conn)
     .await?;

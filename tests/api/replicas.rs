@@ -184,7 +184,7 @@ async fn a_stop_posted_to_another_replica_stops_the_agent(app: TestApp) {
     wait_delivered(&app, id, 1).await;
     let s = wait_session(&app, id, "running", |s| s["state"] == "running").await;
     let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
-    let b = Replica::start(&app).await;
+    let mut b = Replica::start(&app).await;
     let waiting = app
         .post(
             &format!("/api/v1/sessions/{id}/messages"),
@@ -192,6 +192,8 @@ async fn a_stop_posted_to_another_replica_stops_the_agent(app: TestApp) {
         )
         .await
         .ok(202);
+    // Bob asks the replica that does not run the agent (issue 38 item 6: the events say it was Bob).
+    b.token = crate::helpers::mint(&app.config, "bob", "admin", None, None);
     let stopped = b.post(&format!("/api/v1/sessions/{id}/stop"), json!({})).await.ok(200);
     assert_eq!(
         stopped["state"], "stopped",
@@ -209,6 +211,22 @@ async fn a_stop_posted_to_another_replica_stops_the_agent(app: TestApp) {
     }
     let m = wait_message(&app, id, &waiting, "cancelled").await;
     assert!(m["reason"].as_str().unwrap().contains("stopped"), "{m}");
+    let events = crate::agents::all_events(&app).await;
+    let stop = events
+        .iter()
+        .find(|e| {
+            e["type"] == "session.state_changed" && e["session_id"] == id.to_string() && e["data"]["state"] == "stopped"
+        })
+        .expect("the stop's state change");
+    assert_eq!(
+        stop["actor"]["sub"], "bob",
+        "the owner records who asked on the other replica: {stop}"
+    );
+    let cancelled = events
+        .iter()
+        .find(|e| e["type"] == "session.message_updated" && e["data"]["message"]["state"] == "cancelled")
+        .expect("the queued message's cancellation");
+    assert_eq!(cancelled["actor"]["sub"], "bob", "{cancelled}");
     // Nothing runs anywhere now: an abort on either replica is refused as on one.
     b.post(&format!("/api/v1/sessions/{id}/abort"), json!({}))
         .await

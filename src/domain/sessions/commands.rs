@@ -100,7 +100,9 @@ async fn wake(ctx: &Ctx, commands: &InFlight, deliveries: &InFlight) -> Result<(
         }
         let (ctx, commands) = (ctx.clone(), commands.clone());
         crate::actor::spawn(async move {
-            let outcome = execute(&ctx, &c).await;
+            // On behalf of whoever asked on the other replica: its events name them.
+            let actor = crate::actor::Actor::of(c.actor_sub.clone(), c.actor_session_id);
+            let outcome = crate::actor::within(actor, execute(&ctx, &c)).await;
             let (state, result) = match &outcome {
                 Ok(()) => (CommandState::Done, json!({ "ok": true })),
                 Err(e) => (CommandState::Failed, routing::encode(e)),

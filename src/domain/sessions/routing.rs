@@ -74,7 +74,8 @@ pub(super) async fn forward(ctx: &Ctx, s: &session::Model, command: Command<'_>)
         Command::Configure(setting) => (CommandKind::Configure, setting),
     };
     let conn = &ctx.db.conn;
-    let id = store::insert(conn, s.id, execution_id, kind, payload, crate::clock::now()).await?;
+    let actor = crate::actor::current();
+    let id = store::insert(conn, s.id, execution_id, kind, payload, actor, crate::clock::now()).await?;
     if let Err(e) = store::notify(conn, s.id).await {
         tracing::warn!(session = %s.id, error = %e, "NOTIFY failed; the owner's poll finds the command");
     }
