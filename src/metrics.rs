@@ -1,6 +1,7 @@
 //! Metrics, kept with `prometheus-client` (one registry per running app, so tests that run many apps in
 //! one process each see their own) and served as OpenMetrics text. Every value is kept current by the
 //! code that changes it, through the one-line calls below; a scrape reads memory and `/proc`, no SQL.
+//! A scraper that does not ask for OpenMetrics gets the Prometheus text format ([`prometheus_text`]).
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -17,6 +18,9 @@ use sea_orm::Iterable;
 use crate::entity::cleanup_job::CleanupJobState;
 
 mod process;
+mod text;
+
+pub use text::prometheus_text;
 
 /// Latency buckets, in seconds, for requests and git commands.
 const LATENCY: [f64; 14] = [

@@ -88,12 +88,13 @@ fn not_ready(detail: &str) -> HttpResponse {
 /// jobs by state and claim latency, git command durations and failures, live agents and restarts, open
 /// event streams and resets, event publish lag, process metrics and `berth_build_info`. Every value is
 /// kept in memory by the code that changes it: a scrape runs no query. Public: no token. A scraper that
-/// asks for it (`Accept: application/openmetrics-text`, as Prometheus does) gets that content type; any
-/// other caller gets the same text as `text/plain`.
+/// asks for it (`Accept: application/openmetrics-text`, as Prometheus does) gets OpenMetrics 1.0.0; any
+/// other caller gets the Prometheus text format 0.0.4 (`text/plain; version=0.0.4`: counters typed on
+/// their `_total` name, build info as a gauge, no `# EOF`).
 #[utoipa::path(
     operation_id = "getMetrics",
     tag = "operations",
-    responses((status = 200, description = "The OpenMetrics text exposition; `application/openmetrics-text; version=1.0.0` when the request's `Accept` names it", body = String, content_type = "text/plain"))
+    responses((status = 200, description = "The Prometheus text exposition (format 0.0.4); OpenMetrics (`application/openmetrics-text; version=1.0.0`) when the request's `Accept` names it", body = String, content_type = "text/plain"))
 )]
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>, req: actix_web::HttpRequest) -> HttpResponse {
@@ -111,11 +112,13 @@ pub async fn metrics(state: web::Data<AppState>, req: actix_web::HttpRequest) ->
         .get(actix_web::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/openmetrics-text"));
-    HttpResponse::Ok()
-        .content_type(if openmetrics {
-            "application/openmetrics-text; version=1.0.0; charset=utf-8"
-        } else {
-            "text/plain; charset=utf-8"
-        })
-        .body(body)
+    if openmetrics {
+        HttpResponse::Ok()
+            .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+            .body(body)
+    } else {
+        HttpResponse::Ok()
+            .content_type("text/plain; version=0.0.4; charset=utf-8")
+            .body(crate::metrics::prometheus_text(&body))
+    }
 }

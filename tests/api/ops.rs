@@ -144,16 +144,61 @@ async fn scrape(app: &TestApp) -> (Exposition, String) {
         "{:?}",
         r.header("content-type")
     );
-    // Anyone else (curl, a generated client): the same text as text/plain.
+    // Anyone else (curl, a Prometheus-text scraper): the text format 0.0.4, read by its own parsers.
     let plain = app.call(Method::GET, "/metrics", None, None).await;
     assert_eq!(
         plain.header("content-type").as_deref(),
-        Some("text/plain; charset=utf-8")
+        Some("text/plain; version=0.0.4; charset=utf-8")
     );
-    assert!(plain.text.ends_with("# EOF\n"), "{}", plain.text);
+    prometheus_text_is_valid(&plain.text);
     let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&r.text)
         .unwrap_or_else(|e| panic!("not OpenMetrics: {e:?}\n{}", r.text));
     (parsed, r.text)
+}
+
+/// Issue 38 item 7: the text format as Prometheus reads it. `promtool check metrics` (Prometheus's own
+/// parser and linter, Debian's `prometheus` package, installed by `.ci/run`) must accept it, and a second
+/// parser must type every counter on its `_total` name; no OpenMetrics marker remains.
+fn prometheus_text_is_valid(text: &str) {
+    use openmetrics_parser::PrometheusType as T;
+    assert!(!text.contains("# EOF") && !text.contains(" info\n"), "{text}");
+    let parsed = openmetrics_parser::prometheus::parse_prometheus(text)
+        .unwrap_or_else(|e| panic!("not Prometheus text: {e:?}\n{text}"));
+    for (family, kind) in [
+        ("berth_http_requests_total", T::Counter),
+        ("berth_build_info", T::Gauge),
+        ("berth_agents_live", T::Gauge),
+        ("berth_http_request_duration_seconds", T::Histogram),
+    ] {
+        let f = parsed
+            .families
+            .get(family)
+            .unwrap_or_else(|| panic!("no {family} family:\n{text}"));
+        assert_eq!(f.family_type, kind, "{family}");
+    }
+    match std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(mut child) => {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "promtool refuses the text: {}{}\n{text}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(e) if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) => {
+            panic!("CI is set but promtool cannot run ({e}): .ci/run installs Debian's prometheus package")
+        }
+        Err(_) => eprintln!("note: promtool is not installed; the Prometheus text was checked by one parser only"),
+    }
 }
 
 /// The value of the sample of `family` whose labels include `labels` (a counter's total, a gauge's value,
