@@ -100,7 +100,7 @@ export function renderTask(main, id, { setCrumbs }) {
   async function archive() {
     const ok = await confirmDialog({
       title: 'Archive this task?',
-      body: [h('p', {}, 'berth stops nothing by itself: open sessions must be stopped first. A cleanup job then removes the task\'s worktrees; uncommitted changes are captured as an archive observation.'), keptLine(), h('p', {}, 'Unarchive brings the task back (its worktrees are recreated from the kept branches).')],
+      body: [h('p', {}, 'Its running agents are stopped and its open sessions cancelled. A cleanup job then removes its worktrees; a worktree holding uncommitted changes is not removed (the job fails and says which): commit or discard them first.'), keptLine(), h('p', {}, 'Unarchive brings the task back (its worktrees are recreated from the kept branches).')],
       confirm: 'Archive task',
     });
     if (ok) runAction((key) => post(`/tasks/${id}/archive`, undefined, { key }));
@@ -117,11 +117,22 @@ export function renderTask(main, id, { setCrumbs }) {
   async function reset() {
     const ok = await confirmDialog({
       title: 'Reset the environment?',
-      body: [h('p', {}, 'A cleanup job removes the current worktrees; the next session materializes a fresh environment. Uncommitted changes in the worktrees are lost.'), keptLine()],
+      body: [h('p', {}, 'A cleanup job removes the current worktrees; the next session materializes a fresh environment. If a worktree holds uncommitted changes, berth refuses and asks again before discarding them.'), keptLine()],
       confirm: 'Reset environment',
       danger: true,
     });
-    if (ok) runAction((key) => post(`/tasks/${id}/environment/reset`, undefined, { key }));
+    if (!ok) return;
+    const attempt = async (discard, key) => {
+      clear(actionErr);
+      try {
+        await post(`/tasks/${id}/environment/reset${discard ? '?discard_worktree_changes=true' : ''}`, undefined, { key });
+        refresh();
+      } catch (e) {
+        if (e instanceof ApiError && e.code === 'task_delete_dirty_worktree' && !discard) return consentToDiscard(e, attempt, 'Reset and discard the changes');
+        clear(actionErr, problemBox(e, () => attempt(discard, key)));
+      }
+    };
+    attempt(false, uuid());
   }
 
   async function remove() {
@@ -139,7 +150,7 @@ export function renderTask(main, id, { setCrumbs }) {
         await del(`/tasks/${id}${discard ? '?discard_worktree_changes=true' : ''}`, { key: k });
         location.hash = `#/w/${s.task.workspace_id}`;
       } catch (e) {
-        if (e instanceof ApiError && e.code === 'task_delete_dirty_worktree' && !discard) return consentToDiscard(e, attempt);
+        if (e instanceof ApiError && e.code === 'task_delete_dirty_worktree' && !discard) return consentToDiscard(e, attempt, 'Delete and discard the changes');
         clear(actionErr, problemBox(e, () => attempt(discard, k)));
       }
     };
@@ -147,7 +158,7 @@ export function renderTask(main, id, { setCrumbs }) {
   }
 
   /** berth refused: worktrees hold changes. Show which files, then ask for explicit consent. */
-  async function consentToDiscard(err, attempt) {
+  async function consentToDiscard(err, attempt, confirm) {
     const dirty = err.problem.repositories ?? [];
     const files = new Map(s.git.map((g) => [g.repository_id, g.files]));
     if (s.env) {
@@ -167,7 +178,7 @@ export function renderTask(main, id, { setCrumbs }) {
           (files.get(d.repository_id) ?? []).length ? h('ul', { class: 'files' }, files.get(d.repository_id).map((f) => h('li', {}, h('code', {}, f.path)))) : null))),
         keptLine(),
       ],
-      confirm: 'Delete and discard the changes',
+      confirm,
       danger: true,
       requireCheck: 'I understand these changes will be lost.',
     });

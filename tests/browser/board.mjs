@@ -17,6 +17,7 @@
 // agent profile `test` and mints the token.
 
 import { randomBytes } from 'node:crypto';
+import { stat } from 'node:fs/promises';
 import { BERTH_URL, REPO_DIR, STEP_MS, TOKEN, api, inBrowser, logger, makeRepository, run, within } from './common.mjs';
 
 const DEADLINE_MS = Number(process.env.BOARD_TIMEOUT_MS || 180_000);
@@ -27,6 +28,21 @@ if (!BERTH_URL || !TOKEN || !REPO_DIR) {
   process.exit(2);
 }
 const log = logger('board');
+
+/** A task whose worktree holds an uncommitted file (`dirty.txt`): a session whose agent wrote it, stopped. */
+async function dirty(ws, repo, title) {
+  const task = await api('POST', `/workspaces/${ws.id}/tasks`, { title, repositories: [{ repository_id: repo.id }] });
+  const writer = await api('POST', `/tasks/${task.id}/sessions`, { executor_type: 'worktree', agent_profile: 'test', prompt: 'write dirty.txt uncommitted' });
+  const until = Date.now() + 30_000;
+  for (;;) {
+    const snap = await api('GET', `/sessions/${writer.id}/snapshot`);
+    if (snap.state === 'idle' && snap.transcript.some((t) => t.role === 'assistant')) break;
+    if (Date.now() > until) throw new Error(`the writing session did not finish: ${snap.state}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  await api('POST', `/sessions/${writer.id}/stop`);
+  return task;
+}
 
 async function main() {
   const suffix = randomBytes(4).toString('hex');
@@ -136,16 +152,7 @@ async function main() {
 
     // 9. Deleting a task whose worktree holds changes asks for explicit consent, naming the files. The
     // change is made through the API: a session whose agent writes a file, then stopped.
-    const dirtyTask = await api('POST', `/workspaces/${ws.id}/tasks`, { title: 'Dirty task', repositories: [{ repository_id: repo.id }] });
-    const writer = await api('POST', `/tasks/${dirtyTask.id}/sessions`, { executor_type: 'worktree', agent_profile: 'test', prompt: 'write dirty.txt uncommitted' });
-    const until = Date.now() + 30_000;
-    for (;;) {
-      const snap = await api('GET', `/sessions/${writer.id}/snapshot`);
-      if (snap.state === 'idle' && snap.transcript.some((t) => t.role === 'assistant')) break;
-      if (Date.now() > until) throw new Error(`the writing session did not finish: ${snap.state}`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
-    await api('POST', `/sessions/${writer.id}/stop`);
+    const dirtyTask = await dirty(ws, repo, 'Dirty task');
     await page.goto(`${BERTH_URL}/ui#/t/${dirtyTask.id}`);
     await page.getByRole('heading', { name: 'Dirty task', level: 1 }).waitFor();
     await page.getByRole('button', { name: 'Delete task…' }).click();
@@ -197,6 +204,32 @@ async function main() {
     );
     log('deleting the dirty task asked for consent, named dirty.txt, then deleted it');
 
+    // 10. Resetting an environment whose worktree holds changes asks for consent the same way; with it, the
+    // reset's job removes the worktree and the next session gets a fresh one.
+    const resetTask = await dirty(ws, repo, 'Reset task');
+    const before = await api('GET', `/tasks/${resetTask.id}/environment`);
+    await page.goto(`${BERTH_URL}/ui#/t/${resetTask.id}`);
+    await page.getByRole('heading', { name: 'Reset task', level: 1 }).waitFor();
+    await page.getByRole('button', { name: 'Reset environment…' }).click();
+    const resetDialog = page.locator('dialog.confirm', { hasText: 'Reset the environment?' });
+    await resetDialog.locator('text=asks again before discarding').waitFor();
+    await resetDialog.getByRole('button', { name: 'Reset environment' }).click();
+    const resetConsent = page.locator('dialog.confirm', { hasText: 'uncommitted changes' });
+    await resetConsent.locator('code', { hasText: 'dirty.txt' }).waitFor();
+    const resetDiscard = resetConsent.getByRole('button', { name: 'Reset and discard the changes' });
+    if (await resetDiscard.isEnabled()) throw new Error('a reset discards changes without explicit consent');
+    await shot('8-reset-consent');
+    await resetConsent.getByRole('checkbox').check();
+    await resetDiscard.click();
+    await page.locator('table.jobs tr[data-state="succeeded"]', { hasText: 'environment reset' }).waitFor({ timeout: JOB_MS });
+    const worktree = before.repos[0].worktree_path;
+    const until = Date.now() + JOB_MS;
+    while ((await stat(worktree).then(() => true, () => false))) {
+      if (Date.now() > until) throw new Error(`the reset left ${worktree}`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    log('resetting the dirty environment asked for consent, named dirty.txt; the job removed the worktree');
+
     // Nothing in local storage; the token only in session storage.
     const storage = await page.evaluate(() => ({ local: localStorage.length, session: sessionStorage.getItem('berth.token') }));
     if (storage.local !== 0) throw new Error(`local storage holds ${storage.local} items`);
@@ -212,4 +245,4 @@ async function main() {
   });
 }
 
-run('board', DEADLINE_MS, main, 'signed in, created a task and a session, watched the agent stream, answered it, deleted the session, archived the task and saw its cleanup succeed, offline');
+run('board', DEADLINE_MS, main, 'signed in, created a task and a session, watched the agent stream, answered it, deleted the session, archived the task and saw its cleanup succeed, deleted and reset dirty environments with consent, offline');
