@@ -32,14 +32,28 @@ pub async fn owner_of<C: ConnectionTrait>(conn: &C, task: &task::Model) -> Resul
     )))
 }
 
-/// I7: a task with an active cleanup job accepts no new session, environment or inventory row.
+/// I7: a task with an active lifecycle cleanup job (archive, delete, reset, expiry, a workspace delete)
+/// accepts no new session, environment or inventory row. A `superseded_cleanup` job does not count: it
+/// removes only what superseded environments left, never the current one, so a new session never waits
+/// for it (issue 38 item 5).
 pub async fn ensure_no_cleanup<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<()> {
-    let active = cleanup_job::Entity::find()
+    active_jobs(conn, task_ids, true).await
+}
+
+/// No active cleanup job of any kind, `superseded_cleanup` included: before another job is written for
+/// these tasks (two jobs never remove the same environment's worktrees at once).
+pub async fn ensure_no_cleanup_job<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<()> {
+    active_jobs(conn, task_ids, false).await
+}
+
+async fn active_jobs<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid], lifecycle_only: bool) -> Result<()> {
+    let mut query = cleanup_job::Entity::find()
         .filter(cleanup_job::Column::TaskId.is_in(task_ids.iter().copied()))
-        .filter(cleanup_job::Column::State.is_in(cleanup_job::ACTIVE_STATES))
-        .count(conn)
-        .await?;
-    if active > 0 {
+        .filter(cleanup_job::Column::State.is_in(cleanup_job::ACTIVE_STATES));
+    if lifecycle_only {
+        query = query.filter(cleanup_job::Column::Trigger.ne(cleanup_job::CleanupTrigger::SupersededCleanup));
+    }
+    if query.count(conn).await? > 0 {
         Err(Error::TaskCleanupInProgress)
     } else {
         Ok(())

@@ -237,6 +237,86 @@ async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend
     assert_eq!(s["workspace_path"], clean.source.display().to_string());
 }
 
+// Issue 38 item 5: a superseded environment's background cleanup never blocks a user. Leftovers are made
+// with no worker; then a process whose one worker writes both tasks' `superseded_cleanup` jobs in one pass,
+// claims one and hangs in it (a failpoint: a slow removal). Both tasks take new sessions meanwhile (this
+// was `409 task_cleanup_in_progress`); an archive takes over the job still waiting (cancelled, its
+// environment in the archive's snapshot) and waits only for the one a worker holds (409, retry later).
+async fn background_cleanup_never_blocks_a_user(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_CLEANUP_WORKERS", "0")]).await else {
+        return;
+    };
+    let ws = app.workspace("ws").await;
+    let first = leftover(&app, ws, "first").await;
+    let second = leftover(&app, ws, "second").await;
+    let mut config = app.config.clone();
+    config.cleanup_workers = 1;
+    config.cleanup_failpoint = Some("hang_after_claim".into());
+    config.superseded_grace = Duration::ZERO;
+    config.sweep_interval = Duration::from_millis(100);
+    let worker = berth::startup::Application::build(config).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let (held, waiting) = loop {
+        let a = superseded_jobs(&app, first.task).await;
+        let b = superseded_jobs(&app, second.task).await;
+        if let ([a], [b]) = (&a[..], &b[..]) {
+            match (a["state"].as_str(), b["state"].as_str()) {
+                (Some("running"), Some("pending")) => break ((&first, a.clone()), (&second, b.clone())),
+                (Some("pending"), Some("running")) => break ((&second, b.clone()), (&first, a.clone())),
+                _ => {}
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no running and waiting pair: {a:?} {b:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for l in [held.0, waiting.0] {
+        app.post(
+            &format!("/api/v1/tasks/{}/sessions", l.task),
+            json!({"executor_type": "local", "start": false}),
+        )
+        .await
+        .ok(201);
+    }
+    let r = app
+        .post(&format!("/api/v1/tasks/{}/archive", waiting.0.task), json!({}))
+        .await
+        .ok(202);
+    let archive = app
+        .get(&format!(
+            "/api/v1/cleanup-jobs/{}",
+            r["cleanup_jobs"][0]["id"].as_str().unwrap()
+        ))
+        .await
+        .ok(200);
+    assert_eq!(
+        archive["resource_snapshot"]["superseded"][0]["id"],
+        waiting.0.old_env.to_string(),
+        "the archive covers the superseded environment: {archive}"
+    );
+    let taken = app
+        .get(&format!("/api/v1/cleanup-jobs/{}", waiting.1["id"].as_str().unwrap()))
+        .await
+        .ok(200);
+    assert_eq!(taken["state"], "cancelled", "taken over by the archive: {taken}");
+    app.post(&format!("/api/v1/tasks/{}/archive", held.0.task), json!({}))
+        .await
+        .problem(409, "task_cleanup_in_progress");
+    worker.background().iter().for_each(|h| h.abort());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_cleanup_never_blocks_a_user_sqlite() {
+    background_cleanup_never_blocks_a_user(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_cleanup_never_blocks_a_user_postgres() {
+    background_cleanup_never_blocks_a_user(Backend::Postgres).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconcile_pass_heals_leaks_sqlite() {
     the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(Backend::Sqlite).await;

@@ -15,7 +15,7 @@ use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorTy
 use crate::error::{Error, Result};
 use crate::managed_path::Consent;
 use crate::store::cleanup_jobs::{self as store, JobPatch};
-use crate::store::tasks::{self as task_store, ensure_no_cleanup};
+use crate::store::tasks::{self as task_store, ensure_no_cleanup_job};
 use crate::store::{environments as env_store, sessions as sessions_store};
 
 /// The environment a task owns (not one it inherits), with its active worktrees.
@@ -164,6 +164,27 @@ pub(crate) async fn leftover_environments<C: ConnectionTrait>(
     Ok(out)
 }
 
+/// A lifecycle job covers every environment the task had: a `superseded_cleanup` job still waiting is
+/// cancelled in its favour (a running one is waited for: `task_cleanup_in_progress`, retryable).
+async fn subsume_superseded_cleanups(txn: &DatabaseTransaction, ctx: &Ctx, task_id: uuid::Uuid) -> Result<()> {
+    let waiting = crate::store::cleanup_jobs::of_task(
+        txn,
+        task_id,
+        &[CleanupTrigger::SupersededCleanup],
+        &[CleanupJobState::Pending, CleanupJobState::RetryWait],
+    )
+    .await?;
+    for j in waiting {
+        let patch = crate::store::cleanup_jobs::JobPatch {
+            completed_at: Some(Some(crate::clock::now())),
+            ..Default::default()
+        };
+        // A worker that claimed it meanwhile: the check below answers 409 and the caller retries.
+        crate::domain::cleanup::state::transition(txn, ctx, &j, JobEvent::Subsumed, None, patch).await?;
+    }
+    Ok(())
+}
+
 /// Writes the `prepared` barrier job for a task (I6); the caller holds the task's lock.
 pub(crate) async fn prepare(
     txn: &DatabaseTransaction,
@@ -172,7 +193,8 @@ pub(crate) async fn prepare(
     trigger: CleanupTrigger,
     consent: Option<&Consent>,
 ) -> Result<job::Model> {
-    ensure_no_cleanup(txn, &[t.id]).await?;
+    subsume_superseded_cleanups(txn, ctx, t.id).await?;
+    ensure_no_cleanup_job(txn, &[t.id]).await?;
     let owned = owned_environment(txn, ctx, t).await?;
     let superseded = leftover_environments(txn, ctx, t, owned.as_ref().map(|(e, _)| e.id)).await?;
     let snapshot = Snapshot {

@@ -14,7 +14,7 @@ use crate::entity::cleanup_job::{self as job, CleanupJobState, CleanupTrigger};
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
 use crate::error::{Error, Result};
 use crate::store::cleanup_jobs::{self as store, JobPatch};
-use crate::store::tasks::{self as task_store, ensure_no_cleanup, lock_task};
+use crate::store::tasks::{self as task_store, ensure_no_cleanup_job, lock_task};
 use crate::store::{environments as env_store, sessions as sessions_store};
 
 /// At most this many environments per pass: a pass stays short; the next one takes the rest.
@@ -55,7 +55,7 @@ async fn reconcile_one(ctx: &Ctx, e: &env::Model) -> Result<bool> {
     }
     let txn = ctx.db.begin_write().await?;
     let t = lock_task(&txn, t.id).await?;
-    ensure_no_cleanup(&txn, &[t.id]).await?;
+    ensure_no_cleanup_job(&txn, &[t.id]).await?;
     let current = crate::domain::environments::current(&txn, t.id).await?;
     if current
         .as_ref()

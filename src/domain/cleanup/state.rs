@@ -36,6 +36,9 @@ pub enum JobEvent {
     OperatorRetry,
     /// An operator cancels a job that is waiting.
     OperatorCancel,
+    /// A lifecycle job for the task takes over a waiting `superseded_cleanup` job: its snapshot names the
+    /// same superseded environments (issue 38 item 5: background cleanup never blocks a user).
+    Subsumed,
 }
 
 /// `event` does not apply in a job's state.
@@ -58,6 +61,7 @@ impl CleanupJobState {
             (Prepared | Pending | RetryWait | Failed, Unarchive) => Ok(Cancelled),
             (Failed, OperatorRetry) => Ok(Pending),
             (Prepared | Pending | RetryWait, OperatorCancel) => Ok(Cancelled),
+            (Pending | RetryWait, Subsumed) => Ok(Cancelled),
             (from, event) => Err(InvalidTransition { from, event }),
         }
     }
@@ -140,7 +144,7 @@ mod tests {
     use crate::entity::cleanup_job::CleanupJobState::{self, *};
     use sea_orm::Iterable;
 
-    const EVENTS: [JobEvent; 11] = [
+    const EVENTS: [JobEvent; 12] = [
         Activate,
         Abandon,
         Claim,
@@ -152,10 +156,11 @@ mod tests {
         Unarchive,
         OperatorRetry,
         OperatorCancel,
+        Subsumed,
     ];
 
     /// Every legal transition, line by line.
-    const LEGAL: [(CleanupJobState, JobEvent, CleanupJobState); 20] = [
+    const LEGAL: [(CleanupJobState, JobEvent, CleanupJobState); 22] = [
         // The barrier (I6).
         (Prepared, Activate, Pending),
         (Prepared, Abandon, Cancelled),
@@ -170,6 +175,9 @@ mod tests {
         (RetryWait, ClaimNothingToDo, Succeeded),
         (RetryWait, Unarchive, Cancelled),
         (RetryWait, OperatorCancel, Cancelled),
+        // A lifecycle job takes over a waiting superseded cleanup.
+        (Pending, Subsumed, Cancelled),
+        (RetryWait, Subsumed, Cancelled),
         // A worker's attempt, and the rescue of an expired lease.
         (Running, Claim, Running),
         (Running, ClaimNothingToDo, Succeeded),
