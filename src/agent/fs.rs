@@ -277,7 +277,11 @@ mod tests {
         // SAFETY: a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         assert_eq!(read(&wt, &at("pipe")).unwrap_err().code, REFUSED);
-        assert_eq!(write(&wt, &at("pipe"), "x").unwrap_err().code, FAILED, "no reader: ENXIO, at once");
+        assert_eq!(
+            write(&wt, &at("pipe"), "x").unwrap_err().code,
+            FAILED,
+            "no reader: ENXIO, at once"
+        );
         std::fs::create_dir(wt.join("d")).unwrap();
         assert_eq!(read(&wt, &at("d")).unwrap_err().code, REFUSED);
         std::fs::write(wt.join("f"), "plain").unwrap();

@@ -200,16 +200,26 @@ fn the_turns_tool_calls_are_kept_with_status_and_paths_and_cleared_by_the_next_p
             _ => None,
         })
     };
-    let d = w.decode(update(json!({"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Write a.txt",
-        "kind": "edit", "status": "pending", "locations": [{"path": "/w/a.txt"}]})));
+    let d = w.decode(update(
+        json!({"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Write a.txt",
+        "kind": "edit", "status": "pending", "locations": [{"path": "/w/a.txt"}]}),
+    ));
     assert_eq!(
         tools(&d),
         Some(json!([{"id": "t1", "title": "Write a.txt", "kind": "edit", "status": "pending", "paths": ["/w/a.txt"]}]))
     );
-    let d = w.decode(update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"})));
+    let d = w.decode(update(
+        json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"}),
+    ));
     assert_eq!(tools(&d).unwrap()[0]["status"], "completed");
-    assert_eq!(tools(&d).unwrap()[0]["paths"], json!(["/w/a.txt"]), "an update keeps what it does not name");
-    let d = w.decode(update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"})));
+    assert_eq!(
+        tools(&d).unwrap()[0]["paths"],
+        json!(["/w/a.txt"]),
+        "an update keeps what it does not name"
+    );
+    let d = w.decode(update(
+        json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"}),
+    ));
     assert_eq!(tools(&d), None, "nothing changed, nothing learned");
     w.decode(json!({"id": "berth-p", "result": {"stopReason": "end_turn"}}));
     let out = w.encode(&Command::Prompt("again".into()), "berth-q".into()).unwrap();
