@@ -178,11 +178,16 @@ pub(crate) async fn inspect_and_record(
             "only a ready environment's worktrees are inspected".into(),
         ));
     }
-    let rows = env_store::active_repos_with_repository(&ctx.db.conn, e.id).await?;
+    let rows: Vec<_> = env_store::active_repos_with_repository(&ctx.db.conn, e.id)
+        .await?
+        .into_iter()
+        .filter(|(row, _)| !rate_limited || due(ctx, e.id, row.repository_id))
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    prove(ctx, e).await?;
     for (row, repo) in rows {
-        if rate_limited && !due(ctx, e.id, row.repository_id) {
-            continue;
-        }
         let path = match (e.executor_type, &row.worktree_path, repo) {
             (ExecutorType::Worktree, Some(p), _) => PathBuf::from(p),
             (ExecutorType::Local, _, Some(r)) => PathBuf::from(r.path),
@@ -215,6 +220,25 @@ pub(crate) async fn inspect_and_record(
         record_checked(ctx, e, o).await?;
     }
     Ok(())
+}
+
+/// Admission, as a launch would ask it, before a worktree is read: a workspace that is gone, replaced or
+/// no longer the repository's becomes `broken` with its category and `environment.broken`, and its stored
+/// git status reads stale, whoever found it (a refresh, a live read, a turn's completion). Never `ready`
+/// over a worktree that is not there.
+async fn prove(ctx: &Ctx, e: &env::Model) -> Result<()> {
+    let Some(task) = crate::store::tasks::find(&ctx.db.conn, e.task_id).await? else {
+        return Err(Error::NotFound("task"));
+    };
+    let owner = crate::store::tasks::owner_of(&ctx.db.conn, &task).await?;
+    match super::environments::admit(ctx, &owner, e, e.executor_type, false).await? {
+        Ok(_) => Ok(()),
+        Err(refusal) => {
+            let category = ReuseCategory::from(refusal);
+            super::environments::mark_broken(ctx, task.id, &owner, e.id, category).await?;
+            Err(Error::WorkspaceReuseUnsafe(category))
+        }
+    }
 }
 
 fn due(ctx: &Ctx, env_id: Uuid, repo: Uuid) -> bool {

@@ -343,42 +343,51 @@ async fn observations_are_validated_and_scoped(app: TestApp) {
     .ok(201);
 }
 
-// Issue 17, item 6: a refresh on a worktree that is gone (or no longer a git worktree) answers a typed 409
-// that says to reset the environment, never a 500; what was observed before stays readable, and the
-// source repository is untouched.
+// Issue 17, item 6 and issue 38 item 3: a refresh on a worktree that is gone (or no longer a git
+// worktree) answers a typed 409 that says to reset the environment, never a 500, and the environment says
+// so too: `broken` with the category, one `environment.broken`, its git status stale (never `ready` over
+// a worktree that is not there). What was observed before stays readable, the source repository is
+// untouched.
 async fn a_refresh_of_a_missing_worktree_is_a_typed_409(app: TestApp) {
     let ws = app.workspace("ws").await;
     let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Gone", &[repo]).await;
-    let s = app.session(task, "worktree").await;
-    let env = uuid(&s["task_environment_id"]);
-    let wt = std::path::PathBuf::from(s["workspace_path"].as_str().unwrap());
-    let refresh = format!("/api/v1/environments/{env}/git-status/refresh");
-    app.post(&refresh, json!({})).await.ok(200);
+    for (name, category) in [("Unlinked", "not_a_git_worktree"), ("Gone", "workspace_missing")] {
+        let task = app.task(ws, name, &[repo]).await;
+        let s = app.session(task, "worktree").await;
+        let env = uuid(&s["task_environment_id"]);
+        let wt = std::path::PathBuf::from(s["workspace_path"].as_str().unwrap());
+        let refresh = format!("/api/v1/environments/{env}/git-status/refresh");
+        app.post(&refresh, json!({})).await.ok(200);
+        if category == "not_a_git_worktree" {
+            // Its `.git` file is gone, the directory is still there.
+            std::fs::remove_file(wt.join(".git")).unwrap();
+        } else {
+            std::fs::remove_dir_all(&wt).unwrap();
+        }
+        let p = app
+            .post(&refresh, json!({}))
+            .await
+            .problem(409, "workspace_reuse_unsafe");
+        assert_eq!(p["category"], category);
+        assert_eq!(p["action"], "reset_environment");
+        crate::helpers::assert_no_path(&app.post(&refresh, json!({})).await, &wt);
 
-    // Not a git worktree any more: its `.git` file is gone, the directory is still there.
-    std::fs::remove_file(wt.join(".git")).unwrap();
-    let p = app
-        .post(&refresh, json!({}))
-        .await
-        .problem(409, "workspace_reuse_unsafe");
-    assert_eq!(p["category"], "not_a_git_worktree");
-    assert_eq!(p["action"], "reset_environment");
-    crate::helpers::assert_no_path(&app.post(&refresh, json!({})).await, &wt);
-
-    // Gone altogether.
-    std::fs::remove_dir_all(&wt).unwrap();
-    let p = app
-        .post(&refresh, json!({}))
-        .await
-        .problem(409, "workspace_reuse_unsafe");
-    assert_eq!(p["category"], "workspace_missing");
-    let current = app.get(&format!("/api/v1/environments/{env}/git-status")).await.ok(200);
-    assert_eq!(
-        current["items"].as_array().unwrap().len(),
-        1,
-        "the last observation stays readable"
-    );
+        let e = app.get(&format!("/api/v1/environments/{env}")).await.ok(200);
+        assert_eq!(e["status"], "broken", "{e}");
+        assert_eq!(e["broken_category"], category);
+        let broken = app
+            .get(&format!("/api/v1/events?task_id={task}&types=environment.broken"))
+            .await
+            .ok(200);
+        assert_eq!(broken["events"].as_array().unwrap().len(), 1, "{broken}");
+        let current = app.get(&format!("/api/v1/environments/{env}/git-status")).await.ok(200);
+        assert_eq!(current["stale"], true, "{current}");
+        assert_eq!(
+            current["items"].as_array().unwrap().len(),
+            1,
+            "the last observation stays readable"
+        );
+    }
     assert!(source.join(".git").is_dir(), "the source repository is untouched");
     assert_eq!(git(&source, &["status", "--porcelain"]).trim(), "");
 }

@@ -30,12 +30,14 @@ use crate::store::tasks::{ensure_no_cleanup, lock_task, owner_of, slot_at, slots
 use progress::{Stage, append_progress, reporter};
 use state::{env_subject, settle, supersede_stale};
 
+mod admit;
 mod lease;
 mod progress;
 mod recovery;
 mod state;
 mod transition;
 
+pub(crate) use admit::admit;
 pub use lease::Materializing;
 pub(crate) use lease::{in_flight, is_fresh_creating, still_in_flight};
 pub use recovery::recover_abandoned;

@@ -1,6 +1,5 @@
 //! Launching (or resuming) a session's agent through admission (I15-I17), in named steps: resolve the
 //! profile, admit the workspace, record the durable handle, spawn, record it running.
-use std::path::PathBuf;
 
 use uuid::Uuid;
 
@@ -13,29 +12,15 @@ use crate::auth::Principal;
 use crate::config::AgentProfile;
 use crate::entity::agent_execution::{self as execution, ExecutionState};
 use crate::entity::task;
-use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
+use crate::entity::task_environment::{EnvironmentStatus, ExecutorType};
 use crate::entity::task_session::{self as session, SessionState};
 use crate::error::{Error, Result, ReuseCategory};
-use crate::executor::admission::{self, AdmittedWorkspace, Candidate, Refusal};
+use crate::executor::admission::{AdmittedWorkspace, Refusal};
 use crate::runtime::SpawnError;
 use crate::store::environments as env_store;
 use crate::store::executions::ExecutionPatch;
 use crate::store::sessions::StatePatch;
 use crate::store::tasks::{self as task_store, ensure_not_archived_or_cleaning, lock_task, owner_of};
-
-impl From<Refusal> for ReuseCategory {
-    fn from(r: Refusal) -> Self {
-        match r {
-            Refusal::ExecutorMismatch => ReuseCategory::ExecutorMismatch,
-            Refusal::InventoryIncomplete => ReuseCategory::InventoryIncomplete,
-            Refusal::InventoryAmbiguous => ReuseCategory::InventoryAmbiguous,
-            Refusal::WorkspaceMissing => ReuseCategory::WorkspaceMissing,
-            Refusal::NotAGitWorktree => ReuseCategory::NotAGitWorktree,
-            Refusal::RepositoryMismatch => ReuseCategory::RepositoryMismatch,
-            Refusal::EnvironmentNotReady => ReuseCategory::EnvironmentNotReady,
-        }
-    }
-}
 
 /// Launches (or resumes) a session's agent. A session with a live agent is returned as it is (I27).
 pub async fn launch(ctx: &Ctx, p: &Principal, session_id: Uuid, prompt: Option<String>) -> Result<SessionView> {
@@ -229,7 +214,7 @@ async fn admit_for_launch(
         // workspace_preparing` while another request materializes it.
         _ => environments::ensure_ready(ctx, task, requested).await?,
     };
-    match admit(ctx, owner, &current, requested, false).await? {
+    match environments::admit(ctx, owner, &current, requested, false).await? {
         Ok(ws) => {
             if current.status == EnvironmentStatus::Broken {
                 // Mended (a drive back, a worktree restored): admission proved it, so it is ready again.
@@ -240,7 +225,7 @@ async fn admit_for_launch(
         // I18: another executor than the environment's: a fresh environment for it, beside the current one.
         Err(Refusal::ExecutorMismatch) => {
             let candidate = environments::prepare_transition(ctx, task, requested).await?;
-            match admit(ctx, owner, &candidate.env, requested, true).await? {
+            match environments::admit(ctx, owner, &candidate.env, requested, true).await? {
                 Ok(ws) => Ok(Ok((ws, Some(candidate)))),
                 Err(refusal) => {
                     environments::abandon_transition(
@@ -435,79 +420,4 @@ pub(super) async fn record_failure(
     ctx.commit(txn).await?;
     // A failed session's agent will not take what was waiting: cancelled, visibly.
     inbox::cancel_queued(ctx, task, &current, "the session failed").await
-}
-
-/// Builds the admission candidate from the canonical inventory (never from a session's copy) and
-/// validates it off the async threads.
-async fn admit(
-    ctx: &Ctx,
-    owner: &task::Model,
-    current: &env::Model,
-    requested: ExecutorType,
-    // A transition candidate is admitted while still `creating` (it becomes current only after its launch).
-    candidate: bool,
-) -> Result<std::result::Result<AdmittedWorkspace, Refusal>> {
-    let rows = env_store::active_repos(&ctx.db.conn, current.id).await?;
-    let slots: Vec<admission::Slot> = task_store::slots_with_repositories(&ctx.db.conn, owner.id)
-        .await?
-        .iter()
-        .filter_map(|(slot, repo)| {
-            repo.as_ref().map(|r| admission::Slot {
-                repository_id: slot.repository_id,
-                branch_slug: slot.branch_slug.clone(),
-                common_git_dir: PathBuf::from(&r.common_git_dir),
-                source_path: PathBuf::from(&r.path),
-            })
-        })
-        .collect();
-    let rows: Vec<admission::Row> = rows
-        .into_iter()
-        .map(|r| admission::Row {
-            repository_id: r.repository_id,
-            branch_slug: r.branch_slug,
-            worktree_path: r.worktree_path.map(PathBuf::from),
-            worktree_id: r.worktree_id,
-        })
-        .collect();
-    // This environment's own directory: the one its rows live in (a transition has its own), which must
-    // be a directory of this task directly under the managed root.
-    let root = &ctx.config.worktree_root;
-    // Issue 18: an environment imported from kandev adopted its worktrees where kandev made them, outside
-    // the managed root; its directory is the one they share (admission still proves each of them).
-    let adopted = current.imported_from.is_some();
-    let task_root = rows
-        .iter()
-        .filter_map(|r| r.worktree_path.as_ref().and_then(|p| p.parent()).map(PathBuf::from))
-        .next()
-        .filter(|dir| {
-            adopted
-                || (dir.parent() == Some(root.as_path())
-                    && dir
-                        .file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n == owner.slug || n.starts_with(&format!("{}-", owner.slug))))
-        })
-        .unwrap_or_else(|| root.join(&owner.slug));
-    let environment_id = current.id;
-    let executor = current.executor_type;
-    // A broken environment is admitted afresh (issue 17 item 6): mended, it is ready again.
-    let ready = matches!(
-        current.status,
-        EnvironmentStatus::Ready | EnvironmentStatus::Stopped | EnvironmentStatus::Broken
-    ) || (candidate && current.status == EnvironmentStatus::Creating);
-    tokio::task::spawn_blocking(move || {
-        admission::admit(
-            &Candidate {
-                environment_id,
-                executor,
-                ready,
-                task_root: &task_root,
-                slots: &slots,
-                rows: &rows,
-            },
-            requested,
-        )
-    })
-    .await
-    .map_err(|e| Error::Internal(e.into()))
 }
