@@ -29,23 +29,9 @@ pub fn plan(src: &Source) -> Plan {
     let imported: HashSet<&str> = plan.sessions.iter().map(|s| s.id.as_str()).collect();
     plan.messages = messages(src, &imported);
     plan.observations = observations(src, &own, &plan.environments, &mut plan.history);
-    for j in &src.cleanup_jobs {
-        let (rule, msg) = if j.trigger == "session_delete" {
-            (
-                "session_delete_job_dropped",
-                "a session delete never cleans anything up (seed 001)",
-            )
-        } else {
-            (
-                "cleanup_job_not_imported",
-                "kandev's own cleanup job: berth adopts the worktrees and never runs kandev's jobs",
-            )
-        };
-        plan.history.push(Entry {
-            task_id: j.task_id.clone(),
-            ..Entry::new(rule, "task_resource_cleanup_jobs", &j.id, msg)
-        });
-    }
+    let (jobs, mut history) = super::jobs::plan(src, &plan);
+    plan.jobs = jobs;
+    plan.history.append(&mut history);
     let mut history = own.history;
     history.append(&mut plan.history);
     plan.history = history;

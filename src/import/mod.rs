@@ -1,6 +1,8 @@
 //! `berth import kandev` (issue 18): seed 001's ownership cutover applied to a kandev database, written
 //! into berth's. Read kandev read-only → normalize (pure) → refuse, or write in one transaction. Nothing
 //! on disk is touched: worktrees are adopted where they are, and admission proves them at first launch.
+pub mod connection;
+pub mod jobs;
 pub mod mapping;
 pub mod model;
 pub mod normalize;
@@ -8,32 +10,35 @@ pub mod plan;
 pub mod reader;
 pub mod report;
 pub mod write;
+pub mod write_jobs;
 
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use crate::config::Config;
 use crate::store::Db;
 
+use plan::RepoProbe;
 use report::{Entry, Report};
-use write::RepoProbe;
 
 /// What can be imported.
 #[derive(Debug, clap::Subcommand)]
 pub enum ImportSource {
-    /// Tasks, environments, worktrees, sessions, transcripts and git status from a kandev SQLite file.
+    /// Tasks, environments, worktrees, sessions, transcripts, git status and the cleanup kandev still owed,
+    /// from a kandev SQLite file or PostgreSQL database.
     Kandev(KandevArgs),
 }
 
 #[derive(Debug, clap::Args)]
 pub struct KandevArgs {
-    /// kandev's database, e.g. ~/.kandev/data/kandev.db (or one of its backups); opened read-only.
+    /// kandev's database: its SQLite file, e.g. ~/.kandev/data/kandev.db (or one of its backups), or a
+    /// PostgreSQL URL, postgres://user:password@host:5432/kandev; read-only either way.
     #[arg(long)]
-    pub from: PathBuf,
+    pub from: connection::Location,
     /// The berth workspace to import into: created, or the existing one of that name.
     #[arg(long)]
     pub workspace: String,
@@ -52,8 +57,10 @@ pub async fn run_cli(config: &Config, source: ImportSource) -> ExitCode {
         eprintln!("berth: --workspace: give a name of 1 to 200 characters");
         return ExitCode::from(2);
     }
-    if !args.from.exists() {
-        eprintln!("berth: --from: {} does not exist", args.from.display());
+    if let connection::Location::File(path) = &args.from
+        && !path.exists()
+    {
+        eprintln!("berth: --from: {} does not exist", path.display());
         return ExitCode::from(2);
     }
     let (report, code) = match import(config, &args).await {
@@ -110,10 +117,19 @@ async fn import(config: &Config, args: &KandevArgs) -> Result<Report, Failure> {
     let db = open(config, args.dry_run)
         .await
         .map_err(|e| ("target_unavailable", e))?;
-    let written = write::write(&db, &args.workspace, &config.node_id, &plan, &probes, !args.dry_run)
+    let written = write::write(&db, &args.workspace, config, &plan, &probes, !args.dry_run)
         .await
         .map_err(|e| ("import_failed", format!("{e:#}; berth's database is unchanged")))?;
-    let nothing = written.counts.is_zero() && written.messages == 0 && written.repositories == 0;
+    let nothing = written.counts.is_zero()
+        && written.messages == 0
+        && written.repositories == 0
+        && written.cleanup_jobs.is_empty();
+    report.history.extend(written.history);
+    report.cleanup_jobs = written.cleanup_jobs;
+    if args.dry_run {
+        // Nothing was written: no job id to name.
+        report.cleanup_jobs.iter_mut().for_each(|j| j.job_id = None);
+    }
     report.already_imported = nothing && written.seen_before;
     report.imported = written.counts;
     report.messages = written.messages;

@@ -182,4 +182,8 @@ pub struct CleanupJob {
     pub task_id: Option<String>,
     pub trigger: String,
     pub state: Option<String>,
+    /// `resource_snapshot`: what kandev meant to remove (`worktrees`, `discard_worktree_changes`, ...).
+    pub snapshot: serde_json::Value,
+    pub last_error: Option<String>,
+    pub created_at: Ts,
 }

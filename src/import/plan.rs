@@ -1,5 +1,6 @@
 //! What the import will write, in berth's terms but still keyed by kandev ids (the writer maps them to
 //! berth ids). Built by `normalize` and `mapping` from the kandev rows alone: no database, no disk.
+use crate::entity::cleanup_job::{CleanupJobState, CleanupTrigger};
 use crate::entity::git_status_observation::ObservationKind;
 use crate::entity::session_message::MessageRole;
 use crate::entity::task::{TaskKind, WorkspaceMode};
@@ -18,6 +19,8 @@ pub struct Plan {
     pub sessions: Vec<PlannedSession>,
     pub messages: Vec<PlannedMessage>,
     pub observations: Vec<PlannedObservation>,
+    /// kandev's cleanup work still owed, carried over as berth cleanup jobs.
+    pub jobs: Vec<PlannedJob>,
     pub history: Vec<Entry>,
     pub refused: Vec<Entry>,
 }
@@ -119,4 +122,39 @@ pub struct PlannedObservation {
     pub ahead: i32,
     pub behind: i32,
     pub files: serde_json::Value,
+}
+
+/// What the import found out about a kandev repository's path (read-only, before the transaction).
+#[derive(Debug, Clone)]
+pub struct RepoProbe {
+    /// The canonical work tree root, or kandev's path as recorded when it is not a git repository.
+    pub path: String,
+    /// `None` when the path is not a git repository (imported as `missing`).
+    pub common_git_dir: Option<String>,
+    pub head_branch: Option<String>,
+}
+
+/// A berth cleanup job the import writes for kandev's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedJob {
+    /// kandev's job ids: several owed jobs of one task become one berth job (one active job per task, I7).
+    pub ids: Vec<String>,
+    /// kandev's task id; the task is imported (archived) or kandev deleted it.
+    pub task_id: String,
+    pub trigger: CleanupTrigger,
+    /// `pending` (the worker runs it) or `failed` (kandev gave up; an operator may retry it in berth).
+    pub state: CleanupJobState,
+    pub last_error: Option<String>,
+    pub worktrees: Vec<JobWorktree>,
+    /// The consent to discard changes that kandev's job recorded (`discard_worktree_changes`).
+    pub discard_worktree_changes: bool,
+}
+
+/// A worktree kandev's job snapshot named, by kandev's repository id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobWorktree {
+    pub repository_id: String,
+    pub path: String,
+    pub branch: Option<String>,
+    pub base_branch: Option<String>,
 }

@@ -1,123 +1,55 @@
-//! Reads a kandev SQLite file of either generation, read-only (`mode=ro`, no `immutable`, so the WAL is
-//! seen; nothing is checkpointed or written). A file whose write lock another process holds is refused.
+//! Reads a kandev database of either generation, SQLite or PostgreSQL (`connection`), in one snapshot
+//! and read-only, into plain rows (`model`). The schema is the same on both; what differs is how values
+//! come back, which the helpers below absorb: PostgreSQL's `timestamptz` is RFC 3339, a boolean may be a
+//! real boolean, a JSON column may be `jsonb` (kandev-schema.md §1).
 use std::collections::HashSet;
-use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
 
 use chrono::{NaiveDateTime, TimeZone, Utc};
-use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteRow};
-use sea_orm::sqlx::{Connection, Row, SqliteConnection};
+use serde_json::Value;
 
+use super::connection::{KandevDb, Result, Row};
+pub use super::connection::{Location, ReadError};
 use super::model::*;
 
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    #[error("{0}: no such file")]
-    Missing(PathBuf),
-    #[error(
-        "{0} is being written by another process (kandev is probably running): stop kandev and run the import again"
-    )]
-    WriteLocked(PathBuf),
-    #[error("{path} is not a kandev database: {reason}")]
-    NotKandev { path: PathBuf, reason: String },
-    #[error("cannot read {path}: {reason}")]
-    Sqlite { path: PathBuf, reason: String },
-    #[error("{table}.{column} of row {id} holds an unreadable timestamp {value:?}")]
-    Timestamp {
-        table: &'static str,
-        column: &'static str,
-        id: String,
-        value: String,
-    },
-}
-
-type Result<T> = std::result::Result<T, ReadError>;
-
-/// The whole kandev file, read in one read transaction (one consistent snapshot).
-pub async fn read(path: &Path) -> Result<Source> {
-    if !path.is_file() {
-        return Err(ReadError::Missing(path.to_path_buf()));
-    }
-    if write_locked(path) {
-        return Err(ReadError::WriteLocked(path.to_path_buf()));
-    }
-    let sql_err = |e: sea_orm::sqlx::Error| ReadError::Sqlite {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    };
-    let opts = SqliteConnectOptions::new()
-        .filename(path)
-        .read_only(true)
-        .create_if_missing(false);
-    let mut conn = SqliteConnection::connect_with(&opts).await.map_err(sql_err)?;
+/// The whole kandev database, read in one read transaction (one consistent snapshot).
+pub async fn read(at: &Location) -> Result<Source> {
+    let mut db = KandevDb::open(at).await?;
     let mut reader = Reader {
-        conn: &mut conn,
-        path,
+        db: &mut db,
         tables: HashSet::new(),
     };
     let out = reader.read_all().await;
-    conn.close().await.ok();
+    db.close().await;
     out
 }
 
 struct Reader<'a> {
-    conn: &'a mut SqliteConnection,
-    path: &'a Path,
+    db: &'a mut KandevDb,
     tables: HashSet<String>,
 }
 
 impl Reader<'_> {
-    fn err(&self, e: sea_orm::sqlx::Error) -> ReadError {
-        ReadError::Sqlite {
-            path: self.path.to_path_buf(),
-            reason: e.to_string(),
-        }
-    }
-
-    async fn rows(&mut self, sql: &str) -> Result<Vec<SqliteRow>> {
-        let out = sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql.to_string()))
-            .fetch_all(&mut *self.conn)
-            .await;
-        out.map_err(|e| self.err(e))
-    }
-
-    async fn columns(&mut self, table: &str) -> Result<HashSet<String>> {
-        let rows = self
-            .rows(&format!("SELECT name FROM pragma_table_info('{table}')"))
-            .await?;
-        Ok(rows
-            .iter()
-            .filter_map(|r| r.try_get::<String, _>("name").ok())
-            .collect())
-    }
-
     /// Every row of a table, or none when the table does not exist in this generation.
-    async fn table(&mut self, table: &str, order: &str) -> Result<Vec<SqliteRow>> {
+    async fn table(&mut self, table: &str, order: &str) -> Result<Vec<Row>> {
         if !self.tables.contains(table) {
             return Ok(Vec::new());
         }
-        self.rows(&format!("SELECT * FROM {table} ORDER BY {order}")).await
+        self.db.rows(table, order).await
     }
 
     async fn read_all(&mut self) -> Result<Source> {
-        // One snapshot of the file for every table (a read transaction takes no write lock).
-        self.rows("BEGIN").await?;
-        let tables = self.rows("SELECT name FROM sqlite_master WHERE type = 'table'").await?;
-        self.tables = tables
-            .iter()
-            .filter_map(|r| r.try_get::<String, _>("name").ok())
-            .collect();
+        self.db.begin().await?;
+        self.tables = self.db.tables().await?;
         for required in ["tasks", "task_sessions", "repositories"] {
             if !self.tables.contains(required) {
                 return Err(ReadError::NotKandev {
-                    path: self.path.to_path_buf(),
+                    path: self.db.name().to_string(),
                     reason: format!("it has no `{required}` table"),
                 });
             }
         }
-        let env_cols = self.columns("task_environments").await?;
-        let repo_cols = self.columns("task_environment_repos").await?;
+        let env_cols = self.db.columns("task_environments").await?;
+        let repo_cols = self.db.columns("task_environment_repos").await?;
         let legacy_table = self.tables.contains("task_session_worktrees");
         let flat = env_cols.contains("worktree_id");
         let lifecycle = repo_cols.contains("status");
@@ -131,12 +63,12 @@ impl Reader<'_> {
             generation: Some(generation),
             ..Default::default()
         };
-        if self.tables.contains("kandev_meta") {
-            let rows = self
-                .rows("SELECT value FROM kandev_meta WHERE key = 'kandev_version'")
-                .await?;
-            src.kandev_version = rows.first().and_then(|r| text(r, "value"));
-        }
+        src.kandev_version = self
+            .table("kandev_meta", "key")
+            .await?
+            .iter()
+            .find(|r| text(r, "key").as_deref() == Some("kandev_version"))
+            .and_then(|r| text(r, "value"));
         for r in self.table("repositories", "created_at, id").await? {
             let id = req(&r, "id");
             src.repositories.push(Repository {
@@ -287,41 +219,56 @@ impl Reader<'_> {
             });
         }
         for r in self.table("task_resource_cleanup_jobs", "created_at, id").await? {
+            let id = req(&r, "id");
             src.cleanup_jobs.push(CleanupJob {
-                id: req(&r, "id"),
                 task_id: text(&r, "task_id"),
                 trigger: text(&r, "trigger").unwrap_or_default(),
                 state: text(&r, "state"),
+                snapshot: json(&r, "resource_snapshot"),
+                last_error: text(&r, "last_error"),
+                created_at: ts(&r, "task_resource_cleanup_jobs", "created_at", &id)?,
+                id,
             });
         }
-        self.rows("COMMIT").await?;
+        self.db.commit().await?;
         Ok(src)
     }
 }
 
-/// Optional text: NULL, `''` and a missing column all read as absent.
-fn text(r: &SqliteRow, col: &str) -> Option<String> {
-    r.try_get::<Option<String>, _>(col)
-        .ok()
-        .flatten()
-        .filter(|s| !s.is_empty())
+/// Optional text: NULL, `''` and a missing column all read as absent. A number (a TEXT column SQLite
+/// let hold one) reads as its digits.
+fn text(r: &Row, col: &str) -> Option<String> {
+    match r.get(col)? {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
 }
 
-fn req(r: &SqliteRow, col: &str) -> String {
+fn req(r: &Row, col: &str) -> String {
     text(r, col).unwrap_or_default()
 }
 
-fn int(r: &SqliteRow, col: &str) -> i64 {
-    r.try_get::<Option<i64>, _>(col).ok().flatten().unwrap_or(0)
+/// An INTEGER (kandev's booleans are 0/1 on both databases), or a PostgreSQL boolean; absent is 0.
+fn int(r: &Row, col: &str) -> i64 {
+    match r.get(col) {
+        Some(Value::Number(n)) => n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)).unwrap_or(0),
+        Some(Value::Bool(b)) => i64::from(*b),
+        Some(Value::String(s)) => s.trim().parse().unwrap_or(0),
+        _ => 0,
+    }
 }
 
-fn json(r: &SqliteRow, col: &str) -> serde_json::Value {
-    text(r, col)
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or(serde_json::Value::Null)
+/// A JSON column: TEXT holding JSON (both databases), or `jsonb`, which arrives as the JSON itself.
+fn json(r: &Row, col: &str) -> Value {
+    match r.get(col) {
+        Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::Null),
+        Some(v @ (Value::Object(_) | Value::Array(_))) => v.clone(),
+        _ => Value::Null,
+    }
 }
 
-fn opt_ts(r: &SqliteRow, table: &'static str, column: &'static str, id: &str) -> Result<Option<Ts>> {
+fn opt_ts(r: &Row, table: &'static str, column: &'static str, id: &str) -> Result<Option<Ts>> {
     match text(r, column) {
         None => Ok(None),
         Some(raw) => parse_ts(&raw).map(Some).ok_or_else(|| ReadError::Timestamp {
@@ -333,7 +280,7 @@ fn opt_ts(r: &SqliteRow, table: &'static str, column: &'static str, id: &str) ->
     }
 }
 
-fn ts(r: &SqliteRow, table: &'static str, column: &'static str, id: &str) -> Result<Ts> {
+fn ts(r: &Row, table: &'static str, column: &'static str, id: &str) -> Result<Ts> {
     // A NOT NULL timestamp that an old build left empty reads as the epoch: it only orders rows.
     Ok(opt_ts(r, table, column, id)?.unwrap_or(chrono::DateTime::UNIX_EPOCH))
 }
@@ -357,29 +304,6 @@ pub fn parse_ts(raw: &str) -> Option<Ts> {
     None
 }
 
-/// True when another process holds SQLite's write lock on the file, asked with `F_GETLK` (which takes no
-/// lock): the RESERVED/PENDING bytes of the database (rollback journal) or the WAL write lock in `-shm`.
-fn write_locked(path: &Path) -> bool {
-    const PENDING_BYTE: i64 = 0x4000_0000;
-    const WAL_WRITE_LOCK: i64 = 120;
-    let held = |file: &Path, start: i64, len: i64| File::open(file).is_ok_and(|f| lock_held(&f, start, len));
-    let mut shm = path.as_os_str().to_owned();
-    shm.push("-shm");
-    held(path, PENDING_BYTE, 2) || held(Path::new(&shm), WAL_WRITE_LOCK, 1)
-}
-
-fn lock_held(file: &File, start: i64, len: i64) -> bool {
-    // SAFETY: a zeroed `flock` is a valid value; `fcntl(F_GETLK)` only writes into it.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as _;
-    fl.l_whence = libc::SEEK_SET as _;
-    fl.l_start = start as _;
-    fl.l_len = len as _;
-    // SAFETY: the descriptor is open for the call's duration and `fl` outlives it.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut fl) };
-    rc == 0 && i32::from(fl.l_type) != libc::F_UNLCK
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,5 +319,33 @@ mod tests {
             Some(want + chrono::Duration::milliseconds(500))
         );
         assert_eq!(parse_ts("yesterday"), None);
+    }
+
+    /// What PostgreSQL's `to_jsonb` makes of kandev's columns there: `timestamptz` in RFC 3339 (and a
+    /// zone-less `timestamp` without offset), a boolean as a boolean, a `jsonb` column as JSON.
+    #[test]
+    fn postgres_values_read_as_sqlite_ones_do() {
+        let row: Row = serde_json::from_value(serde_json::json!({
+            "at": "2026-08-09T10:11:12.5+00:00",
+            "naive": "2026-08-09T10:11:12",
+            "flag": true,
+            "zero": 0,
+            "meta": {"workspace": {"mode": "inherit_parent"}},
+            "text_meta": "{\"a\": 1}",
+            "empty": "",
+            "position": 3
+        }))
+        .unwrap();
+        let want = Utc.with_ymd_and_hms(2026, 8, 9, 10, 11, 12).unwrap();
+        assert_eq!(
+            opt_ts(&row, "t", "at", "x").unwrap(),
+            Some(want + chrono::Duration::milliseconds(500))
+        );
+        assert_eq!(ts(&row, "t", "naive", "x").unwrap(), want);
+        assert_eq!((int(&row, "flag"), int(&row, "zero"), int(&row, "missing")), (1, 0, 0));
+        assert_eq!(json(&row, "meta")["workspace"]["mode"], "inherit_parent");
+        assert_eq!(json(&row, "text_meta")["a"], 1);
+        assert_eq!((text(&row, "empty"), text(&row, "missing")), (None, None));
+        assert_eq!(text(&row, "position").as_deref(), Some("3"));
     }
 }

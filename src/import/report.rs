@@ -1,5 +1,8 @@
 //! What an import did, would do, or refused: the report printed as text or as one JSON object.
 use serde::Serialize;
+use uuid::Uuid;
+
+use crate::entity::cleanup_job::{CleanupJobState, CleanupTrigger};
 
 /// One kandev row that is history (superseded, deleted, orphaned: not imported as an owner) or that
 /// refuses the import, with the ids and metadata a person needs to find it, and the rule that applied.
@@ -74,6 +77,8 @@ pub struct Report {
     /// Transcript entries imported (not part of `imported`'s fixed shape).
     pub messages: u64,
     pub repositories: u64,
+    /// kandev's cleanup work still owed, now berth cleanup jobs the worker runs.
+    pub cleanup_jobs: Vec<CarriedJob>,
 }
 
 impl Report {
@@ -107,6 +112,36 @@ impl Report {
                 c.tasks, c.environments, c.worktrees, c.sessions, c.observations, self.messages, self.repositories
             ));
         }
+        if !self.cleanup_jobs.is_empty() {
+            out.push_str(&format!(
+                "cleanup kandev still owed, {} as berth cleanup job(s):\n",
+                if self.dry_run {
+                    "would be carried over"
+                } else {
+                    "carried over"
+                }
+            ));
+            for j in &self.cleanup_jobs {
+                let job = j.job_id.map(|id| format!(" as job {id}")).unwrap_or_default();
+                out.push_str(&format!(
+                    "  - kandev job(s) {} of task {}: {:?} {:?}{job}, removing {}{}\n",
+                    j.kandev_ids.join(", "),
+                    j.task_id,
+                    j.trigger,
+                    j.state,
+                    if j.paths.is_empty() {
+                        "no worktree".to_string()
+                    } else {
+                        j.paths.join(", ")
+                    },
+                    if j.discard_worktree_changes {
+                        " (with kandev's consent to discard changes)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
         if !self.history.is_empty() {
             out.push_str(&format!(
                 "history ({} row(s) kept as evidence, not imported as owners; nothing on disk was touched):\n",
@@ -136,4 +171,21 @@ fn line(e: &Entry) -> String {
         }
     }
     format!("{}: {}", parts.join(" "), e.message)
+}
+
+/// A kandev job berth took over, as the report shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CarriedJob {
+    /// kandev's job ids (several of one task become one berth job).
+    pub kandev_ids: Vec<String>,
+    /// kandev's task id.
+    pub task_id: String,
+    /// berth's job (absent in a dry run, which writes none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<Uuid>,
+    pub trigger: CleanupTrigger,
+    pub state: CleanupJobState,
+    /// The worktrees the job removes.
+    pub paths: Vec<String>,
+    pub discard_worktree_changes: bool,
 }

@@ -19,18 +19,9 @@ use crate::entity::{
 use crate::events::{self, EventType, Subject};
 use crate::store::Db;
 
-use super::plan::Plan;
-use super::report::Counts;
-
-/// What the import found out about a kandev repository's path (read-only, before the transaction).
-#[derive(Debug, Clone)]
-pub struct RepoProbe {
-    /// The canonical work tree root, or kandev's path as recorded when it is not a git repository.
-    pub path: String,
-    /// `None` when the path is not a git repository (imported as `missing`).
-    pub common_git_dir: Option<String>,
-    pub head_branch: Option<String>,
-}
+use super::plan::{Plan, RepoProbe};
+use super::report::{CarriedJob, Counts, Entry};
+use super::write_jobs::{Refs, write_jobs};
 
 pub struct Written {
     pub workspace_id: Uuid,
@@ -39,6 +30,10 @@ pub struct Written {
     pub repositories: u64,
     /// Some kandev row was already in berth.
     pub seen_before: bool,
+    /// kandev's cleanup jobs written as berth's.
+    pub cleanup_jobs: Vec<CarriedJob>,
+    /// kandev rows the writer found to be history (a job of a task berth already had, ...).
+    pub history: Vec<Entry>,
 }
 
 /// A test-only failure after a step (`BERTH_IMPORT_FAIL_AT=after_read|after_<table>|before_commit`);
@@ -101,7 +96,7 @@ fn repo_name(raw: &str) -> String {
 pub async fn write(
     db: &Db,
     workspace_name: &str,
-    node_id: &str,
+    config: &crate::config::Config,
     plan: &Plan,
     probes: &HashMap<String, RepoProbe>,
     commit: bool,
@@ -306,7 +301,7 @@ pub async fn write(
             executor_type: Set(e.executor),
             status: Set(e.status),
             workspace_path: Set(e.workspace_path.clone()),
-            node_id: Set(node_id.to_string()),
+            node_id: Set(config.node_id.clone()),
             ownership_generation: Set(1),
             materializer_id: Set(None),
             error_message: Set(None),
@@ -450,7 +445,21 @@ pub async fn write(
     insert_chunked(&txn, observations).await?;
     failpoint("after_observations")?;
 
-    let nothing = counts.is_zero() && message_count == 0 && repositories == 0;
+    // What kandev still owed, once the rows its jobs name are written.
+    let refs = Refs {
+        workspace_id: ws.id,
+        instance,
+        config,
+        task_ids: &task_ids,
+        new_tasks: &new_tasks,
+        repo_ids: &repo_ids,
+        probes,
+    };
+    let mut history = Vec::new();
+    let cleanup_jobs = write_jobs(&txn, &refs, &plan.jobs, &mut history).await?;
+    failpoint("after_cleanup_jobs")?;
+
+    let nothing = counts.is_zero() && message_count == 0 && repositories == 0 && cleanup_jobs.is_empty();
     if created_workspace && !nothing {
         events::append(
             &txn,
@@ -472,5 +481,7 @@ pub async fn write(
         messages: message_count,
         repositories,
         seen_before,
+        cleanup_jobs,
+        history,
     })
 }

@@ -1,6 +1,8 @@
 //! Issue 18: `berth import kandev` applies seed 001's ownership cutover to kandev databases of both
 //! generations (scenarios 8-22 of seed 001, a normalized and a mixed file), fails closed, is idempotent,
-//! and adopts worktrees that admission then proves at the first launch.
+//! and adopts worktrees that admission then proves at the first launch. Issue 38 item 4: each test's
+//! kandev database is on the backend its berth runs on, so the PostgreSQL half imports the same fixture
+//! from a PostgreSQL kandev; the cleanup kandev still owed is carried over (`carry`).
 mod fixture;
 
 use std::path::Path;
@@ -36,6 +38,8 @@ both_backends!(
     an_imported_session_launches_in_the_adopted_worktree,
     a_write_locked_kandev_database_is_refused,
     a_dry_run_changes_nothing,
+    kandev_pending_cleanup_becomes_berth_cleanup_jobs,
+    the_worker_does_the_cleanup_kandev_owed,
 );
 
 // ---- helpers ----
@@ -121,7 +125,7 @@ pub(crate) fn p(path: &Path) -> Option<String> {
 }
 
 /// Imports and asserts that it was refused with `rule` naming `id`, and that berth did not change.
-pub(crate) async fn refused(app: &TestApp, db: &Path, rule: &str, id: &str) -> Run {
+pub(crate) async fn refused(app: &TestApp, db: &KandevDb, rule: &str, id: &str) -> Run {
     // Into an existing workspace with rows of its own, so "unchanged" has something to compare.
     let ws = app.workspace("ws").await;
     app.repository(ws, "already-here").await;
@@ -142,7 +146,7 @@ async fn s08_deleted_history_beside_a_canonical_row(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
     let old = w.worktree("t1-old", "feature/old");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Preview).await;
+    let mut k = w.kandev(Gen::Preview).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.env("e1", "t1", T2, None).await;
@@ -170,7 +174,7 @@ async fn s08_deleted_history_beside_a_canonical_row(app: TestApp) {
 async fn s09_canonical_path_beats_a_drifted_flat_path(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     let stale = w.home.join("tasks/old-place/proj");
@@ -195,7 +199,7 @@ async fn s10_canonical_worktree_beats_a_different_flat_worktree(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
     let flat = w.worktree("t1-flat", "feature/flat");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.env("e1", "t1", T2, Some(("r1", "wt-flat", &flat, "feature/flat")))
@@ -222,7 +226,7 @@ async fn s11_a_rehomed_canonical_row_beats_the_survivors_flat_worktree(app: Test
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
     let flat = w.worktree("t1-new", "feature/new");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.env("e-old", "t1", T1, None).await;
@@ -254,7 +258,7 @@ async fn s11_a_rehomed_canonical_row_beats_the_survivors_flat_worktree(app: Test
 async fn s12_a_resumable_session_keeps_its_state_and_canonical_metadata_wins(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.env("e1", "t1", T2, None).await;
@@ -285,7 +289,7 @@ async fn s12_a_resumable_session_keeps_its_state_and_canonical_metadata_wins(app
 async fn s13_flat_metadata_beats_a_stale_session_reference(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
@@ -311,7 +315,7 @@ async fn s14_a_terminal_sessions_older_worktree_is_history(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
     let old = w.worktree("t1-old", "feature/old");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
@@ -337,7 +341,7 @@ async fn s14_a_terminal_sessions_older_worktree_is_history(app: TestApp) {
 async fn s15_an_orphan_repeating_a_task_owned_worktree_is_history(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
@@ -369,7 +373,7 @@ async fn s15_an_orphan_repeating_a_task_owned_worktree_is_history(app: TestApp) 
 async fn s16_a_deleted_orphan_is_history(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
@@ -398,7 +402,7 @@ async fn s17_an_active_orphan_without_owner_refuses(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
     let lost = w.worktree("lost", "feature/lost");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
@@ -429,7 +433,7 @@ async fn s17_an_active_orphan_without_owner_refuses(app: TestApp) {
 async fn s18_an_active_orphan_beside_only_a_deleted_target_refuses(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Preview).await;
+    let mut k = w.kandev(Gen::Preview).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
@@ -448,7 +452,7 @@ async fn s19_a_hybrid_file_keeps_normalized_rows_and_imports_session_worktrees(a
     let lib = w.second_repo("lib");
     let wt = w.worktree("t1", "feature/a");
     let wt_lib = w.worktree_of(&lib, "t1", "feature/a");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Hybrid).await;
+    let mut k = w.kandev(Gen::Hybrid).await;
     k.repo("r1", "proj", &w.repo).await;
     k.repo("r2", "lib", &lib).await;
     k.task("t1", "First").await;
@@ -482,7 +486,7 @@ async fn s19_a_hybrid_file_keeps_normalized_rows_and_imports_session_worktrees(a
 async fn s20_a_borrowing_task_gains_no_environment(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("parent", "feature/a");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("ta", "Parent").await;
     k.task_with("tb", "Child", "ta", r#"{"workspace":{"mode":"inherit_parent"}}"#)
@@ -522,7 +526,7 @@ async fn s21_several_worktrees_for_one_slot_elect_one_owner(app: TestApp) {
         w.worktree("b", "feature/b"),
         w.worktree("c", "feature/c"),
     );
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.session("s-done", "t1", "COMPLETED", "", T4).await;
@@ -556,7 +560,7 @@ async fn s21_several_worktrees_for_one_slot_elect_one_owner(app: TestApp) {
 async fn s22_contradicting_metadata_without_owner_refuses(app: TestApp) {
     let w = World::new(&app);
     let a = w.worktree("a", "feature/a");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.session("s1", "t1", "RUNNING", "", T2).await;
@@ -571,5 +575,7 @@ async fn s22_contradicting_metadata_without_owner_refuses(app: TestApp) {
     has(&run.report, "refused", "incompatible_metadata", "sw2");
 }
 
+mod carry;
 mod more;
+use carry::*;
 use more::*;

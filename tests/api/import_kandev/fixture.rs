@@ -1,14 +1,16 @@
-//! kandev databases built from `design/kandev-schema.md` (both generations), real git repositories and
-//! worktrees made with the git CLI, the `berth import kandev` runner, and a dump of berth's database to
-//! prove that a refused or failed import changed nothing.
+//! kandev databases built from `design/kandev-schema.md` (both generations) by the same SQL on SQLite and on
+//! PostgreSQL (a fresh database per fixture, dropped with it; kandev renders TIMESTAMP as TIMESTAMPTZ
+//! there, as its `dialect.RenderSchema` does), real git repositories and worktrees made with the git CLI,
+//! the `berth import kandev` runner, and a dump of berth's database to prove that a refused or failed
+//! import changed nothing.
 use std::path::{Path, PathBuf};
 
 use sea_orm::sqlx::sqlite::SqliteConnectOptions;
-use sea_orm::sqlx::{AssertSqlSafe, Connection, Executor, SqliteConnection};
+use sea_orm::sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, SqliteConnection};
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde_json::Value;
 
-use crate::helpers::{TestApp, git, git_repo};
+use crate::helpers::{Backend, PgDatabase, TestApp, git, git_repo};
 
 /// The three timestamp forms kandev files hold (§1), oldest to newest.
 pub const T1: &str = "2026-08-01 10:00:00+00:00";
@@ -31,23 +33,96 @@ pub fn q(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
+enum Conn {
+    Sqlite(SqliteConnection),
+    Postgres(PgConnection),
+}
+
+/// A kandev database being filled.
 pub struct Kandev {
-    pub path: PathBuf,
-    pub conn: SqliteConnection,
+    conn: Conn,
+    db: KandevDb,
     pub generation: Gen,
 }
 
+/// A finished kandev database: what `--from` names. A PostgreSQL one is dropped with this.
+pub struct KandevDb {
+    pub from: String,
+    /// The SQLite file; `None` on PostgreSQL.
+    pub path: Option<PathBuf>,
+    pub pg: Option<PgDatabase>,
+}
+
+impl KandevDb {
+    /// Everything in it: the SQLite file's bytes, or every row of every PostgreSQL table.
+    pub async fn contents(&self) -> Vec<u8> {
+        let Some(pg) = &self.pg else {
+            return std::fs::read(self.path.as_ref().unwrap()).unwrap();
+        };
+        let mut conn = PgConnection::connect(&pg.url).await.unwrap();
+        let tables: Vec<String> = sea_orm::sqlx::query_scalar(
+            "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let mut out = Vec::new();
+        for t in tables {
+            let rows: Vec<String> =
+                sea_orm::sqlx::query_scalar(AssertSqlSafe(format!("SELECT to_jsonb(t)::text FROM {t} t ORDER BY 1")))
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap();
+            out.extend(format!("{t}: {rows:?}\n").into_bytes());
+        }
+        conn.close().await.unwrap();
+        out
+    }
+}
+
 impl Kandev {
-    pub async fn create(dir: &Path, generation: Gen) -> Kandev {
-        std::fs::create_dir_all(dir).unwrap();
-        let path = dir.join("kandev.db");
-        let opts = SqliteConnectOptions::new().filename(&path).create_if_missing(true);
-        let mut conn = SqliteConnection::connect_with(&opts).await.unwrap();
+    /// On the backend the test's berth runs on: a file in `dir`, or a fresh PostgreSQL database.
+    pub async fn create(w: &World, dir: &Path, generation: Gen) -> Kandev {
+        let (mut conn, db) = match w.backend {
+            Backend::Sqlite => {
+                std::fs::create_dir_all(dir).unwrap();
+                let path = dir.join("kandev.db");
+                let opts = SqliteConnectOptions::new().filename(&path).create_if_missing(true);
+                let conn = SqliteConnection::connect_with(&opts).await.unwrap();
+                let from = path.display().to_string();
+                (
+                    Conn::Sqlite(conn),
+                    KandevDb {
+                        from,
+                        path: Some(path),
+                        pg: None,
+                    },
+                )
+            }
+            Backend::Postgres => {
+                let pg = PgDatabase::create()
+                    .await
+                    .expect("a PostgreSQL run has BERTH_TEST_POSTGRES_URL");
+                let mut conn = PgConnection::connect(&pg.url)
+                    .await
+                    .unwrap_or_else(|e| panic!("BERTH_TEST_POSTGRES_URL is set but PostgreSQL is unreachable: {e}"));
+                // kandev writes UTC; a zone-less literal is read as such.
+                conn.execute("SET TIME ZONE 'UTC'").await.unwrap();
+                let from = pg.url.clone();
+                (
+                    Conn::Postgres(conn),
+                    KandevDb {
+                        from,
+                        path: None,
+                        pg: Some(pg),
+                    },
+                )
+            }
+        };
         let flat = matches!(generation, Gen::Legacy | Gen::Preview);
         let lifecycle = generation != Gen::Legacy;
         let legacy_table = generation != Gen::Normalized;
         let mut ddl = vec![
-            "PRAGMA journal_mode = WAL".to_string(),
             "CREATE TABLE kandev_meta (key TEXT PRIMARY KEY, value TEXT)".into(),
             "INSERT INTO kandev_meta VALUES ('kandev_version', 'v0.85.0')".into(),
             "CREATE TABLE workspaces (id TEXT PRIMARY KEY, name TEXT NOT NULL, task_prefix TEXT DEFAULT 'KAN', \
@@ -117,8 +192,10 @@ impl Kandev {
              triggered_by TEXT DEFAULT '', metadata TEXT DEFAULT '{}', created_at TIMESTAMP NOT NULL)"
                 .into(),
             "CREATE TABLE task_resource_cleanup_jobs (id TEXT PRIMARY KEY, operation_id TEXT UNIQUE NOT NULL, \
-             task_id TEXT NOT NULL, trigger TEXT NOT NULL, state TEXT NOT NULL, resource_snapshot TEXT DEFAULT '{}', \
-             attempts INTEGER DEFAULT 0, created_at TIMESTAMP NOT NULL, updated_at TIMESTAMP NOT NULL)"
+             task_id TEXT NOT NULL, trigger TEXT NOT NULL, state TEXT NOT NULL DEFAULT 'pending', \
+             resource_snapshot TEXT NOT NULL DEFAULT '{}', attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at TIMESTAMP, \
+             last_error TEXT NOT NULL DEFAULT '', created_at TIMESTAMP NOT NULL, updated_at TIMESTAMP NOT NULL, \
+             completed_at TIMESTAMP)"
                 .into(),
             format!("INSERT INTO workspaces VALUES ('kws', 'Default Workspace', 'KAN', {}, {})", q(T1), q(T1)),
         ];
@@ -132,17 +209,30 @@ impl Kandev {
                     .into(),
             );
         }
-        for sql in ddl {
-            conn.execute(AssertSqlSafe(sql)).await.unwrap();
+        match &mut conn {
+            Conn::Sqlite(c) => {
+                c.execute("PRAGMA journal_mode = WAL").await.unwrap();
+            }
+            Conn::Postgres(_) => {
+                // kandev's `dialect.RenderSchema`: every TIMESTAMP column is TIMESTAMPTZ on PostgreSQL.
+                for sql in &mut ddl {
+                    *sql = sql.replace(" TIMESTAMP", " TIMESTAMPTZ");
+                }
+            }
         }
-        Kandev { path, conn, generation }
+        let mut k = Kandev { conn, db, generation };
+        for sql in ddl {
+            k.exec(sql).await;
+        }
+        k
     }
 
     pub async fn exec(&mut self, sql: String) {
-        self.conn
-            .execute(AssertSqlSafe(sql.clone()))
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let out = match &mut self.conn {
+            Conn::Sqlite(c) => c.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
+            Conn::Postgres(c) => c.execute(AssertSqlSafe(sql.clone())).await.map(|_| ()),
+        };
+        out.unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
     pub async fn repo(&mut self, id: &str, name: &str, path: &Path) {
@@ -330,23 +420,45 @@ impl Kandev {
     }
 
     pub async fn job(&mut self, id: &str, task: &str, trigger: &str) {
+        self.job_with(id, task, trigger, "pending", "{}").await;
+    }
+
+    /// A cleanup job in `state` with kandev's `resource_snapshot` (JSON text).
+    pub async fn job_with(&mut self, id: &str, task: &str, trigger: &str, state: &str, snapshot: &str) {
+        let error = if state == "failed" { "worktree is locked" } else { "" };
         self.exec(format!(
-            "INSERT INTO task_resource_cleanup_jobs (id, operation_id, task_id, trigger, state, created_at, updated_at) \
-             VALUES ({}, {}, {}, {}, 'pending', {}, {})",
+            "INSERT INTO task_resource_cleanup_jobs (id, operation_id, task_id, trigger, state, resource_snapshot, \
+             attempts, last_error, created_at, updated_at) VALUES ({}, {}, {}, {}, {}, {}, 1, {}, {}, {})",
             q(id),
             q(&format!("{trigger}:{task}:{id}")),
             q(task),
             q(trigger),
-            q(T1),
-            q(T1)
+            q(state),
+            q(snapshot),
+            q(error),
+            q(T3),
+            q(T3)
         ))
         .await;
     }
 
-    /// Closes the writer (the WAL is checkpointed into the file): the fixture is complete.
-    pub async fn finish(self) -> PathBuf {
-        self.conn.close().await.unwrap();
-        self.path
+    /// Archives a task as kandev does (`archived_at`).
+    pub async fn archive(&mut self, task: &str) {
+        self.exec(format!(
+            "UPDATE tasks SET archived_at = {} WHERE id = {}",
+            q(T3),
+            q(task)
+        ))
+        .await;
+    }
+
+    /// Closes the writer (on SQLite the WAL is checkpointed into the file): the fixture is complete.
+    pub async fn finish(self) -> KandevDb {
+        match self.conn {
+            Conn::Sqlite(c) => c.close().await.unwrap(),
+            Conn::Postgres(c) => c.close().await.unwrap(),
+        }
+        self.db
     }
 }
 
@@ -355,6 +467,8 @@ impl Kandev {
 pub struct World {
     pub home: PathBuf,
     pub repo: PathBuf,
+    /// Where kandev's database lives: on the backend the test's berth runs on.
+    pub backend: Backend,
 }
 
 impl World {
@@ -363,7 +477,13 @@ impl World {
         World {
             repo: git_repo(&root.join("src").join("proj"), "main"),
             home: root.join("kandev"),
+            backend: app.backend,
         }
+    }
+
+    /// kandev's database at its usual place (`<home>/data`), or a PostgreSQL one.
+    pub async fn kandev(&self, generation: Gen) -> Kandev {
+        Kandev::create(self, &self.db_dir(), generation).await
     }
 
     /// Another source repository.
@@ -398,13 +518,13 @@ pub struct Run {
 }
 
 /// Runs `berth import kandev --json` against the app's database (a separate process, like a user's).
-pub async fn import(app: &TestApp, db: &Path, workspace: &str, extra: &[&str], env: &[(&str, &str)]) -> Run {
+pub async fn import(app: &TestApp, db: &KandevDb, workspace: &str, extra: &[&str], env: &[(&str, &str)]) -> Run {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"));
     cmd.args([
         "import",
         "kandev",
         "--from",
-        &db.display().to_string(),
+        &db.from,
         "--workspace",
         workspace,
         "--json",

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use berth::entity::{git_status_observation as obs, repository, session_message, task_session as session};
 use reqwest::Method;
-use sea_orm::sqlx::{AssertSqlSafe, Connection, Executor};
+use sea_orm::sqlx::{Connection, Executor};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde_json::json;
 
@@ -14,10 +14,10 @@ use crate::agents::wait_session;
 use crate::helpers::{TestApp, id_of, worktrees_of};
 
 /// A normalized file with two sessions, a transcript and git status.
-async fn normalized(app: &TestApp) -> (World, std::path::PathBuf, std::path::PathBuf) {
+async fn normalized(app: &TestApp) -> (World, KandevDb, std::path::PathBuf) {
     let w = World::new(app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = Kandev::create(&w.db_dir(), Gen::Normalized).await;
+    let mut k = w.kandev(Gen::Normalized).await;
     k.repo("r1", "proj", &w.repo).await;
     k.task("t1", "First").await;
     k.task_repo("t1", "r1").await;
@@ -45,13 +45,12 @@ async fn normalized(app: &TestApp) -> (World, std::path::PathBuf, std::path::Pat
 
 pub(crate) async fn a_normalized_file_imports_sessions_transcripts_and_git_status(app: TestApp) {
     let (_w, db, wt) = normalized(&app).await;
-    let kandev_before = std::fs::read(&db).unwrap();
+    let kandev_before = db.contents().await;
     let run = import(&app, &db, "ws", &[], &[]).await;
     succeeded(&run);
-    assert_eq!(
-        std::fs::read(&db).unwrap(),
-        kandev_before,
-        "kandev's file is never written"
+    assert!(
+        db.contents().await == kandev_before,
+        "kandev's database is never written"
     );
     assert_eq!(run.report["generation"], "normalized");
     assert_eq!(
@@ -115,7 +114,7 @@ pub(crate) async fn a_mixed_file_imports_everything_once(app: TestApp) {
         w.worktree("f", "feature/f"),
         w.worktree("s", "feature/s"),
     );
-    let mut k = Kandev::create(&w.db_dir(), Gen::Legacy).await;
+    let mut k = w.kandev(Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.repo("r-gone", "gone", std::path::Path::new("/nonexistent/kandev/gone"))
         .await;
@@ -156,7 +155,8 @@ pub(crate) async fn a_mixed_file_imports_everything_once(app: TestApp) {
         json!({"tasks": 5, "environments": 3, "worktrees": 3, "sessions": 4, "observations": 0})
     );
     has(&run.report, "history", "session_delete_job_dropped", "j-sd");
-    has(&run.report, "history", "cleanup_job_not_imported", "j-ar");
+    // t-canon is not archived: kandev would cancel its archive job, and so nothing is carried.
+    has(&run.report, "history", "cleanup_job_reason_gone", "j-ar");
     has(&run.report, "history", "session_worktree_deleted", "sw-del");
     let gone = repository::Entity::find()
         .filter(repository::Column::ImportedFrom.eq("r-gone"))
@@ -197,7 +197,7 @@ async fn other_workspace(app: &TestApp) {
     app.repository(ws, "already-here").await;
 }
 
-const STEPS: [&str; 10] = [
+const STEPS: [&str; 11] = [
     "after_read",
     "after_workspaces",
     "after_repositories",
@@ -207,6 +207,7 @@ const STEPS: [&str; 10] = [
     "after_sessions",
     "after_messages",
     "after_observations",
+    "after_cleanup_jobs",
     "before_commit",
 ];
 
@@ -288,12 +289,8 @@ pub(crate) async fn an_imported_session_launches_in_the_adopted_worktree(app: Te
 pub(crate) async fn a_write_locked_kandev_database_is_refused(app: TestApp) {
     other_workspace(&app).await;
     let (_w, db, _) = normalized(&app).await;
-    let opts = sea_orm::sqlx::sqlite::SqliteConnectOptions::new().filename(&db);
-    let mut writer = sea_orm::sqlx::SqliteConnection::connect_with(&opts).await.unwrap();
-    writer
-        .execute(AssertSqlSafe("BEGIN IMMEDIATE".to_string()))
-        .await
-        .unwrap();
+    // A write in progress: SQLite's write lock, or a PostgreSQL transaction that wrote.
+    let writer = Writer::begin(&db).await;
     let before = dump(&app).await;
     let run = import(&app, &db, "ws", &[], &[]).await;
     assert_eq!(run.code, 1, "{}", run.report);
@@ -305,14 +302,47 @@ pub(crate) async fn a_write_locked_kandev_database_is_refused(app: TestApp) {
         run.stderr
     );
     assert_unchanged(&before, &dump(&app).await);
-    writer.execute(AssertSqlSafe("ROLLBACK".to_string())).await.unwrap();
-    writer.close().await.unwrap();
-    // Once the writer is gone, the same file imports.
+    writer.rollback().await;
+    // Once the writer is gone, the same database imports.
     tokio::time::timeout(Duration::from_secs(60), async {
         succeeded(&import(&app, &db, "ws", &[], &[]).await)
     })
     .await
     .unwrap();
+}
+
+/// Another process writing kandev's database.
+enum Writer {
+    Sqlite(sea_orm::sqlx::SqliteConnection),
+    Postgres(sea_orm::sqlx::PgConnection),
+}
+
+impl Writer {
+    async fn begin(db: &KandevDb) -> Writer {
+        if let Some(pg) = &db.pg {
+            let mut c = sea_orm::sqlx::PgConnection::connect(&pg.url).await.unwrap();
+            c.execute("BEGIN").await.unwrap();
+            c.execute("UPDATE kandev_meta SET value = value").await.unwrap();
+            return Writer::Postgres(c);
+        }
+        let opts = sea_orm::sqlx::sqlite::SqliteConnectOptions::new().filename(db.path.as_ref().unwrap());
+        let mut c = sea_orm::sqlx::SqliteConnection::connect_with(&opts).await.unwrap();
+        c.execute("BEGIN IMMEDIATE").await.unwrap();
+        Writer::Sqlite(c)
+    }
+
+    async fn rollback(self) {
+        match self {
+            Writer::Sqlite(mut c) => {
+                c.execute("ROLLBACK").await.unwrap();
+                c.close().await.unwrap();
+            }
+            Writer::Postgres(mut c) => {
+                c.execute("ROLLBACK").await.unwrap();
+                c.close().await.unwrap();
+            }
+        }
+    }
 }
 
 pub(crate) async fn a_dry_run_changes_nothing(app: TestApp) {
@@ -327,7 +357,7 @@ pub(crate) async fn a_dry_run_changes_nothing(app: TestApp) {
     assert_unchanged(&before, &dump(&app).await);
     // A dry run of a file that would be refused reports it, and still changes nothing.
     let lost = w.worktree("lost", "feature/lost");
-    let mut k = Kandev::create(&w.home.join("other"), Gen::Legacy).await;
+    let mut k = Kandev::create(&w, &w.home.join("other"), Gen::Legacy).await;
     k.repo("r1", "proj", &w.repo).await;
     k.session_worktree(
         "sw-orphan",
