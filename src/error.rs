@@ -149,6 +149,9 @@ pub enum ConversationCategory {
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct DirtyRepository {
     pub repository_id: uuid::Uuid,
+    /// The environment the worktree belongs to: the task's current one, or an earlier one a delete also
+    /// removes (issue 38 item 2).
+    pub task_environment_id: uuid::Uuid,
     pub dirty_file_count: usize,
 }
 

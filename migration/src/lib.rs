@@ -13,6 +13,7 @@ mod m20261203_000009_actors_and_broken;
 mod m20261203_000010_imported_from;
 mod m20261204_000011_event_stamping;
 mod m20261205_000012_command_actors;
+mod m20261205_000013_leftovers;
 
 pub struct Migrator;
 
@@ -32,6 +33,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000010_imported_from::Migration),
             Box::new(m20261204_000011_event_stamping::Migration),
             Box::new(m20261205_000012_command_actors::Migration),
+            Box::new(m20261205_000013_leftovers::Migration),
         ]
     }
 }

@@ -130,6 +130,7 @@ fn responses() -> Vec<(&'static str, &'static str, Named)> {
                 "A worktree holds uncommitted changes: nothing was changed",
                 problem(&Error::TaskDeleteDirtyWorktree(vec![DirtyRepository {
                     repository_id: REPOSITORY_ID.parse().expect("a uuid"),
+                    task_environment_id: ENVIRONMENT_ID.parse().expect("a uuid"),
                     dirty_file_count: 3,
                 }])),
             ),
@@ -151,6 +152,7 @@ fn problem_schema_examples() -> Vec<Value> {
         problem(&Error::NotFound("task")),
         problem(&Error::TaskDeleteDirtyWorktree(vec![DirtyRepository {
             repository_id: REPOSITORY_ID.parse().expect("a uuid"),
+            task_environment_id: ENVIRONMENT_ID.parse().expect("a uuid"),
             dirty_file_count: 3,
         }])),
     ]

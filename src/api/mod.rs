@@ -9,6 +9,7 @@ pub mod examples;
 pub mod extract;
 pub mod git_status;
 pub mod idempotency;
+pub mod leftovers;
 pub mod middleware;
 pub mod ops;
 pub mod problem;
@@ -306,6 +307,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(events::routes)
                 .configure(agent_profiles::routes)
                 .configure(cleanup_jobs::routes)
+                .configure(leftovers::routes)
                 .configure(git_status::routes),
         );
 }

@@ -95,8 +95,14 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub category: Option<ProblemCategory>,
     /// For `task_delete_dirty_worktree`: which repositories hold how many changed files (no paths).
+    /// The same list as `dirty_repositories`, kept for clients written before it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repositories: Option<Vec<crate::error::DirtyRepository>>,
+    /// For `task_delete_dirty_worktree`: each worktree holding changes, by repository and the environment
+    /// it belongs to (the task's current one or an earlier one the operation also removes), with its
+    /// count of changed files (no paths).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dirty_repositories: Option<Vec<crate::error::DirtyRepository>>,
     /// The environment concerned, when there is one (for example a failed preparation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_environment_id: Option<uuid::Uuid>,
@@ -127,6 +133,7 @@ impl Problem {
             task_count: None,
             category: None,
             repositories: None,
+            dirty_repositories: None,
             task_environment_id: None,
         }
     }
@@ -310,6 +317,7 @@ impl From<&Error> for Problem {
             },
             Error::TaskDeleteDirtyWorktree(repos) => Problem {
                 repositories: Some(repos.clone()),
+                dirty_repositories: Some(repos.clone()),
                 action: Some("discard_worktree_changes".into()),
                 ..Problem::new(
                     S::CONFLICT,

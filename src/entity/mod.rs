@@ -5,6 +5,7 @@ pub mod event;
 pub mod event_ticket;
 pub mod git_status_observation;
 pub mod idempotency_key;
+pub mod leftover;
 pub mod repository;
 pub mod session_command;
 pub mod session_inbox;

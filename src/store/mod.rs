@@ -10,6 +10,7 @@ pub mod event_tickets;
 pub mod executions;
 pub mod idempotency;
 pub mod inbox;
+pub mod leftovers;
 pub mod messages;
 pub mod migrate;
 pub mod observations;

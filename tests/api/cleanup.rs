@@ -172,9 +172,11 @@ async fn a_dirty_delete_is_refused_then_consented(app: TestApp) {
     let r = app.delete(&format!("/api/v1/tasks/{task}")).await;
     let p = r.problem(409, "task_delete_dirty_worktree");
     let repo_id = app.get(&format!("/api/v1/workspaces/{ws}/repositories")).await.ok(200)["items"][0]["id"].clone();
+    let env_id = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200)["id"].clone();
+    assert_eq!(p["dirty_repositories"], p["repositories"]);
     assert_eq!(
         p["repositories"],
-        json!([{"repository_id": repo_id, "dirty_file_count": 2}])
+        json!([{"repository_id": repo_id, "task_environment_id": env_id, "dirty_file_count": 2}])
     );
     assert!(!r.text.contains(&worktree.display().to_string()));
     app.get(&format!("/api/v1/tasks/{task}")).await.ok(200);

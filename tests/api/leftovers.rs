@@ -15,7 +15,7 @@ use crate::helpers::{Backend, TestApp, git, uuid, wait_job_settled, worktrees_of
 
 both_backends!(
     archive_removes_what_a_superseded_environment_left,
-    delete_keeps_a_dirty_superseded_worktree_unless_consented,
+    a_delete_names_dirty_work_of_every_environment,
     a_transitions_own_directory_goes_with_its_environment,
 );
 
@@ -102,25 +102,30 @@ async fn archive_removes_what_a_superseded_environment_left(app: TestApp) {
     assert!(l.source.join("README.md").is_file());
 }
 
-// I11: a superseded worktree holding changes is never destroyed without consent: a delete keeps it and
-// says so in the job; the same delete with `discard_worktree_changes=true` removes it.
-async fn delete_keeps_a_dirty_superseded_worktree_unless_consented(app: TestApp) {
+// I11 and issue 38 item 2: a superseded worktree holding changes is never destroyed without consent, and
+// never left without an owner either: a delete checks every environment it would remove, answers 409
+// naming the environment the dirty worktree belongs to, and changes nothing; the same delete with
+// `discard_worktree_changes=true` removes it.
+async fn a_delete_names_dirty_work_of_every_environment(app: TestApp) {
     let ws = app.workspace("ws").await;
     let kept = leftover(&app, ws, "kept").await;
     std::fs::write(kept.worktree.join("notes.txt"), "work in progress").unwrap();
-    let r = app.delete(&format!("/api/v1/tasks/{}", kept.task)).await.ok(202);
-    let job = wait_job_settled(&app, uuid(&r["cleanup_jobs"][0]["id"])).await;
-    assert_eq!(job["state"], "succeeded", "{job}");
-    let why = job["last_error"].as_str().unwrap_or_default();
-    assert!(why.contains("kept the worktree"), "reported: {job}");
+    let p = app
+        .delete(&format!("/api/v1/tasks/{}", kept.task))
+        .await
+        .problem(409, "task_delete_dirty_worktree");
+    assert_eq!(
+        p["dirty_repositories"][0]["task_environment_id"],
+        kept.old_env.to_string(),
+        "{p}"
+    );
+    assert_eq!(p["dirty_repositories"][0]["dirty_file_count"], 1, "{p}");
+    app.get(&format!("/api/v1/tasks/{}", kept.task)).await.ok(200);
     assert_eq!(
         std::fs::read_to_string(kept.worktree.join("notes.txt")).unwrap(),
         "work in progress",
         "the uncommitted work is still there"
     );
-    // Issue 17 item 3: a kept worktree keeps its branch, and the job says why.
-    assert_eq!(job["resource_snapshot"]["branches"][0]["action"], "keep", "{job}");
-    assert_eq!(job["resource_snapshot"]["branches"][0]["reason"], "worktree_kept");
     assert!(crate::helpers::branch_exists(&kept.source, &kept.branch));
 
     let consented = leftover(&app, ws, "consented").await;
@@ -216,6 +221,20 @@ async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend
         dirty.worktree.join("notes.txt").is_file(),
         "never destroyed without consent"
     );
+    // Issue 38 item 2: and listed, with a way to dispose of it (consent required).
+    let listed = app.get(&format!("/api/v1/workspaces/{ws}/leftovers")).await.ok(200);
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{listed}");
+    assert_eq!(items[0]["reason"], "dirty_worktree");
+    assert_eq!(items[0]["path"], dirty.worktree.display().to_string());
+    assert_eq!(items[0]["task_id"], dirty.task.to_string());
+    assert_eq!(items[0]["task_environment_id"], dirty.old_env.to_string());
+    let dispose = format!("/api/v1/workspaces/{ws}/leftovers/{}", items[0]["id"].as_str().unwrap());
+    app.delete(&dispose).await.problem(422, "validation_failed");
+    assert!(
+        dirty.worktree.join("notes.txt").is_file(),
+        "no consent, nothing changed"
+    );
     // Passes ran since (a later leftover was reconciled, and each pass looks at the oldest first): the
     // kept worktree was reported once, not once per pass.
     let later = leftover(&app, ws, "later").await;
@@ -225,6 +244,31 @@ async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend
         1,
         "one job per environment"
     );
+
+    // Disposed of with consent: the worktree goes with its registration (only that one), the
+    // environment's inventory row with it, the branch stays, the list is empty.
+    let before = source_state(&dirty.source);
+    app.delete(&format!("{dispose}?discard_worktree_changes=true"))
+        .await
+        .ok(204);
+    assert!(!dirty.worktree.exists(), "disposed of");
+    assert!(!worktrees_of(&dirty.source).contains(&dirty.worktree.display().to_string()));
+    assert!(crate::helpers::branch_exists(&dirty.source, &dirty.branch));
+    assert_eq!(
+        source_state(&dirty.source),
+        before,
+        "the source repository is untouched"
+    );
+    let old = app
+        .get(&format!("/api/v1/environments/{}", dirty.old_env))
+        .await
+        .ok(200);
+    assert_eq!(old["repos"][0]["status"], "deleted", "{old}");
+    let listed = app.get(&format!("/api/v1/workspaces/{ws}/leftovers")).await.ok(200);
+    assert_eq!(listed["items"], json!([]), "{listed}");
+    app.delete(&format!("{dispose}?discard_worktree_changes=true"))
+        .await
+        .problem(404, "not_found");
 
     // The task still works: a new session in its current (local) environment.
     let s = app

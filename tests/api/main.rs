@@ -38,6 +38,7 @@ mod pi;
 mod prune_scope;
 mod races;
 mod readme_agent;
+mod repair;
 mod replicas;
 mod repositories;
 mod sequencing;

@@ -162,7 +162,22 @@ async fn clean_current(
             Ok(false) => {}
             Err(e) => return retry(e),
         }
-        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes.as_ref(), Dirty::Fail, kept).await {
+        let owner = super::kept::Owner {
+            workspace_id: snap.workspace_id,
+            task_id: Some(snap.task_id),
+            environment_id: Some(env_snap.id),
+        };
+        match destroy_worktree(
+            ctx,
+            &root,
+            w,
+            snap.discard_worktree_changes.as_ref(),
+            Dirty::Fail,
+            owner,
+            kept,
+        )
+        .await
+        {
             Outcome::Done => {}
             other => return other,
         }

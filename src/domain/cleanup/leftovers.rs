@@ -55,7 +55,22 @@ pub async fn clean(
             Ok(false) => {}
             Err(e) => return Outcome::Retry(e.into()),
         }
-        match destroy_worktree(ctx, &root, w, snap.discard_worktree_changes.as_ref(), Dirty::Keep, kept).await {
+        let owner = super::kept::Owner {
+            workspace_id: snap.workspace_id,
+            task_id: Some(snap.task_id),
+            environment_id: Some(env_snap.id),
+        };
+        match destroy_worktree(
+            ctx,
+            &root,
+            w,
+            snap.discard_worktree_changes.as_ref(),
+            Dirty::Keep,
+            owner,
+            kept,
+        )
+        .await
+        {
             Outcome::Done => {}
             other => return other,
         }

@@ -7,8 +7,10 @@
 //! one transition of `state`'s table; operators list, retry and cancel through `jobs`.
 pub mod barrier;
 pub mod branch_report;
+pub mod disposal;
 pub mod execute;
 pub mod jobs;
+pub mod kept;
 pub mod leftovers;
 pub mod reconcile;
 pub mod state;

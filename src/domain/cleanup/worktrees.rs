@@ -8,6 +8,7 @@ use std::path::Path;
 use anyhow::anyhow;
 
 use super::WorktreeSnapshot;
+use super::kept::Found;
 use super::{EnvironmentSnapshot, Snapshot};
 use crate::domain::Ctx;
 use crate::domain::branches;
@@ -100,6 +101,7 @@ pub(super) async fn destroy_worktree(
     w: &WorktreeSnapshot,
     consent: Option<&Consent>,
     dirty_policy: Dirty,
+    owner: super::kept::Owner,
     kept: &mut Vec<String>,
 ) -> Outcome {
     // I13: only inside the managed root, never through a symlink.
@@ -120,6 +122,19 @@ pub(super) async fn destroy_worktree(
     if meta.is_ok_and(|m| m.file_type().is_symlink()) {
         return Outcome::Terminal(anyhow!("the worktree path is a symlink; not following it"));
     }
+    // Issue 38 item 1: git never runs in a directory that is not the worktree berth made (a user replaced
+    // or re-cloned it): that directory is the user's, removed only with consent, moved aside otherwise.
+    match super::kept::examine(&target, w).await {
+        Found::Worktree => {}
+        Found::RepositoryAway => return retry(anyhow!("the repository's git directory is not there")),
+        Found::Refused(refusal) => {
+            return match super::kept::refused_directory(ctx, root, &target, w, owner, consent, refusal).await {
+                Ok(()) => forget_registration(ctx, repo, &target, w, kept).await,
+                // Moving or removing it failed: it will fail the same way again (permissions, a full disk).
+                Err(e) => Outcome::Terminal(e),
+            };
+        }
+    }
     let dirty = match ctx.git.dirty_file_count(target.as_path()).await {
         Ok(n) => n,
         Err(e) => return retry(e),
@@ -130,6 +145,9 @@ pub(super) async fn destroy_worktree(
         (_, Some(consent)) => ctx.git.worktree_remove_consented(repo, &target, consent).await,
         (_, None) if dirty_policy == Dirty::Keep => {
             tracing::warn!(repository = %w.repository_id, dirty, "kept a superseded worktree holding changes");
+            if let Err(e) = super::kept::keep_dirty(ctx, owner, w, dirty).await {
+                return retry(e);
+            }
             kept.push(format!(
                 "kept the worktree of repository {} of a superseded environment: {dirty} changed files and removing them was not consented to",
                 w.repository_id

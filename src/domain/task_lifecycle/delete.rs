@@ -8,7 +8,10 @@ use uuid::Uuid;
 use super::chain::{Leaving, keep_whole};
 use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
-use crate::domain::cleanup::barrier::{activate, owned_environment, prepare, settle, stop_agents};
+use crate::domain::cleanup::barrier::{
+    activate, leftover_environments, owned_environment, prepare, settle, stop_agents,
+};
+use crate::domain::cleanup::kept::{self, Found};
 use crate::domain::cleanup::{CleanupTrigger, snapshot_of};
 use crate::domain::tasks;
 use crate::entity::cleanup_job as job;
@@ -17,31 +20,61 @@ use crate::error::{DirtyRepository, Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::git::BranchDeletionConsent;
-use crate::managed_path::Consent;
+use crate::managed_path::{Consent, ManagedRoot};
 use crate::store::cleanup_jobs::{self as jobs_store};
 use crate::store::sessions as sessions_store;
 use crate::store::tasks::{self as task_store, live_inheritors, lock_in_order, lock_task, subtree};
 
-/// I11: the worktrees of these tasks that hold changes, found before anything changes.
-pub(super) async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model]) -> Result<Vec<DirtyRepository>> {
+/// Which of a task's environments a dirty check looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Checked {
+    /// The current one (a reset: only it is removed).
+    Current,
+    /// The current one and every earlier one still naming worktrees (a delete removes them all; issue 38
+    /// item 2: no dirty work is left without an owner).
+    All,
+}
+
+/// I11: the worktrees of these tasks that hold changes, found before anything changes. A directory that
+/// is no longer the worktree berth made is not asked (git never runs in it): the job moves it aside
+/// whole, so nothing in it is lost (`cleanup::kept`).
+pub(super) async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model], which: Checked) -> Result<Vec<DirtyRepository>> {
     let mut dirty = Vec::new();
+    let root = ManagedRoot::from_config(&ctx.config);
     for t in tasks {
-        let Some((_, snap)) = owned_environment(&ctx.db.conn, ctx, t).await? else {
-            continue;
-        };
-        for w in snap.worktrees {
-            let path = std::path::Path::new(&w.worktree_path);
-            if !path.is_dir() {
-                continue;
-            }
-            match ctx.git.dirty_file_count(path).await {
-                Ok(0) => {}
-                Ok(n) => dirty.push(DirtyRepository {
-                    repository_id: w.repository_id,
-                    dirty_file_count: n,
-                }),
-                // Unknown is not clean, and not dirty either: refuse, say so, change nothing.
-                Err(e) => return Err(Error::Unavailable(format!("inspecting a worktree failed: {e}"))),
+        let mut envs = Vec::new();
+        let current = owned_environment(&ctx.db.conn, ctx, t).await?;
+        let current_id = current.as_ref().map(|(e, _)| e.id);
+        envs.extend(current.map(|(_, snap)| snap));
+        if which == Checked::All {
+            envs.extend(leftover_environments(&ctx.db.conn, ctx, t, current_id).await?);
+        }
+        for env in envs {
+            for w in env.worktrees {
+                let Ok(target) = root.adopt(std::path::Path::new(&w.worktree_path)) else {
+                    continue;
+                };
+                if !target.as_path().is_dir() {
+                    continue;
+                }
+                match kept::examine(&target, &w).await {
+                    Found::Worktree => {}
+                    // Moved aside whole by the job: nothing in it is lost.
+                    Found::Refused(_) => continue,
+                    Found::RepositoryAway => {
+                        return Err(Error::Unavailable("a worktree's repository is not there".into()));
+                    }
+                }
+                match ctx.git.dirty_file_count(target.as_path()).await {
+                    Ok(0) => {}
+                    Ok(n) => dirty.push(DirtyRepository {
+                        repository_id: w.repository_id,
+                        task_environment_id: env.id,
+                        dirty_file_count: n,
+                    }),
+                    // Unknown is not clean, and not dirty either: refuse, say so, change nothing.
+                    Err(e) => return Err(Error::Unavailable(format!("inspecting a worktree failed: {e}"))),
+                }
             }
         }
     }
@@ -69,7 +102,7 @@ pub async fn delete(
                 checked.push(t.clone());
             }
         }
-        let dirty = dirty_worktrees(ctx, &checked).await?;
+        let dirty = dirty_worktrees(ctx, &checked, Checked::All).await?;
         if !dirty.is_empty() {
             return Err(Error::TaskDeleteDirtyWorktree(dirty));
         }
@@ -178,7 +211,10 @@ pub async fn expire_quick_chats(ctx: &Ctx) -> Result<usize> {
         {
             continue;
         }
-        if !dirty_worktrees(ctx, std::slice::from_ref(&t)).await?.is_empty() {
+        if !dirty_worktrees(ctx, std::slice::from_ref(&t), Checked::All)
+            .await?
+            .is_empty()
+        {
             tracing::warn!(task = %t.id, "an expired quick chat holds uncommitted work; keeping it");
             continue;
         }

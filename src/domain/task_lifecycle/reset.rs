@@ -2,7 +2,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use super::delete::dirty_worktrees;
+use super::delete::{Checked, dirty_worktrees};
 use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::domain::cleanup::CleanupTrigger;
@@ -34,7 +34,7 @@ pub async fn reset_environment(
     if consent.is_none() {
         // I11 for a reset (issue 17 item 5), before anything changes (outside the write transaction: git
         // runs). A worktree that turns dirty after this ends the job `failed` without removing it.
-        let dirty = dirty_worktrees(ctx, std::slice::from_ref(&owner)).await?;
+        let dirty = dirty_worktrees(ctx, std::slice::from_ref(&owner), Checked::Current).await?;
         if !dirty.is_empty() {
             return Err(Error::TaskDeleteDirtyWorktree(dirty));
         }
