@@ -35,6 +35,21 @@ impl ManagedRoot {
         ManagedRoot(config.worktree_root.clone())
     }
 
+    /// The directory an import adopted a worktree in (issue 38 item 4: kandev's task directory, outside
+    /// `BERTH_WORKTREE_ROOT`), recorded with the worktree as berth's to manage. Accepted only as it was
+    /// recorded: absolute, canonical (no symlink anywhere on it) and at least two levels below `/`. Paths
+    /// inside it then follow the same rules as inside the configured root.
+    pub fn adopted(recorded: &Path) -> Result<ManagedRoot, PathError> {
+        if !recorded.is_absolute() || recorded.components().count() < 3 {
+            return Err(PathError::Outside);
+        }
+        match recorded.canonicalize() {
+            Ok(canonical) if canonical == recorded => Ok(ManagedRoot(canonical)),
+            Ok(_) => Err(PathError::Symlink),
+            Err(_) => Err(PathError::Outside),
+        }
+    }
+
     #[cfg(test)]
     fn for_tests(canonical: PathBuf) -> ManagedRoot {
         ManagedRoot(canonical)
@@ -200,6 +215,27 @@ pub mod recorded_consent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_adopted_root_is_taken_only_as_recorded() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        let tasks = base.join("tasks");
+        std::fs::create_dir_all(tasks.join("t1/proj")).unwrap();
+        let root = ManagedRoot::adopted(&tasks.join("t1")).unwrap();
+        assert!(root.adopt(&tasks.join("t1/proj")).is_ok());
+        assert!(root.adopt(&tasks.join("t2/proj")).is_err(), "only inside it");
+        assert!(root.adopt(&tasks.join("t1")).is_err(), "never the root itself");
+        std::os::unix::fs::symlink(tasks.join("t1"), base.join("link")).unwrap();
+        assert!(matches!(
+            ManagedRoot::adopted(&base.join("link")),
+            Err(PathError::Symlink)
+        ));
+        for shallow in ["/", "/tmp", "relative/dir"] {
+            assert!(ManagedRoot::adopted(Path::new(shallow)).is_err(), "{shallow}");
+        }
+        assert!(ManagedRoot::adopted(&tasks.join("missing")).is_err());
+    }
 
     #[test]
     fn managed_paths_stay_inside_the_root() {

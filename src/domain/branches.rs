@@ -183,6 +183,7 @@ pub(crate) async fn ledger_only(ctx: &Ctx, snap: &super::cleanup::Snapshot) -> R
             branch: Some(row.branch),
             branch_origin: Some(BranchOrigin::Created),
             base_branch: Some(row.base_branch),
+            adopted_root: None,
         });
     }
     Ok(out)

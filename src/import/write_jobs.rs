@@ -108,6 +108,7 @@ pub async fn write_jobs(
                 repository_id: *repository_id,
                 repository_path: probe.path.clone(),
                 common_git_dir: probe.common_git_dir.clone().unwrap_or_default(),
+                adopted_root: WorktreeSnapshot::adopted_root_of(refs.config, &w.path),
                 worktree_path: w.path.clone(),
                 // kandev's worktree id is not git's, and kandev's branches are not berth's: never deleted.
                 worktree_id: None,
@@ -258,6 +259,7 @@ async fn current_environment(
                 repository_id: r.repository_id,
                 repository_path: repo.path,
                 common_git_dir: repo.common_git_dir,
+                adopted_root: WorktreeSnapshot::adopted_root_of(refs.config, r.worktree_path.as_deref()?),
                 worktree_path: r.worktree_path?,
                 worktree_id: r.worktree_id,
                 branch: r.worktree_branch,

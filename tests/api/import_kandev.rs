@@ -36,6 +36,7 @@ both_backends!(
     a_mixed_file_imports_everything_once,
     every_failure_point_leaves_berth_unchanged,
     an_imported_session_launches_in_the_adopted_worktree,
+    an_imported_task_is_archived_deleted_and_reset_like_a_native_one,
     a_write_locked_kandev_database_is_refused,
     a_dry_run_changes_nothing,
     kandev_pending_cleanup_becomes_berth_cleanup_jobs,

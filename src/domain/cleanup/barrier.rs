@@ -77,6 +77,10 @@ async fn environment_snapshot<C: ConnectionTrait>(
                 repository_id: r.repository_id,
                 repository_path: repo.path,
                 common_git_dir: repo.common_git_dir,
+                adopted_root: e
+                    .imported_from
+                    .as_ref()
+                    .and_then(|_| WorktreeSnapshot::adopted_root_of(&ctx.config, r.worktree_path.as_deref()?)),
                 worktree_path: r.worktree_path?,
                 worktree_id: r.worktree_id,
                 branch: r.worktree_branch,
@@ -106,6 +110,7 @@ async fn environment_snapshot<C: ConnectionTrait>(
                 branch: Some(p.branch),
                 branch_origin: None,
                 base_branch: Some(p.base),
+                adopted_root: None,
             });
         }
     }

@@ -15,7 +15,7 @@ use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::entity::leftover::LeftoverReason;
 use crate::error::{Error, Result};
-use crate::managed_path::{Consent, ManagedRoot};
+use crate::managed_path::Consent;
 use crate::store::{environments as env_store, leftovers as store};
 
 /// A directory berth kept (`GET /workspaces/{id}/leftovers`).
@@ -90,9 +90,9 @@ pub async fn dispose(
     };
     let w: WorktreeSnapshot =
         serde_json::from_value(l.worktree.clone()).map_err(|e| Error::Internal(anyhow!("unreadable leftover: {e}")))?;
-    let root = ManagedRoot::from_config(&ctx.config);
-    let target = root
-        .adopt(Path::new(&l.path))
+    let target = w
+        .root(&ctx.config)
+        .and_then(|root| root.adopt(Path::new(&l.path)))
         .map_err(|_| Error::InvalidState("the leftover is not inside the worktree root any more".into()))?;
     match l.reason {
         LeftoverReason::SetAside => {
@@ -122,7 +122,7 @@ pub async fn dispose(
                 environment_id: l.task_environment_id,
             };
             let mut kept = Vec::new();
-            match destroy_worktree(ctx, &root, &w, Some(&consent), Dirty::Fail, owner, &mut kept).await {
+            match destroy_worktree(ctx, &w, Some(&consent), Dirty::Fail, owner, &mut kept).await {
                 Outcome::Done | Outcome::DoneKeeping(_) => {}
                 Outcome::Terminal(e) => return Err(Error::InvalidState(format!("{e:#}"))),
                 other => return Err(Error::Unavailable(format!("removing a leftover failed: {other:?}"))),

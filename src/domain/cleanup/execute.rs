@@ -167,17 +167,7 @@ async fn clean_current(
             task_id: Some(snap.task_id),
             environment_id: Some(env_snap.id),
         };
-        match destroy_worktree(
-            ctx,
-            &root,
-            w,
-            snap.discard_worktree_changes.as_ref(),
-            Dirty::Fail,
-            owner,
-            kept,
-        )
-        .await
-        {
+        match destroy_worktree(ctx, w, snap.discard_worktree_changes.as_ref(), Dirty::Fail, owner, kept).await {
             Outcome::Done => {}
             other => return other,
         }

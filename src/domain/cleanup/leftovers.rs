@@ -60,17 +60,7 @@ pub async fn clean(
             task_id: Some(snap.task_id),
             environment_id: Some(env_snap.id),
         };
-        match destroy_worktree(
-            ctx,
-            &root,
-            w,
-            snap.discard_worktree_changes.as_ref(),
-            Dirty::Keep,
-            owner,
-            kept,
-        )
-        .await
-        {
+        match destroy_worktree(ctx, w, snap.discard_worktree_changes.as_ref(), Dirty::Keep, owner, kept).await {
             Outcome::Done => {}
             other => return other,
         }

@@ -23,7 +23,7 @@ use crate::entity::cleanup_job as job;
 use crate::entity::task_environment_repo::BranchOrigin;
 use crate::error::{Error, Result};
 use crate::git::BranchDeletionConsent;
-use crate::managed_path::Consent;
+use crate::managed_path::{Consent, ManagedRoot};
 use branch_report::BranchDecision;
 
 pub use crate::entity::cleanup_job::{CleanupJobState, CleanupTrigger};
@@ -92,6 +92,34 @@ pub struct WorktreeSnapshot {
     /// What "fully merged" is measured against: the slot's base branch.
     #[serde(default)]
     pub base_branch: Option<String>,
+    /// Issue 38 item 4: an imported (adopted) worktree outside `BERTH_WORKTREE_ROOT` is managed inside the
+    /// directory the import found it in (kandev's task directory); absent: inside the configured root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted_root: Option<String>,
+}
+
+impl WorktreeSnapshot {
+    /// The root the worktree is managed in (I13): the configured one, or the directory an import adopted
+    /// it in.
+    pub fn root(
+        &self,
+        config: &crate::config::Config,
+    ) -> std::result::Result<ManagedRoot, crate::managed_path::PathError> {
+        match &self.adopted_root {
+            Some(dir) => ManagedRoot::adopted(std::path::Path::new(dir)),
+            None => Ok(ManagedRoot::from_config(config)),
+        }
+    }
+
+    /// The `adopted_root` of a worktree an import adopted at `path`: its directory, when that lies outside
+    /// the configured root (inside it, the configured root manages it).
+    pub fn adopted_root_of(config: &crate::config::Config, path: &str) -> Option<String> {
+        let p = std::path::Path::new(path);
+        if p.starts_with(&config.worktree_root) {
+            return None;
+        }
+        p.parent().map(|d| d.to_string_lossy().into_owned())
+    }
 }
 
 pub fn snapshot_of(j: &job::Model) -> Result<Snapshot> {

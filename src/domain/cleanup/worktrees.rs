@@ -15,7 +15,7 @@ use crate::domain::branches;
 use crate::domain::cleanup::branch_report::{BranchAction, BranchDecision, BranchReason};
 use crate::entity::task_environment::EnvironmentStatus;
 use crate::error::Result;
-use crate::managed_path::{Consent, ManagedPath, ManagedRoot, RecordedRegistration, RegistrationError};
+use crate::managed_path::{Consent, ManagedPath, RecordedRegistration, RegistrationError};
 use crate::store::environments as env_store;
 
 /// How an attempt ended. Errors keep their source chain until they are stored (`{:#}`).
@@ -97,7 +97,6 @@ pub(super) enum Dirty {
 /// `kept`): the caller tells the two apart by `kept`.
 pub(super) async fn destroy_worktree(
     ctx: &Ctx,
-    root: &ManagedRoot,
     w: &WorktreeSnapshot,
     consent: Option<&Consent>,
     dirty_policy: Dirty,
@@ -105,6 +104,12 @@ pub(super) async fn destroy_worktree(
     kept: &mut Vec<String>,
 ) -> Outcome {
     // I13: only inside the managed root, never through a symlink.
+    let root = match w.root(&ctx.config) {
+        Ok(r) => r,
+        Err(e) => {
+            return Outcome::Terminal(anyhow::Error::new(e).context("refusing an adopted worktree's directory"));
+        }
+    };
     let target = match root.adopt(Path::new(&w.worktree_path)) {
         Ok(t) => t,
         Err(e) => {
@@ -128,7 +133,7 @@ pub(super) async fn destroy_worktree(
         Found::Worktree => {}
         Found::RepositoryAway => return retry(anyhow!("the repository's git directory is not there")),
         Found::Refused(refusal) => {
-            return match super::kept::refused_directory(ctx, root, &target, w, owner, consent, refusal).await {
+            return match super::kept::refused_directory(ctx, &root, &target, w, owner, consent, refusal).await {
                 Ok(()) => forget_registration(ctx, repo, &target, w, kept).await,
                 // Moving or removing it failed: it will fail the same way again (permissions, a full disk).
                 Err(e) => Outcome::Terminal(e),

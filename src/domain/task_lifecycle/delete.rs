@@ -20,7 +20,7 @@ use crate::error::{DirtyRepository, Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
 use crate::git::BranchDeletionConsent;
-use crate::managed_path::{Consent, ManagedRoot};
+use crate::managed_path::Consent;
 use crate::store::cleanup_jobs::{self as jobs_store};
 use crate::store::sessions as sessions_store;
 use crate::store::tasks::{self as task_store, live_inheritors, lock_in_order, lock_task, subtree};
@@ -40,7 +40,6 @@ pub(super) enum Checked {
 /// whole, so nothing in it is lost (`cleanup::kept`).
 pub(super) async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model], which: Checked) -> Result<Vec<DirtyRepository>> {
     let mut dirty = Vec::new();
-    let root = ManagedRoot::from_config(&ctx.config);
     for t in tasks {
         let mut envs = Vec::new();
         let current = owned_environment(&ctx.db.conn, ctx, t).await?;
@@ -51,7 +50,10 @@ pub(super) async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model], which: Che
         }
         for env in envs {
             for w in env.worktrees {
-                let Ok(target) = root.adopt(std::path::Path::new(&w.worktree_path)) else {
+                let Ok(target) = w
+                    .root(&ctx.config)
+                    .and_then(|root| root.adopt(std::path::Path::new(&w.worktree_path)))
+                else {
                     continue;
                 };
                 if !target.as_path().is_dir() {

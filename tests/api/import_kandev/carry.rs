@@ -1,7 +1,8 @@
 //! Issue 38 item 4: the cleanup kandev still owed becomes berth's. An archived task's pending archive job
 //! and a deleted task's delete job become pending berth cleanup jobs with complete snapshots; a job kandev
 //! gave up on is a failed berth job an operator may retry; finished and uncommitted ones are history. And
-//! the worker then really does the work, where the adopted worktree is inside the worktree root.
+//! the worker then really does the work on the adopted worktrees, where kandev made them (outside
+//! `BERTH_WORKTREE_ROOT`). An imported task's archive, delete and reset work on them as on berth's own.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -204,14 +205,6 @@ pub(crate) async fn kandev_pending_cleanup_becomes_berth_cleanup_jobs(app: TestA
 }
 
 /// berth with its worktree root at kandev's task directories: adopted worktrees are inside it.
-async fn rooted_at_kandev(app: TestApp) -> TestApp {
-    let backend = app.backend;
-    drop(app);
-    TestApp::spawn_with(backend, &[("BERTH_WORKTREE_ROOT", "{scratch}/kandev/tasks")])
-        .await
-        .expect("the backend of the test is available")
-}
-
 async fn wait_done(app: &TestApp, id: Uuid) -> job::Model {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -227,7 +220,6 @@ async fn wait_done(app: &TestApp, id: Uuid) -> job::Model {
 // The worker does what kandev owed: the archived task's worktree goes, its inventory is retired, and the
 // deleted task's worktree goes with its git registration.
 pub(crate) async fn the_worker_does_the_cleanup_kandev_owed(app: TestApp) {
-    let app = rooted_at_kandev(app).await;
     let w = World::new(&app);
     let (wt_a, wt_d): (PathBuf, PathBuf) = (w.worktree("arch", "feature/a"), w.worktree("gone", "feature/d"));
     let mut k = w.kandev(Gen::Normalized).await;
@@ -261,4 +253,107 @@ pub(crate) async fn the_worker_does_the_cleanup_kandev_owed(app: TestApp) {
         .await
         .unwrap();
     assert!(active.is_empty(), "{active:?}");
+}
+
+// Issue 38 item 4: an imported task lives like a native one. Its adopted worktrees (kandev's task
+// directories, outside BERTH_WORKTREE_ROOT) are managed in the directory the import found them in: a delete
+// refuses a dirty one (naming its environment) and removes it with consent, a reset removes a clean one and
+// the next session materializes under the worktree root, an archive removes one. Registrations go with
+// them; the source repository and kandev's other directories stay.
+pub(crate) async fn an_imported_task_is_archived_deleted_and_reset_like_a_native_one(app: TestApp) {
+    let w = World::new(&app);
+    let wts: Vec<PathBuf> = ["del", "reset", "arch"]
+        .iter()
+        .map(|d| w.worktree(d, &format!("feature/{d}")))
+        .collect();
+    let mut k = w.kandev(Gen::Normalized).await;
+    k.repo("r1", "proj", &w.repo).await;
+    for (i, d) in ["del", "reset", "arch"].iter().enumerate() {
+        k.task(&format!("t-{d}"), d).await;
+        k.task_repo(&format!("t-{d}"), "r1").await;
+        k.env(&format!("e-{d}"), &format!("t-{d}"), T2, None).await;
+        k.env_repo(
+            &format!("er-{d}"),
+            &format!("e-{d}"),
+            "r1",
+            "",
+            &format!("wt-{d}"),
+            &wts[i],
+            &format!("feature/{d}"),
+            "active",
+        )
+        .await;
+    }
+    let db = k.finish().await;
+    succeeded(&import(&app, &db, "ws", &[], &[]).await);
+    let root = app.config.worktree_root.clone();
+    assert!(
+        wts.iter().all(|p| !p.starts_with(&root)),
+        "adopted outside the worktree root"
+    );
+    let head = crate::helpers::git(&w.repo, &["rev-parse", "HEAD"]);
+
+    // Delete: a dirty adopted worktree is named with its environment, then removed with consent.
+    let t = task_of(&app, "t-del").await;
+    std::fs::write(wts[0].join("wip.txt"), "uncommitted").unwrap();
+    let p = app
+        .delete(&format!("/api/v1/tasks/{}", t.id))
+        .await
+        .problem(409, "task_delete_dirty_worktree");
+    let e = env_of(&app, "e-del").await.unwrap();
+    assert_eq!(
+        p["dirty_repositories"][0]["task_environment_id"],
+        e.id.to_string(),
+        "{p}"
+    );
+    assert!(wts[0].join("wip.txt").is_file());
+    let r = app
+        .delete(&format!("/api/v1/tasks/{}?discard_worktree_changes=true", t.id))
+        .await
+        .ok(202);
+    let j = crate::helpers::wait_job_settled(&app, crate::helpers::uuid(&r["cleanup_jobs"][0]["id"])).await;
+    assert_eq!(j["state"], "succeeded", "{j}");
+    assert!(!wts[0].exists(), "removed with consent");
+
+    // Reset: the clean adopted worktree goes; the next session materializes under the worktree root.
+    let t = task_of(&app, "t-reset").await;
+    let r = app
+        .post(&format!("/api/v1/tasks/{}/environment/reset", t.id), json!({}))
+        .await
+        .ok(202);
+    let j = crate::helpers::wait_job_settled(&app, crate::helpers::uuid(&r["cleanup_job"]["id"])).await;
+    assert_eq!(j["state"], "succeeded", "{j}");
+    assert!(!wts[1].exists(), "the reset removed the adopted worktree");
+    let s = app.session(t.id, "worktree").await;
+    let fresh = PathBuf::from(s["workspace_path"].as_str().unwrap());
+    assert!(fresh.starts_with(&root), "{}", fresh.display());
+    assert!(fresh.join("README.md").is_file());
+
+    // Archive: removed as a berth worktree is.
+    let t = task_of(&app, "t-arch").await;
+    let r = app
+        .post(&format!("/api/v1/tasks/{}/archive", t.id), json!({}))
+        .await
+        .ok(202);
+    let j = crate::helpers::wait_job_settled(&app, crate::helpers::uuid(&r["cleanup_jobs"][0]["id"])).await;
+    assert_eq!(j["state"], "succeeded", "{j}");
+    assert!(!wts[2].exists(), "the archive removed the adopted worktree");
+
+    let listed = worktrees_of(&w.repo);
+    for wt in &wts {
+        assert!(
+            !listed.contains(&wt.display().to_string()),
+            "registration gone: {listed:?}"
+        );
+    }
+    assert_eq!(
+        crate::helpers::git(&w.repo, &["rev-parse", "HEAD"]),
+        head,
+        "the source is untouched"
+    );
+    assert_eq!(crate::helpers::git(&w.repo, &["status", "--porcelain"]), "");
+    assert!(
+        w.db_dir().exists() || w.backend != crate::helpers::Backend::Sqlite,
+        "kandev's data stays"
+    );
 }
