@@ -14,9 +14,11 @@
 //! measured on `run_backend`'s server), `claims` (only the claim rows of each backend), `materialize`
 //! (only its materialization row), `reads` (materialization, then the GET and session-cycle rows at
 //! 1,000 tasks, twice), `sequencing`
-//! (PostgreSQL event sequencing with 1 and 3 replicas), `streaming` (`cargo bench --bench suite --
-//! streaming`).
+//! (PostgreSQL event sequencing with 1 and 3 replicas), `agents` (berth's CPU and memory per live agent,
+//! 16 real Pi and opencode agents streaming; fails when they are not installed), `streaming` (`cargo bench
+//! --bench suite -- streaming`).
 mod admission;
+mod agents;
 mod backend;
 mod claims;
 mod events;
@@ -43,6 +45,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use admission::*;
+use agents::*;
 use backend::*;
 use claims::*;
 use events::*;
@@ -182,6 +185,9 @@ pub(crate) fn main() {
                 && wants("sequencing")
             {
                 sequencing(&mut table, url).await;
+            }
+            if wants("agents") {
+                agents(&mut table, backend, url.clone()).await;
             }
             if wants("streaming") {
                 streaming(&mut table, backend, url).await;
