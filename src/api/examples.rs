@@ -275,6 +275,7 @@ fn snapshot() -> Value {
             "modes": [],
             "config_options": [],
             "plan": [],
+            "tool_calls": [],
             "usage": null
         },
         "last_activity_at": "2024-11-28T09:04:30Z",
