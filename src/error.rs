@@ -98,6 +98,14 @@ pub enum Error {
     /// reason goes to the log only.
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
+    /// Issue 39: the request needs the agents or the disk of a node no instance of which holds a lease
+    /// (or one an operator gave up).
+    #[error("node {node_id} is unavailable")]
+    NodeUnavailable {
+        node_id: String,
+        decommissioned: bool,
+        retry_after: std::time::Duration,
+    },
     /// Anything unexpected; the source chain goes to the log, never into the response.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),

@@ -102,6 +102,20 @@ fn latency() -> Histogram {
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 impl Metrics {
+    /// The metrics of one berth process, naming its node and instance (`berth_instance_info`, issue 39).
+    pub fn for_instance(node_id: &str, instance_id: uuid::Uuid) -> Metrics {
+        let mut m = Metrics::new();
+        m.registry.register(
+            "berth_instance",
+            "The node this process is an instance of, and its instance id",
+            Info::new(vec![
+                ("node_id", node_id.to_string()),
+                ("instance_id", instance_id.to_string()),
+            ]),
+        );
+        m
+    }
+
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
         let http_requests = Family::<HttpLabels, Counter>::default();

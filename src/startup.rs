@@ -29,7 +29,16 @@ pub struct Application {
 
 /// Connects and migrates; nothing else runs before the schema is committed (I35).
 pub async fn open_database(config: &Config) -> anyhow::Result<(Db, MigrateOutcome)> {
-    let db = Db::connect(&config.database_url, config.db_max_connections)
+    open_database_with(config, config.db_max_connections).await
+}
+
+/// The HTTP worker threads this process runs.
+fn http_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+async fn open_database_with(config: &Config, connections: u32) -> anyhow::Result<(Db, MigrateOutcome)> {
+    let db = Db::connect(&config.database_url, connections)
         .await
         .map_err(|e| anyhow::anyhow!("cannot open the database: {e}"))?;
     let outcome = migrate::migrate(&db, &config.data_dir, config.migration_lock_timeout).await?;
@@ -41,7 +50,14 @@ pub async fn open_database(config: &Config) -> anyhow::Result<(Db, MigrateOutcom
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Application> {
-        let (db, _) = open_database(&config).await?;
+        // Issue 39 item 7: one bound on this process's connections, whatever the core count.
+        let workers = http_workers();
+        let pools = crate::store::PoolPlan::new(
+            config.db_max_connections,
+            workers,
+            config.database_url.starts_with("postgres"),
+        );
+        let (db, _) = open_database_with(&config, pools.shared).await?;
         let verifier = Arc::new(JwtVerifier::from_config(&config)?);
         // An identity provider's key set is read before serving; if it is unreachable, requests read it.
         verifier.warm_up().await;
@@ -50,7 +66,8 @@ impl Application {
         let port = listener.local_addr()?.port();
         let max_body = config.max_body_bytes;
         let (runtime, runtime_reports) = crate::runtime::Runtime::new(config.agent_stop_grace, config.agent_term_grace);
-        let metrics = Arc::new(Metrics::new());
+        let instance_id = uuid::Uuid::now_v7();
+        let metrics = Arc::new(Metrics::for_instance(&config.node_id, instance_id));
         let state = api::data(AppState {
             ctx: Ctx {
                 db,
@@ -60,11 +77,12 @@ impl Application {
                 git_status_inspected: Default::default(),
                 restore_stats: Default::default(),
                 materializing: Default::default(),
+                nodes: Default::default(),
                 shutdown: Default::default(),
                 events: crate::events::Hub::new(config.event_buffer),
                 git: Arc::new(GitCli::new(config.git_max_concurrent, config.git_timeout).with_metrics(metrics)),
                 config: Arc::new(config),
-                instance_id: uuid::Uuid::now_v7(),
+                instance_id,
             },
             verifier,
         });
@@ -82,8 +100,18 @@ impl Application {
         background.push(tokio::spawn(crate::domain::sessions::consume(ctx.clone(), runtime_reports)).abort_handle());
         background.push(tokio::spawn(observe_events(ctx.metrics.clone(), published)).abort_handle());
         background.push(tokio::spawn(count_cleanup_jobs(ctx.clone())).abort_handle());
+        // Issue 39: this process is an instance of its node, holding a lease, before it judges any other
+        // instance's work (restore leaves a live sibling's agents alone).
+        crate::domain::nodes::lease::register(&ctx)
+            .await
+            .map_err(|e| anyhow::anyhow!("recording this instance: {e}"))?;
+        background.push(tokio::spawn(crate::domain::nodes::lease::hold(ctx.clone())).abort_handle());
         // Issue 15, item 4: what other replicas route to the agents this node runs.
         background.push(tokio::spawn(crate::domain::sessions::serve_routed(ctx.clone())).abort_handle());
+        // Issue 39: agents a gone instance of this node left are ended before any job may touch a worktree.
+        crate::domain::sessions::end_orphans(&ctx)
+            .await
+            .map_err(|e| anyhow::anyhow!("ending agents a previous instance left: {e}"))?;
         // I35: workers start only now, after the schema committed.
         background.extend(crate::worker::cleanup::start(&ctx));
         // I29: sessions that were open are relaunched through admission before the server serves.
@@ -137,7 +165,7 @@ impl Application {
             let (app, mut spec) = App::new()
                 .into_utoipa_app()
                 .openapi(ApiDoc::openapi())
-                .app_data(worker_state(&app_state))
+                .app_data(worker_state(&app_state, pools.per_worker))
                 .app_data(
                     web::JsonConfig::default()
                         .limit(max_body)
@@ -166,6 +194,7 @@ impl Application {
                 .wrap(TracingLogger::<BerthRootSpan>::new())
                 .wrap(from_fn(request_id_and_metrics))
         })
+        .workers(workers)
         .listen(listener)?
         // Issue 20 item 3: berth's own shutdown (`graceful`) stops the server, within its budget.
         .shutdown_signal(ctx.shutdown.begun_owned())
@@ -198,15 +227,15 @@ impl Application {
 }
 
 /// The state one HTTP worker thread serves with (its factory runs on that thread, in its runtime). On
-/// PostgreSQL its requests query through a pool of its own, opened lazily on this thread's runtime, so
+/// PostgreSQL, when the connection budget allows (`PoolPlan`), its requests query through a pool of its own, opened lazily on this thread's runtime, so
 /// each round trip is driven by the thread that awaits it (`Db::connect_lazy_postgres`); everything else
 /// is shared. SQLite's driver runs each connection on a thread of its own anyway: one pool.
-fn worker_state(shared: &web::Data<AppState>) -> web::Data<AppState> {
-    if shared.ctx.db.is_sqlite() {
+fn worker_state(shared: &web::Data<AppState>, per_worker: Option<u32>) -> web::Data<AppState> {
+    let Some(connections) = per_worker.filter(|_| !shared.ctx.db.is_sqlite()) else {
         return shared.clone();
-    }
+    };
     let config = &shared.ctx.config;
-    match Db::connect_lazy_postgres(&config.database_url, config.db_max_connections) {
+    match Db::connect_lazy_postgres(&config.database_url, connections) {
         Ok(db) => api::data(AppState {
             ctx: Ctx {
                 db,

@@ -14,6 +14,7 @@ mod m20261203_000010_imported_from;
 mod m20261204_000011_event_stamping;
 mod m20261205_000012_command_actors;
 mod m20261205_000013_leftovers;
+mod m20261206_000014_nodes;
 
 pub struct Migrator;
 
@@ -34,6 +35,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000011_event_stamping::Migration),
             Box::new(m20261205_000012_command_actors::Migration),
             Box::new(m20261205_000013_leftovers::Migration),
+            Box::new(m20261206_000014_nodes::Migration),
         ]
     }
 }

@@ -43,6 +43,7 @@ scope_markers! {
     TasksDelete => Scope::TasksDelete,
     CleanupRead => Scope::CleanupRead,
     CleanupAdmin => Scope::CleanupAdmin,
+    Admin => Scope::Admin,
 }
 
 /// The request's `If-Match` (absent when not sent); a malformed one is a 400.

@@ -11,6 +11,7 @@ pub mod git_status;
 pub mod idempotency;
 pub mod leftovers;
 pub mod middleware;
+pub mod nodes;
 pub mod ops;
 pub mod problem;
 pub mod repositories;
@@ -308,6 +309,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(agent_profiles::routes)
                 .configure(cleanup_jobs::routes)
                 .configure(leftovers::routes)
+                .configure(nodes::routes)
                 .configure(git_status::routes),
         );
 }

@@ -10,6 +10,12 @@ use crate::store::migrate;
 #[derive(Serialize, ToSchema)]
 pub struct Health {
     pub status: String,
+    /// For readiness: the node whose process answered (issue 39).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// For readiness: the instance (process) that answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<uuid::Uuid>,
 }
 
 /// Check that the process is up
@@ -19,7 +25,11 @@ pub struct Health {
 #[utoipa::path(operation_id = "getHealth", tag = "operations", responses((status = 200, description = "The process is up", body = Health)))]
 #[get("/healthz")]
 pub async fn healthz() -> web::Json<Health> {
-    web::Json(Health { status: "ok".into() })
+    web::Json(Health {
+        status: "ok".into(),
+        node_id: None,
+        instance_id: None,
+    })
 }
 
 /// Check that berth can serve requests
@@ -42,7 +52,11 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     if !migrate::is_current(&state.ctx.db.conn).await {
         return not_ready("migrations are not applied");
     }
-    HttpResponse::Ok().json(Health { status: "ready".into() })
+    HttpResponse::Ok().json(Health {
+        status: "ready".into(),
+        node_id: Some(state.ctx.config.node_id.clone()),
+        instance_id: Some(state.ctx.instance_id),
+    })
 }
 
 /// The build: package version and git commit.

@@ -33,6 +33,7 @@ pub enum ErrorCode {
     PreconditionFailed,
     IdempotencyKeyReused,
     Unavailable,
+    NodeUnavailable,
     Internal,
 }
 
@@ -61,6 +62,7 @@ impl ErrorCode {
             ErrorCode::PreconditionFailed => "precondition_failed",
             ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::NodeUnavailable => "node_unavailable",
             ErrorCode::Internal => "internal",
         }
     }
@@ -106,6 +108,9 @@ pub struct Problem {
     /// The environment concerned, when there is one (for example a failed preparation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_environment_id: Option<uuid::Uuid>,
+    /// For `node_unavailable`: the node whose agents or disk the request needs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
 }
 
 /// The `category` of a problem: why a workspace may not be reused, or why a conversation is unavailable.
@@ -135,6 +140,7 @@ impl Problem {
             repositories: None,
             dirty_repositories: None,
             task_environment_id: None,
+            node_id: None,
         }
     }
 
@@ -392,6 +398,32 @@ impl From<&Error> for Problem {
                     C::Unavailable,
                     "Temporarily unavailable",
                     "a dependency (the database or git) is unavailable right now; nothing was changed; retry",
+                )
+            },
+            Error::NodeUnavailable {
+                node_id,
+                decommissioned: false,
+                retry_after,
+            } => Problem {
+                retryable: true,
+                retry_after_ms: Some(retry_after.as_millis() as u64),
+                node_id: Some(node_id.clone()),
+                ..Problem::new(
+                    S::SERVICE_UNAVAILABLE,
+                    C::NodeUnavailable,
+                    "Node unavailable",
+                    format!(
+                        "node {node_id} holds this work and none of its berth processes is up; nothing was changed; retry once it is back (GET /api/v1/nodes shows it)"
+                    ),
+                )
+            },
+            Error::NodeUnavailable { node_id, .. } => Problem {
+                node_id: Some(node_id.clone()),
+                ..Problem::new(
+                    S::SERVICE_UNAVAILABLE,
+                    C::NodeUnavailable,
+                    "Node decommissioned",
+                    format!("node {node_id} was decommissioned: what it held is lost; nothing was changed"),
                 )
             },
             Error::Internal(_) => Problem {

@@ -183,6 +183,9 @@ pub struct Session {
     pub desired_open: bool,
     /// The environment's effective workspace path (never a copy kept on the session).
     pub workspace_path: Option<String>,
+    /// The node whose disk holds the environment (and where its agent runs), and whether it is up;
+    /// absent before the environment exists.
+    pub node: Option<crate::domain::sessions::SessionNode>,
     pub execution_id: Option<Uuid>,
     /// The agent's own identity of the conversation this session continues (Pi: its `sessionId`), once
     /// recorded; every relaunch continues exactly that conversation.
@@ -208,6 +211,7 @@ impl From<SessionView> for Session {
             is_primary: s.is_primary,
             desired_open: s.desired_open,
             workspace_path: v.workspace_path,
+            node: v.node,
             execution_id: s.execution_id,
             agent_session_ref: s.agent_session_ref.clone(),
             last_error: s.last_error_code.map(|code| SessionError {

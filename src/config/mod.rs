@@ -176,6 +176,8 @@ pub struct Config {
     pub git_max_concurrent: usize,
     /// How long a `creating` environment stays claimed without a heartbeat from its materializer.
     pub materialize_lease: Duration,
+    /// The lease this process holds as an instance of its node (issue 39): renewed a third of it apart.
+    pub node_lease: Duration,
     /// How far a stream subscriber may fall behind before it is told to reset.
     pub event_buffer: usize,
     pub event_retention_count: i64,
@@ -283,6 +285,7 @@ impl Config {
         let git_timeout = src.positive("git_timeout_secs")?;
         let git_max_concurrent = src.positive("git_max_concurrent")?;
         let materialize_lease_secs = src.positive("materialize_lease_secs")?;
+        let node_lease_secs = src.positive("node_lease_secs")?;
         let event_buffer = src.positive("event_buffer")?;
         let event_retention_count = src.positive("event_retention_count")?;
         let event_retention_secs = src.num("event_retention_secs")?;
@@ -403,6 +406,7 @@ impl Config {
             git_timeout: Duration::from_secs(git_timeout),
             git_max_concurrent,
             materialize_lease: Duration::from_secs(materialize_lease_secs),
+            node_lease: Duration::from_secs(node_lease_secs),
             event_buffer,
             event_retention_count,
             event_retention_age: Duration::from_secs(event_retention_secs),

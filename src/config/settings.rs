@@ -127,7 +127,7 @@ pub static SETTINGS: &[Setting] = &[
     setting(
         "db_max_connections",
         Is("10"),
-        "Database pool size (PostgreSQL: also of each HTTP worker thread's own pool)",
+        "The most database connections this process opens, all its pools together",
         |c| int(c.db_max_connections),
     ),
     secret(setting(
@@ -255,6 +255,12 @@ pub static SETTINGS: &[Setting] = &[
         Is("120"),
         "How long a preparing environment stays claimed without a heartbeat",
         |c| secs(c.materialize_lease),
+    ),
+    setting(
+        "node_lease_secs",
+        Is("15"),
+        "The lease each berth process renews (a third of it apart); a node whose every process let it lapse is down",
+        |c| secs(c.node_lease),
     ),
     setting(
         "event_buffer",

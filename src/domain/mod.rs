@@ -4,6 +4,7 @@ pub mod cleanup;
 pub mod environments;
 pub mod events;
 pub mod git_status;
+pub mod nodes;
 pub mod pagination;
 pub mod precondition;
 pub mod repositories;
@@ -43,6 +44,8 @@ pub struct Ctx {
     pub restore_stats: Arc<crate::metrics::RestoreStats>,
     /// The materializations this process is running (a cleanup job waits for one it overtook).
     pub materializing: Arc<environments::Materializing>,
+    /// Which nodes and instances hold a lease (issue 39), as last read.
+    pub nodes: Arc<nodes::Nodes>,
     /// Begun on SIGTERM or SIGINT: event streams send their last frame and end (issue 20 item 3).
     pub shutdown: crate::shutdown::Shutdown,
 }

@@ -145,6 +145,7 @@ pub async fn write_jobs(
             environment: Some(env_snap),
             superseded: Vec::new(),
             sessions,
+            agents: Vec::new(),
             // The user consented in kandev; the job carries it as berth's own jobs carry a request's.
             discard_worktree_changes: Consent::from_discard_flag(Some(p.discard_worktree_changes)),
             delete_branches: None,

@@ -87,3 +87,39 @@ pub async fn live_of_other_instances<C: ConnectionTrait>(
         .all(conn)
         .await?)
 }
+
+/// The executions of this node that other instances recorded and that a session in one of `states`
+/// still names as its agent (issue 39: what a dead sibling may have left).
+pub async fn claimed_on_node_by_others<C: ConnectionTrait>(
+    conn: &C,
+    node_id: &str,
+    instance_id: Uuid,
+    states: &[crate::entity::task_session::SessionState],
+) -> Result<Vec<execution::Model>> {
+    use crate::entity::task_session as session;
+    use sea_orm::sea_query::Query;
+    let named = Query::select()
+        .column(session::Column::ExecutionId)
+        .from(session::Entity)
+        .and_where(session::Column::State.is_in(states.iter().copied()))
+        .and_where(session::Column::ExecutionId.is_not_null())
+        .to_owned();
+    Ok(execution::Entity::find()
+        .filter(execution::Column::NodeId.eq(node_id))
+        .filter(execution::Column::InstanceId.ne(instance_id))
+        .filter(execution::Column::Id.in_subquery(named))
+        .all(conn)
+        .await?)
+}
+
+/// The executions of these sessions still starting or running.
+pub async fn live_of_sessions<C: ConnectionTrait>(conn: &C, session_ids: &[Uuid]) -> Result<Vec<execution::Model>> {
+    if session_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(execution::Entity::find()
+        .filter(execution::Column::SessionId.is_in(session_ids.iter().copied()))
+        .filter(execution::Column::State.is_in([ExecutionState::Starting, ExecutionState::Running]))
+        .all(conn)
+        .await?)
+}

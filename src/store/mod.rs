@@ -13,6 +13,7 @@ pub mod inbox;
 pub mod leftovers;
 pub mod messages;
 pub mod migrate;
+pub mod nodes;
 pub mod observations;
 pub mod outage;
 pub mod repositories;
@@ -39,6 +40,75 @@ pub async fn by_key<E: sea_orm::EntityTrait, C: sea_orm::ConnectionTrait>(
     conn: &C,
 ) -> Result<Option<E::Model>, DbErr> {
     Ok(select.all(conn).await?.pop())
+}
+
+/// How one process divides its connections (`BERTH_DB_MAX_CONNECTIONS`, issue 39 item 7) between the
+/// shared pool and, on PostgreSQL, the pools of its HTTP worker threads (issue 19 item 3: a request's round
+/// trips driven by the thread that awaits them). Whatever the core count, the pools together never open
+/// more than the setting: half of it goes to the workers, at least two connections each, or none at all
+/// (every worker then uses the shared pool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolPlan {
+    pub shared: u32,
+    /// Each HTTP worker's own pool, when there are such pools.
+    pub per_worker: Option<u32>,
+}
+
+impl PoolPlan {
+    pub fn new(max_connections: u32, workers: usize, postgres: bool) -> PoolPlan {
+        let workers = workers.max(1) as u32;
+        let per_worker = max_connections / 2 / workers;
+        if !postgres || per_worker < 2 {
+            return PoolPlan {
+                shared: max_connections,
+                per_worker: None,
+            };
+        }
+        PoolPlan {
+            shared: max_connections - per_worker * workers,
+            per_worker: Some(per_worker),
+        }
+    }
+
+    /// The most connections the plan opens.
+    pub fn total(&self, workers: usize) -> u32 {
+        self.shared + self.per_worker.unwrap_or(0) * workers.max(1) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PoolPlan;
+
+    #[test]
+    fn a_process_never_opens_more_connections_than_the_setting() {
+        for max in 1..=64 {
+            for workers in 1..=64 {
+                for postgres in [false, true] {
+                    let plan = PoolPlan::new(max, workers, postgres);
+                    assert!(plan.total(workers) <= max, "{max} {workers} {plan:?}");
+                    assert!(plan.shared >= 1, "{max} {workers} {plan:?}");
+                }
+            }
+        }
+        // This machine's default: two workers keep pools of two each, the rest is shared.
+        assert_eq!(
+            PoolPlan::new(10, 2, true),
+            PoolPlan {
+                shared: 6,
+                per_worker: Some(2)
+            }
+        );
+        // Sixteen cores and the default: one shared pool of ten, not 170 connections.
+        assert_eq!(
+            PoolPlan::new(10, 16, true),
+            PoolPlan {
+                shared: 10,
+                per_worker: None
+            }
+        );
+        assert_eq!(PoolPlan::new(10, 2, false).per_worker, None);
+    }
 }
 
 #[derive(Clone)]

@@ -31,6 +31,7 @@ mod jwks;
 mod leftovers;
 mod migrations;
 mod model_server;
+mod nodes;
 mod openapi;
 mod ops;
 mod pagination;

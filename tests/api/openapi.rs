@@ -280,6 +280,8 @@ fn error_codes_are_the_contracts() {
             "precondition_failed",
             "idempotency_key_reused",
             "unavailable",
+            // Issue 39: a request that needs a node that is down.
+            "node_unavailable",
             "internal",
         ]
     );

@@ -39,8 +39,13 @@ pub(crate) struct Replica {
 
 impl Replica {
     pub(crate) async fn start(app: &TestApp) -> Replica {
+        Replica::start_as(app, "replica-b").await
+    }
+
+    /// A second berth on the same database and data directory, as node `node_id`.
+    pub(crate) async fn start_as(app: &TestApp, node_id: &str) -> Replica {
         let mut config = app.config.clone();
-        config.node_id = "replica-b".into();
+        config.node_id = node_id.into();
         let server = berth::startup::Application::build(config)
             .await
             .expect("the second replica starts");
@@ -56,15 +61,15 @@ impl Replica {
         replica
     }
 
-    async fn post(&self, path: &str, body: Value) -> Reply {
+    pub(crate) async fn post(&self, path: &str, body: Value) -> Reply {
         self.call(Method::POST, path, Some(body)).await
     }
 
-    async fn get(&self, path: &str) -> Reply {
+    pub(crate) async fn get(&self, path: &str) -> Reply {
         self.call(Method::GET, path, None).await
     }
 
-    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+    pub(crate) async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
         let mut req = self
             .client
             .request(method, format!("{}{path}", self.base))

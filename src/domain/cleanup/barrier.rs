@@ -7,7 +7,7 @@ use sea_orm::{ConnectionTrait, DatabaseTransaction};
 use uuid::Uuid;
 
 use super::state::{JobEvent, job_event, transition};
-use super::{EnvironmentSnapshot, Snapshot, WorktreeSnapshot, snapshot_of};
+use super::{AgentProcess, EnvironmentSnapshot, Snapshot, WorktreeSnapshot, snapshot_of};
 use crate::domain::{Ctx, environments};
 use crate::entity::cleanup_job::{self as job, CleanupJobState, CleanupTrigger};
 use crate::entity::task::{self, WorkspaceMode};
@@ -202,12 +202,23 @@ pub(crate) async fn prepare(
     ensure_no_cleanup_job(txn, &[t.id]).await?;
     let owned = owned_environment(txn, ctx, t).await?;
     let superseded = leftover_environments(txn, ctx, t, owned.as_ref().map(|(e, _)| e.id)).await?;
+    let sessions = sessions_store::ids_of_task(txn, t.id).await?;
+    let agents = crate::store::executions::live_of_sessions(txn, &sessions)
+        .await?
+        .into_iter()
+        .map(|e| AgentProcess {
+            execution_id: e.id,
+            node_id: e.node_id,
+            pid: e.pid,
+        })
+        .collect();
     let snapshot = Snapshot {
         task_id: t.id,
         workspace_id: t.workspace_id,
         environment: owned.as_ref().map(|(_, s)| s.clone()),
         superseded,
-        sessions: sessions_store::ids_of_task(txn, t.id).await?,
+        sessions,
+        agents,
         discard_worktree_changes: consent.cloned(),
         delete_branches: None,
         branches: Vec::new(),
@@ -292,11 +303,18 @@ pub(crate) async fn stop_agents(ctx: &Ctx, jobs: &[job::Model]) -> Result<()> {
     for j in jobs {
         for id in snapshot_of(j).map(|s| s.sessions).unwrap_or_default() {
             // Wherever it runs (another replica stops it on request). Every agent is asked, whatever
-            // became of the others.
-            if let Err(e) = crate::domain::sessions::end_agent(ctx, id).await {
-                tracing::warn!(session = %id, error = %e, "could not stop the agent before the cleanup");
-                if first.is_ok() {
-                    first = Err(e);
+            // became of the others. One whose node is down cannot be asked (issue 39): the job, which runs
+            // on that node once it is back, ends it first (`Snapshot::agents`).
+            match crate::domain::sessions::end_agent(ctx, id).await {
+                Ok(()) => continue,
+                Err(Error::NodeUnavailable {
+                    decommissioned: false, ..
+                }) => continue,
+                Err(e) => {
+                    tracing::warn!(session = %id, error = %e, "could not stop the agent before the cleanup");
+                    if first.is_ok() {
+                        first = Err(e);
+                    }
                 }
             }
         }

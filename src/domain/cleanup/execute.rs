@@ -91,6 +91,11 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             return retry(e);
         }
     }
+    // Issue 39: agents of this node that the job recorded and no row names any more (a delete accepted
+    // while this node was down): ended here, each only if its process group is proven to be that agent's.
+    if let Err(e) = end_recorded_agents(ctx, &snap).await {
+        return retry(e);
+    }
     let mut kept = Vec::new();
     let mut branches = branches::deletes_branches(j.trigger).then(Vec::new);
     if let Some(env_snap) = &snap.environment {
@@ -186,6 +191,30 @@ async fn clean_current(
         Ok(()) => Outcome::Done,
         Err(e) => retry(e),
     }
+}
+
+async fn end_recorded_agents(ctx: &Ctx, snap: &Snapshot) -> crate::error::Result<()> {
+    for a in &snap.agents {
+        let Some(pid) = a.pid else { continue };
+        if a.node_id != ctx.config.node_id {
+            continue;
+        }
+        if crate::store::executions::find(&ctx.db.conn, a.execution_id)
+            .await?
+            .is_some()
+        {
+            // Still named by a row: `end_agent` and restore see to it.
+            continue;
+        }
+        if let crate::runtime::Orphan::Lingering =
+            crate::runtime::end_orphan(pid as u32, a.execution_id, ctx.config.agent_term_grace).await
+        {
+            return Err(crate::error::Error::Unavailable(format!(
+                "an agent of the deleted sessions (pid {pid}) outlived SIGKILL"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// What the job did with the branches, in its snapshot (what `GET /cleanup-jobs/{id}` shows).

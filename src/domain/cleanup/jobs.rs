@@ -90,13 +90,23 @@ pub async fn retry(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Mod
     operate(ctx, p, id, JobEvent::OperatorRetry, patch).await
 }
 
-/// Only a waiting job can be cancelled; a running one finishes its attempt.
+/// Only a waiting job can be cancelled; a running one finishes its attempt, unless its node is down
+/// (issue 39: nothing runs it until the node is back; cancelled, its next instance leaves it).
 pub async fn cancel(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model> {
     let patch = JobPatch {
         completed_at: Some(Some(crate::clock::now())),
+        lease_owner: Some(None),
         ..Default::default()
     };
-    operate(ctx, p, id, JobEvent::OperatorCancel, patch).await
+    let j = get(ctx, p, id).await?;
+    let event = if j.state == crate::entity::cleanup_job::CleanupJobState::Running
+        && crate::domain::nodes::state(ctx, &j.node_id).await? != crate::domain::nodes::NodeState::Up
+    {
+        JobEvent::OperatorCancelStranded
+    } else {
+        JobEvent::OperatorCancel
+    };
+    operate(ctx, p, id, event, patch).await
 }
 
 /// An operator's transition, on the job as it is now (locked).

@@ -43,6 +43,12 @@ pub struct Snapshot {
     pub superseded: Vec<EnvironmentSnapshot>,
     /// Sessions whose agents are stopped before anything is touched.
     pub sessions: Vec<Uuid>,
+    /// Issue 39: the agents those sessions had running when the job was written. A delete whose agents'
+    /// node is down is accepted; the rows naming them go with the task, so the job, which runs on that
+    /// node once it is back, ends each of these (proven by its process group's mark) before it touches
+    /// anything (I8).
+    #[serde(default)]
+    pub agents: Vec<AgentProcess>,
     /// I11: consent to remove worktrees with uncommitted or untracked changes, as the request gave it
     /// (stored as a boolean).
     #[serde(with = "crate::managed_path::recorded_consent")]
@@ -54,6 +60,14 @@ pub struct Snapshot {
     /// What the job did with each worktree's branch, written once it ran (issue 17).
     #[serde(default)]
     pub branches: Vec<BranchDecision>,
+}
+
+/// An agent process as a job recorded it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentProcess {
+    pub execution_id: Uuid,
+    pub node_id: String,
+    pub pid: Option<i32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

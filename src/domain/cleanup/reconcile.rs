@@ -75,6 +75,7 @@ async fn reconcile_one(ctx: &Ctx, e: &env::Model) -> Result<bool> {
         environment: None,
         superseded: vec![snap],
         sessions: Vec::new(),
+        agents: Vec::new(),
         discard_worktree_changes: None,
         delete_branches: None,
         branches: Vec::new(),

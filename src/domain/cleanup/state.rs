@@ -36,6 +36,9 @@ pub enum JobEvent {
     OperatorRetry,
     /// An operator cancels a job that is waiting.
     OperatorCancel,
+    /// Issue 39: an operator cancels a job whose node is down while it ran there (its worker is gone
+    /// with the node; nothing runs it until the node is back).
+    OperatorCancelStranded,
     /// A lifecycle job for the task takes over a waiting `superseded_cleanup` job: its snapshot names the
     /// same superseded environments (issue 38 item 5: background cleanup never blocks a user).
     Subsumed,
@@ -61,6 +64,7 @@ impl CleanupJobState {
             (Prepared | Pending | RetryWait | Failed, Unarchive) => Ok(Cancelled),
             (Failed, OperatorRetry) => Ok(Pending),
             (Prepared | Pending | RetryWait, OperatorCancel) => Ok(Cancelled),
+            (Running, OperatorCancelStranded) => Ok(Cancelled),
             (Pending | RetryWait, Subsumed) => Ok(Cancelled),
             (from, event) => Err(InvalidTransition { from, event }),
         }

@@ -15,6 +15,30 @@ use crate::store::sessions as store;
 pub struct SessionView {
     pub session: session::Model,
     pub workspace_path: Option<String>,
+    /// The node whose disk holds the session's environment, and whether it is up (issue 39).
+    pub node: Option<SessionNode>,
+}
+
+/// Where a session's work is, and whether that node can be reached.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct SessionNode {
+    pub id: String,
+    /// `up`, `down` (requests that need its agent or its disk answer `503 node_unavailable`) or
+    /// `decommissioned`.
+    pub state: crate::domain::nodes::NodeState,
+}
+
+/// The node of an environment as this process last saw it.
+pub(crate) fn node_of(ctx: &super::Ctx, node_id: &str) -> SessionNode {
+    let state = if node_id == ctx.config.node_id {
+        crate::domain::nodes::NodeState::Up
+    } else {
+        ctx.nodes.cached(node_id)
+    };
+    SessionNode {
+        id: node_id.to_string(),
+        state,
+    }
 }
 
 impl SessionView {
@@ -47,15 +71,16 @@ pub(crate) async fn visible_with_task<C: ConnectionTrait>(
     Ok((s, task))
 }
 
-/// I19/I20: the session shows its environment's effective workspace path.
-pub(crate) async fn project<C: ConnectionTrait>(conn: &C, s: session::Model) -> Result<SessionView> {
-    let workspace_path = match s.task_environment_id {
-        Some(env_id) => env_store::workspace_path(conn, env_id).await?,
+/// I19/I20: the session shows its environment's effective workspace path, and its node (issue 39).
+pub(crate) async fn project(ctx: &super::Ctx, s: session::Model) -> Result<SessionView> {
+    let env = match s.task_environment_id {
+        Some(env_id) => env_store::find(&ctx.db.conn, env_id).await?,
         None => None,
     };
     Ok(SessionView {
         session: s,
-        workspace_path,
+        node: env.as_ref().map(|e| node_of(ctx, &e.node_id)),
+        workspace_path: env.and_then(|e| e.workspace_path),
     })
 }
 

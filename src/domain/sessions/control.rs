@@ -19,7 +19,7 @@ pub async fn stop(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionV
     if !super::routing::forward(ctx, &s, super::routing::Command::Stop).await? {
         stop_session(ctx, &s).await?;
     }
-    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+    project(ctx, reload(&ctx.db.conn, s.id).await?).await
 }
 
 /// I8 across replicas: a cleanup ends a session's agent wherever it runs, before it touches any file:
@@ -117,7 +117,7 @@ pub async fn answer_attention(
     if !super::routing::forward(ctx, &s, routed).await? {
         answer_session(ctx, &task, &s, request_id, answer).await?;
     }
-    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+    project(ctx, reload(&ctx.db.conn, s.id).await?).await
 }
 
 /// The answer itself, on the node that runs the agent.

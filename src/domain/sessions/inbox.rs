@@ -107,7 +107,7 @@ pub async fn abort(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Session
     if !super::routing::forward(ctx, &s, super::routing::Command::Abort).await? {
         abort_session(ctx, &task, &s).await?;
     }
-    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+    project(ctx, reload(&ctx.db.conn, s.id).await?).await
 }
 
 /// The abort itself, on the node that runs the agent.

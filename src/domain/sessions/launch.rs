@@ -35,8 +35,9 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     }
     let prompt = prompt.filter(|t| !t.trim().is_empty());
     // I27 across replicas: an agent another node runs is returned as it is too (the prompt reaches it
-    // through the inbox); a launch racing that node's is refused by the database (`record_handle`).
-    if ctx.runtime.is_live(s.id) || super::routing::owner_elsewhere(ctx, &s).await?.is_some() {
+    // through the inbox); a launch racing that node's is refused by the database (`record_handle`). One
+    // whose node is down is refused at once (`503 node_unavailable`, issue 39), its prompt not queued.
+    if ctx.runtime.is_live(s.id) || super::routing::runs_reachably_elsewhere(ctx, &s).await? {
         if let Some(text) = prompt {
             let task = task_store::find(&ctx.db.conn, s.task_id)
                 .await?
@@ -44,7 +45,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
             inbox::enqueue(ctx, &task, &s, &text, Default::default()).await?;
             inbox::wake(ctx, s.id);
         }
-        return project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await;
+        return project(ctx, reload(&ctx.db.conn, s.id).await?).await;
     }
     let (profile_name, profile) = resolve_profile(ctx, &s)?;
     let task = task_store::find(&ctx.db.conn, s.task_id)
@@ -85,7 +86,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         Ok(None) => {}
         Ok(Some(current)) => {
             launch.abandon("another launch of the session is under way").await;
-            return project(&ctx.db.conn, current).await;
+            return project(ctx, current).await;
         }
         Err(e) => {
             launch.abandon("the launch could not be recorded").await;
@@ -95,7 +96,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     let pid = match ctx.runtime.spawn(&launch.admitted, &profile, s.id, launch.execution_id) {
         Ok(pid) => pid,
         Err(SpawnError::AlreadyRunning) => {
-            return project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await;
+            return project(ctx, reload(&ctx.db.conn, s.id).await?).await;
         }
         Err(SpawnError::Spawn(e)) => {
             tracing::warn!(session = %s.id, profile = %profile_name, error = %e, "agent did not start");
@@ -171,7 +172,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
             }
         });
     }
-    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+    project(ctx, reload(&ctx.db.conn, s.id).await?).await
 }
 
 /// The session's agent profile, from the config file only.

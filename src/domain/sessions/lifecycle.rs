@@ -155,6 +155,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
     }
     Ok(SessionView {
         session: model,
+        node: Some(super::access::node_of(ctx, &environment.node_id)),
         workspace_path: environment.workspace_path,
     })
 }
@@ -266,6 +267,7 @@ pub async fn create_async(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input:
     Ok(SessionView {
         session: model,
         workspace_path: None,
+        node: None,
     })
 }
 
@@ -406,18 +408,27 @@ pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, page: PageRequ
     // I19/I20: each with its environment's effective workspace path.
     Ok(Page::from_rows(rows, &page, |(s, _)| s.id).map(|(s, e)| SessionView {
         session: s,
+        node: e.as_ref().map(|e| super::access::node_of(ctx, &e.node_id)),
         workspace_path: e.and_then(|e| e.workspace_path),
     }))
 }
 
 pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionView> {
     let s = visible(&ctx.db.conn, p, id).await?;
-    project(&ctx.db.conn, s).await
+    project(ctx, s).await
 }
 
 /// Deletes a session: its row and conversation history, nothing else (I2). Refused while busy (I4).
 pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
     let s = visible(&ctx.db.conn, p, id).await?;
+    // Issue 39: an idle agent another instance runs is stopped there first (its row would otherwise go
+    // with nothing left to reach the process); one whose node is down: `503 node_unavailable`.
+    if !s.state.is_busy()
+        && !ctx.runtime.is_live(id)
+        && super::routing::forward(ctx, &s, super::routing::Command::Stop).await?
+    {
+        return Box::pin(delete(ctx, p, id)).await;
+    }
     let txn = ctx.db.begin_write().await?;
     let task = lock_task(&txn, s.task_id).await?;
     // Re-read under the task's lock: the state may have moved since.

@@ -25,8 +25,8 @@ mod stream;
 use super::Ctx;
 use super::environments;
 
-pub use access::SessionView;
 pub(crate) use access::visible;
+pub use access::{SessionNode, SessionView};
 pub use commands::serve_routed;
 pub(crate) use control::end_agent;
 pub use control::{Answer, answer_attention, parse_answer, stop};
@@ -35,7 +35,7 @@ pub use inbox::{abort, cancel as cancel_message, list as list_messages, post as 
 pub use launch::launch;
 pub use lifecycle::{NewSession, create, create_async, delete, get, list, make_primary, resume_preparing};
 pub use reports::consume;
-pub use restore::restore;
+pub use restore::{end_orphans, restore, take_over};
 pub use settings::{Setting, configure};
 pub use snapshot::{SessionSnapshot, snapshot};
 pub use state::{ExecutionEvent, InvalidTransition, SessionEvent};

@@ -1,4 +1,12 @@
-//! Bringing open sessions back: after a restart of berth (I29), and after their agent crashed (I30).
+//! Bringing open sessions back: after a restart of berth (I29), after their agent crashed (I30), and
+//! after the instance of this node that ran them died while another runs on (issue 39 item 5).
+//!
+//! Instances of one node never fight: an agent is ended or relaunched only when the instance that
+//! recorded it is gone (`nodes::sibling_alive`: its lease lapsed, or its process is no longer on this
+//! host), never while a live sibling runs it. Two instances taking over the same dead one's sessions
+//! race on the execution row (one ends it) and on `ux_agent_executions_live` (one launch records a live
+//! execution; the other is refused `session_busy` and leaves the session to the winner).
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures_util::StreamExt;
@@ -7,8 +15,10 @@ use uuid::Uuid;
 use super::Ctx;
 use super::launch::launch_session;
 use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
+use crate::domain::nodes;
+use crate::entity::agent_execution::{self as execution, ExecutionState};
 use crate::entity::task_session::{self as session, SessionState};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::runtime::Orphan;
 use crate::store::executions::ExecutionPatch;
 use crate::store::sessions::{self as store, StatePatch};
@@ -24,46 +34,115 @@ const CLAIMING: [SessionState; 6] = [
     SessionState::Stopping,
 ];
 
-/// At startup: executions of earlier processes are over; sessions that were open are relaunched
-/// through admission, two at a time (I29); others that claimed a process are stopped.
-pub async fn restore(ctx: &Ctx) -> Result<usize> {
+/// At startup, before the cleanup workers run: the agents this node's gone instances left running are
+/// ended and their executions recorded over, so that no job touches a worktree one still works in (I8)
+/// and no session gets a second agent (I27). A live sibling's agents are left alone.
+pub async fn end_orphans(ctx: &Ctx) -> Result<()> {
     let stale =
         crate::store::executions::live_of_other_instances(&ctx.db.conn, &ctx.config.node_id, ctx.instance_id).await?;
     for e in &stale {
-        // A crashed berth may have left the agent (or a tool it started) running: end its process group,
-        // and wait until it is gone, before relaunching, so the session never has two agents (I27). Only a
-        // group proven to be that execution's is signalled.
-        if let Some(pid) = e.pid {
-            match crate::runtime::end_orphan(pid as u32, e.id, ctx.config.agent_term_grace).await {
-                Orphan::Gone => {}
-                Orphan::Ended => {
-                    tracing::info!(session = %e.session_id, pid, "ended an agent a previous berth left running")
-                }
-                Orphan::Lingering => tracing::warn!(
-                    session = %e.session_id,
-                    pid,
-                    "an agent a previous berth left running outlived SIGKILL; relaunching anyway"
-                ),
-            }
+        if !nodes::sibling_alive(ctx, e.instance_id, true).await? {
+            end_orphan(ctx, e).await?;
         }
-        let patch = ExecutionPatch {
-            exit_code: Some(None),
-            ended_at: Some(crate::clock::now()),
-            ..Default::default()
-        };
-        transition_execution(&ctx.db.conn, e.id, ExecutionEvent::Orphaned, patch).await?;
     }
+    Ok(())
+}
+
+/// Ends one execution a gone instance of this node left: its process group if it is on this host (only a
+/// group proven to be that execution's is signalled), then its row. False when another instance recorded
+/// it over first.
+async fn end_orphan(ctx: &Ctx, e: &execution::Model) -> Result<bool> {
+    let here = match crate::store::nodes::find_instance(&ctx.db.conn, e.instance_id).await? {
+        Some(i) => i.host == nodes::lease::this_host(),
+        // Recorded before instances were: by a process of this node, as restore always assumed.
+        None => true,
+    };
+    // A crashed berth may have left the agent (or a tool it started) running: end its process group, and
+    // wait until it is gone, before relaunching, so the session never has two agents (I27).
+    if let (true, Some(pid)) = (here, e.pid) {
+        match crate::runtime::end_orphan(pid as u32, e.id, ctx.config.agent_term_grace).await {
+            Orphan::Gone => {}
+            Orphan::Ended => {
+                tracing::info!(session = %e.session_id, pid, "ended an agent a previous berth left running")
+            }
+            Orphan::Lingering => tracing::warn!(
+                session = %e.session_id,
+                pid,
+                "an agent a previous berth left running outlived SIGKILL; relaunching anyway"
+            ),
+        }
+    }
+    let patch = ExecutionPatch {
+        exit_code: Some(None),
+        ended_at: Some(crate::clock::now()),
+        ..Default::default()
+    };
+    transition_execution(&ctx.db.conn, e.id, ExecutionEvent::Orphaned, patch).await
+}
+
+/// At startup: executions of earlier processes are over; sessions that were open are relaunched
+/// through admission, two at a time (I29); others that claimed a process are stopped. Sessions a live
+/// instance runs (another node's, or a sibling's on this node) are left to it.
+pub async fn restore(ctx: &Ctx) -> Result<usize> {
+    end_orphans(ctx).await?;
     let mut to_open = Vec::new();
     for s in store::in_states(&ctx.db.conn, &CLAIMING).await? {
         if ctx.runtime.is_live(s.id) || runs_elsewhere(ctx, &s).await? {
             continue;
         }
-        if let Some(s) = settle_claim(ctx, s).await? {
+        if let Some(s) = settle_claim(ctx, s, None).await? {
             to_open.push(s);
         }
     }
+    Ok(relaunch(ctx, to_open).await)
+}
+
+/// Issue 39 item 5, while serving (each lease renewal): the sessions whose agent an instance of this
+/// node ran and that instance is gone (it died, or shut down cleanly and gave its lease back) are taken
+/// over here: a live agent it left is ended, and each open session relaunched through admission.
+pub async fn take_over(ctx: &Ctx) -> Result<usize> {
+    let claimed = crate::store::executions::claimed_on_node_by_others(
+        &ctx.db.conn,
+        &ctx.config.node_id,
+        ctx.instance_id,
+        &CLAIMING,
+    )
+    .await?;
+    let mut alive: HashMap<Uuid, bool> = HashMap::new();
+    let mut to_open = Vec::new();
+    for e in claimed {
+        let live = match alive.get(&e.instance_id) {
+            Some(l) => *l,
+            None => {
+                let l = nodes::sibling_alive(ctx, e.instance_id, false).await?;
+                alive.insert(e.instance_id, l);
+                l
+            }
+        };
+        if live {
+            continue;
+        }
+        if matches!(e.state, ExecutionState::Starting | ExecutionState::Running) && !end_orphan(ctx, &e).await? {
+            // Another instance recorded it over first: that one takes the session.
+            continue;
+        }
+        let Some(s) = store::find(&ctx.db.conn, e.session_id).await? else {
+            continue;
+        };
+        if ctx.runtime.is_live(s.id) {
+            continue;
+        }
+        if let Some(s) = settle_claim(ctx, s, Some(e.id)).await? {
+            to_open.push(s);
+        }
+    }
+    Ok(relaunch(ctx, to_open).await)
+}
+
+/// Relaunches the sessions, two at a time (I29); how many opened.
+async fn relaunch(ctx: &Ctx, to_open: Vec<session::Model>) -> usize {
     let in_flight = AtomicUsize::new(0);
-    let opened = futures_util::stream::iter(to_open)
+    futures_util::stream::iter(to_open)
         .map(|s| {
             let in_flight = &in_flight;
             async move {
@@ -72,6 +151,8 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
                 let id = s.id;
                 let ok = match launch_session(ctx, s, None).await {
                     Ok(_) => true,
+                    // Another instance launched it first (issue 39 item 5): it is that one's now.
+                    Err(Error::SessionBusy) => false,
                     Err(e) => {
                         tracing::warn!(session = %id, error = %e, "could not restore a session");
                         fail_if_recovering(ctx, id, &e).await;
@@ -86,13 +167,13 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
         .buffer_unordered(2)
         .filter(|ok| std::future::ready(*ok))
         .count()
-        .await;
-    Ok(opened)
+        .await
 }
 
 /// A session that claims a process this one does not run: an open one is recovering now (returned, to
-/// relaunch), any other is stopped.
-async fn settle_claim(ctx: &Ctx, s: session::Model) -> Result<Option<session::Model>> {
+/// relaunch), any other is stopped. With `execution`, only while the session still names that execution
+/// (an instance that took it over meanwhile has relaunched it).
+async fn settle_claim(ctx: &Ctx, s: session::Model, execution: Option<Uuid>) -> Result<Option<session::Model>> {
     let Some(task) = task_store::find(&ctx.db.conn, s.task_id).await? else {
         return Ok(None);
     };
@@ -100,6 +181,9 @@ async fn settle_claim(ctx: &Ctx, s: session::Model) -> Result<Option<session::Mo
     let Some(current) = store::find_locked(&txn, s.id).await? else {
         return Ok(None);
     };
+    if execution.is_some() && current.execution_id != execution {
+        return Ok(None);
+    }
     let event = SessionEvent::Restore {
         open: current.desired_open,
     };
@@ -140,15 +224,19 @@ pub(super) fn restart_after_crash(ctx: &Ctx, session_id: Uuid, execution_id: Uui
     });
 }
 
-/// Whether the session's agent is another node's (its current execution was recorded there): that node
-/// restores it, this one leaves it alone.
+/// Whether the session's agent is another node's (its current execution was recorded there: that node
+/// restores it), or a live sibling's on this node (issue 39 item 5): this instance leaves it alone.
 async fn runs_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<bool> {
     let Some(execution_id) = s.execution_id else {
         return Ok(false);
     };
-    Ok(crate::store::executions::find(&ctx.db.conn, execution_id)
-        .await?
-        .is_some_and(|e| e.node_id != ctx.config.node_id))
+    let Some(e) = crate::store::executions::find(&ctx.db.conn, execution_id).await? else {
+        return Ok(false);
+    };
+    if e.node_id != ctx.config.node_id {
+        return Ok(true);
+    }
+    Ok(e.instance_id != ctx.instance_id && nodes::sibling_alive(ctx, e.instance_id, true).await?)
 }
 
 /// A relaunch that failed for any reason (a removed profile, a cleanup barrier, the database) fails the

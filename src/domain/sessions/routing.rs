@@ -41,9 +41,21 @@ pub(super) enum Command<'a> {
     Configure(Value),
 }
 
-/// The execution of the session's agent when another node runs it (it is `starting` or `running`
-/// there, and not here).
+/// The execution of the session's agent when another instance runs it (it is `starting` or `running`
+/// there, and not here): another node's, or a sibling instance's of this node (issue 39 item 5).
 pub(super) async fn owner_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<Option<Uuid>> {
+    Ok(owning_execution(ctx, s).await?.map(|e| e.id))
+}
+
+/// Whether another instance runs the session's agent and can be reached (`503` when it cannot: issue 39).
+pub(super) async fn runs_reachably_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<bool> {
+    match owning_execution(ctx, s).await? {
+        Some(e) => reachable(ctx, &e).await.map(|()| true),
+        None => Ok(false),
+    }
+}
+
+async fn owning_execution(ctx: &Ctx, s: &session::Model) -> Result<Option<crate::entity::agent_execution::Model>> {
     if ctx.runtime.is_live(s.id) {
         return Ok(None);
     }
@@ -53,17 +65,32 @@ pub(super) async fn owner_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<Opt
     Ok(crate::store::executions::find(&ctx.db.conn, execution_id)
         .await?
         .filter(|e| {
-            matches!(e.state, ExecutionState::Starting | ExecutionState::Running) && e.node_id != ctx.config.node_id
-        })
-        .map(|e| e.id))
+            matches!(e.state, ExecutionState::Starting | ExecutionState::Running) && e.instance_id != ctx.instance_id
+        }))
+}
+
+/// Issue 39 item 2: a request for an agent whose node is down answers at once (`503 node_unavailable`),
+/// never after the routing deadline; one whose instance is gone while its node is up waits for a live
+/// instance of that node to take the agent over (`503 unavailable`, retryable).
+async fn reachable(ctx: &Ctx, e: &crate::entity::agent_execution::Model) -> Result<()> {
+    crate::domain::nodes::require_up(ctx, &e.node_id).await?;
+    if !crate::domain::nodes::instance_alive(ctx, e.instance_id).await? {
+        return Err(Error::Unavailable(format!(
+            "the berth process that ran the session's agent on node {} is gone; another instance of that node takes it over",
+            e.node_id
+        )));
+    }
+    Ok(())
 }
 
 /// Carries the request out on the node that runs the agent, if that is another one: `true` when it was
 /// done there (its error is returned as this node would answer it); `false`: this node handles it.
 pub(super) async fn forward(ctx: &Ctx, s: &session::Model, command: Command<'_>) -> Result<bool> {
-    let Some(execution_id) = owner_elsewhere(ctx, s).await? else {
+    let Some(owner) = owning_execution(ctx, s).await? else {
         return Ok(false);
     };
+    reachable(ctx, &owner).await?;
+    let execution_id = owner.id;
     let (kind, payload) = match command {
         Command::Abort => (CommandKind::Abort, json!({})),
         Command::Stop => (CommandKind::Stop, json!({})),
@@ -96,6 +123,14 @@ pub(super) async fn forward(ctx: &Ctx, s: &session::Model, command: Command<'_>)
             let now = super::access::reload(conn, s.id).await?;
             owner_elsewhere(ctx, &now).await? != Some(execution_id)
         };
+        // Its node went down meanwhile (issue 39 item 2): answered now, not at the deadline.
+        if checks.is_multiple_of(OWNER_CHECK_EVERY)
+            && ctx.nodes.cached(&owner.node_id) != crate::domain::nodes::NodeState::Up
+            && let Err(e) = crate::domain::nodes::require_up(ctx, &owner.node_id).await
+            && give_up(ctx, id, false).await?
+        {
+            return Err(e);
+        }
         let late = tokio::time::Instant::now() >= deadline;
         if (owner_gone || late) && give_up(ctx, id, owner_gone).await? {
             if owner_gone {
@@ -150,6 +185,12 @@ pub(super) fn encode(e: &Error) -> Value {
         Error::Stale(m) => json!({ "code": "stale", "message": m }),
         Error::SessionBusy => json!({ "code": "session_busy" }),
         Error::Unavailable(m) => json!({ "code": "unavailable", "message": m }),
+        Error::NodeUnavailable {
+            node_id,
+            decommissioned,
+            retry_after,
+        } => json!({ "code": "node_unavailable", "node_id": node_id, "decommissioned": decommissioned,
+                     "retry_after_ms": retry_after.as_millis() as u64 }),
         other => json!({ "code": "internal", "message": other.to_string() }),
     }
 }
@@ -179,6 +220,11 @@ fn decode(result: &Value) -> Error {
         Some("stale") => Error::Stale(message),
         Some("session_busy") => Error::SessionBusy,
         Some("unavailable" | "abandoned") => Error::Unavailable(message),
+        Some("node_unavailable") => Error::NodeUnavailable {
+            node_id: result["node_id"].as_str().unwrap_or_default().to_string(),
+            decommissioned: result["decommissioned"] == true,
+            retry_after: Duration::from_millis(result["retry_after_ms"].as_u64().unwrap_or(15_000)),
+        },
         _ => Error::Internal(anyhow::anyhow!("the node running the agent failed: {message}")),
     }
 }
@@ -196,6 +242,11 @@ mod tests {
             Error::Stale("retry".into()),
             Error::SessionBusy,
             Error::Unavailable("later".into()),
+            Error::NodeUnavailable {
+                node_id: "n1".into(),
+                decommissioned: false,
+                retry_after: Duration::from_secs(15),
+            },
         ];
         for e in cases {
             let back = decode(&encode(&e));

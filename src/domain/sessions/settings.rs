@@ -46,7 +46,7 @@ pub async fn configure(ctx: &Ctx, p: &Principal, session_id: Uuid, setting: Sett
     if !super::routing::forward(ctx, &s, super::routing::Command::Configure(setting.payload())).await? {
         configure_session(ctx, &s, &setting).await?;
     }
-    project(&ctx.db.conn, reload(&ctx.db.conn, s.id).await?).await
+    project(ctx, reload(&ctx.db.conn, s.id).await?).await
 }
 
 /// The setting itself, on the node that runs the agent; what the agent then says about its mode and

@@ -81,7 +81,7 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
     let queue_length =
         crate::store::inbox::count_queued(&ctx.db.conn, s.id).await? + ctx.runtime.agent_queue(s.id) as u64;
     let agent_state = s.agent_state.clone();
-    let view = project(&ctx.db.conn, s).await?;
+    let view = project(ctx, s).await?;
     Ok(SessionSnapshot {
         view,
         label,

@@ -1,0 +1,182 @@
+//! Issue 39: nodes and instances. Every berth process is an instance of a node holding a lease; `GET
+//! /nodes` shows them. A node whose every instance let its lease lapse is down: what needs its agents
+//! answers `503 node_unavailable` at once, never after the routing deadline, its sessions say so, and a
+//! task delete is accepted with its disk work left as a job that runs when the node is back (I8: the
+//! job ends the agent the delete could not reach before it touches anything). In-process replicas here;
+//! separate processes on separate disks are `fleet.rs`.
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::agents::{execution_pid, pid_alive, uuid, wait_session};
+use crate::both_backends;
+use crate::helpers::{Backend, TestApp};
+use crate::replicas::Replica;
+
+both_backends!(
+    nodes_and_instances_are_listed,
+    a_dead_node_answers_at_once_and_its_delete_waits_for_it,
+);
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn nodes_and_instances_are_listed(app: TestApp) {
+    let me = app.config.node_id.clone();
+    let listed = app.get("/api/v1/nodes").await.ok(200);
+    assert_eq!(listed["node_id"], me.as_str(), "{listed}");
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{listed}");
+    let node = &items[0];
+    assert_eq!(node["id"], me.as_str());
+    assert_eq!(node["state"], "up");
+    let instances = node["instances"].as_array().unwrap();
+    assert_eq!(instances.len(), 1, "{node}");
+    assert_eq!(instances[0]["id"], listed["instance_id"]);
+    assert_eq!(instances[0]["pid"], std::process::id());
+    assert_eq!(instances[0]["live"], true);
+    assert_eq!(instances[0]["db_max_connections"], 5);
+    assert_eq!(node["db_max_connections"], 5);
+    assert!(!instances[0]["host"].as_str().unwrap().is_empty());
+    assert_eq!(
+        node["holds"],
+        json!({"environments": 0, "live_sessions": 0, "pending_jobs": 0})
+    );
+    // Admin only.
+    let reader = app.token("tasks:read sessions:read cleanup:read");
+    app.call(reqwest::Method::GET, "/api/v1/nodes", Some(&reader), None)
+        .await
+        .problem(403, "insufficient_scope");
+    // Readiness and the metrics name who answered.
+    let ready = app.call(reqwest::Method::GET, "/readyz", None, None).await.ok(200);
+    assert_eq!(ready["node_id"], me.as_str());
+    assert_eq!(ready["instance_id"], listed["instance_id"]);
+    let metrics = app.call(reqwest::Method::GET, "/metrics", None, None).await.text;
+    let line = format!(
+        "berth_instance_info{{node_id=\"{me}\",instance_id=\"{}\"}} 1",
+        listed["instance_id"].as_str().unwrap()
+    );
+    assert!(metrics.contains(&line), "{line} missing from:\n{metrics}");
+    // A second node on the same database is listed, up, with its own instance.
+    let b = Replica::start_as(&app, "node-b").await;
+    let listed = b.get("/api/v1/nodes").await.ok(200);
+    let ids: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    let mut want = vec![me.as_str(), "node-b"];
+    want.sort();
+    assert_eq!(ids, want, "{listed}");
+    assert!(listed["items"].as_array().unwrap().iter().all(|n| n["state"] == "up"));
+    b.stop().await;
+}
+
+async fn wait_node(b: &Replica, node: &str, state: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let listed = b.get("/api/v1/nodes").await.ok(200);
+        if let Some(n) = listed["items"].as_array().unwrap().iter().find(|n| n["id"] == node)
+            && n["state"] == state
+        {
+            return n.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node {node} never {state}: {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
+    let backend: Backend = app.backend;
+    drop(app);
+    // A one-second lease; a routing deadline far longer than any answer here may take.
+    let Some(app) = TestApp::spawn_with(
+        backend,
+        &[("BERTH_NODE_LEASE_SECS", "1"), ("BERTH_ROUTING_DEADLINE_MS", "120000")],
+    )
+    .await
+    else {
+        return;
+    };
+    let a = app.config.node_id.clone();
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let task = app.task(ws, "Stranded", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    let worktree = std::path::PathBuf::from(s["workspace_path"].as_str().unwrap());
+    let s = wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    assert_eq!(s["node"], json!({"id": a, "state": "up"}), "{s}");
+    let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
+    let b = Replica::start_as(&app, "node-b").await;
+    // Node A dies: its process stops serving and renewing (its agent runs on, as one may after a crash).
+    app.stop_server();
+    let seen = wait_node(&b, &a, "down").await;
+    assert_eq!(seen["holds"]["live_sessions"], 1, "{seen}");
+    // What needs A's agent answers at once: not after the 120 s routing deadline.
+    let started = std::time::Instant::now();
+    let r = b.post(&format!("/api/v1/sessions/{id}/stop"), json!({})).await;
+    let problem = r.problem(503, "node_unavailable");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(problem["node_id"], a.as_str(), "{problem}");
+    assert_eq!(problem["retryable"], true);
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    let r = b
+        .post(
+            &format!("/api/v1/sessions/{id}/launch"),
+            json!({"prompt": "are you there?"}),
+        )
+        .await;
+    r.problem(503, "node_unavailable");
+    // The session says where its work is and that the node is down.
+    let s = b.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+    assert_eq!(s["node"], json!({"id": a, "state": "down"}), "{s}");
+    assert_eq!(s["state"], "idle", "nothing was changed: {s}");
+    // A task delete is accepted; its job waits for A, visibly.
+    let r = b
+        .call(reqwest::Method::DELETE, &format!("/api/v1/tasks/{task}"), None)
+        .await;
+    let jobs = r.ok(202);
+    let job = uuid(&jobs["cleanup_jobs"][0]["id"]);
+    assert_eq!(jobs["cleanup_jobs"][0]["node_id"], a.as_str(), "{jobs}");
+    let seen = wait_node(&b, &a, "down").await;
+    assert_eq!(seen["holds"]["pending_jobs"], 1, "{seen}");
+    assert!(worktree.exists(), "nothing of A's disk is touched while it is down");
+    assert!(pid_alive(pid), "the agent is A's to end");
+    // A comes back: the job ends the agent the delete could not reach, then removes the worktree.
+    let restarted = berth::startup::Application::build(app.config.clone())
+        .await
+        .expect("node A restarts");
+    let background = restarted.background();
+    let handle = restarted.handle();
+    tokio::spawn(restarted.run_until_stopped());
+    wait_node(&b, &a, "up").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let done = loop {
+        let j = b.get(&format!("/api/v1/cleanup-jobs/{job}")).await.ok(200);
+        if ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap()) {
+            break j;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert!(!pid_alive(pid), "the job ended the agent first (I8)");
+    assert!(!worktree.exists());
+    background.iter().for_each(|h| h.abort());
+    handle.stop(false).await;
+    b.stop().await;
+}
