@@ -21,6 +21,7 @@ mod etag;
 mod event_filters;
 mod events;
 mod faults;
+mod fleet;
 mod follow;
 mod git_concurrency;
 mod hostile;

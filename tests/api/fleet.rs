@@ -1,0 +1,523 @@
+//! Issue 39 item 6: berth on separate disks. Each node is a mount namespace holding a private tmpfs at
+//! the same path (`unshare --mount`, as root; CI runs as root), so no node sees another's disk, not even
+//! under the same path; each berth process runs in its node's namespace (`nsenter`) on one PostgreSQL
+//! database. A node SIGKILLed is `down` within its lease and nothing waits for the routing deadline; its
+//! delete is accepted and its job runs once it is back; two instances of one node restarted in turn never
+//! kill each other's agents and never run one twice. PostgreSQL only: SQLite is one node.
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use reqwest::Method;
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::helpers::{PgDatabase, SECRET, client, id_of, mint};
+
+const WAIT: Duration = Duration::from_secs(90);
+/// The lease of every process here (seconds).
+const LEASE: u64 = 2;
+
+/// A node's disk: a mount namespace holding a private tmpfs at `dir`, kept alive by a sleeping holder.
+struct Disk {
+    holder: Child,
+    dir: PathBuf,
+}
+
+impl Disk {
+    fn new(dir: &Path) -> Disk {
+        std::fs::create_dir_all(dir).unwrap();
+        let script = format!(
+            "mount -t tmpfs tmpfs '{}' && echo ready && exec sleep 100000",
+            dir.display()
+        );
+        let mut holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare runs");
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "the node's tmpfs is mounted");
+        Disk {
+            holder,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn enter(&self) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--mount=/proc/{}/ns/mnt", self.holder.id())).arg("--");
+        c
+    }
+
+    /// Runs a shell script on this node's disk; its standard output.
+    fn sh(&self, script: &str) -> String {
+        let out = self.enter().args(["sh", "-c", script]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn exists(&self, path: &str) -> bool {
+        self.enter().args(["test", "-e", path]).status().unwrap().success()
+    }
+
+    /// A git repository with one commit on this disk.
+    fn repo(&self, name: &str) -> String {
+        let path = format!("{}/repos/{name}", self.dir.display());
+        self.sh(&format!(
+            "mkdir -p {path} && cd {path} && git init -q -b main && echo hello > README.md && git add README.md \
+             && git -c user.name=t -c user.email=t@example.com commit -q -m init"
+        ));
+        path
+    }
+}
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
+
+/// One berth process, in a node's namespace.
+struct Berth {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Berth {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Fleet {
+    db: PgDatabase,
+    conn: DatabaseConnection,
+    scratch: tempfile::TempDir,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Fleet {
+    /// None without PostgreSQL (the tests then say they did not run, as every PostgreSQL test does).
+    async fn new() -> Option<Fleet> {
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set but the tests do not run as root: separate disks need unshare --mount"
+            );
+            eprintln!("fleet tests did not run: separate disks need root (unshare --mount)");
+            return None;
+        }
+        let db = PgDatabase::create().await?;
+        let conn = sea_orm::Database::connect(&db.url).await.unwrap();
+        let scratch = tempfile::TempDir::new().unwrap();
+        let agent = env!("CARGO_BIN_EXE_berth-test-agent");
+        std::fs::write(
+            scratch.path().join("berth.toml"),
+            format!("[agents.test]\ncommand = {agent:?}\n"),
+        )
+        .unwrap();
+        let mut env = BTreeMap::new();
+        env.insert("BERTH_JWT_SECRET".to_string(), SECRET.to_string());
+        env.insert(
+            "BERTH_DATA_DIR".to_string(),
+            scratch.path().join("unused").display().to_string(),
+        );
+        let config = berth::config::Config::load(&env).unwrap();
+        Some(Fleet {
+            token: mint(&config, "admin", "admin", None, None),
+            db,
+            conn,
+            scratch,
+            http: client(),
+        })
+    }
+
+    /// The path every node mounts its own tmpfs at.
+    fn disk_dir(&self) -> PathBuf {
+        self.scratch.path().join("disk")
+    }
+
+    fn disk(&self) -> Disk {
+        Disk::new(&self.disk_dir())
+    }
+
+    async fn start(&self, disk: &Disk, node: &str, log: &str) -> Berth {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = disk.dir.display().to_string();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.scratch.path().join(log))
+            .unwrap();
+        let child = disk
+            .enter()
+            .arg(env!("CARGO_BIN_EXE_berth"))
+            .arg("serve")
+            .env("BERTH_DATABASE_URL", &self.db.url)
+            .env("BERTH_JWT_SECRET", SECRET)
+            .env("BERTH_NODE_ID", node)
+            .env("BERTH_DATA_DIR", format!("{dir}/data"))
+            .env("BERTH_WORKTREE_ROOT", format!("{dir}/worktrees"))
+            .env("BERTH_CONFIG", self.scratch.path().join("berth.toml"))
+            .env("BERTH_BIND", format!("127.0.0.1:{port}"))
+            .env("BERTH_NODE_LEASE_SECS", LEASE.to_string())
+            .env("BERTH_ROUTING_DEADLINE_MS", "120000")
+            .env("BERTH_DB_MAX_CONNECTIONS", "6")
+            .env("BERTH_CLEANUP_POLL_MS", "50")
+            .env("BERTH_CLEANUP_RETRY_DELAYS_SECS", "0.2")
+            .env("BERTH_CLEANUP_MAX_ATTEMPTS", "100")
+            .env("BERTH_AGENT_STOP_GRACE_MS", "300")
+            .env("BERTH_AGENT_TERM_GRACE_MS", "300")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("berth starts");
+        let mut b = Berth {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Ok(r) = self.http.get(format!("{}/readyz", b.base)).send().await
+                && r.status().is_success()
+            {
+                return b;
+            }
+            if let Ok(Some(status)) = b.child.try_wait() {
+                panic!("berth {node} exited while starting: {status}");
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "berth {node} never became ready"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn call(&self, b: &Berth, method: Method, path: &str, body: Option<Value>) -> (u16, Value, Option<String>) {
+        let mut req = self
+            .http
+            .request(method, format!("{}/api/v1{path}", b.base))
+            .bearer_auth(&self.token)
+            .timeout(Duration::from_secs(150));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let r = req.send().await.expect("the request is answered");
+        let status = r.status().as_u16();
+        let retry_after = r
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        (status, r.json().await.unwrap_or(Value::Null), retry_after)
+    }
+
+    async fn ok(&self, b: &Berth, method: Method, path: &str, body: Option<Value>) -> Value {
+        let (status, v, _) = self.call(b, method, path, body).await;
+        assert!((200..300).contains(&status), "{path}: {status} {v}");
+        v
+    }
+
+    async fn wait_node(&self, b: &Berth, node: &str, state: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let listed = self.ok(b, Method::GET, "/nodes", None).await;
+            if let Some(n) = listed["items"].as_array().unwrap().iter().find(|n| n["id"] == node)
+                && n["state"] == state
+            {
+                return n.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node {node} never {state}: {listed}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_session(&self, b: &Berth, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let s = self.ok(b, Method::GET, &format!("/sessions/{id}"), None).await;
+            if pred(&s) {
+                return s;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "session never {what}: {s}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A task over a new repository of `disk`, registered through `b` (which must be that disk's node),
+    /// with an idle `test` agent; the session's id and worktree.
+    async fn working_session(&self, b: &Berth, disk: &Disk, name: &str) -> (Uuid, Uuid, String) {
+        let ws = self
+            .ok(b, Method::POST, "/workspaces", Some(json!({"name": name})))
+            .await;
+        let ws = id_of(&ws);
+        let path = disk.repo(name);
+        let repo = self
+            .ok(
+                b,
+                Method::POST,
+                &format!("/workspaces/{ws}/repositories"),
+                Some(json!({"path": path})),
+            )
+            .await;
+        let task = self
+            .ok(
+                b,
+                Method::POST,
+                &format!("/workspaces/{ws}/tasks"),
+                Some(json!({"title": name, "repositories": [{"repository_id": id_of(&repo)}]})),
+            )
+            .await;
+        let task = id_of(&task);
+        let s = self
+            .ok(
+                b,
+                Method::POST,
+                &format!("/tasks/{task}/sessions"),
+                Some(json!({"executor_type": "worktree", "agent_profile": "test"})),
+            )
+            .await;
+        let id = id_of(&s);
+        let worktree = s["workspace_path"].as_str().unwrap().to_string();
+        self.wait_session(b, id, "idle", |s| s["state"] == "idle").await;
+        (task, id, worktree)
+    }
+
+    /// The session's live executions: (execution id, instance id, pid).
+    async fn live_executions(&self, session: Uuid) -> Vec<(Uuid, Uuid, i32)> {
+        let rows = self
+            .conn
+            .query_all_raw(Statement::from_string(
+                self.conn.get_database_backend(),
+                format!(
+                    "SELECT id, instance_id, pid FROM agent_executions WHERE session_id = '{session}' \
+                     AND state IN ('starting', 'running')"
+                ),
+            ))
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| {
+                (
+                    r.try_get::<Uuid>("", "id").unwrap(),
+                    r.try_get::<Uuid>("", "instance_id").unwrap(),
+                    r.try_get::<Option<i32>>("", "pid").unwrap().unwrap_or(0),
+                )
+            })
+            .collect()
+    }
+
+    /// Waits until the session has exactly one live execution matching `pred`, and returns it.
+    async fn wait_one_live(
+        &self,
+        session: Uuid,
+        what: &str,
+        pred: impl Fn(&(Uuid, Uuid, i32)) -> bool,
+    ) -> (Uuid, Uuid, i32) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let live = self.live_executions(session).await;
+            assert!(live.len() <= 1, "a session never has two live agents (I27): {live:?}");
+            if let [one] = live.as_slice()
+                && pred(one)
+                && one.2 != 0
+            {
+                return *one;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never {what}: {live:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn instance_of(&self, b: &Berth) -> Uuid {
+        let ready: Value = self
+            .http
+            .get(format!("{}/readyz", b.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        ready["instance_id"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// Waits until instance `id` has renewed its lease twice more (so it has looked for work to take
+    /// over at least once since).
+    async fn wait_renewals(&self, b: &Berth, node: &str, id: Uuid) {
+        let renewed = |listed: &Value| -> Option<String> {
+            listed["items"].as_array()?.iter().find(|n| n["id"] == node)?["instances"]
+                .as_array()?
+                .iter()
+                .find(|i| i["id"] == id.to_string())
+                .map(|i| i["renewed_at"].as_str().unwrap_or_default().to_string())
+        };
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while seen.len() < 3 {
+            let listed = self.ok(b, Method::GET, "/nodes", None).await;
+            if let Some(r) = renewed(&listed)
+                && seen.last() != Some(&r)
+            {
+                seen.push(r);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "instance {id} never renewed: {listed}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn pid_alive(pid: i32) -> bool {
+    crate::agents::pid_alive(pid as i64)
+}
+
+#[tokio::test]
+async fn a_killed_node_strands_nothing_on_separate_disks() {
+    let Some(fleet) = Fleet::new().await else { return };
+    let (disk_a, disk_b, disk_c) = (fleet.disk(), fleet.disk(), fleet.disk());
+    let a = fleet.start(&disk_a, "node-a", "a.log").await;
+    let mut b = fleet.start(&disk_b, "node-b", "b.log").await;
+    let c = fleet.start(&disk_c, "node-c", "c.log").await;
+    for node in ["node-a", "node-b", "node-c"] {
+        fleet.wait_node(&a, node, "up").await;
+    }
+    // Work on node b: its worktree is on b's disk and nowhere else, under the same path.
+    let (task, id, worktree) = fleet.working_session(&b, &disk_b, "svc").await;
+    assert!(disk_b.exists(&worktree));
+    assert!(
+        !disk_a.exists(&worktree) && !disk_c.exists(&worktree),
+        "no node sees another's disk"
+    );
+    let s = fleet.ok(&a, Method::GET, &format!("/sessions/{id}"), None).await;
+    assert_eq!(s["node"], json!({"id": "node-b", "state": "up"}), "{s}");
+    let held = fleet.wait_node(&c, "node-b", "up").await;
+    assert_eq!(held["holds"]["environments"], 1, "{held}");
+    assert_eq!(held["holds"]["live_sessions"], 1, "{held}");
+    // An agent request sent to another node is carried out by b.
+    fleet
+        .ok(&c, Method::POST, &format!("/sessions/{id}/abort"), Some(json!({})))
+        .await;
+    // b dies.
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    fleet.wait_node(&a, "node-b", "down").await;
+    let started = std::time::Instant::now();
+    let (status, problem, retry_after) = fleet
+        .call(&a, Method::POST, &format!("/sessions/{id}/stop"), Some(json!({})))
+        .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (503, Some("node_unavailable")),
+        "{problem}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(problem["node_id"], "node-b");
+    assert_eq!(retry_after.as_deref(), Some("2"));
+    let s = fleet.ok(&c, Method::GET, &format!("/sessions/{id}"), None).await;
+    assert_eq!(s["node"]["state"], "down", "{s}");
+    // Its task's delete is accepted; the job waits for b.
+    let jobs = fleet.ok(&a, Method::DELETE, &format!("/tasks/{task}"), None).await;
+    let job = id_of(&jobs["cleanup_jobs"][0]);
+    assert_eq!(jobs["cleanup_jobs"][0]["node_id"], "node-b", "{jobs}");
+    let held = fleet.wait_node(&a, "node-b", "down").await;
+    assert_eq!(held["holds"]["pending_jobs"], 1, "{held}");
+    assert!(disk_b.exists(&worktree), "b's disk is untouched while b is down");
+    // b is back: the job runs there and removes the worktree from b's disk.
+    let b = fleet.start(&disk_b, "node-b", "b2.log").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let done = loop {
+        let j = fleet.ok(&c, Method::GET, &format!("/cleanup-jobs/{job}"), None).await;
+        if ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap()) {
+            break j;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the job never ran: {j}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert!(!disk_b.exists(&worktree), "removed on b's disk");
+    drop((a, b, c));
+}
+
+#[tokio::test]
+async fn two_instances_of_one_node_never_fight() {
+    let Some(fleet) = Fleet::new().await else { return };
+    let disk = fleet.disk();
+    let mut first = fleet.start(&disk, "node-c", "c1.log").await;
+    let (_, id, _) = fleet.working_session(&first, &disk, "svc").await;
+    let one = fleet.instance_of(&first).await;
+    let (execution, _, pid) = fleet
+        .wait_one_live(id, "run on the first instance", |e| e.1 == one)
+        .await;
+    // A second instance of the same node starts while the first runs the agent: it leaves it alone.
+    let mut second = fleet.start(&disk, "node-c", "c2.log").await;
+    let two = fleet.instance_of(&second).await;
+    fleet.wait_renewals(&second, "node-c", two).await;
+    let now = fleet.wait_one_live(id, "still the first instance's", |_| true).await;
+    assert_eq!(now, (execution, one, pid), "the sibling's agent is untouched");
+    assert!(pid_alive(pid));
+    // The first dies: the second takes its agent over, once.
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let (_, _, pid2) = fleet
+        .wait_one_live(id, "taken over by the second instance", |e| e.1 == two)
+        .await;
+    assert!(pid_alive(pid2));
+    fleet.wait_session(&second, id, "idle", |s| s["state"] == "idle").await;
+    let gone = tokio::time::Instant::now() + WAIT;
+    while pid_alive(pid) {
+        assert!(
+            tokio::time::Instant::now() < gone,
+            "the dead instance's agent was ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The first comes back while the second runs the agent: nothing is killed, nothing runs twice.
+    let third = fleet.start(&disk, "node-c", "c3.log").await;
+    let three = fleet.instance_of(&third).await;
+    fleet.wait_renewals(&third, "node-c", three).await;
+    let now = fleet.wait_one_live(id, "still the second instance's", |_| true).await;
+    assert_eq!((now.1, now.2), (two, pid2), "the sibling's agent is untouched");
+    assert!(pid_alive(pid2));
+    // The second shuts down cleanly: its lease goes back and the third takes the session over.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(second.child.id() as i32, libc::SIGTERM) };
+    second.child.wait().unwrap();
+    let (_, _, pid3) = fleet
+        .wait_one_live(id, "taken over by the third instance", |e| e.1 == three)
+        .await;
+    assert!(pid_alive(pid3));
+    fleet.wait_session(&third, id, "idle", |s| s["state"] == "idle").await;
+    drop(third);
+}
