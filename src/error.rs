@@ -98,6 +98,9 @@ pub enum Error {
     /// reason goes to the log only.
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
+    /// Issue 39 item 4: a task's repositories are on different nodes.
+    #[error("{0}")]
+    RepositoriesOnDifferentNodes(String),
     /// Issue 39: the request needs the agents or the disk of a node no instance of which holds a lease
     /// (or one an operator gave up).
     #[error("node {node_id} is unavailable")]

@@ -102,7 +102,7 @@ impl Application {
         background.push(tokio::spawn(count_cleanup_jobs(ctx.clone())).abort_handle());
         // Issue 39: this process is an instance of its node, holding a lease, before it judges any other
         // instance's work (restore leaves a live sibling's agents alone).
-        crate::domain::nodes::lease::register(&ctx)
+        crate::domain::nodes::lease::register(&ctx, port)
             .await
             .map_err(|e| anyhow::anyhow!("recording this instance: {e}"))?;
         background.push(tokio::spawn(crate::domain::nodes::lease::hold(ctx.clone())).abort_handle());
@@ -187,6 +187,8 @@ impl Application {
                         .config(utoipa_swagger_ui::Config::default().validator_url("none")),
                 )
                 .default_service(web::to(api::not_found))
+                // Issue 39 item 4: innermost, so the replica that took the request keeps its idempotency.
+                .wrap(from_fn(crate::api::forward::forward))
                 .wrap(from_fn(follow_point))
                 .wrap(from_fn(crate::api::idempotency::idempotency))
                 .wrap(from_fn(reject_nul_text))

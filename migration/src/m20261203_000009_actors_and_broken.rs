@@ -26,7 +26,13 @@ const ENV_STATUSES: &str = "'creating', 'ready', 'stopped', 'failed', 'supersede
 const TRIGGERS: &str = "'archive', 'delete', 'cascade_archive', 'cascade_delete', 'workspace_delete', \
                         'quick_chat_expire', 'environment_reset'";
 
-async fn set_check(manager: &SchemaManager<'_>, table: &str, column: &str, from: &str, to: &str) -> Result<(), DbErr> {
+pub(crate) async fn set_check(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    column: &str,
+    from: &str,
+    to: &str,
+) -> Result<(), DbErr> {
     let db = manager.get_connection();
     let backend = db.get_database_backend();
     let exec = |sql: String| db.execute_raw(Statement::from_string(backend, sql));

@@ -2,8 +2,16 @@
 //! filesystem it reaches, `BERTH_NODE_ID`): it records itself at start and renews a lease while it runs;
 //! a node is up while any instance holds a lease. A node row outlives its instances and records whether an
 //! operator gave it up (decommission). No foreign keys: executions, environments and jobs name a node by
-//! id, as before.
+//! id, as before. A repository records the node that registered it (issue 39 item 4: a task's
+//! repositories share a node, and its work happens there); one registered before has none. An
+//! environment may be `lost`: its node was decommissioned (issue 39 item 3); it is no task's current
+//! environment any more.
 use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::ConnectionTrait;
+
+use super::m20261203_000009_actors_and_broken::set_check;
+
+const ENV_STATUSES: &str = "'creating', 'ready', 'stopped', 'failed', 'superseded', 'broken'";
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -34,6 +42,9 @@ impl MigrationTrait for Migration {
                     .col(col("node_id").text().not_null().take())
                     .col(col("pid").integer().not_null().take())
                     .col(col("host").text().not_null().take())
+                    // Where the other instances reach it (BERTH_ADVERTISE_URL): requests that need this
+                    // node's disk or agents are forwarded there.
+                    .col(col("url").text().not_null().take())
                     .col(col("version").text().not_null().take())
                     // The connections this process may open (BERTH_DB_MAX_CONNECTIONS, issue 39 item 7).
                     .col(col("db_max_connections").integer().not_null().take())
@@ -54,10 +65,46 @@ impl MigrationTrait for Migration {
                     .col(Alias::new("lease_until"))
                     .to_owned(),
             )
-            .await
+            .await?;
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(Alias::new("repositories"))
+                    .add_column(col("node_id").text().null().take())
+                    .to_owned(),
+            )
+            .await?;
+        set_check(
+            manager,
+            "task_environments",
+            "status",
+            ENV_STATUSES,
+            &format!("{ENV_STATUSES}, 'lost'"),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared("UPDATE task_environments SET status = 'superseded' WHERE status = 'lost'")
+            .await?;
+        set_check(
+            manager,
+            "task_environments",
+            "status",
+            &format!("{ENV_STATUSES}, 'lost'"),
+            ENV_STATUSES,
+        )
+        .await?;
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(Alias::new("repositories"))
+                    .drop_column(Alias::new("node_id"))
+                    .to_owned(),
+            )
+            .await?;
         manager
             .drop_table(Table::drop().table(Alias::new("instances")).to_owned())
             .await?;

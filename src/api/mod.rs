@@ -7,6 +7,7 @@ pub mod event_schema;
 pub mod events;
 pub mod examples;
 pub mod extract;
+pub mod forward;
 pub mod git_status;
 pub mod idempotency;
 pub mod leftovers;

@@ -34,6 +34,7 @@ pub enum ErrorCode {
     IdempotencyKeyReused,
     Unavailable,
     NodeUnavailable,
+    RepositoriesOnDifferentNodes,
     Internal,
 }
 
@@ -63,6 +64,7 @@ impl ErrorCode {
             ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::NodeUnavailable => "node_unavailable",
+            ErrorCode::RepositoriesOnDifferentNodes => "repositories_on_different_nodes",
             ErrorCode::Internal => "internal",
         }
     }
@@ -400,6 +402,12 @@ impl From<&Error> for Problem {
                     "a dependency (the database or git) is unavailable right now; nothing was changed; retry",
                 )
             },
+            Error::RepositoriesOnDifferentNodes(detail) => Problem::new(
+                S::UNPROCESSABLE_ENTITY,
+                C::RepositoriesOnDifferentNodes,
+                "Repositories on different nodes",
+                detail.clone(),
+            ),
             Error::NodeUnavailable {
                 node_id,
                 decommissioned: false,

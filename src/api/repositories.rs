@@ -36,6 +36,9 @@ pub struct Repository {
     pub status: RepositoryStatus,
     /// The kandev repository id it was imported from; null for a repository registered in berth.
     pub imported_from: Option<String>,
+    /// The node whose disk holds it (its tasks' work happens there); null for one registered before
+    /// berth recorded nodes.
+    pub node_id: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -51,6 +54,7 @@ impl From<repository::Model> for Repository {
             default_branch: m.default_branch,
             status: m.status,
             imported_from: m.imported_from,
+            node_id: m.node_id,
             created_at: m.created_at,
             updated_at: m.updated_at,
         }
@@ -75,6 +79,10 @@ pub struct RegisterRepository {
     pub name: Option<String>,
     /// Defaults to the branch HEAD names.
     pub default_branch: Option<String>,
+    /// The node whose disk holds the path (`GET /nodes`); defaults to the node of the berth process that
+    /// takes the request. Another node's registration is carried out by that node (`503
+    /// node_unavailable` while it is down).
+    pub node_id: Option<String>,
 }
 
 /// Register a repository in a workspace
@@ -83,7 +91,9 @@ pub struct RegisterRepository {
 /// canonical, and inside the configured repository roots when those are set (`422 path_not_allowed`); it
 /// must be a git work tree root (`422 not_a_git_repository`). The repository's identity is its common git
 /// directory: registering the same repository twice in a workspace is `409 conflict`. Nothing on disk is
-/// changed. Scope `workspaces:admin`.
+/// changed. The repository belongs to the node that proves the path (`node_id`, by default the one
+/// that takes the request): a task's repositories must all be on one node, where its work then happens.
+/// Scope `workspaces:admin`.
 #[utoipa::path(
     operation_id = "registerRepository",
     tag = "repositories",
@@ -105,6 +115,15 @@ async fn register_repository(
     body: web::Json<RegisterRepository>,
 ) -> Result<HttpResponse, Error> {
     let body = body.into_inner();
+    if let Some(node) = body.node_id.as_deref()
+        && node != state.ctx.config.node_id
+    {
+        // Forwarded requests only arrive at the node they name (`forward`): this one is not it.
+        return Err(Error::invalid(
+            "node_id",
+            format!("this request reached node {}, not {node}", state.ctx.config.node_id),
+        ));
+    }
     let input = NewRepository {
         path: body.path,
         name: body.name,

@@ -224,6 +224,10 @@ pub struct Config {
     /// Origins (`scheme://host[:port]`, compared exactly) whose pages may call the API from a browser
     /// (issue 16, item 1). Empty: no CORS headers at all.
     pub cors_origins: Vec<String>,
+    /// Where the other berth processes reach this one (issue 39); derived from the bind address when unset.
+    pub advertise_url: Option<String>,
+    /// An operator lets this decommissioned node start again (issue 39 item 3).
+    pub node_readmit: bool,
 }
 
 /// A source of `BERTH_*` variables; the process environment in production, a map in tests.
@@ -387,7 +391,25 @@ impl Config {
             check_origin(origin).map_err(|reason| bad("BERTH_CORS_ORIGINS", format!("{origin:?}: {reason}")))?;
         }
 
+        let advertise_url = src.get("advertise_url")?.map(|u| u.trim_end_matches('/').to_string());
+        if let Some(u) = &advertise_url
+            && !(u.starts_with("http://") || u.starts_with("https://"))
+        {
+            return Err(bad(
+                "BERTH_ADVERTISE_URL",
+                format!("{u:?} is not an http:// or https:// URL"),
+            ));
+        }
+
+        let node_readmit = match src.get("node_readmit")?.as_deref() {
+            None | Some("false") | Some("0") => false,
+            Some("true") | Some("1") => true,
+            Some(other) => return Err(bad("BERTH_NODE_READMIT", format!("{other:?} is not true or false"))),
+        };
+
         Ok(Config {
+            node_readmit,
+            advertise_url,
             bind,
             data_dir,
             database_url,

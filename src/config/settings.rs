@@ -257,6 +257,18 @@ pub static SETTINGS: &[Setting] = &[
         |c| secs(c.materialize_lease),
     ),
     setting(
+        "advertise_url",
+        Computed("http://<bind address>:<port> (this host's name for 0.0.0.0)"),
+        "Where the other berth processes reach this one: requests that need this node's disk or agents are forwarded there",
+        |c| c.advertise_url.as_ref().map(text).unwrap_or(None),
+    ),
+    setting(
+        "node_readmit",
+        Is("false"),
+        "Lets a node that was decommissioned start again (true once, after checking what it holds); without it, such a node refuses to start",
+        |c| Some(Value::Boolean(c.node_readmit)),
+    ),
+    setting(
         "node_lease_secs",
         Is("15"),
         "The lease each berth process renews (a third of it apart); a node whose every process let it lapse is down",

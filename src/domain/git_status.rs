@@ -178,6 +178,15 @@ pub(crate) async fn inspect_and_record(
             "only a ready environment's worktrees are inspected".into(),
         ));
     }
+    // Issue 39: only the node whose disk holds the worktrees reads them; elsewhere a live read serves what
+    // was recorded, and an explicit refresh (forwarded to that node when it is up) is refused.
+    if e.node_id != ctx.config.node_id {
+        if rate_limited {
+            return Ok(());
+        }
+        let state = super::nodes::state(ctx, &e.node_id).await?;
+        return Err(super::nodes::unavailable(ctx, &e.node_id, state));
+    }
     let rows: Vec<_> = env_store::active_repos_with_repository(&ctx.db.conn, e.id)
         .await?
         .into_iter()

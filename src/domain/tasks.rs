@@ -194,16 +194,16 @@ async fn resolve_slots(
         }
     }
     let ids: Vec<Uuid> = slots.iter().map(|s| s.0).collect();
-    let live: HashSet<Uuid> = crate::store::repositories::lock_shared_registered_in(txn, workspace_id, &ids)
-        .await?
-        .into_iter()
-        .collect();
+    let repos = crate::store::repositories::lock_shared_registered_in(txn, workspace_id, &ids).await?;
+    let live: HashSet<Uuid> = repos.iter().map(|r| r.id).collect();
     if let Some(i) = ids.iter().position(|id| !live.contains(id)) {
         return Err(Error::invalid(
             &format!("repositories[{i}].repository_id"),
             "not a repository of this workspace",
         ));
     }
+    // Issue 39 item 4: a task's work happens on one node, the one whose disk holds its repositories.
+    crate::domain::nodes::placement::common_node(&repos)?;
     Ok(slots)
 }
 

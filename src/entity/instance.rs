@@ -9,6 +9,8 @@ pub struct Model {
     pub node_id: String,
     pub pid: i32,
     pub host: String,
+    /// Where the other instances reach it.
+    pub url: String,
     pub version: String,
     pub db_max_connections: i32,
     pub started_at: DateTimeUtc,

@@ -33,6 +33,10 @@ pub enum EnvironmentStatus {
     /// again) or a reset replaces it.
     #[sea_orm(string_value = "broken")]
     Broken,
+    /// Issue 39 item 3: its node was decommissioned: what it held is gone with it. No task's current
+    /// environment; the next session of its task gets a new one where it is carried out.
+    #[sea_orm(string_value = "lost")]
+    Lost,
 }
 
 /// The task-owned workspace root (I1): at most one non-superseded row per task.

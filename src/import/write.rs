@@ -183,6 +183,8 @@ pub async fn write(
             updated_at: Set(r.updated_at),
             deleted_at: Set(r.deleted_at),
             imported_from: Set(Some(r.id.clone())),
+            // On the disk of the node that imports it.
+            node_id: Set(Some(config.node_id.clone())),
             status: Set(if probe.common_git_dir.is_some() {
                 RepositoryStatus::Available
             } else {

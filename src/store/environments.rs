@@ -62,7 +62,7 @@ pub async fn lock(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<env::Mod
 pub async fn live_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec<env::Model>> {
     Ok(env::Entity::find()
         .filter(env::Column::TaskId.eq(owner_id))
-        .filter(env::Column::Status.ne(EnvironmentStatus::Superseded))
+        .filter(env::Column::Status.is_not_in([EnvironmentStatus::Superseded, EnvironmentStatus::Lost]))
         .order_by_desc(env::Column::CreatedAt)
         .all(conn)
         .await?)

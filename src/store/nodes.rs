@@ -31,6 +31,7 @@ pub async fn register<C: ConnectionTrait>(conn: &C, row: instance::Model) -> Res
         node_id: Set(row.node_id),
         pid: Set(row.pid),
         host: Set(row.host),
+        url: Set(row.url),
         version: Set(row.version),
         db_max_connections: Set(row.db_max_connections),
         started_at: Set(row.started_at),
@@ -124,7 +125,7 @@ pub async fn environments_per_node<C: ConnectionTrait>(conn: &C) -> Result<HashM
             .select_only()
             .column(environment::Column::NodeId)
             .column_as(environment::Column::Id.count(), "n")
-            .filter(environment::Column::Status.ne(EnvironmentStatus::Superseded))
+            .filter(environment::Column::Status.is_not_in([EnvironmentStatus::Superseded, EnvironmentStatus::Lost]))
             .group_by(environment::Column::NodeId)
             .into_model::<PerNode>()
             .all(conn)
@@ -164,4 +165,82 @@ pub async fn open_jobs_per_node<C: ConnectionTrait>(conn: &C) -> Result<HashMap<
             .all(conn)
             .await?,
     ))
+}
+
+/// Records that an operator gave the node up; false when it already was.
+pub async fn mark_decommissioned(
+    txn: &sea_orm::DatabaseTransaction,
+    id: &str,
+    by: Option<String>,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let res = node::Entity::update_many()
+        .col_expr(node::Column::DecommissionedAt, Expr::value(Some(now)))
+        .col_expr(node::Column::DecommissionedBy, Expr::value(by))
+        .filter(node::Column::Id.eq(id))
+        .filter(node::Column::DecommissionedAt.is_null())
+        .exec(txn)
+        .await?;
+    Ok(res.rows_affected == 1)
+}
+
+/// An operator let a decommissioned node start again.
+pub async fn readmit<C: ConnectionTrait>(conn: &C, id: &str) -> Result<()> {
+    node::Entity::update_many()
+        .col_expr(
+            node::Column::DecommissionedAt,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
+        .col_expr(node::Column::DecommissionedBy, Expr::value(Option::<String>::None))
+        .filter(node::Column::Id.eq(id))
+        .exec(conn)
+        .await?;
+    Ok(())
+}
+
+/// The node's environments that still count (not superseded, not lost), locked.
+pub async fn environments_on(txn: &sea_orm::DatabaseTransaction, node_id: &str) -> Result<Vec<environment::Model>> {
+    use sea_orm::QuerySelect;
+    Ok(environment::Entity::find()
+        .filter(environment::Column::NodeId.eq(node_id))
+        .filter(environment::Column::Status.is_not_in([EnvironmentStatus::Superseded, EnvironmentStatus::Lost]))
+        .lock_exclusive()
+        .all(txn)
+        .await?)
+}
+
+pub async fn mark_lost(txn: &sea_orm::DatabaseTransaction, ids: &[Uuid], now: DateTime<Utc>) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    environment::Entity::update_many()
+        .col_expr(environment::Column::Status, Expr::value(EnvironmentStatus::Lost))
+        .col_expr(environment::Column::UpdatedAt, Expr::value(now))
+        .filter(environment::Column::Id.is_in(ids.iter().copied()))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+/// The node's cleanup jobs not yet over.
+pub async fn open_jobs_on<C: ConnectionTrait>(conn: &C, node_id: &str) -> Result<Vec<job::Model>> {
+    Ok(job::Entity::find()
+        .filter(job::Column::NodeId.eq(node_id))
+        .filter(job::Column::State.is_in([
+            CleanupJobState::Prepared,
+            CleanupJobState::Pending,
+            CleanupJobState::Running,
+            CleanupJobState::RetryWait,
+        ]))
+        .all(conn)
+        .await?)
+}
+
+/// The agents recorded as starting or running on the node.
+pub async fn live_executions_on<C: ConnectionTrait>(conn: &C, node_id: &str) -> Result<Vec<execution::Model>> {
+    Ok(execution::Entity::find()
+        .filter(execution::Column::NodeId.eq(node_id))
+        .filter(execution::Column::State.is_in([ExecutionState::Starting, ExecutionState::Running]))
+        .all(conn)
+        .await?)
 }

@@ -38,7 +38,7 @@ pub async fn lock_shared_registered_in(
     txn: &DatabaseTransaction,
     workspace_id: Uuid,
     ids: &[Uuid],
-) -> Result<Vec<Uuid>> {
+) -> Result<Vec<repository::Model>> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -48,10 +48,7 @@ pub async fn lock_shared_registered_in(
         .filter(repository::Column::DeletedAt.is_null())
         .lock_shared()
         .all(txn)
-        .await?
-        .into_iter()
-        .map(|r| r.id)
-        .collect())
+        .await?)
 }
 
 /// Inserts a repository row; the caller maps unique and foreign-key violations.

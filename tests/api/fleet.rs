@@ -445,8 +445,10 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     );
     assert_eq!(problem["node_id"], "node-b");
     assert_eq!(retry_after.as_deref(), Some("2"));
-    let s = fleet.ok(&c, Method::GET, &format!("/sessions/{id}"), None).await;
-    assert_eq!(s["node"]["state"], "down", "{s}");
+    // Every replica's view of the node follows within a renewal period.
+    fleet
+        .wait_session(&c, id, "shown on a down node", |s| s["node"]["state"] == "down")
+        .await;
     // Its task's delete is accepted; the job waits for b.
     let jobs = fleet.ok(&a, Method::DELETE, &format!("/tasks/{task}"), None).await;
     let job = id_of(&jobs["cleanup_jobs"][0]);
@@ -520,4 +522,174 @@ async fn two_instances_of_one_node_never_fight() {
     assert!(pid_alive(pid3));
     fleet.wait_session(&third, id, "idle", |s| s["state"] == "idle").await;
     drop(third);
+}
+
+/// Every request that touches a node's disk or agents, sent to another node, is carried out by the node
+/// that holds the work, with the answers it gives itself.
+#[tokio::test]
+async fn every_disk_and_agent_request_sent_to_another_node_works() {
+    let Some(fleet) = Fleet::new().await else { return };
+    let (disk_a, disk_b) = (fleet.disk(), fleet.disk());
+    let a = fleet.start(&disk_a, "node-a", "a.log").await;
+    let b = fleet.start(&disk_b, "node-b", "b.log").await;
+    fleet.wait_node(&a, "node-b", "up").await;
+    let ws = id_of(
+        &fleet
+            .ok(&a, Method::POST, "/workspaces", Some(json!({"name": "fleet"})))
+            .await,
+    );
+    // A repository on b's disk, registered through a: b proves the path.
+    let on_b = disk_b.repo("svc");
+    let (status, refused, _) = fleet
+        .call(
+            &a,
+            Method::POST,
+            &format!("/workspaces/{ws}/repositories"),
+            Some(json!({"path": on_b})),
+        )
+        .await;
+    assert_eq!(status, 422, "a's disk has no such repository: {refused}");
+    let repo = fleet
+        .ok(
+            &a,
+            Method::POST,
+            &format!("/workspaces/{ws}/repositories"),
+            Some(json!({"path": on_b, "node_id": "node-b"})),
+        )
+        .await;
+    assert_eq!(repo["node_id"], "node-b", "{repo}");
+    // A task cannot span nodes.
+    let on_a = disk_a.repo("web");
+    let repo_a = fleet
+        .ok(
+            &a,
+            Method::POST,
+            &format!("/workspaces/{ws}/repositories"),
+            Some(json!({"path": on_a})),
+        )
+        .await;
+    assert_eq!(repo_a["node_id"], "node-a");
+    let (status, problem, _) = fleet
+        .call(
+            &a,
+            Method::POST,
+            &format!("/workspaces/{ws}/tasks"),
+            Some(json!({"title": "both", "repositories": [{"repository_id": id_of(&repo)}, {"repository_id": id_of(&repo_a)}]})),
+        )
+        .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (422, Some("repositories_on_different_nodes")),
+        "{problem}"
+    );
+    let task = id_of(
+        &fleet
+            .ok(
+                &a,
+                Method::POST,
+                &format!("/workspaces/{ws}/tasks"),
+                Some(json!({"title": "on b", "repositories": [{"repository_id": id_of(&repo)}]})),
+            )
+            .await,
+    );
+    // A session created through a: made and run on b.
+    let s = fleet
+        .ok(
+            &a,
+            Method::POST,
+            &format!("/tasks/{task}/sessions"),
+            Some(json!({"executor_type": "worktree", "agent_profile": "test"})),
+        )
+        .await;
+    let id = id_of(&s);
+    let worktree = s["workspace_path"].as_str().unwrap().to_string();
+    assert!(
+        disk_b.exists(&worktree) && !disk_a.exists(&worktree),
+        "made on b's disk only"
+    );
+    let s = fleet.wait_session(&a, id, "idle", |s| s["state"] == "idle").await;
+    assert_eq!(s["node"], json!({"id": "node-b", "state": "up"}));
+    let env = s["task_environment_id"].as_str().unwrap().to_string();
+    // Git status read and refreshed through a: b reads its disk; nothing becomes broken.
+    disk_b.sh(&format!("echo change > {worktree}/new.txt"));
+    let refreshed = fleet
+        .ok(
+            &a,
+            Method::POST,
+            &format!("/environments/{env}/git-status/refresh"),
+            Some(json!({})),
+        )
+        .await;
+    assert!(refreshed.to_string().contains("new.txt"), "{refreshed}");
+    fleet
+        .ok(&a, Method::GET, &format!("/sessions/{id}/git-status"), None)
+        .await;
+    // Stop through a (routed to the agent), resume through a (forwarded to b).
+    fleet
+        .ok(&a, Method::POST, &format!("/sessions/{id}/stop"), Some(json!({})))
+        .await;
+    fleet.wait_session(&a, id, "stopped", |s| s["state"] == "stopped").await;
+    fleet
+        .ok(&a, Method::POST, &format!("/sessions/{id}/resume"), Some(json!({})))
+        .await;
+    fleet.wait_session(&a, id, "idle again", |s| s["state"] == "idle").await;
+    let env_now = fleet
+        .ok(&a, Method::GET, &format!("/tasks/{task}/environment"), None)
+        .await;
+    assert_eq!(
+        env_now["status"], "ready",
+        "never broken for not being on a's disk: {env_now}"
+    );
+    // A reset through a: the dirty worktree is named by b, then removed there with consent.
+    fleet
+        .ok(&a, Method::POST, &format!("/sessions/{id}/stop"), Some(json!({})))
+        .await;
+    let (status, problem, _) = fleet
+        .call(&a, Method::POST, &format!("/tasks/{task}/environment/reset"), None)
+        .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (409, Some("task_delete_dirty_worktree")),
+        "{problem}"
+    );
+    let reset = fleet
+        .ok(
+            &a,
+            Method::POST,
+            &format!("/tasks/{task}/environment/reset?discard_worktree_changes=true"),
+            None,
+        )
+        .await;
+    let job = id_of(&reset["cleanup_job"]);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let j = fleet.ok(&a, Method::GET, &format!("/cleanup-jobs/{job}"), None).await;
+        if j["state"] == "succeeded" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the reset's job never ran: {j}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!disk_b.exists(&worktree), "removed on b's disk");
+    // Launched again through a: a fresh worktree on b; then the session is deleted through a while
+    // its agent runs on b: b stops it first.
+    fleet
+        .ok(&a, Method::POST, &format!("/sessions/{id}/launch"), Some(json!({})))
+        .await;
+    fleet
+        .wait_session(&a, id, "idle on a fresh worktree", |s| s["state"] == "idle")
+        .await;
+    let (execution, _, pid) = fleet.wait_one_live(id, "running on b", |_| true).await;
+    assert!(pid_alive(pid));
+    let (status, v, _) = fleet.call(&a, Method::DELETE, &format!("/sessions/{id}"), None).await;
+    assert_eq!(status, 204, "{v}");
+    let gone = tokio::time::Instant::now() + WAIT;
+    while pid_alive(pid) {
+        assert!(
+            tokio::time::Instant::now() < gone,
+            "the agent of execution {execution} outlived its session"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop((a, b));
 }

@@ -16,6 +16,7 @@ use crate::replicas::Replica;
 both_backends!(
     nodes_and_instances_are_listed,
     a_dead_node_answers_at_once_and_its_delete_waits_for_it,
+    a_down_node_is_decommissioned_and_its_tasks_move_on,
 );
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -143,7 +144,11 @@ async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
     r.problem(503, "node_unavailable");
     // The session says where its work is and that the node is down.
     let s = b.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
-    assert_eq!(s["node"], json!({"id": a, "state": "down"}), "{s}");
+    assert_eq!(
+        s["node"],
+        json!({"id": a, "state": "down"}),
+        "b's view refreshed before it answered: {s}"
+    );
     assert_eq!(s["state"], "idle", "nothing was changed: {s}");
     // A task delete is accepted; its job waits for A, visibly.
     let r = b
@@ -176,6 +181,120 @@ async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
     assert_eq!(done["state"], "succeeded", "{done}");
     assert!(!pid_alive(pid), "the job ended the agent first (I8)");
     assert!(!worktree.exists());
+    background.iter().for_each(|h| h.abort());
+    handle.stop(false).await;
+    b.stop().await;
+}
+
+/// Issue 39 item 3: a node that is down for good is given up. Its environments are lost, its sessions
+/// failed with `node_lost`, its waiting jobs end saying what they would have removed, nothing is deleted,
+/// and its tasks get new environments elsewhere. It refuses to start again until an operator says so.
+async fn a_down_node_is_decommissioned_and_its_tasks_move_on(app: TestApp) {
+    let backend: Backend = app.backend;
+    drop(app);
+    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_NODE_LEASE_SECS", "1")]).await else {
+        return;
+    };
+    let a = app.config.node_id.clone();
+    let ws = app.workspace("ws").await;
+    let (repo, _) = app.repository(ws, "svc").await;
+    let kept = app.task(ws, "Kept", &[repo]).await;
+    let s = app
+        .post(
+            &format!("/api/v1/tasks/{kept}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let id = uuid(&s["id"]);
+    let lost_env = s["task_environment_id"].as_str().unwrap().to_string();
+    let worktree = std::path::PathBuf::from(s["workspace_path"].as_str().unwrap());
+    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let doomed = app.task(ws, "Doomed", &[repo]).await;
+    let d = app
+        .post(
+            &format!("/api/v1/tasks/{doomed}/sessions"),
+            json!({"executor_type": "worktree", "start": false}),
+        )
+        .await
+        .ok(201);
+    let doomed_worktree = std::path::PathBuf::from(d["workspace_path"].as_str().unwrap());
+    let b = Replica::start_as(&app, "node-b").await;
+    // An up node is never given up; nor one whose id the body does not repeat.
+    b.post("/api/v1/nodes/node-b/decommission", json!({"node_id": "node-b"}))
+        .await
+        .problem(409, "conflict");
+    app.stop_server();
+    wait_node(&b, &a, "down").await;
+    // The doomed task's delete waits for A.
+    let jobs = b
+        .call(reqwest::Method::DELETE, &format!("/api/v1/tasks/{doomed}"), None)
+        .await
+        .ok(202);
+    let job = uuid(&jobs["cleanup_jobs"][0]["id"]);
+    b.post(&format!("/api/v1/nodes/{a}/decommission"), json!({"node_id": "node-x"}))
+        .await
+        .problem(422, "validation_failed");
+    b.post(
+        "/api/v1/nodes/no-such-node/decommission",
+        json!({"node_id": "no-such-node"}),
+    )
+    .await
+    .problem(404, "not_found");
+    let done = b
+        .post(&format!("/api/v1/nodes/{a}/decommission"), json!({"node_id": a}))
+        .await
+        .ok(200);
+    assert_eq!(done["environments"], 1, "{done}");
+    assert_eq!(done["sessions"], 1, "{done}");
+    assert_eq!(done["cleanup_jobs"], 1, "{done}");
+    b.post(&format!("/api/v1/nodes/{a}/decommission"), json!({"node_id": a}))
+        .await
+        .problem(409, "conflict");
+    let node = wait_node(&b, &a, "decommissioned").await;
+    assert_eq!(node["holds"]["environments"], 0, "{node}");
+    // What it held is lost, and said so; nothing was deleted.
+    let env = b.get(&format!("/api/v1/environments/{lost_env}")).await.ok(200);
+    assert_eq!(env["status"], "lost", "{env}");
+    let s = b.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+    assert_eq!(s["state"], "failed", "{s}");
+    assert_eq!(s["last_error"]["code"], "node_lost", "{s}");
+    let j = b.get(&format!("/api/v1/cleanup-jobs/{job}")).await.ok(200);
+    assert_eq!(j["state"], "cancelled", "{j}");
+    let why = j["last_error"].as_str().unwrap();
+    // The worktree it names is redacted in the answer (I34: no filesystem path in a body).
+    assert!(
+        why.contains("decommissioned") && why.contains("would have removed: <path>"),
+        "{why}"
+    );
+    assert!(
+        worktree.exists() && doomed_worktree.exists(),
+        "a decommission deletes nothing"
+    );
+    // The kept task goes on elsewhere: a new session gets a new environment on node b.
+    let fresh = b
+        .post(
+            &format!("/api/v1/tasks/{kept}/sessions"),
+            json!({"executor_type": "worktree", "start": false}),
+        )
+        .await
+        .ok(201);
+    assert_ne!(fresh["task_environment_id"].as_str().unwrap(), lost_env);
+    assert_eq!(fresh["node"], json!({"id": "node-b", "state": "up"}), "{fresh}");
+    // A comes back: it refuses to start until an operator says so, then starts and is up.
+    app.app_state.ctx.runtime.stop_all().await;
+    let refused = berth::startup::Application::build(app.config.clone()).await;
+    let Err(e) = refused else {
+        panic!("a decommissioned node started");
+    };
+    assert!(format!("{e:#}").contains("BERTH_NODE_READMIT"), "{e:#}");
+    let mut config = app.config.clone();
+    config.node_readmit = true;
+    let back = berth::startup::Application::build(config).await.expect("readmitted");
+    let (background, handle) = (back.background(), back.handle());
+    tokio::spawn(back.run_until_stopped());
+    wait_node(&b, &a, "up").await;
+    assert!(worktree.exists(), "readmitted, it deletes nothing");
     background.iter().for_each(|h| h.abort());
     handle.stop(false).await;
     b.stop().await;

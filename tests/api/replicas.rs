@@ -303,9 +303,10 @@ async fn a_launch_posted_to_another_replica_returns_the_running_agent(app: TestA
     b.stop().await;
 }
 
-/// A task whose environment the first replica made (its node: the one that runs its cleanup jobs) and
-/// whose `test` agent the second replica launched and runs, in a hanging turn. Returns the replica, the
-/// task, the session, the agent's pid and the worktree.
+/// A task whose environment the first replica made and whose `test` agent the second replica launched and
+/// runs, in a hanging turn. The second is another instance of the same node (issue 39: an agent runs on
+/// the node that holds its worktree; a launch sent to another node is carried out there). Returns the
+/// replica, the task, the session, the agent's pid and the worktree.
 async fn working_on_second(app: &TestApp) -> (Replica, Uuid, Uuid, i64, String) {
     let ws = app.workspace("ws").await;
     let (repo, _) = app.repository(ws, "svc").await;
@@ -314,7 +315,7 @@ async fn working_on_second(app: &TestApp) -> (Replica, Uuid, Uuid, i64, String) 
     let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
     let id = uuid(&s["id"]);
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
-    let b = Replica::start(app).await;
+    let b = Replica::start_as(app, &app.config.node_id).await;
     b.post(&format!("/api/v1/sessions/{id}/launch"), json!({"prompt": "hang"}))
         .await
         .ok(200);

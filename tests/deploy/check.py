@@ -1,6 +1,8 @@
 """Static checks of the deployment files, for a CI machine where no container engine can run containers
 (.ci/deploy-check says so and runs this instead of building the image).
 
+- deploy/compose.fleet.yml (two berth nodes, each with a disk of its own, on one PostgreSQL) passes the
+  same schema and rules per berth service, with its node id and advertised URL.
 - docker-compose.yml is valid against the Compose Specification's JSON schema, and the berth service runs
   agents the way the README promises: the image's `agents` target, the host user's uid/gid, `init`, a stop
   grace period above berth's shutdown budget, `berth healthcheck`, secrets through `*_FILE` variables from
@@ -33,39 +35,57 @@ def check(ok, message):
         failures.append(message)
 
 
-def compose(schema_path):
-    doc = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+def compose(schema_path, name="docker-compose.yml", nodes=("",)):
+    """One compose file: its schema, and the rules for each berth service in it (`berth` + suffix per node:
+    docker-compose.yml has one; deploy/compose.fleet.yml has berth-a and berth-b, each with a disk of its
+    own: its data directory, repositories and worktree root, none shared with the other)."""
+    doc = yaml.safe_load((ROOT / name).read_text())
     schema = json.loads(Path(schema_path).read_text())
     validator = jsonschema.Draft201909Validator(schema)
     for error in validator.iter_errors(doc):
-        failures.append(f"docker-compose.yml: {'/'.join(map(str, error.path))}: {error.message}")
-    berth = doc["services"]["berth"]
-    check(berth.get("build", {}).get("target") == "agents", "compose builds the image's `agents` target")
-    check(berth.get("user") and re.fullmatch(r"\$\{UID[^}]*\}:\$\{GID[^}]*\}", berth["user"]),
-          "the berth service runs as ${UID}:${GID}")
-    check(berth.get("init") is True, "init: true")
-    grace = re.fullmatch(r"(\d+)s", str(berth.get("stop_grace_period", "")))
-    budget = int(env_budget(berth.get("environment", {})))
-    check(grace and int(grace.group(1)) > budget,
-          f"stop_grace_period above berth's shutdown budget (BERTH_SHUTDOWN_SECS, {budget} s)")
-    test = berth.get("healthcheck", {}).get("test", [])
-    check(test[:3] == ["CMD", "berth", "healthcheck"], "the healthcheck runs `berth healthcheck`")
-    env = berth.get("environment", {})
-    secrets = set(berth.get("secrets", []))
-    for var, secret in [("BERTH_DATABASE_URL_FILE", "database_url"), ("BERTH_JWT_SECRET_FILE", "jwt_secret")]:
-        check(env.get(var) == f"/run/secrets/{secret}" and secret in secrets, f"{var} from the compose secret {secret}")
-        check(doc.get("secrets", {}).get(secret, {}).get("file"), f"the secret {secret} is a file")
-    for var in ["BERTH_JWT_SECRET", "BERTH_DATABASE_URL"]:
-        check(var not in env, f"{var} is not set in plain text (use {var}_FILE)")
-    check(env.get("BERTH_CONFIG") == "/etc/berth/berth.toml", "BERTH_CONFIG names the mounted file")
-    volumes = berth.get("volumes", [])
-    check("./deploy/berth.toml:/etc/berth/berth.toml:ro" in volumes, "deploy/berth.toml is mounted read-only")
-    for var, setting in [("BERTH_REPOS_DIR", "BERTH_REPO_ROOTS"), ("BERTH_WORKTREES_DIR", "BERTH_WORKTREE_ROOT")]:
-        same = f"${{{var}}}:${{{var}}}"
-        check(same in volumes, f"{var} is bind-mounted at the same path inside and out ({same})")
-        check(str(env.get(setting, "")).startswith(f"${{{var}"), f"{setting} is {var}")
+        failures.append(f"{name}: {'/'.join(map(str, error.path))}: {error.message}")
+    data_dirs = set()
+    for node in nodes:
+        service = f"berth{'-' + node.lower() if node else ''}"
+        berth = doc["services"][service]
+        suffix = f"_{node}" if node else ""
+        where = f"{name} {service}"
+        if node == "" or "build" in berth:
+            check(berth.get("build", {}).get("target") == "agents", f"{where} builds the image's `agents` target")
+        check(berth.get("user") and re.fullmatch(r"\$\{UID[^}]*\}:\$\{GID[^}]*\}", berth["user"]),
+              f"{where} runs as ${{UID}}:${{GID}}")
+        check(berth.get("init") is True, f"{where}: init: true")
+        grace = re.fullmatch(r"(\d+)s", str(berth.get("stop_grace_period", "")))
+        budget = int(env_budget(berth.get("environment", {})))
+        check(grace and int(grace.group(1)) > budget,
+              f"{where}: stop_grace_period above berth's shutdown budget (BERTH_SHUTDOWN_SECS, {budget} s)")
+        test = berth.get("healthcheck", {}).get("test", [])
+        check(test[:3] == ["CMD", "berth", "healthcheck"], f"{where}: the healthcheck runs `berth healthcheck`")
+        env = berth.get("environment", {})
+        secrets = set(berth.get("secrets", []))
+        for var, secret in [("BERTH_DATABASE_URL_FILE", "database_url"), ("BERTH_JWT_SECRET_FILE", "jwt_secret")]:
+            check(env.get(var) == f"/run/secrets/{secret}" and secret in secrets,
+                  f"{where}: {var} from the compose secret {secret}")
+            check(doc.get("secrets", {}).get(secret, {}).get("file"), f"{name}: the secret {secret} is a file")
+        for var in ["BERTH_JWT_SECRET", "BERTH_DATABASE_URL"]:
+            check(var not in env, f"{where}: {var} is not set in plain text (use {var}_FILE)")
+        check(env.get("BERTH_CONFIG") == "/etc/berth/berth.toml", f"{where}: BERTH_CONFIG names the mounted file")
+        volumes = berth.get("volumes", [])
+        check("./deploy/berth.toml:/etc/berth/berth.toml:ro" in volumes, f"{where}: deploy/berth.toml is mounted read-only")
+        for var, setting in [("BERTH_REPOS_DIR", "BERTH_REPO_ROOTS"), ("BERTH_WORKTREES_DIR", "BERTH_WORKTREE_ROOT")]:
+            same = f"${{{var}{suffix}}}:${{{var}{suffix}}}"
+            check(same in volumes, f"{where}: {var}{suffix} is bind-mounted at the same path inside and out ({same})")
+            check(str(env.get(setting, "")).startswith(f"${{{var}{suffix}"), f"{where}: {setting} is {var}{suffix}")
+        data = [v for v in volumes if str(v).endswith(":/var/lib/berth")]
+        check(len(data) == 1, f"{where}: one data directory at /var/lib/berth")
+        data_dirs.update(data)
+        if node:
+            check(env.get("BERTH_NODE_ID") == f"node-{node.lower()}", f"{where}: BERTH_NODE_ID is node-{node.lower()}")
+            check(env.get("BERTH_ADVERTISE_URL") == f"http://{service}:8080",
+                  f"{where}: BERTH_ADVERTISE_URL is where the other node reaches it (http://{service}:8080)")
+    check(len(data_dirs) == len(nodes), f"{name}: every node has a data directory of its own")
     pg = doc["services"]["postgres"]
-    check(pg.get("environment", {}).get("POSTGRES_PASSWORD_FILE"), "PostgreSQL's password from a file")
+    check(pg.get("environment", {}).get("POSTGRES_PASSWORD_FILE"), f"{name}: PostgreSQL's password from a file")
 
 
 def env_budget(env):
@@ -119,6 +139,7 @@ def berth_toml():
 
 
 compose(sys.argv[1])
+compose(sys.argv[1], "deploy/compose.fleet.yml", ("A", "B"))
 dockerfile()
 berth_toml()
 if failures:

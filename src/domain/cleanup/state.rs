@@ -39,6 +39,8 @@ pub enum JobEvent {
     /// Issue 39: an operator cancels a job whose node is down while it ran there (its worker is gone
     /// with the node; nothing runs it until the node is back).
     OperatorCancelStranded,
+    /// Issue 39 item 3: the job's node was decommissioned: nothing will ever run it there.
+    NodeDecommissioned,
     /// A lifecycle job for the task takes over a waiting `superseded_cleanup` job: its snapshot names the
     /// same superseded environments (issue 38 item 5: background cleanup never blocks a user).
     Subsumed,
@@ -65,6 +67,7 @@ impl CleanupJobState {
             (Failed, OperatorRetry) => Ok(Pending),
             (Prepared | Pending | RetryWait, OperatorCancel) => Ok(Cancelled),
             (Running, OperatorCancelStranded) => Ok(Cancelled),
+            (Prepared | Pending | Running | RetryWait, NodeDecommissioned) => Ok(Cancelled),
             (Pending | RetryWait, Subsumed) => Ok(Cancelled),
             (from, event) => Err(InvalidTransition { from, event }),
         }

@@ -21,6 +21,14 @@ pub(crate) async fn admit(
     // A transition candidate is admitted while still `creating` (it becomes current only after its launch).
     candidate: bool,
 ) -> Result<std::result::Result<AdmittedWorkspace, Refusal>> {
+    // Issue 39: another node's disk is never judged from here (what is absent here is there): its
+    // requests are carried out by that node, and nothing is marked broken for not being on this disk.
+    if current.node_id != ctx.config.node_id {
+        return Err(Error::Unavailable(format!(
+            "the environment is on node {}; requests that need its disk are carried out there",
+            current.node_id
+        )));
+    }
     let rows = env_store::active_repos(&ctx.db.conn, current.id).await?;
     let slots: Vec<admission::Slot> = task_store::slots_with_repositories(&ctx.db.conn, owner.id)
         .await?

@@ -36,8 +36,40 @@ fn lease_until(ctx: &Ctx, now: chrono::DateTime<chrono::Utc>) -> chrono::DateTim
     now + chrono::Duration::from_std(ctx.config.node_lease).unwrap_or_else(|_| chrono::Duration::seconds(15))
 }
 
-/// Records this instance and takes its first lease (before anything acts on other instances' work).
-pub async fn register(ctx: &Ctx) -> crate::error::Result<()> {
+/// Where the other instances reach this one: `BERTH_ADVERTISE_URL`, or the bind address and the port it
+/// listens on (this host's name for an unspecified address).
+fn advertised(ctx: &Ctx, port: u16) -> String {
+    if let Some(url) = &ctx.config.advertise_url {
+        return url.clone();
+    }
+    let ip = ctx.config.bind.ip();
+    let host = match ip {
+        _ if ip.is_unspecified() => this_host().to_string(),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+    };
+    format!("http://{host}:{port}")
+}
+
+/// Records this instance (listening on `port`) and takes its first lease (before anything acts on
+/// other instances' work).
+pub async fn register(ctx: &Ctx, port: u16) -> crate::error::Result<()> {
+    // Issue 39 item 3: a node given up stays given up until an operator says otherwise; it touches
+    // nothing before then.
+    let node = &ctx.config.node_id;
+    if let Some(n) = store::find_node(&ctx.db.conn, node).await?
+        && let Some(at) = n.decommissioned_at
+    {
+        if !ctx.config.node_readmit {
+            return Err(crate::error::Error::InvalidState(format!(
+                "node {node} was decommissioned at {at}{}: what it held was declared lost; it does not start. \
+                 Check its disk, then start it once with BERTH_NODE_READMIT=true to bring it back",
+                n.decommissioned_by.map(|b| format!(" by {b}")).unwrap_or_default()
+            )));
+        }
+        tracing::warn!(node = %node, "readmitting a decommissioned node (BERTH_NODE_READMIT)");
+        store::readmit(&ctx.db.conn, node).await?;
+    }
     let now = crate::clock::now();
     store::register(
         &ctx.db.conn,
@@ -46,6 +78,7 @@ pub async fn register(ctx: &Ctx) -> crate::error::Result<()> {
             node_id: ctx.config.node_id.clone(),
             pid: std::process::id() as i32,
             host: this_host().to_string(),
+            url: advertised(ctx, port),
             version: crate::version::VERSION.to_string(),
             db_max_connections: ctx.config.db_max_connections.min(i32::MAX as u32) as i32,
             started_at: now,

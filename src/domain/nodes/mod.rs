@@ -7,7 +7,9 @@
 //! at most a renewal period old (so a dead node is seen within the lease plus that period); a `down`
 //! answer is checked against the database before anything acts on it, so an instance started a moment
 //! ago is never taken for dead.
+pub mod decommission;
 pub mod lease;
+pub mod placement;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::RwLock;
@@ -157,6 +159,8 @@ pub struct InstanceView {
     pub id: Uuid,
     pub pid: i32,
     pub host: String,
+    /// Where the other instances reach it.
+    pub url: String,
     pub version: String,
     /// The most database connections it opens (`BERTH_DB_MAX_CONNECTIONS`), all its pools together.
     pub db_max_connections: i32,
@@ -238,6 +242,7 @@ pub async fn list(ctx: &Ctx) -> Result<Vec<NodeView>> {
                         id: i.id,
                         pid: i.pid,
                         host: i.host,
+                        url: i.url,
                         version: i.version,
                         db_max_connections: i.db_max_connections,
                         started_at: i.started_at,

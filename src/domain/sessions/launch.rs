@@ -403,6 +403,21 @@ impl Launch<'_> {
 }
 
 /// A launch or an agent failed: the session is `failed` with `last_error`; nothing else changes.
+/// Issue 39 item 3: a session whose node was decommissioned is failed with `node_lost`.
+pub(crate) async fn fail_node_lost(ctx: &Ctx, session_id: Uuid, node_id: &str) -> Result<()> {
+    let Some(s) = crate::store::sessions::find(&ctx.db.conn, session_id).await? else {
+        return Ok(());
+    };
+    if s.state.is_terminal() {
+        return Ok(());
+    }
+    let Some(task) = task_store::find(&ctx.db.conn, s.task_id).await? else {
+        return Ok(());
+    };
+    let message = format!("node {node_id}, which held its workspace and ran its agent, was decommissioned");
+    record_failure(ctx, &task, session_id, "node_lost", &message).await
+}
+
 pub(super) async fn record_failure(
     ctx: &Ctx,
     task: &task::Model,

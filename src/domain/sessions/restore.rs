@@ -80,6 +80,17 @@ async fn end_orphan(ctx: &Ctx, e: &execution::Model) -> Result<bool> {
     transition_execution(&ctx.db.conn, e.id, ExecutionEvent::Orphaned, patch).await
 }
 
+/// Issue 39 item 3: an agent of a decommissioned node is over as far as berth knows (its process went
+/// with the node).
+pub(crate) async fn end_lost_execution(txn: &sea_orm::DatabaseTransaction, id: Uuid) -> Result<bool> {
+    let patch = ExecutionPatch {
+        exit_code: Some(None),
+        ended_at: Some(crate::clock::now()),
+        ..Default::default()
+    };
+    transition_execution(txn, id, ExecutionEvent::Orphaned, patch).await
+}
+
 /// At startup: executions of earlier processes are over; sessions that were open are relaunched
 /// through admission, two at a time (I29); others that claimed a process are stopped. Sessions a live
 /// instance runs (another node's, or a sibling's on this node) are left to it.
