@@ -159,6 +159,13 @@ export function renderSession(main, id, { setCrumbs }) {
         snap.active_tool ? [' · running ', h('code', {}, snap.active_tool)] : null,
         snap.agent?.model?.id ? [' · model ', h('code', {}, snap.agent.model.id)] : null),
       s.last_error ? h('div', { class: 'problem' }, h('strong', {}, s.last_error.code), h('p', {}, s.last_error.message)) : null,
+      // Issue 39: the node that holds this session's work is not reachable: say so, and what still works.
+      s.node && s.node.state !== 'up'
+        ? h('div', { class: 'problem', id: 'node-down' }, h('strong', {}, `node ${s.node.id} is ${s.node.state}`),
+          h('p', {}, s.node.state === 'down'
+            ? 'Its agent and its disk cannot be reached: stop, messages and launches answer "node unavailable" until it is back. Deleting the task is accepted; its cleanup waits for the node.'
+            : 'It was given up: this session\'s workspace is lost. A new session of the task gets a new environment.'))
+        : null,
       HINTS[snap.state] ? h('p', { class: 'hint' }, HINTS[snap.state]) : null);
     // An agent that said who it is and did not offer steering cannot take a steer (berth would refuse it).
     const identity = snap.agent?.identity;
