@@ -15,13 +15,15 @@
 //! (only its materialization row), `reads` (materialization, then the GET and session-cycle rows at
 //! 1,000 tasks, twice), `sequencing`
 //! (PostgreSQL event sequencing with 1 and 3 replicas), `agents` (berth's CPU and memory per live agent,
-//! 16 real Pi and opencode agents streaming; fails when they are not installed), `streaming` (`cargo bench
+//! 16 real Pi and opencode agents streaming; fails when they are not installed), `fleet` (PostgreSQL:
+//! create-session latency through a node that forwards it against the owning node), `streaming` (`cargo bench
 //! --bench suite -- streaming`).
 mod admission;
 mod agents;
 mod backend;
 mod claims;
 mod events;
+mod fleet;
 mod git_status;
 mod load;
 mod materialize;
@@ -49,6 +51,7 @@ use agents::*;
 use backend::*;
 use claims::*;
 use events::*;
+use fleet::*;
 use git_status::*;
 use load::*;
 use materialize::*;
@@ -185,6 +188,11 @@ pub(crate) fn main() {
                 && wants("sequencing")
             {
                 sequencing(&mut table, url).await;
+            }
+            if let Some(url) = &url
+                && wants("fleet")
+            {
+                fleet(&mut table, url).await;
             }
             if wants("agents") {
                 agents(&mut table, backend, url.clone()).await;
