@@ -74,6 +74,15 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
+        // What berth kept on disk is on one node's disk: only that node looks at it or removes it.
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(Alias::new("leftovers"))
+                    .add_column(col("node_id").text().null().take())
+                    .to_owned(),
+            )
+            .await?;
         set_check(
             manager,
             "task_environments",
@@ -97,6 +106,14 @@ impl MigrationTrait for Migration {
             ENV_STATUSES,
         )
         .await?;
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(Alias::new("leftovers"))
+                    .drop_column(Alias::new("node_id"))
+                    .to_owned(),
+            )
+            .await?;
         manager
             .alter_table(
                 Table::alter()

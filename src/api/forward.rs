@@ -7,6 +7,8 @@
 //! A delete or an archive whose node is down is accepted here (its jobs wait for the node); any other
 //! request for a down node answers `503 node_unavailable`.
 //!
+//! Leftover disposals go to the node whose disk holds the leftover.
+//!
 //! Agent commands (stop, abort, answers, messages, settings) and session deletes are not forwarded: they
 //! reach the instance that runs the agent through the database (`domain::sessions::routing`).
 use actix_web::body::{BoxBody, MessageBody};
@@ -30,6 +32,8 @@ enum Owner {
     Environment(Uuid),
     /// A repository registration naming its node in the body (`node_id`).
     Registration,
+    /// What berth kept on a node's disk.
+    Leftover(Uuid),
 }
 
 /// Whether a request for a down node is carried out here anyway (its disk work waits as jobs).
@@ -58,6 +62,7 @@ fn route(method: &Method, path: &str) -> Option<(Owner, WhenDown)> {
             Some((Owner::Environment(id(1)?), WhenDown::Refuse))
         }
         ("POST", ["workspaces", _, "repositories"]) => Some((Owner::Registration, WhenDown::Refuse)),
+        ("DELETE", ["workspaces", _, "leftovers", _]) => Some((Owner::Leftover(id(3)?), WhenDown::Refuse)),
         _ => None,
     }
 }
@@ -93,6 +98,9 @@ pub async fn forward(
         Owner::Task(id) => placement::of_task(ctx, id).await,
         Owner::Session(id) => placement::of_session(ctx, id).await,
         Owner::Environment(id) => placement::of_environment(ctx, id).await,
+        Owner::Leftover(id) => crate::store::leftovers::find(&ctx.db.conn, id)
+            .await
+            .map(|l| l.and_then(|l| l.node_id)),
         Owner::Registration => Ok(serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| v.get("node_id").and_then(|n| n.as_str()).map(str::to_string))),

@@ -22,6 +22,7 @@ pub async fn record<C: ConnectionTrait>(conn: &C, row: leftover::Model) -> Resul
         detail: Set(row.detail),
         worktree: Set(row.worktree),
         created_at: Set(row.created_at),
+        node_id: Set(row.node_id),
     };
     leftover::Entity::insert(row)
         .on_conflict(

@@ -17,6 +17,7 @@ both_backends!(
     nodes_and_instances_are_listed,
     a_dead_node_answers_at_once_and_its_delete_waits_for_it,
     a_down_node_is_decommissioned_and_its_tasks_move_on,
+    only_the_node_holding_a_leftover_judges_it,
 );
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -297,5 +298,44 @@ async fn a_down_node_is_decommissioned_and_its_tasks_move_on(app: TestApp) {
     assert!(worktree.exists(), "readmitted, it deletes nothing");
     background.iter().for_each(|h| h.abort());
     handle.stop(false).await;
+    b.stop().await;
+}
+
+/// What berth kept on one node's disk is looked at only there: another node listing the workspace's
+/// leftovers does not find the directory on its own disk and must not drop the record.
+async fn only_the_node_holding_a_leftover_judges_it(app: TestApp) {
+    use sea_orm::{ActiveValue::Set, EntityTrait};
+    let ws = app.workspace("ws").await;
+    let b = Replica::start_as(&app, "node-b").await;
+    let id = uuid::Uuid::now_v7();
+    berth::entity::leftover::Entity::insert(berth::entity::leftover::ActiveModel {
+        id: Set(id),
+        workspace_id: Set(ws),
+        task_id: Set(None),
+        task_environment_id: Set(None),
+        repository_id: Set(None),
+        path: Set("/on/node-b/only".into()),
+        original_path: Set("/on/node-b/only".into()),
+        reason: Set(berth::entity::leftover::LeftoverReason::SetAside),
+        detail: Set("kept on node b".into()),
+        worktree: Set(json!({})),
+        created_at: Set(chrono::Utc::now()),
+        node_id: Set(Some("node-b".into())),
+    })
+    .exec_without_returning(app.db())
+    .await
+    .unwrap();
+    let listed = app.get(&format!("/api/v1/workspaces/{ws}/leftovers")).await.ok(200);
+    assert_eq!(
+        listed["items"].as_array().unwrap().len(),
+        1,
+        "listed where it is not: {listed}"
+    );
+    assert_eq!(listed["items"][0]["node_id"], "node-b");
+    let listed = app.get(&format!("/api/v1/workspaces/{ws}/leftovers")).await.ok(200);
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1, "and kept: {listed}");
+    // Node b, whose disk it is on, finds it gone and drops it.
+    let listed = b.get(&format!("/api/v1/workspaces/{ws}/leftovers")).await.ok(200);
+    assert_eq!(listed["items"].as_array().unwrap().len(), 0, "{listed}");
     b.stop().await;
 }

@@ -33,17 +33,21 @@ pub struct Leftover {
     /// The task it was kept for; null once that task is gone.
     pub task_id: Option<Uuid>,
     pub task_environment_id: Option<Uuid>,
+    /// The node whose disk holds it: a disposal is carried out there (issue 39).
+    pub node_id: Option<String>,
     /// Kept since.
     pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// What berth kept on disk in this workspace, oldest first (scope `tasks:read`). A row whose directory is
-/// gone (someone removed it) is dropped from the list.
+/// gone (someone removed it) is dropped from the list, by the node whose disk held it only.
 pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid) -> Result<Vec<Leftover>> {
     crate::domain::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let mut out = Vec::new();
     for l in store::of_workspace(&ctx.db.conn, workspace_id).await? {
-        if std::fs::symlink_metadata(&l.path).is_err() {
+        // Only the node whose disk holds it can tell that it is gone (issue 39); others list it as kept.
+        let here = l.node_id.as_deref().is_none_or(|n| n == ctx.config.node_id);
+        if here && std::fs::symlink_metadata(&l.path).is_err() {
             store::forget(&ctx.db.conn, l.id).await?;
             continue;
         }
@@ -60,6 +64,7 @@ pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid) -> Result
             repository_id: l.repository_id,
             task_id,
             task_environment_id: l.task_environment_id,
+            node_id: l.node_id,
             created_at: l.created_at,
         });
     }
@@ -82,6 +87,11 @@ pub async fn dispose(
         .await?
         .filter(|l| l.workspace_id == workspace_id)
         .ok_or(Error::NotFound("leftover"))?;
+    if let Some(node) = l.node_id.as_deref().filter(|n| *n != ctx.config.node_id) {
+        // Forwarded to that node when it is up (`api::forward`); never removed from another disk.
+        let state = crate::domain::nodes::state(ctx, node).await?;
+        return Err(crate::domain::nodes::unavailable(ctx, node, state));
+    }
     let Some(consent) = consent else {
         return Err(Error::invalid(
             "discard_worktree_changes",

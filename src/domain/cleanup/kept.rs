@@ -153,6 +153,7 @@ async fn record(
             detail,
             worktree,
             created_at: crate::clock::now(),
+            node_id: Some(ctx.config.node_id.clone()),
         },
     )
     .await
