@@ -207,6 +207,13 @@ const VARIANTS: &[Variant] = &[
         ],
     },
     Variant {
+        event_type: "environment.lost",
+        name: "EnvironmentLost",
+        description: "The node whose disk held a task's environment was decommissioned: the environment is \
+                      `lost`, no longer the task's current one; the next session of the task gets a new one.",
+        data: &[("node_id", Field::String, "The decommissioned node.", REQ)],
+    },
+    Variant {
         event_type: "environment.progress",
         name: "EnvironmentProgress",
         description: "Materializing a task's environment moved on, per repository (an asynchronous session \

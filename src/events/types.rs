@@ -57,6 +57,10 @@ pub enum EventType {
     #[sea_orm(string_value = "environment.broken")]
     #[serde(rename = "environment.broken")]
     EnvironmentBroken,
+    /// Its node was decommissioned (issue 39 item 3).
+    #[sea_orm(string_value = "environment.lost")]
+    #[serde(rename = "environment.lost")]
+    EnvironmentLost,
     #[sea_orm(string_value = "session.created")]
     #[serde(rename = "session.created")]
     SessionCreated,
@@ -103,6 +107,7 @@ impl EventType {
             EventType::EnvironmentSuperseded => "environment.superseded",
             EventType::EnvironmentReset => "environment.reset",
             EventType::EnvironmentBroken => "environment.broken",
+            EventType::EnvironmentLost => "environment.lost",
             EventType::SessionCreated => "session.created",
             EventType::SessionStateChanged => "session.state_changed",
             EventType::SessionDeleted => "session.deleted",

@@ -257,6 +257,21 @@ async fn a_down_node_is_decommissioned_and_its_tasks_move_on(app: TestApp) {
     // What it held is lost, and said so; nothing was deleted.
     let env = b.get(&format!("/api/v1/environments/{lost_env}")).await.ok(200);
     assert_eq!(env["status"], "lost", "{env}");
+    // Said in an event, which fits its member of the event union (openapi tests check the shapes).
+    let events = b.get(&format!("/api/v1/events?types=environment.lost")).await.ok(200);
+    let lost: Vec<&Value> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "environment.lost")
+        .collect();
+    assert_eq!(lost.len(), 1, "{events}");
+    assert_eq!(lost[0]["data"]["node_id"], a.as_str());
+    assert_eq!(
+        lost[0]["task_environment_id"].as_str(),
+        Some(lost_env.as_str()),
+        "{events}"
+    );
     let s = b.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
     assert_eq!(s["state"], "failed", "{s}");
     assert_eq!(s["last_error"]["code"], "node_lost", "{s}");

@@ -52,6 +52,21 @@ pub async fn decommission(ctx: &Ctx, by: Option<String>, node_id: &str, repeated
     let envs = store::environments_on(&txn, node_id).await?;
     let env_ids: Vec<uuid::Uuid> = envs.iter().map(|e| e.id).collect();
     store::mark_lost(&txn, &env_ids, now).await?;
+    for e in &envs {
+        if let Some(owner) = crate::store::tasks::find(&txn, e.task_id).await? {
+            crate::events::append(
+                &txn,
+                ctx.instance_id,
+                crate::events::EventType::EnvironmentLost,
+                crate::events::Subject {
+                    task_environment_id: Some(e.id),
+                    ..crate::events::Subject::task(owner.workspace_id, owner.id)
+                },
+                serde_json::json!({ "node_id": node_id }),
+            )
+            .await?;
+        }
+    }
     let jobs = store::open_jobs_on(&txn, node_id).await?;
     for j in &jobs {
         let would = snapshot_of(j)
