@@ -258,7 +258,7 @@ async fn a_down_node_is_decommissioned_and_its_tasks_move_on(app: TestApp) {
     let env = b.get(&format!("/api/v1/environments/{lost_env}")).await.ok(200);
     assert_eq!(env["status"], "lost", "{env}");
     // Said in an event, which fits its member of the event union (openapi tests check the shapes).
-    let events = b.get(&format!("/api/v1/events?types=environment.lost")).await.ok(200);
+    let events = b.get("/api/v1/events?types=environment.lost").await.ok(200);
     let lost: Vec<&Value> = events["events"]
         .as_array()
         .unwrap()
