@@ -83,22 +83,46 @@ pub(crate) async fn fleet(table: &mut Table, pg_server: &str) {
     let mut env = BTreeMap::new();
     env.insert("BERTH_DATABASE_URL".to_string(), url.to_string());
     env.insert("BERTH_JWT_SECRET".to_string(), SECRET.to_string());
-    env.insert("BERTH_WORKTREE_ROOT".to_string(), scratch.join("worktrees").display().to_string());
-    env.insert("BERTH_REPO_ROOTS".to_string(), scratch.join("repos").display().to_string());
+    env.insert(
+        "BERTH_WORKTREE_ROOT".to_string(),
+        scratch.join("worktrees").display().to_string(),
+    );
+    env.insert(
+        "BERTH_REPO_ROOTS".to_string(),
+        scratch.join("repos").display().to_string(),
+    );
     let a = start(&scratch, &env, "fleet-a");
     let http = reqwest::Client::new();
     wait_ready(&http, &a.server.url).await;
     let b = start(&scratch, &env, "fleet-b");
     wait_ready(&http, &b.server.url).await;
     let mut config_env = env.clone();
-    config_env.insert("BERTH_DATA_DIR".to_string(), scratch.join("fleet-a").display().to_string());
+    config_env.insert(
+        "BERTH_DATA_DIR".to_string(),
+        scratch.join("fleet-a").display().to_string(),
+    );
     let config = berth::config::Config::load(&config_env).unwrap();
     let token = berth::auth::JwtVerifier::from_config(&config)
         .unwrap()
-        .mint("bench", &[berth::auth::Scope::Admin], None, None, Duration::from_secs(7200))
+        .mint(
+            "bench",
+            &[berth::auth::Scope::Admin],
+            None,
+            None,
+            Duration::from_secs(7200),
+        )
         .unwrap();
     let (ua, ub) = (a.server.url.clone(), b.server.url.clone());
-    let ws = id_of(&post(&http, &token, format!("{ua}/api/v1/workspaces"), json!({"name": "fleet"}), 201).await);
+    let ws = id_of(
+        &post(
+            &http,
+            &token,
+            format!("{ua}/api/v1/workspaces"),
+            json!({"name": "fleet"}),
+            201,
+        )
+        .await,
+    );
     let repo = post(
         &http,
         &token,
