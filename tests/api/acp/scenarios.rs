@@ -157,13 +157,16 @@ async fn tools_streams_and_one_conversation_across_a_restart(app: TestApp, kind:
         return;
     };
     let (id, worktree) = session(&app, kind).await;
-    let opened_at = chrono::Utc::now();
     let hello = format!("{worktree}/hello.txt");
     agent.model.reply_to(
         WRITE,
         Reply::tool_write(&hello, "hello from the model\n").then(Reply::text("I wrote it.")),
     );
     launch(&app, id, Some(WRITE)).await;
+    // Read once the launch answered, so after the agent opened its conversation (gemini names the
+    // conversation's file after that minute: a clock read before the launch can fall in the minute
+    // before, and the restart then lands in the opening minute; CI saw it).
+    let opened_at = chrono::Utc::now();
     answer_permission(&app, id, "allow_once").await;
     idle(&app, id, "idle after the write").await;
     assert_eq!(std::fs::read_to_string(&hello).unwrap(), "hello from the model\n");
