@@ -98,6 +98,21 @@ pub async fn live_instances<C: ConnectionTrait>(conn: &C, now: DateTime<Utc>) ->
         .await?)
 }
 
+/// A node's instances holding a lease at `now`, newest first.
+pub async fn live_instances_of<C: ConnectionTrait>(
+    conn: &C,
+    node_id: &str,
+    now: DateTime<Utc>,
+) -> Result<Vec<instance::Model>> {
+    Ok(instance::Entity::find()
+        .filter(instance::Column::NodeId.eq(node_id))
+        .filter(instance::Column::EndedAt.is_null())
+        .filter(instance::Column::LeaseUntil.gt(now))
+        .order_by_desc(instance::Column::StartedAt)
+        .all(conn)
+        .await?)
+}
+
 /// Forgets instances whose lease ended before `before` (their executions name them still: an unknown
 /// instance holds no lease).
 pub async fn forget_instances_before<C: ConnectionTrait>(conn: &C, before: DateTime<Utc>) -> Result<u64> {

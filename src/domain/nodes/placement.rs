@@ -67,13 +67,7 @@ pub async fn elsewhere(ctx: &Ctx, node: Option<&str>) -> Result<Option<String>> 
     let Some(node) = node.filter(|n| *n != ctx.config.node_id) else {
         return Ok(None);
     };
-    let now = crate::clock::now();
-    let mut live: Vec<_> = crate::store::nodes::live_instances(&ctx.db.conn, now)
-        .await?
-        .into_iter()
-        .filter(|i| i.node_id == node)
-        .collect();
-    live.sort_by_key(|i| std::cmp::Reverse(i.started_at));
+    let live = crate::store::nodes::live_instances_of(&ctx.db.conn, node, crate::clock::now()).await?;
     match live.into_iter().next() {
         Some(i) => Ok(Some(i.url)),
         None => match super::state(ctx, node).await? {

@@ -91,11 +91,10 @@ pub(crate) async fn end_lost_execution(txn: &sea_orm::DatabaseTransaction, id: U
     transition_execution(txn, id, ExecutionEvent::Orphaned, patch).await
 }
 
-/// At startup: executions of earlier processes are over; sessions that were open are relaunched
-/// through admission, two at a time (I29); others that claimed a process are stopped. Sessions a live
-/// instance runs (another node's, or a sibling's on this node) are left to it.
+/// At startup, after `end_orphans` (which `startup` runs before the cleanup workers): sessions that were
+/// open are relaunched through admission, two at a time (I29); others that claimed a process are
+/// stopped. Sessions a live instance runs (another node's, or a sibling's on this node) are left to it.
 pub async fn restore(ctx: &Ctx) -> Result<usize> {
-    end_orphans(ctx).await?;
     let mut to_open = Vec::new();
     for s in store::in_states(&ctx.db.conn, &CLAIMING).await? {
         if ctx.runtime.is_live(s.id) || runs_elsewhere(ctx, &s).await? {
