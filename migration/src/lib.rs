@@ -15,6 +15,7 @@ mod m20261204_000011_event_stamping;
 mod m20261205_000012_command_actors;
 mod m20261205_000013_leftovers;
 mod m20261206_000014_nodes;
+mod m20261206_000015_session_delete_jobs;
 
 pub struct Migrator;
 
@@ -36,6 +37,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261205_000012_command_actors::Migration),
             Box::new(m20261205_000013_leftovers::Migration),
             Box::new(m20261206_000014_nodes::Migration),
+            Box::new(m20261206_000015_session_delete_jobs::Migration),
         ]
     }
 }

@@ -29,7 +29,8 @@ pub struct CleanupJob {
     pub workspace_id: Uuid,
     pub task_environment_id: Option<Uuid>,
     /// `archive`, `delete`, `cascade_archive`, `cascade_delete`, `workspace_delete`, `quick_chat_expire`,
-    /// `environment_reset`, `superseded_cleanup`.
+    /// `environment_reset`, `superseded_cleanup`, `session_delete` (what a session delete accepted while
+    /// the session's node was down owes that node: its agent ended, its conversation removed).
     pub trigger: CleanupTrigger,
     /// `prepared`, `pending`, `running`, `retry_wait`, `succeeded`, `failed`, `cancelled`.
     pub state: CleanupJobState,

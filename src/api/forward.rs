@@ -7,10 +7,12 @@
 //! A delete or an archive whose node is down is accepted here (its jobs wait for the node); any other
 //! request for a down node answers `503 node_unavailable`.
 //!
-//! Leftover disposals go to the node whose disk holds the leftover.
+//! A session delete goes to the session's node (its conversation is on that disk); leftover disposals go
+//! to the node whose disk holds the leftover.
 //!
-//! Agent commands (stop, abort, answers, messages, settings) and session deletes are not forwarded: they
-//! reach the instance that runs the agent through the database (`domain::sessions::routing`).
+//! Agent commands (stop, abort, answers, messages, settings) are not forwarded: they reach the instance
+//! that runs the agent through the database (`domain::sessions::routing`), a sibling instance of the
+//! node included.
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{Method, StatusCode, header};
@@ -55,6 +57,7 @@ fn route(method: &Method, path: &str) -> Option<(Owner, WhenDown)> {
         ("DELETE", ["tasks", _]) | ("POST", ["tasks", _, "archive"]) => {
             Some((Owner::Task(id(1)?), WhenDown::HandleHere))
         }
+        ("DELETE", ["sessions", _]) => Some((Owner::Session(id(1)?), WhenDown::HandleHere)),
         ("POST", ["sessions", _, "launch" | "resume"]) | ("GET", ["sessions", _, "git-status"]) => {
             Some((Owner::Session(id(1)?), WhenDown::Refuse))
         }

@@ -386,6 +386,8 @@ async fn get_session(
 /// Deletes the session and its conversation. The task's environment, files, worktrees and branches remain:
 /// a session owns nothing physical. Refused with `409 session_busy` while it is starting, running,
 /// recovering or stopping (stop it first). Needs only `sessions:delete`, which grants nothing on the task.
+/// Carried out by the session's node; while that node is down the delete is accepted all the same, and
+/// ending its agent and removing its conversation there wait as a `session_delete` cleanup job.
 #[utoipa::path(
     operation_id = "deleteSession",
     tag = "sessions",
@@ -395,6 +397,7 @@ async fn get_session(
         (status = 204, description = "The session and its conversation are deleted. The task's workspace, files, worktrees and branches remain."),
         (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The session is starting, running, recovering or stopping (`session_busy`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The session's agent runs on an instance that could not be reached in time (`unavailable`, retryable); nothing changed", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[delete("/sessions/{id}")]

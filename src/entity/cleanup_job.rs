@@ -49,12 +49,25 @@ pub enum CleanupTrigger {
     /// uses it and its grace period passed.
     #[sea_orm(string_value = "superseded_cleanup")]
     SupersededCleanup,
+    /// Issue 39 item 2: what a session delete owes a node that was down when it was accepted (ending the
+    /// session's agent there, removing its conversation). Touches no environment and no worktree.
+    #[sea_orm(string_value = "session_delete")]
+    SessionDelete,
 }
 
 impl CleanupTrigger {
     /// Archive jobs re-check that the task is still archived before they touch anything.
     pub fn is_archive(self) -> bool {
         matches!(self, CleanupTrigger::Archive | CleanupTrigger::CascadeArchive)
+    }
+
+    /// The operation deleted sessions: their conversations go with the job.
+    pub fn deletes_sessions(self) -> bool {
+        use CleanupTrigger::*;
+        matches!(
+            self,
+            Delete | CascadeDelete | WorkspaceDelete | QuickChatExpire | SessionDelete
+        )
     }
 }
 

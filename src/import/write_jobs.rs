@@ -146,6 +146,7 @@ pub async fn write_jobs(
             superseded: Vec::new(),
             sessions,
             agents: Vec::new(),
+            conversations: Vec::new(),
             // The user consented in kandev; the job carries it as berth's own jobs carry a request's.
             discard_worktree_changes: Consent::from_discard_flag(Some(p.discard_worktree_changes)),
             delete_branches: None,

@@ -41,7 +41,8 @@ pub async fn ensure_no_cleanup<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) 
 }
 
 /// No active cleanup job of any kind, `superseded_cleanup` included: before another job is written for
-/// these tasks (two jobs never remove the same environment's worktrees at once).
+/// these tasks (two jobs never remove the same environment's worktrees at once). A `session_delete` job
+/// counts for neither: it touches no environment, and the task's lifecycle never waits for it.
 pub async fn ensure_no_cleanup_job<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<()> {
     active_jobs(conn, task_ids, false).await
 }
@@ -49,7 +50,8 @@ pub async fn ensure_no_cleanup_job<C: ConnectionTrait>(conn: &C, task_ids: &[Uui
 async fn active_jobs<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid], lifecycle_only: bool) -> Result<()> {
     let mut query = cleanup_job::Entity::find()
         .filter(cleanup_job::Column::TaskId.is_in(task_ids.iter().copied()))
-        .filter(cleanup_job::Column::State.is_in(cleanup_job::ACTIVE_STATES));
+        .filter(cleanup_job::Column::State.is_in(cleanup_job::ACTIVE_STATES))
+        .filter(cleanup_job::Column::Trigger.ne(cleanup_job::CleanupTrigger::SessionDelete));
     if lifecycle_only {
         query = query.filter(cleanup_job::Column::Trigger.ne(cleanup_job::CleanupTrigger::SupersededCleanup));
     }

@@ -128,7 +128,10 @@ impl Fleet {
         let agent = env!("CARGO_BIN_EXE_berth-test-agent");
         std::fs::write(
             scratch.path().join("berth.toml"),
-            format!("[agents.test]\ncommand = {agent:?}\n"),
+            // `lingering` outlives its berth, as an agent may after a crash (it ignores its stdin's end).
+            format!(
+                "[agents.test]\ncommand = {agent:?}\n\n[agents.lingering]\ncommand = {agent:?}\nargs = [\"--ignore-eof\"]\n"
+            ),
         )
         .unwrap();
         let mut env = BTreeMap::new();
@@ -157,6 +160,10 @@ impl Fleet {
     }
 
     async fn start(&self, disk: &Disk, node: &str, log: &str) -> Berth {
+        self.start_with(disk, node, log, &[]).await
+    }
+
+    async fn start_with(&self, disk: &Disk, node: &str, log: &str, extra: &[(&str, &str)]) -> Berth {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -188,6 +195,7 @@ impl Fleet {
             .env("BERTH_AGENT_STOP_GRACE_MS", "300")
             .env("BERTH_AGENT_TERM_GRACE_MS", "300")
             .env("RUST_LOG", "info")
+            .envs(extra.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -308,6 +316,19 @@ impl Fleet {
         (task, id, worktree)
     }
 
+    /// Waits until the cleanup job is over (succeeded, failed or cancelled) and returns it.
+    async fn wait_job(&self, b: &Berth, job: Uuid) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let j = self.ok(b, Method::GET, &format!("/cleanup-jobs/{job}"), None).await;
+            if ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap()) {
+                return j;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the job never ran: {j}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The session's live executions: (execution id, instance id, pid).
     async fn live_executions(&self, session: Uuid) -> Vec<(Uuid, Uuid, i32)> {
         let rows = self
@@ -425,6 +446,23 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     fleet
         .ok(&c, Method::POST, &format!("/sessions/{id}/abort"), Some(json!({})))
         .await;
+    // A second session of the task, with an agent on b that outlives b, and a conversation on b's disk.
+    let other = id_of(
+        &fleet
+            .ok(
+                &a,
+                Method::POST,
+                &format!("/tasks/{task}/sessions"),
+                Some(json!({"executor_type": "worktree", "agent_profile": "lingering"})),
+            )
+            .await,
+    );
+    fleet.wait_session(&a, other, "idle", |s| s["state"] == "idle").await;
+    let (_, _, other_pid) = fleet.wait_one_live(other, "running on b", |_| true).await;
+    let conversation = format!("{}/data/conversations/{other}.jsonl", disk_b.dir.display());
+    disk_b.sh(&format!(
+        "mkdir -p $(dirname {conversation}) && echo '{{}}' > {conversation}"
+    ));
     // b dies.
     b.child.kill().unwrap();
     b.child.wait().unwrap();
@@ -449,26 +487,45 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     fleet
         .wait_session(&c, id, "shown on a down node", |s| s["node"]["state"] == "down")
         .await;
+    // A session delete is accepted at once: the row goes; its agent and conversation wait for b as a job.
+    let (status, v, _) = fleet
+        .call(&c, Method::DELETE, &format!("/sessions/{other}"), None)
+        .await;
+    assert_eq!(status, 204, "{v}");
+    let listed = fleet
+        .ok(
+            &a,
+            Method::GET,
+            &format!("/cleanup-jobs?task_id={task}&trigger=session_delete"),
+            None,
+        )
+        .await;
+    assert_eq!(listed["items"][0]["node_id"], "node-b", "{listed}");
+    assert_eq!(listed["items"][0]["state"], "pending", "{listed}");
+    let session_job = id_of(&listed["items"][0]);
     // Its task's delete is accepted; the job waits for b.
     let jobs = fleet.ok(&a, Method::DELETE, &format!("/tasks/{task}"), None).await;
     let job = id_of(&jobs["cleanup_jobs"][0]);
     assert_eq!(jobs["cleanup_jobs"][0]["node_id"], "node-b", "{jobs}");
     let held = fleet.wait_node(&a, "node-b", "down").await;
-    assert_eq!(held["holds"]["pending_jobs"], 1, "{held}");
+    assert_eq!(held["holds"]["pending_jobs"], 2, "{held}");
     assert!(disk_b.exists(&worktree), "b's disk is untouched while b is down");
+    assert!(
+        disk_b.exists(&conversation) && pid_alive(other_pid),
+        "so are b's agents"
+    );
     // b is back: the job runs there and removes the worktree from b's disk.
     let b = fleet.start(&disk_b, "node-b", "b2.log").await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let done = loop {
-        let j = fleet.ok(&c, Method::GET, &format!("/cleanup-jobs/{job}"), None).await;
-        if ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap()) {
-            break j;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the job never ran: {j}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let done = fleet.wait_job(&c, job).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert!(!disk_b.exists(&worktree), "removed on b's disk");
+    let j = fleet.wait_job(&c, session_job).await;
+    assert_eq!(j["state"], "succeeded", "{j}");
+    assert!(
+        !disk_b.exists(&conversation),
+        "the deleted session's conversation, removed on b's disk"
+    );
+    assert!(!pid_alive(other_pid), "and its agent ended");
     drop((a, b, c));
 }
 
@@ -661,15 +718,8 @@ async fn every_disk_and_agent_request_sent_to_another_node_works() {
         )
         .await;
     let job = id_of(&reset["cleanup_job"]);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = fleet.ok(&a, Method::GET, &format!("/cleanup-jobs/{job}"), None).await;
-        if j["state"] == "succeeded" {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the reset's job never ran: {j}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let j = fleet.wait_job(&a, job).await;
+    assert_eq!(j["state"], "succeeded", "the reset's job: {j}");
     assert!(!disk_b.exists(&worktree), "removed on b's disk");
     // Launched again through a: a fresh worktree on b; then the session is deleted through a while
     // its agent runs on b: b stops it first.
@@ -681,8 +731,14 @@ async fn every_disk_and_agent_request_sent_to_another_node_works() {
         .await;
     let (execution, _, pid) = fleet.wait_one_live(id, "running on b", |_| true).await;
     assert!(pid_alive(pid));
+    // The conversation berth keeps for the session is on b's disk: the delete, sent to a, removes it there.
+    let conversation = format!("{}/data/conversations/{id}.jsonl", disk_b.dir.display());
+    disk_b.sh(&format!(
+        "mkdir -p $(dirname {conversation}) && echo '{{}}' > {conversation}"
+    ));
     let (status, v, _) = fleet.call(&a, Method::DELETE, &format!("/sessions/{id}"), None).await;
     assert_eq!(status, 204, "{v}");
+    assert!(!disk_b.exists(&conversation), "removed on b's disk, where it was");
     let gone = tokio::time::Instant::now() + WAIT;
     while pid_alive(pid) {
         assert!(
@@ -691,5 +747,95 @@ async fn every_disk_and_agent_request_sent_to_another_node_works() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    drop((a, b));
+}
+
+/// Issue 39 items 3 and 6: a node given up on its own disk. Its environment is lost and its session
+/// failed with `node_lost`; nothing on its disk is deleted; the task goes on on another node that has the
+/// repository at the same path; the node refuses to start until an operator readmits it, and readmitted
+/// it deletes nothing.
+#[tokio::test]
+async fn a_decommissioned_node_deletes_nothing_on_its_disk() {
+    let Some(fleet) = Fleet::new().await else { return };
+    let (disk_a, disk_b) = (fleet.disk(), fleet.disk());
+    let a = fleet.start(&disk_a, "node-a", "a.log").await;
+    let mut b = fleet.start(&disk_b, "node-b", "b.log").await;
+    fleet.wait_node(&a, "node-b", "up").await;
+    let (task, id, worktree) = fleet.working_session(&b, &disk_b, "svc").await;
+    let lost_env = fleet.ok(&a, Method::GET, &format!("/sessions/{id}"), None).await["task_environment_id"].clone();
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    fleet.wait_node(&a, "node-b", "down").await;
+    let done = fleet
+        .ok(
+            &a,
+            Method::POST,
+            "/nodes/node-b/decommission",
+            Some(json!({"node_id": "node-b"})),
+        )
+        .await;
+    assert_eq!(
+        (done["environments"].as_u64(), done["sessions"].as_u64()),
+        (Some(1), Some(1)),
+        "{done}"
+    );
+    let s = fleet.ok(&a, Method::GET, &format!("/sessions/{id}"), None).await;
+    assert_eq!(s["state"], "failed", "{s}");
+    assert_eq!(s["last_error"]["code"], "node_lost", "{s}");
+    let env = fleet
+        .ok(
+            &a,
+            Method::GET,
+            &format!("/environments/{}", lost_env.as_str().unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(env["status"], "lost", "{env}");
+    // The team has the repository on a too, at the same path: the task goes on there.
+    disk_a.repo("svc");
+    let fresh = fleet
+        .ok(
+            &a,
+            Method::POST,
+            &format!("/tasks/{task}/sessions"),
+            Some(json!({"executor_type": "worktree", "agent_profile": "test"})),
+        )
+        .await;
+    assert_ne!(fresh["task_environment_id"], lost_env, "{fresh}");
+    assert_eq!(fresh["node"], json!({"id": "node-a", "state": "up"}), "{fresh}");
+    let fresh_id = id_of(&fresh);
+    fleet
+        .wait_session(&a, fresh_id, "idle on a", |s| s["state"] == "idle")
+        .await;
+    assert!(disk_a.exists(fresh["workspace_path"].as_str().unwrap()));
+    // b comes back: it refuses to start, and deletes nothing.
+    let status = disk_b
+        .enter()
+        .arg(env!("CARGO_BIN_EXE_berth"))
+        .arg("serve")
+        .env("BERTH_DATABASE_URL", &fleet.db.url)
+        .env("BERTH_JWT_SECRET", SECRET)
+        .env("BERTH_NODE_ID", "node-b")
+        .env("BERTH_DATA_DIR", format!("{}/data", disk_b.dir.display()))
+        .env("BERTH_WORKTREE_ROOT", format!("{}/worktrees", disk_b.dir.display()))
+        .env("BERTH_CONFIG", fleet.scratch.path().join("berth.toml"))
+        .env("BERTH_BIND", "127.0.0.1:0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!status.status.success(), "a decommissioned node started");
+    let said = String::from_utf8_lossy(&status.stderr);
+    assert!(said.contains("BERTH_NODE_READMIT"), "{said}");
+    assert!(disk_b.exists(&worktree), "refused, it deleted nothing");
+    // Readmitted by its operator: up, and its disk is as it was.
+    let b = fleet
+        .start_with(&disk_b, "node-b", "b2.log", &[("BERTH_NODE_READMIT", "true")])
+        .await;
+    fleet.wait_node(&a, "node-b", "up").await;
+    assert!(disk_b.exists(&worktree), "readmitted, it deletes nothing");
+    let s = fleet.ok(&b, Method::GET, &format!("/sessions/{id}"), None).await;
+    assert_eq!(s["state"], "failed", "the lost session stays lost: {s}");
     drop((a, b));
 }

@@ -119,11 +119,27 @@ async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
     let s = wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
     assert_eq!(s["node"], json!({"id": a, "state": "up"}), "{s}");
     let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
+    // A second session on A, to be deleted on its own while A is down.
+    let other = app
+        .post(
+            &format!("/api/v1/tasks/{task}/sessions"),
+            json!({"executor_type": "worktree", "agent_profile": "test"}),
+        )
+        .await
+        .ok(201);
+    let other = uuid(&other["id"]);
+    let o = wait_session(&app, other, "idle", |s| s["state"] == "idle").await;
+    let other_pid = execution_pid(&app, uuid(&o["execution_id"])).await;
+    // The conversation berth keeps for a session is on its node's disk.
+    let conversations = app.config.data_dir.join("conversations");
+    std::fs::create_dir_all(&conversations).unwrap();
+    let conversation = conversations.join(format!("{other}.jsonl"));
+    std::fs::write(&conversation, "{}\n").unwrap();
     let b = Replica::start_as(&app, "node-b").await;
     // Node A dies: its process stops serving and renewing (its agent runs on, as one may after a crash).
     app.stop_server();
     let seen = wait_node(&b, &a, "down").await;
-    assert_eq!(seen["holds"]["live_sessions"], 1, "{seen}");
+    assert_eq!(seen["holds"]["live_sessions"], 2, "{seen}");
     // What needs A's agent answers at once: not after the 120 s routing deadline.
     let started = std::time::Instant::now();
     let r = b.post(&format!("/api/v1/sessions/{id}/stop"), json!({})).await;
@@ -151,7 +167,29 @@ async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
         "b's view refreshed before it answered: {s}"
     );
     assert_eq!(s["state"], "idle", "nothing was changed: {s}");
-    // A task delete is accepted; its job waits for A, visibly.
+    // A session delete is accepted: the row goes now; ending its agent and removing its conversation
+    // wait for A as a `session_delete` job (I4: the agent is ended before anything of it is removed).
+    let r = b
+        .call(reqwest::Method::DELETE, &format!("/api/v1/sessions/{other}"), None)
+        .await;
+    r.ok(204);
+    b.get(&format!("/api/v1/sessions/{other}"))
+        .await
+        .problem(404, "not_found");
+    let listed = b
+        .get(&format!("/api/v1/cleanup-jobs?task_id={task}&trigger=session_delete"))
+        .await
+        .ok(200);
+    let session_job = &listed["items"][0];
+    assert_eq!(
+        (session_job["state"].as_str(), session_job["node_id"].as_str()),
+        (Some("pending"), Some(a.as_str())),
+        "{listed}"
+    );
+    let session_job = uuid(&session_job["id"]);
+    assert!(pid_alive(other_pid) && conversation.exists(), "A's to end and remove");
+    // A task delete is accepted (a waiting session_delete job does not hold it up); its job waits for A,
+    // visibly.
     let r = b
         .call(reqwest::Method::DELETE, &format!("/api/v1/tasks/{task}"), None)
         .await;
@@ -159,7 +197,7 @@ async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
     let job = uuid(&jobs["cleanup_jobs"][0]["id"]);
     assert_eq!(jobs["cleanup_jobs"][0]["node_id"], a.as_str(), "{jobs}");
     let seen = wait_node(&b, &a, "down").await;
-    assert_eq!(seen["holds"]["pending_jobs"], 1, "{seen}");
+    assert_eq!(seen["holds"]["pending_jobs"], 2, "{seen}");
     assert!(worktree.exists(), "nothing of A's disk is touched while it is down");
     assert!(pid_alive(pid), "the agent is A's to end");
     // A comes back: the job ends the agent the delete could not reach, then removes the worktree.
@@ -182,6 +220,20 @@ async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
     assert_eq!(done["state"], "succeeded", "{done}");
     assert!(!pid_alive(pid), "the job ended the agent first (I8)");
     assert!(!worktree.exists());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let j = b.get(&format!("/api/v1/cleanup-jobs/{session_job}")).await.ok(200);
+        if j["state"] == "succeeded" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the session's job never ran: {j}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!pid_alive(other_pid), "the deleted session's agent was ended on A");
+    assert!(!conversation.exists(), "and its conversation removed there");
     background.iter().for_each(|h| h.abort());
     handle.stop(false).await;
     b.stop().await;

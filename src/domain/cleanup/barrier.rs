@@ -217,6 +217,11 @@ pub(crate) async fn prepare(
         workspace_id: t.workspace_id,
         environment: owned.as_ref().map(|(_, s)| s.clone()),
         superseded,
+        conversations: if trigger.deletes_sessions() {
+            sessions.clone()
+        } else {
+            Vec::new()
+        },
         sessions,
         agents,
         discard_worktree_changes: consent.cloned(),
@@ -347,7 +352,7 @@ async fn mutation_committed(ctx: &Ctx, j: &job::Model) -> Result<bool> {
             None => true,
         },
         // Written pending in one transaction with nothing else to wait for.
-        CleanupTrigger::SupersededCleanup => true,
+        CleanupTrigger::SupersededCleanup | CleanupTrigger::SessionDelete => true,
         CleanupTrigger::Delete
         | CleanupTrigger::CascadeDelete
         | CleanupTrigger::WorkspaceDelete

@@ -27,7 +27,13 @@ use crate::store::{environments as env_store, sessions as sessions_store};
 /// (archive jobs first check that the task is still archived): executing it would change nothing.
 pub fn nothing_to_do(j: &job::Model) -> bool {
     !j.trigger.is_archive()
-        && snapshot_of(j).is_ok_and(|s| s.environment.is_none() && s.superseded.is_empty() && s.sessions.is_empty())
+        && snapshot_of(j).is_ok_and(|s| {
+            s.environment.is_none()
+                && s.superseded.is_empty()
+                && s.sessions.is_empty()
+                && s.agents.is_empty()
+                && s.conversations.is_empty()
+        })
 }
 
 /// The transition that records an attempt's outcome, with the columns it sets: the retry schedule,
@@ -95,6 +101,10 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     // while this node was down): ended here, each only if its process group is proven to be that agent's.
     if let Err(e) = end_recorded_agents(ctx, &snap).await {
         return retry(e);
+    }
+    // The deleted sessions' conversations are on this node's disk (the job runs on the agents' node).
+    for id in &snap.conversations {
+        crate::domain::sessions::remove_conversation(ctx, *id).await;
     }
     let mut kept = Vec::new();
     let mut branches = branches::deletes_branches(j.trigger).then(Vec::new);

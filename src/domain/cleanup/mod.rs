@@ -13,6 +13,7 @@ pub mod jobs;
 pub mod kept;
 pub mod leftovers;
 pub mod reconcile;
+pub mod session_delete;
 pub mod state;
 pub mod worktrees;
 
@@ -49,6 +50,11 @@ pub struct Snapshot {
     /// anything (I8).
     #[serde(default)]
     pub agents: Vec<AgentProcess>,
+    /// Sessions whose conversations berth keeps on the job's node (a delete's; never an archive's or a
+    /// reset's, whose sessions stay): removed there once the agents ended, so a delete carried out by
+    /// another node, or accepted while this one was down, still removes what is on this node's disk.
+    #[serde(default)]
+    pub conversations: Vec<Uuid>,
     /// I11: consent to remove worktrees with uncommitted or untracked changes, as the request gave it
     /// (stored as a boolean).
     #[serde(with = "crate::managed_path::recorded_consent")]

@@ -76,6 +76,7 @@ async fn reconcile_one(ctx: &Ctx, e: &env::Model) -> Result<bool> {
         superseded: vec![snap],
         sessions: Vec::new(),
         agents: Vec::new(),
+        conversations: Vec::new(),
         discard_worktree_changes: None,
         delete_branches: None,
         branches: Vec::new(),

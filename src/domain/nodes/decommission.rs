@@ -75,6 +75,11 @@ pub async fn decommission(ctx: &Ctx, by: Option<String>, node_id: &str, repeated
                     .iter()
                     .chain(s.superseded.iter())
                     .flat_map(|e| e.worktrees.iter().map(|w| w.worktree_path.clone()))
+                    .chain(
+                        s.conversations
+                            .iter()
+                            .map(|id| format!("the conversation of session {id}")),
+                    )
                     .collect::<Vec<_>>()
                     .join(", ")
             })

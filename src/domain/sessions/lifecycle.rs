@@ -418,57 +418,6 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionView> {
     project(ctx, s).await
 }
 
-/// Deletes a session: its row and conversation history, nothing else (I2). Refused while busy (I4).
-pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
-    let s = visible(&ctx.db.conn, p, id).await?;
-    // Issue 39: an idle agent another instance runs is stopped there first (its row would otherwise go
-    // with nothing left to reach the process); one whose node is down: `503 node_unavailable`.
-    if !s.state.is_busy()
-        && !ctx.runtime.is_live(id)
-        && super::routing::forward(ctx, &s, super::routing::Command::Stop).await?
-    {
-        return Box::pin(delete(ctx, p, id)).await;
-    }
-    let txn = ctx.db.begin_write().await?;
-    let task = lock_task(&txn, s.task_id).await?;
-    // Re-read under the task's lock: the state may have moved since.
-    let s = reload(&txn, id).await?;
-    if s.state.is_busy() {
-        return Err(Error::SessionBusy);
-    }
-    if ctx.runtime.is_live(id) {
-        // I4: an idle or attention session has its process stopped first (outside the transaction).
-        drop(txn);
-        super::control::stop_session(ctx, &s).await?;
-        return Box::pin(delete(ctx, p, id)).await;
-    }
-    store::delete(&txn, id).await?;
-    events::append(
-        &txn,
-        ctx.instance_id,
-        EventType::SessionDeleted,
-        subject(&task, &s),
-        json!({ "was_primary": s.is_primary }),
-    )
-    .await?;
-    if s.is_primary
-        && let Some(promoted) = promote(&txn, task.id).await?
-    {
-        events::append(
-            &txn,
-            ctx.instance_id,
-            EventType::SessionPrimaryChanged,
-            subject(&task, &promoted),
-            json!({ "previous_session_id": id, "reason": "primary_deleted" }),
-        )
-        .await?;
-    }
-    ctx.commit(txn).await?;
-    // Its conversation is session data: it goes with the session (its worktrees stay, I2).
-    super::conversation::remove(ctx, id).await;
-    Ok(())
-}
-
 /// Makes a session its task's primary.
 pub async fn make_primary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionView> {
     let s = visible(&ctx.db.conn, p, id).await?;
@@ -491,19 +440,4 @@ pub async fn make_primary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionV
     }
     ctx.commit(txn).await?;
     get(ctx, p, id).await
-}
-
-/// I4: a running session first, then the most recently active non-terminal one, then any.
-async fn promote(txn: &DatabaseTransaction, task_id: Uuid) -> Result<Option<session::Model>> {
-    let candidates = store::by_activity(txn, task_id).await?;
-    let chosen = candidates
-        .iter()
-        .find(|s| s.state == SessionState::Running)
-        .or_else(|| candidates.iter().find(|s| !s.state.is_terminal()))
-        .or_else(|| candidates.first())
-        .cloned();
-    if let Some(s) = &chosen {
-        store::set_primary(txn, s.id, crate::clock::now()).await?;
-    }
-    Ok(chosen)
 }

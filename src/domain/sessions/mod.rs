@@ -1,7 +1,7 @@
 //! Sessions: agent conversations that use their task's environment and own nothing physical.
 //!
-//! Where things are: who may see a session and how it is shown (`access`), create/list/delete/primary
-//! (`lifecycle`), launching an agent through admission (`launch`), a Pi agent's conversation file
+//! Where things are: who may see a session and how it is shown (`access`), create/list/primary
+//! (`lifecycle`), delete (`delete`), launching an agent through admission (`launch`), a Pi agent's conversation file
 //! (`conversation`), the durable inbox of messages and abort (`inbox`), stop and answers (`control`),
 //! what the agent's reports do (`reports`), streamed deltas coalesced before they are written (`stream`),
 //! restore after a restart or a crash (`restore`), requests routed to the node that runs the agent
@@ -11,6 +11,7 @@ mod access;
 mod commands;
 mod control;
 mod conversation;
+mod delete;
 mod inbox;
 mod launch;
 mod lifecycle;
@@ -31,10 +32,11 @@ pub use commands::serve_routed;
 pub(crate) use control::end_agent;
 pub use control::{Answer, answer_attention, parse_answer, stop};
 pub(crate) use conversation::remove as remove_conversation;
+pub use delete::delete;
 pub use inbox::{abort, cancel as cancel_message, list as list_messages, post as post_message, view as message_view};
 pub(crate) use launch::fail_node_lost;
 pub use launch::launch;
-pub use lifecycle::{NewSession, create, create_async, delete, get, list, make_primary, resume_preparing};
+pub use lifecycle::{NewSession, create, create_async, get, list, make_primary, resume_preparing};
 pub use reports::consume;
 pub(crate) use restore::end_lost_execution;
 pub use restore::{end_orphans, restore, take_over};
