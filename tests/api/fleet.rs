@@ -442,6 +442,12 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     let held = fleet.wait_node(&c, "node-b", "up").await;
     assert_eq!(held["holds"]["environments"], 1, "{held}");
     assert_eq!(held["holds"]["live_sessions"], 1, "{held}");
+    // A second workspace with work on b, to be deleted whole while b is down.
+    let (web_task, _, web_worktree) = fleet.working_session(&b, &disk_b, "web").await;
+    let web_ws = fleet.ok(&a, Method::GET, &format!("/tasks/{web_task}"), None).await["workspace_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // An agent request sent to another node is carried out by b.
     fleet
         .ok(&c, Method::POST, &format!("/sessions/{id}/abort"), Some(json!({})))
@@ -507,8 +513,20 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     let jobs = fleet.ok(&a, Method::DELETE, &format!("/tasks/{task}"), None).await;
     let job = id_of(&jobs["cleanup_jobs"][0]);
     assert_eq!(jobs["cleanup_jobs"][0]["node_id"], "node-b", "{jobs}");
+    // So is a workspace delete: its task's job waits for b too.
+    let deleted = fleet
+        .ok(
+            &c,
+            Method::DELETE,
+            &format!("/workspaces/{web_ws}?confirm_name=web"),
+            None,
+        )
+        .await;
+    assert_eq!(deleted["cleanup_jobs"][0]["node_id"], "node-b", "{deleted}");
+    let web_job = id_of(&deleted["cleanup_jobs"][0]);
     let held = fleet.wait_node(&a, "node-b", "down").await;
-    assert_eq!(held["holds"]["pending_jobs"], 2, "{held}");
+    assert_eq!(held["holds"]["pending_jobs"], 3, "{held}");
+    assert!(disk_b.exists(&web_worktree));
     assert!(disk_b.exists(&worktree), "b's disk is untouched while b is down");
     assert!(
         disk_b.exists(&conversation) && pid_alive(other_pid),
@@ -519,6 +537,9 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     let done = fleet.wait_job(&c, job).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert!(!disk_b.exists(&worktree), "removed on b's disk");
+    let j = fleet.wait_job(&c, web_job).await;
+    assert_eq!(j["state"], "succeeded", "{j}");
+    assert!(!disk_b.exists(&web_worktree), "the workspace's worktree, removed on b's disk");
     let j = fleet.wait_job(&c, session_job).await;
     assert_eq!(j["state"], "succeeded", "{j}");
     assert!(
