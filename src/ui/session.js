@@ -163,7 +163,7 @@ export function renderSession(main, id, { setCrumbs }) {
       s.node && s.node.state !== 'up'
         ? h('div', { class: 'problem', id: 'node-down' }, h('strong', {}, `node ${s.node.id} is ${s.node.state}`),
           h('p', {}, s.node.state === 'down'
-            ? 'Its agent and its disk cannot be reached: stop, messages and launches answer "node unavailable" until it is back. Deleting the task is accepted; its cleanup waits for the node.'
+            ? 'Its agent and its disk cannot be reached: stop, messages and launches answer "node unavailable" until it is back. Deleting the session or the task is accepted; what that owes the node waits for it.'
             : 'It was given up: this session\'s workspace is lost. A new session of the task gets a new environment.'))
         : null,
       HINTS[snap.state] ? h('p', { class: 'hint' }, HINTS[snap.state]) : null);

@@ -16,8 +16,10 @@
 // (the whole run's deadline, default 180000). Usually run by .ci/browser, which starts a server with an
 // agent profile `test` and mints the token.
 
+import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { stat } from 'node:fs/promises';
+import { join } from 'node:path';
 import { BERTH_URL, REPO_DIR, STEP_MS, TOKEN, api, inBrowser, logger, makeRepository, run, within } from './common.mjs';
 
 const DEADLINE_MS = Number(process.env.BOARD_TIMEOUT_MS || 180_000);
@@ -42,6 +44,20 @@ async function dirty(ws, repo, title) {
   }
   await api('POST', `/sessions/${writer.id}/stop`);
   return task;
+}
+
+/** Points an environment at a node no instance holds, in the server's SQLite database (step 11). */
+function movedToGoneNode(environmentId) {
+  const db = join(process.env.BERTH_DATA_DIR, 'berth.db');
+  const script = [
+    'import sqlite3, sys',
+    'c = sqlite3.connect(sys.argv[1], timeout=30)',
+    'hexid = sys.argv[2].replace("-", "").upper()',
+    'n = c.execute("UPDATE task_environments SET node_id = \'node-gone\' WHERE id = ? OR hex(id) = ?", (sys.argv[2], hexid)).rowcount',
+    'c.commit()',
+    'sys.exit(0 if n == 1 else 1)',
+  ].join('\n');
+  execFileSync('python3', ['-c', script, db, environmentId], { stdio: 'inherit' });
 }
 
 async function main() {
@@ -230,6 +246,26 @@ async function main() {
     }
     log('resetting the dirty environment asked for consent, named dirty.txt; the job removed the worktree');
 
+    // 11. A session whose node is down says so, and what still works (issue 39). The server here is one
+    // node on SQLite, so the session's environment is pointed, in its database, at a node no instance
+    // holds: what the API then answers (`node.state: down`, a launch refused `503 node_unavailable`) is
+    // what the board draws. A node really killed on its own disk is tests/api/fleet.rs.
+    const downTask = await api('POST', `/workspaces/${ws.id}/tasks`, { title: 'Down task', repositories: [{ repository_id: repo.id }] });
+    const downSession = await api('POST', `/tasks/${downTask.id}/sessions`, { executor_type: 'worktree', start: false });
+    movedToGoneNode(downSession.task_environment_id);
+    const seen = await api('GET', `/sessions/${downSession.id}`);
+    if (seen.node?.state !== 'down') throw new Error(`the session's node is not shown down: ${JSON.stringify(seen.node)}`);
+    await page.goto(`${BERTH_URL}/ui#/s/${downSession.id}`);
+    const banner = page.locator('#node-down', { hasText: 'node node-gone is down' });
+    await banner.waitFor();
+    await banner.locator('text=Deleting the session or the task is accepted').waitFor();
+    await page.getByRole('button', { name: 'Launch agent' }).click();
+    const refused = page.locator('.problem[role="alert"]', { hasText: 'code node_unavailable' });
+    await refused.waitFor();
+    await refused.getByRole('button', { name: /Retry/ }).waitFor();
+    await shot('9-node-down');
+    log('a session on a down node shows the banner; its launch is refused in place, retryable');
+
     // Nothing in local storage; the token only in session storage.
     const storage = await page.evaluate(() => ({ local: localStorage.length, session: sessionStorage.getItem('berth.token') }));
     if (storage.local !== 0) throw new Error(`local storage holds ${storage.local} items`);
@@ -245,4 +281,4 @@ async function main() {
   });
 }
 
-run('board', DEADLINE_MS, main, 'signed in, created a task and a session, watched the agent stream, answered it, deleted the session, archived the task and saw its cleanup succeed, deleted and reset dirty environments with consent, offline');
+run('board', DEADLINE_MS, main, 'signed in, created a task and a session, watched the agent stream, answered it, deleted the session, archived the task and saw its cleanup succeed, deleted and reset dirty environments with consent, saw a down node\'s banner and refusal, offline');

@@ -19,8 +19,9 @@ const started = Date.now();
 export const logger = (name) => (msg) => console.log(`[${name} ${((Date.now() - started) / 1000).toFixed(1)}s] ${msg}`);
 
 // Chromium reports an aborted request (recorded separately) as a console error; a 4xx the board shows in
-// place (a 409 it answers with the consent flow, say) is logged as "Failed to load resource".
-const IGNORED_CONSOLE = [/net::ERR_FAILED/, /net::ERR_BLOCKED_BY_CLIENT/, /Failed to load resource: the server responded with a status of 4\d\d/];
+// place (a 409 it answers with the consent flow, say, or a 503 node_unavailable it offers to retry) is
+// logged as "Failed to load resource".
+const IGNORED_CONSOLE = [/net::ERR_FAILED/, /net::ERR_BLOCKED_BY_CLIENT/, /Failed to load resource: the server responded with a status of (4\d\d|503)/];
 
 export async function api(method, p, body) {
   const res = await fetch(`${BERTH_URL}/api/v1${p}`, {

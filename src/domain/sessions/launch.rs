@@ -427,7 +427,11 @@ pub(super) async fn record_failure(
 ) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     let current = reload_locked(&txn, session_id).await?;
+    // A launch that failed leaves nothing to keep open: only a resume asks for it again. (An archive whose
+    // prepared job made the launch fail skips a session that is over already, so this is the one place
+    // that clears the wish the launch recorded.)
     let patch = StatePatch {
+        desired_open: Some(false),
         last_error: Some(Some((code.to_string(), message.to_string()))),
         ended_at: Some(crate::clock::now()),
         ..Default::default()
