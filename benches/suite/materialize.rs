@@ -74,6 +74,7 @@ pub(crate) async fn fill_tasks(b: &Bench, n: usize) {
             updated_at: Set(now),
             row_version: Set(1),
             imported_from: Set(None),
+            column_id: Set(None),
         });
         task::Entity::insert_many(rows)
             .exec_without_returning(conn)

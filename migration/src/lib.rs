@@ -16,6 +16,7 @@ mod m20261205_000012_command_actors;
 mod m20261205_000013_leftovers;
 mod m20261206_000014_nodes;
 mod m20261206_000015_session_delete_jobs;
+pub mod m20261206_000016_columns;
 
 pub struct Migrator;
 
@@ -38,6 +39,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261205_000013_leftovers::Migration),
             Box::new(m20261206_000014_nodes::Migration),
             Box::new(m20261206_000015_session_delete_jobs::Migration),
+            Box::new(m20261206_000016_columns::Migration),
         ]
     }
 }

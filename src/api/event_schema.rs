@@ -52,6 +52,17 @@ const VARIANTS: &[Variant] = &[
         data: &[("name", Field::String, "The workspace's name.", REQ)],
     },
     Variant {
+        event_type: "workspace.columns_changed",
+        name: "WorkspaceColumnsChanged",
+        description: "A workspace's board columns were added, renamed, reordered or removed.",
+        data: &[(
+            "column_ids",
+            Field::UuidList,
+            "The columns now, first to last (`GET /workspaces/{id}/columns` shows them).",
+            REQ,
+        )],
+    },
+    Variant {
         event_type: "workspace.deleted",
         name: "WorkspaceDeleted",
         description: "A workspace was deleted with its tasks and repositories; cleanup jobs remove the files.",
@@ -91,7 +102,9 @@ const VARIANTS: &[Variant] = &[
             (
                 "changed",
                 Field::AnyObject,
-                "The fields that changed, with their new values: `title`, `description`, or `workspace_mode`.",
+                "The fields that changed, with their new values: `title`, `description`, `workspace_mode`, or \
+                 `column_id` (then `reason` says why: `requested`, or `session_started` when a started session \
+                 moved it).",
                 REQ,
             ),
             (

@@ -58,12 +58,11 @@ fn route(method: &Method, path: &str) -> Option<(Owner, WhenDown)> {
             Some((Owner::Task(id(1)?), WhenDown::HandleHere))
         }
         ("DELETE", ["sessions", _]) => Some((Owner::Session(id(1)?), WhenDown::HandleHere)),
-        ("POST", ["sessions", _, "launch" | "resume"]) | ("GET", ["sessions", _, "git-status"]) => {
+        ("POST", ["sessions", _, "launch" | "resume"]) | ("GET", ["sessions", _, "git-status" | "diff"]) => {
             Some((Owner::Session(id(1)?), WhenDown::Refuse))
         }
-        ("POST", ["environments", _, "git-status", "refresh"]) | ("GET", ["environments", _, "git-status"]) => {
-            Some((Owner::Environment(id(1)?), WhenDown::Refuse))
-        }
+        ("POST", ["environments", _, "git-status", "refresh"])
+        | ("GET", ["environments", _, "git-status" | "diff"]) => Some((Owner::Environment(id(1)?), WhenDown::Refuse)),
         ("POST", ["workspaces", _, "repositories"]) => Some((Owner::Registration, WhenDown::Refuse)),
         ("DELETE", ["workspaces", _, "leftovers", _]) => Some((Owner::Leftover(id(3)?), WhenDown::Refuse)),
         _ => None,

@@ -1,7 +1,9 @@
 //! HTTP: one file per resource, thin handlers, request/response types with `ToSchema`.
 pub mod agent_profiles;
 pub mod cleanup_jobs;
+pub mod columns;
 pub mod cors;
+pub mod diff;
 pub mod environments;
 pub mod event_schema;
 pub mod events;
@@ -70,6 +72,7 @@ pub const PUBLIC_PATHS: [&str; 7] = [
         (name = "environments", description = "The task-owned workspace and its worktree inventory"),
         (name = "sessions", description = "Agent conversations that use their task's environment and own nothing physical"),
         (name = "git-status", description = "The environment's current git status: one per repository, newest observation wins"),
+        (name = "diffs", description = "What changed in an environment's worktrees, read without writing to them"),
         (name = "cleanup", description = "Durable cleanup jobs: the only way berth removes files"),
         (name = "events", description = "One global event sequence: replay and a server-sent event stream"),
         (name = "operations", description = "Health, readiness and metrics")
@@ -311,7 +314,9 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(cleanup_jobs::routes)
                 .configure(leftovers::routes)
                 .configure(nodes::routes)
-                .configure(git_status::routes),
+                .configure(git_status::routes)
+                .configure(diff::routes)
+                .configure(columns::routes),
         );
 }
 

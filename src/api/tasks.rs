@@ -56,6 +56,8 @@ pub struct Task {
     pub archived_at: Option<DateTime<Utc>>,
     pub primary_session_id: Option<Uuid>,
     pub session_count: u64,
+    /// The column of the workspace's board the task is in (`GET /workspaces/{id}/columns`).
+    pub column_id: Option<Uuid>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -85,6 +87,7 @@ impl From<TaskView> for Task {
             archived_at: t.archived_at,
             primary_session_id: v.primary_session_id,
             session_count: v.session_count,
+            column_id: t.column_id,
             created_at: t.created_at,
             updated_at: t.updated_at,
         }
@@ -120,6 +123,8 @@ pub struct CreateTask {
     pub workspace_mode: Option<WorkspaceMode>,
     #[serde(default)]
     pub repositories: Vec<TaskRepositoryInput>,
+    /// The board column it starts in: one of the workspace's; default its first.
+    pub column_id: Option<Uuid>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -127,6 +132,8 @@ pub struct CreateTask {
 pub struct UpdateTask {
     pub title: Option<String>,
     pub description: Option<String>,
+    /// Moves the task to this column of its workspace's board.
+    pub column_id: Option<Uuid>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -136,6 +143,8 @@ pub struct TaskListQuery {
     pub archived: Option<bool>,
     /// Only the subtasks of this task.
     pub parent_task_id: Option<Uuid>,
+    /// Only the tasks in this column of the workspace's board (newest first, as every listing).
+    pub column: Option<Uuid>,
     /// Page size, 1 to 500 (default 50).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u64>,
@@ -186,6 +195,7 @@ async fn create_task(
                 branch: r.branch,
             })
             .collect(),
+        column_id: body.column_id,
     };
     let task = tasks::create(&state.ctx, &auth, *id, input).await?;
     let etag = task.etag();
@@ -226,6 +236,7 @@ async fn list_tasks(
     let filter = TaskFilter {
         archived: query.archived.unwrap_or(false),
         parent_task_id: query.parent_task_id,
+        column_id: query.column,
     };
     let page = tasks::list(&state.ctx, &auth, *id, filter, page).await?;
     Ok(web::Json(TaskList {
@@ -292,6 +303,7 @@ async fn update_task(
     let patch = TaskPatch {
         title: body.title,
         description: body.description,
+        column_id: body.column_id,
     };
     let task = tasks::update(&state.ctx, &auth, *id, patch, &if_match.0).await?;
     Ok(super::ok_tagged(&task.etag(), &Task::from(task)))

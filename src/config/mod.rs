@@ -174,6 +174,9 @@ pub struct Config {
     pub migration_lock_timeout: Duration,
     pub git_timeout: Duration,
     pub git_max_concurrent: usize,
+    /// Issue 40: the limits of one diff answer.
+    pub diff_max_file_bytes: usize,
+    pub diff_max_files: usize,
     /// How long a `creating` environment stays claimed without a heartbeat from its materializer.
     pub materialize_lease: Duration,
     /// The lease this process holds as an instance of its node (issue 39): renewed a third of it apart.
@@ -288,6 +291,8 @@ impl Config {
         let lock_ms = src.num("migration_lock_timeout_ms")?;
         let git_timeout = src.positive("git_timeout_secs")?;
         let git_max_concurrent = src.positive("git_max_concurrent")?;
+        let diff_max_file_bytes = src.positive("diff_max_file_bytes")?;
+        let diff_max_files = src.positive("diff_max_files")?;
         let materialize_lease_secs = src.positive("materialize_lease_secs")?;
         let node_lease_secs = src.positive("node_lease_secs")?;
         let event_buffer = src.positive("event_buffer")?;
@@ -427,6 +432,8 @@ impl Config {
             migration_lock_timeout: Duration::from_millis(lock_ms),
             git_timeout: Duration::from_secs(git_timeout),
             git_max_concurrent,
+            diff_max_file_bytes,
+            diff_max_files,
             materialize_lease: Duration::from_secs(materialize_lease_secs),
             node_lease: Duration::from_secs(node_lease_secs),
             event_buffer,

@@ -247,6 +247,18 @@ pub static SETTINGS: &[Setting] = &[
     setting("git_timeout_secs", Is("120"), "Bound on each git call", |c| {
         secs(c.git_timeout)
     }),
+    setting(
+        "diff_max_file_bytes",
+        Is("1048576"),
+        "The largest patch of one file a diff answer carries; a longer one is cut at a line and marked truncated",
+        |c| int(c.diff_max_file_bytes),
+    ),
+    setting(
+        "diff_max_files",
+        Is("500"),
+        "Files in one diff answer; more are paged by file with a cursor",
+        |c| int(c.diff_max_files),
+    ),
     setting("git_max_concurrent", Is("4"), "git calls running at once", |c| {
         int(c.git_max_concurrent)
     }),

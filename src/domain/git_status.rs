@@ -235,7 +235,7 @@ pub(crate) async fn inspect_and_record(
 /// no longer the repository's becomes `broken` with its category and `environment.broken`, and its stored
 /// git status reads stale, whoever found it (a refresh, a live read, a turn's completion). Never `ready`
 /// over a worktree that is not there.
-async fn prove(ctx: &Ctx, e: &env::Model) -> Result<()> {
+pub(crate) async fn prove(ctx: &Ctx, e: &env::Model) -> Result<()> {
     let Some(task) = crate::store::tasks::find(&ctx.db.conn, e.task_id).await? else {
         return Err(Error::NotFound("task"));
     };

@@ -1,6 +1,8 @@
 //! The rules. Handlers call one function here; nothing here knows about HTTP.
 pub mod branches;
 pub mod cleanup;
+pub mod columns;
+pub mod diff;
 pub mod environments;
 pub mod events;
 pub mod git_status;

@@ -29,6 +29,8 @@ pub struct NewTask {
     pub parent_task_id: Option<Uuid>,
     pub workspace_mode: WorkspaceMode,
     pub repositories: Vec<NewSlot>,
+    /// The board column it starts in (issue 40 item 4); the workspace's first when absent.
+    pub column_id: Option<Uuid>,
 }
 
 pub struct NewSlot {
@@ -40,6 +42,8 @@ pub struct NewSlot {
 pub struct TaskPatch {
     pub title: Option<String>,
     pub description: Option<String>,
+    /// Moves the task to this column of its workspace.
+    pub column_id: Option<Uuid>,
 }
 
 /// A task with what its readers need alongside it.
@@ -63,6 +67,8 @@ impl TaskView {
 pub struct TaskFilter {
     pub archived: bool,
     pub parent_task_id: Option<Uuid>,
+    /// Only the tasks in this column.
+    pub column_id: Option<Uuid>,
 }
 
 /// A requested slot, parsed: (repository, branch slug, base branch, branch).
@@ -83,6 +89,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
         return Err(Error::InvalidState("the workspace is being deleted".into()));
     }
     let slots = resolve_slots(&txn, workspace_id, &input, slots).await?;
+    let column_id = super::columns::resolve(&txn, workspace_id, input.column_id, "column_id").await?;
     let now = crate::clock::now();
     let id = Uuid::now_v7();
     let model = task::Model {
@@ -100,6 +107,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
         updated_at: now,
         row_version: 1,
         imported_from: None,
+        column_id,
     };
     let rows: Vec<task_repository::Model> = slots
         .into_iter()
@@ -219,6 +227,7 @@ pub async fn list(
         workspace_id,
         archived: filter.archived,
         parent_task_id: filter.parent_task_id,
+        column_id: filter.column_id,
         before: page.before,
         limit: page.fetch(),
     };
@@ -264,7 +273,17 @@ pub async fn update(
     }
     let title = title.filter(|t| *t != task.title);
     let description = description.filter(|d| *d != task.description);
+    let column_id = match patch.column_id {
+        Some(asked) => super::columns::resolve(&txn, task.workspace_id, Some(asked), "column_id")
+            .await?
+            .filter(|c| task.column_id != Some(*c)),
+        None => None,
+    };
     let mut changed = serde_json::Map::new();
+    if let Some(column_id) = column_id {
+        changed.insert("column_id".into(), json!(column_id));
+        crate::store::columns::move_task(&txn, id, column_id, crate::clock::now()).await?;
+    }
     if let Some(title) = &title {
         changed.insert("title".into(), json!(title));
     }
@@ -276,12 +295,16 @@ pub async fn update(
         return get(ctx, p, id).await;
     }
     store::update_text(&txn, id, title, description, crate::clock::now()).await?;
+    let mut data = json!({ "changed": changed });
+    if column_id.is_some() {
+        data["reason"] = json!("requested");
+    }
     events::append(
         &txn,
         ctx.instance_id,
         EventType::TaskUpdated,
         Subject::task(task.workspace_id, id),
-        json!({ "changed": changed }),
+        data,
     )
     .await?;
     // Only the answer acts on it.

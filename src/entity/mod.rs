@@ -19,3 +19,4 @@ pub mod task_environment_repo;
 pub mod task_repository;
 pub mod task_session;
 pub mod workspace;
+pub mod workspace_column;

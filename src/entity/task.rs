@@ -43,6 +43,8 @@ pub struct Model {
     pub row_version: i64,
     /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.
     pub imported_from: Option<String>,
+    /// The workspace column the task is in (issue 40 item 4).
+    pub column_id: Option<Uuid>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -13,6 +13,9 @@ pub enum EventType {
     #[sea_orm(string_value = "workspace.deleted")]
     #[serde(rename = "workspace.deleted")]
     WorkspaceDeleted,
+    #[sea_orm(string_value = "workspace.columns_changed")]
+    #[serde(rename = "workspace.columns_changed")]
+    WorkspaceColumnsChanged,
     #[sea_orm(string_value = "repository.created")]
     #[serde(rename = "repository.created")]
     RepositoryCreated,
@@ -93,6 +96,7 @@ impl EventType {
         match self {
             EventType::WorkspaceCreated => "workspace.created",
             EventType::WorkspaceDeleted => "workspace.deleted",
+            EventType::WorkspaceColumnsChanged => "workspace.columns_changed",
             EventType::RepositoryCreated => "repository.created",
             EventType::RepositoryDeleted => "repository.deleted",
             EventType::TaskCreated => "task.created",

@@ -179,11 +179,39 @@ impl GitCli {
         args: &[&str],
         answers: &[i32],
     ) -> Result<(Option<i32>, String, String), GitError> {
+        let (code, stdout, stderr) = self.run_bytes(op, repo, args, &[], answers).await?;
+        Ok((code, String::from_utf8_lossy(&stdout).into_owned(), stderr))
+    }
+
+    /// A read whose output is bytes, as git wrote them (a diff: its content is not always UTF-8), with
+    /// extra environment variables (a temporary index: `GIT_INDEX_FILE`).
+    async fn output_bytes(
+        &self,
+        op: &'static str,
+        repo: &Path,
+        args: &[&str],
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Vec<u8>, GitError> {
+        match self.run_bytes(op, repo, args, envs, &[0]).await? {
+            (Some(0), stdout, _) => Ok(stdout),
+            (_, _, stderr) => Err(GitError::Failed { op, stderr }),
+        }
+    }
+
+    async fn run_bytes(
+        &self,
+        op: &'static str,
+        repo: &Path,
+        args: &[&str],
+        envs: &[(&str, &std::ffi::OsStr)],
+        answers: &[i32],
+    ) -> Result<(Option<i32>, Vec<u8>, String), GitError> {
         let _slot = self.slots.acquire().await.expect("the semaphore is never closed");
         let mut cmd = Command::new("git");
         cmd.arg("-C")
             .arg(repo)
             .args(args)
+            .envs(envs.iter().copied())
             .env("GIT_TERMINAL_PROMPT", "0")
             .env("LC_ALL", "C")
             .stdin(Stdio::null())
@@ -206,11 +234,7 @@ impl GitCli {
         })??;
         // Exit code 128 is not proof of absence; callers inspect before concluding anything.
         let stderr = String::from_utf8_lossy(&out.stderr).trim().chars().take(2000).collect();
-        Ok((
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr,
-        ))
+        Ok((out.status.code(), out.stdout, stderr))
     }
 }
 
@@ -238,6 +262,16 @@ pub trait GitMutations: Send + Sync {
     /// Forgets exactly one registration whose directory is gone, the one berth recorded (never a
     /// repository-wide `git worktree prune`, which would drop the user's own missing worktrees too).
     async fn worktree_forget(&self, repo: &Path, registration: &RecordedRegistration) -> Result<(), GitError>;
+    /// A git command whose output is bytes as git wrote them, with extra environment variables (a
+    /// temporary index: `GIT_INDEX_FILE`), never taking an optional lock (`GIT_OPTIONAL_LOCKS=0`): diffs
+    /// and checkpoints, which must leave the worktree, its index and its refs as they were.
+    async fn read_bytes(
+        &self,
+        op: &'static str,
+        repo: &Path,
+        args: &[&str],
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Vec<u8>, GitError>;
     /// How many files differ from HEAD or are untracked, without taking the index lock or writing it.
     async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError>;
     /// The commit `refs/heads/<branch>` points at, `None` when there is no such branch (read-only).
@@ -262,6 +296,18 @@ pub trait GitMutations: Send + Sync {
 
 #[async_trait::async_trait]
 impl GitMutations for GitCli {
+    async fn read_bytes(
+        &self,
+        op: &'static str,
+        repo: &Path,
+        args: &[&str],
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Vec<u8>, GitError> {
+        let mut all: Vec<(&str, &std::ffi::OsStr)> = vec![("GIT_OPTIONAL_LOCKS", std::ffi::OsStr::new("0"))];
+        all.extend_from_slice(envs);
+        self.output_bytes(op, repo, args, &all).await
+    }
+
     /// `git worktree add`: on a new branch from `base` when `new_branch`, else on the existing `branch`.
     async fn worktree_add(
         &self,

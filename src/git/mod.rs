@@ -2,6 +2,7 @@
 //! (worktree add/remove, branch delete) go through the `git` CLI in `cli`, with a timeout and a
 //! process-wide concurrency cap.
 pub mod cli;
+pub mod diff;
 pub mod status;
 
 use std::path::{Path, PathBuf};

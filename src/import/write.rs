@@ -127,11 +127,16 @@ pub async fn write(
                 updated_at: now,
             };
             crate::store::workspaces::insert(&txn, &ws).await?;
+            crate::store::columns::insert_defaults(&txn, ws.id, now).await?;
             created_workspace = true;
             ws
         }
     };
     failpoint("after_workspaces")?;
+    let first_column = crate::store::columns::of_workspace(&txn, ws.id)
+        .await?
+        .first()
+        .map(|c| c.id);
 
     // Repositories: by their local path (one berth repository per path), else kandev's id.
     let mut repo_ids =
@@ -251,6 +256,8 @@ pub async fn write(
                 updated_at: Set(t.updated_at),
                 row_version: Set(1),
                 imported_from: Set(Some(t.id.clone())),
+                // Imported tasks start in the workspace's first column.
+                column_id: Set(first_column),
             });
             for s in &t.slots {
                 let Some(repository_id) = repo_ids.get(&s.repository_id) else {

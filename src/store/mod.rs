@@ -5,6 +5,7 @@
 //! is locked" under concurrency and sea-orm drops `FOR UPDATE` there. PostgreSQL: a pool, and row locks.
 pub mod branches;
 pub mod cleanup_jobs;
+pub mod columns;
 pub mod environments;
 pub mod event_tickets;
 pub mod executions;

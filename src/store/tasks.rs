@@ -190,6 +190,7 @@ pub struct TaskQuery {
     pub workspace_id: Uuid,
     pub archived: bool,
     pub parent_task_id: Option<Uuid>,
+    pub column_id: Option<Uuid>,
     pub before: Option<Uuid>,
     pub limit: u64,
 }
@@ -204,6 +205,9 @@ pub async fn page<C: ConnectionTrait>(conn: &C, q: TaskQuery) -> Result<Vec<task
     };
     if let Some(parent) = q.parent_task_id {
         s = s.filter(task::Column::ParentTaskId.eq(parent));
+    }
+    if let Some(column) = q.column_id {
+        s = s.filter(task::Column::ColumnId.eq(column));
     }
     if let Some(before) = q.before {
         s = s.filter(task::Column::Id.lt(before));

@@ -436,6 +436,15 @@ mod gated_git {
         async fn worktree_forget(&self, repo: &Path, registration: &RecordedRegistration) -> Result<(), GitError> {
             self.inner.worktree_forget(repo, registration).await
         }
+        async fn read_bytes(
+            &self,
+            op: &'static str,
+            repo: &Path,
+            args: &[&str],
+            envs: &[(&str, &std::ffi::OsStr)],
+        ) -> Result<Vec<u8>, GitError> {
+            self.inner.read_bytes(op, repo, args, envs).await
+        }
         async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError> {
             self.inner.dirty_file_count(worktree).await
         }

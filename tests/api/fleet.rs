@@ -539,7 +539,10 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     assert!(!disk_b.exists(&worktree), "removed on b's disk");
     let j = fleet.wait_job(&c, web_job).await;
     assert_eq!(j["state"], "succeeded", "{j}");
-    assert!(!disk_b.exists(&web_worktree), "the workspace's worktree, removed on b's disk");
+    assert!(
+        !disk_b.exists(&web_worktree),
+        "the workspace's worktree, removed on b's disk"
+    );
     let j = fleet.wait_job(&c, session_job).await;
     assert_eq!(j["state"], "succeeded", "{j}");
     assert!(

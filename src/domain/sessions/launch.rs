@@ -352,6 +352,8 @@ impl Launch<'_> {
         {
             return Err(Error::Stale("the session changed meanwhile; retry".into()));
         }
+        // Issue 40 item 4: a started session moves its task on the board where the workspace says so.
+        crate::domain::columns::on_session_started(&txn, ctx, task).await?;
         ctx.commit(txn).await?;
         Ok(None)
     }

@@ -592,7 +592,8 @@ pub async fn dump(app: &TestApp) -> (Vec<String>, Option<Vec<u8>>) {
     .map(|r| r.try_get::<String>("", "name").unwrap())
     .collect();
     let mut rows = Vec::new();
-    for t in tables {
+    // Not berth's data: a running instance renews its lease row whatever an import does.
+    for t in tables.into_iter().filter(|t| t != "instances") {
         let sql = match backend {
             DbBackend::Sqlite => {
                 let cols: Vec<String> = db
