@@ -4,7 +4,7 @@
 //! foreign key: a column is removed only while empty). Existing workspaces get the defaults and their
 //! tasks start in `Backlog`.
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::{ConnectionTrait, Statement};
+use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend, Statement};
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -79,52 +79,30 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
-        // The defaults for every workspace there is; its tasks start in the first.
+        // The defaults for every workspace there is, in SQL (ids are stored as the database stores them:
+        // a row's workspace id is copied, never decoded); its tasks start in the first.
         let db = manager.get_connection();
         let backend = db.get_database_backend();
-        let workspaces = db
-            .query_all_raw(Statement::from_string(backend, "SELECT id FROM workspaces"))
-            .await?;
+        let (new_id, at) = match backend {
+            DbBackend::Postgres => ("gen_random_uuid()", ["$1", "$2"]),
+            _ => ("randomblob(16)", ["?", "?"]),
+        };
         let now = chrono::Utc::now();
-        for w in workspaces {
-            let ws: uuid::Uuid = w.try_get("", "id")?;
-            let mut first = None;
-            for (position, (name, moves)) in DEFAULT_COLUMNS.iter().enumerate() {
-                let id = uuid::Uuid::now_v7();
-                first.get_or_insert(id);
-                let insert = Query::insert()
-                    .into_table(Alias::new("workspace_columns"))
-                    .columns(
-                        [
-                            "id",
-                            "workspace_id",
-                            "name",
-                            "position",
-                            "moves_in_on",
-                            "created_at",
-                            "updated_at",
-                        ]
-                        .map(Alias::new),
-                    )
-                    .values_panic([
-                        id.into(),
-                        ws.into(),
-                        (*name).into(),
-                        (position as i32).into(),
-                        moves.map(str::to_string).into(),
-                        now.into(),
-                        now.into(),
-                    ])
-                    .to_owned();
-                manager.exec_stmt(insert).await?;
-            }
-            let update = Query::update()
-                .table(Alias::new("tasks"))
-                .value(Alias::new("column_id"), first)
-                .and_where(Expr::col(Alias::new("workspace_id")).eq(ws))
-                .to_owned();
-            manager.exec_stmt(update).await?;
+        for (position, (name, moves)) in DEFAULT_COLUMNS.iter().enumerate() {
+            let moves = moves.map_or("NULL".to_string(), |m| format!("'{m}'"));
+            let sql = format!(
+                "INSERT INTO workspace_columns (id, workspace_id, name, position, moves_in_on, created_at, updated_at) \
+                 SELECT {new_id}, id, '{name}', {position}, {moves}, {}, {} FROM workspaces",
+                at[0], at[1]
+            );
+            db.execute_raw(Statement::from_sql_and_values(backend, sql, [now.into(), now.into()]))
+                .await?;
         }
+        db.execute_unprepared(
+            "UPDATE tasks SET column_id = (SELECT c.id FROM workspace_columns c \
+             WHERE c.workspace_id = tasks.workspace_id AND c.position = 0)",
+        )
+        .await?;
         Ok(())
     }
 
