@@ -77,9 +77,18 @@ pub(crate) async fn project(ctx: &super::Ctx, s: session::Model) -> Result<Sessi
         Some(env_id) => env_store::find(&ctx.db.conn, env_id).await?,
         None => None,
     };
+    // A node the view does not hold up is read again before it is shown down: a node that came up since
+    // the last renewal period is up, not down.
+    let node = match &env {
+        Some(e) => Some(SessionNode {
+            id: e.node_id.clone(),
+            state: crate::domain::nodes::state(ctx, &e.node_id).await?,
+        }),
+        None => None,
+    };
     Ok(SessionView {
         session: s,
-        node: env.as_ref().map(|e| node_of(ctx, &e.node_id)),
+        node,
         workspace_path: env.and_then(|e| e.workspace_path),
     })
 }
