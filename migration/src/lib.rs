@@ -17,6 +17,7 @@ mod m20261205_000013_leftovers;
 mod m20261206_000014_nodes;
 mod m20261206_000015_session_delete_jobs;
 pub mod m20261206_000016_columns;
+mod m20261206_000017_turns;
 
 pub struct Migrator;
 
@@ -40,6 +41,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000014_nodes::Migration),
             Box::new(m20261206_000015_session_delete_jobs::Migration),
             Box::new(m20261206_000016_columns::Migration),
+            Box::new(m20261206_000017_turns::Migration),
         ]
     }
 }

@@ -62,7 +62,7 @@ impl DiffQuery {
 }
 
 /// 304 when the caller has this answer already.
-fn answer(req: &HttpRequest, (diff, etag): (Diff, String)) -> HttpResponse {
+pub(super) fn answer(req: &HttpRequest, (diff, etag): (Diff, String)) -> HttpResponse {
     let unchanged = req
         .headers()
         .get(header::IF_NONE_MATCH)

@@ -58,6 +58,7 @@ fn route(method: &Method, path: &str) -> Option<(Owner, WhenDown)> {
             Some((Owner::Task(id(1)?), WhenDown::HandleHere))
         }
         ("DELETE", ["sessions", _]) => Some((Owner::Session(id(1)?), WhenDown::HandleHere)),
+        ("GET", ["sessions", _, "turns", _, "diff"]) => Some((Owner::Session(id(1)?), WhenDown::Refuse)),
         ("POST", ["sessions", _, "launch" | "resume"]) | ("GET", ["sessions", _, "git-status" | "diff"]) => {
             Some((Owner::Session(id(1)?), WhenDown::Refuse))
         }

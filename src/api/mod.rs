@@ -23,6 +23,7 @@ pub mod session_settings;
 pub mod session_snapshot;
 pub mod sessions;
 pub mod tasks;
+pub mod turns;
 pub mod workspaces;
 
 use std::sync::Arc;
@@ -316,7 +317,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(nodes::routes)
                 .configure(git_status::routes)
                 .configure(diff::routes)
-                .configure(columns::routes),
+                .configure(columns::routes)
+                .configure(turns::routes),
         );
 }
 

@@ -211,7 +211,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A file of the answer: its patch cut to the limit at a line, as text when it is UTF-8.
-fn file(f: git_diff::FileChange, max_bytes: usize) -> FileDiff {
+pub(crate) fn file(f: git_diff::FileChange, max_bytes: usize) -> FileDiff {
     let mut patch = f.patch;
     let truncated = patch.len() > max_bytes;
     if truncated {

@@ -1,5 +1,6 @@
 //! The rules. Handlers call one function here; nothing here knows about HTTP.
 pub mod branches;
+pub mod checkpoints;
 pub mod cleanup;
 pub mod columns;
 pub mod diff;

@@ -1,5 +1,6 @@
 //! sea-orm entities: one file per table. Column enums that the API also shows derive `ToSchema`.
 pub mod agent_execution;
+pub mod checkpoint;
 pub mod cleanup_job;
 pub mod event;
 pub mod event_ticket;
@@ -12,6 +13,7 @@ pub mod repository;
 pub mod session_command;
 pub mod session_inbox;
 pub mod session_message;
+pub mod session_turn;
 pub mod task;
 pub mod task_branch;
 pub mod task_environment;

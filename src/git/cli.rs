@@ -272,6 +272,11 @@ pub trait GitMutations: Send + Sync {
         args: &[&str],
         envs: &[(&str, &std::ffi::OsStr)],
     ) -> Result<Vec<u8>, GitError>;
+    /// Points berth's own ref `refname` (under `refs/berth/`) at `oid`, keeping that object alive (a
+    /// checkpoint's tree). Never any other ref.
+    async fn keep_object(&self, repo: &Path, refname: &str, oid: &str) -> Result<(), GitError>;
+    /// Deletes every ref under berth's own `prefix` (under `refs/berth/`); a missing one is no error.
+    async fn drop_refs(&self, repo: &Path, prefix: &str) -> Result<(), GitError>;
     /// How many files differ from HEAD or are untracked, without taking the index lock or writing it.
     async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError>;
     /// The commit `refs/heads/<branch>` points at, `None` when there is no such branch (read-only).
@@ -296,6 +301,36 @@ pub trait GitMutations: Send + Sync {
 
 #[async_trait::async_trait]
 impl GitMutations for GitCli {
+    async fn keep_object(&self, repo: &Path, refname: &str, oid: &str) -> Result<(), GitError> {
+        if !refname.starts_with("refs/berth/") {
+            return Err(GitError::Failed {
+                op: "update-ref",
+                stderr: format!("{refname} is not berth's"),
+            });
+        }
+        self.mutate("update-ref", repo, &["update-ref", refname, oid])
+            .await
+            .map(|_| ())
+    }
+
+    async fn drop_refs(&self, repo: &Path, prefix: &str) -> Result<(), GitError> {
+        if !prefix.starts_with("refs/berth/") {
+            return Err(GitError::Failed {
+                op: "update-ref",
+                stderr: format!("{prefix} is not berth's"),
+            });
+        }
+        let _repo = self.repos.lock(repo).await;
+        let listed = self
+            .run("for-each-ref", repo, &["for-each-ref", "--format=%(refname)", prefix])
+            .await?;
+        for name in listed.lines().filter(|l| l.starts_with(prefix)) {
+            self.run_retrying("update-ref", repo, &["update-ref", "-d", name])
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn read_bytes(
         &self,
         op: &'static str,

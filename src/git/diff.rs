@@ -102,16 +102,7 @@ pub async fn changes(git: &dyn GitMutations, worktree: &Path, req: &Request<'_>)
     };
     let empty_tree = empty_tree(git, worktree).await?;
     let from = base.clone().unwrap_or_else(|| empty_tree.clone());
-    let mut diff_args: Vec<String> = vec![
-        "-c".into(),
-        "core.quotePath=false".into(),
-        "diff".into(),
-        "--no-ext-diff".into(),
-        "--no-textconv".into(),
-        "--no-color".into(),
-        "-M".into(),
-        "-C".into(),
-    ];
+    let mut diff_args = diff_command();
     let index_dir;
     let mut envs: Vec<(&str, &OsStr)> = Vec::new();
     let index_file: PathBuf;
@@ -129,20 +120,72 @@ pub async fn changes(git: &dyn GitMutations, worktree: &Path, req: &Request<'_>)
             diff_args.push(from.clone());
         }
     }
-    let pathspec: Vec<String> = req.paths.iter().map(|p| format!(":(literal){p}")).collect();
+    let mut files = files_of(git, worktree, diff_args, &envs, req.context, req.paths).await?;
+    if req.scope != Scope::Committed {
+        let untracked = untracked(git, worktree).await?;
+        for f in files.iter_mut() {
+            if f.status == ChangeStatus::Added && untracked.contains(&f.path) {
+                f.status = ChangeStatus::Untracked;
+            }
+        }
+    }
+    Ok(Changes { base, head, files })
+}
+
+/// The changes from tree (or commit) `from` to `to`, both already in the object store (checkpoints).
+pub async fn between(
+    git: &dyn GitMutations,
+    worktree: &Path,
+    from: &str,
+    to: &str,
+    context: u32,
+    paths: &[String],
+) -> Result<Vec<FileChange>, GitError> {
+    let mut args = diff_command();
+    args.push(from.to_string());
+    args.push(to.to_string());
+    files_of(git, worktree, args, &[], context, paths).await
+}
+
+fn diff_command() -> Vec<String> {
+    [
+        "-c",
+        "core.quotePath=false",
+        "diff",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--no-color",
+        "-M",
+        "-C",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Lists the files a `git diff` with `diff_args` shows, then their patches (same options, same paths,
+/// same order).
+async fn files_of(
+    git: &dyn GitMutations,
+    worktree: &Path,
+    diff_args: Vec<String>,
+    envs: &[(&str, &OsStr)],
+    context: u32,
+    paths: &[String],
+) -> Result<Vec<FileChange>, GitError> {
+    let pathspec: Vec<String> = paths.iter().map(|p| format!(":(literal){p}")).collect();
     // The listing: status, paths, modes, counts.
     let mut listing = diff_args.clone();
     listing.extend(["--raw", "-z", "--numstat"].map(String::from));
     listing.push("--".into());
     listing.extend(pathspec.iter().cloned());
-    let listed = git.read_bytes("diff", worktree, &as_strs(&listing), &envs).await?;
+    let listed = git.read_bytes("diff", worktree, &as_strs(&listing), envs).await?;
     let mut files = parse_listing(&listed).map_err(|m| GitError::Failed { op: "diff", stderr: m })?;
     // The patches, in the same order (same options, same paths).
     let mut patch = diff_args;
-    patch.push(format!("-U{}", req.context));
+    patch.push(format!("-U{context}"));
     patch.push("--".into());
     patch.extend(pathspec);
-    let patches = git.read_bytes("diff", worktree, &as_strs(&patch), &envs).await?;
+    let patches = git.read_bytes("diff", worktree, &as_strs(&patch), envs).await?;
     let chunks = split_patches(&patches);
     if chunks.len() != files.len() {
         return Err(GitError::Failed {
@@ -153,15 +196,26 @@ pub async fn changes(git: &dyn GitMutations, worktree: &Path, req: &Request<'_>)
     for (f, chunk) in files.iter_mut().zip(chunks) {
         f.patch = chunk.to_vec();
     }
-    if req.scope != Scope::Committed {
-        let untracked = untracked(git, worktree).await?;
-        for f in files.iter_mut() {
-            if f.status == ChangeStatus::Added && untracked.contains(&f.path) {
-                f.status = ChangeStatus::Untracked;
-            }
-        }
-    }
-    Ok(Changes { base, head, files })
+    Ok(files)
+}
+
+/// The worktree's complete state (tracked, staged, unstaged and untracked; `.gitignore` respected) as a
+/// tree object, through a temporary index: the worktree, its index and its refs stay as they were
+/// (issue 40 item 2: a checkpoint). The tree is written to the object store; keeping it alive is the
+/// caller's (a ref under `refs/berth/`).
+pub async fn snapshot(git: &dyn GitMutations, worktree: &Path, scratch: &Path) -> Result<String, GitError> {
+    let dir = Scratch::new(scratch)?;
+    let index_file = dir.0.join("index");
+    stage_worktree(git, worktree, &index_file).await?;
+    let tree = git
+        .read_bytes(
+            "write-tree",
+            worktree,
+            &["write-tree"],
+            &[("GIT_INDEX_FILE", index_file.as_os_str())],
+        )
+        .await?;
+    Ok(String::from_utf8_lossy(&tree).trim().to_string())
 }
 
 /// A private directory for one temporary index, removed when dropped.

@@ -21,6 +21,7 @@ pub mod repositories;
 pub mod session_commands;
 pub mod sessions;
 pub mod tasks;
+pub mod turns;
 pub mod workspaces;
 
 use std::time::Duration;

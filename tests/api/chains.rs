@@ -445,6 +445,12 @@ mod gated_git {
         ) -> Result<Vec<u8>, GitError> {
             self.inner.read_bytes(op, repo, args, envs).await
         }
+        async fn keep_object(&self, repo: &Path, refname: &str, oid: &str) -> Result<(), GitError> {
+            self.inner.keep_object(repo, refname, oid).await
+        }
+        async fn drop_refs(&self, repo: &Path, prefix: &str) -> Result<(), GitError> {
+            self.inner.drop_refs(repo, prefix).await
+        }
         async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError> {
             self.inner.dirty_file_count(worktree).await
         }

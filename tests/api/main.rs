@@ -52,5 +52,6 @@ mod shutdown;
 mod streaming;
 mod tasks;
 mod tickets;
+mod turns;
 mod ui;
 mod workspaces;

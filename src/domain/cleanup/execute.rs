@@ -197,6 +197,11 @@ async fn clean_current(
         // Only if empty: berth never removes what the inventory does not name (I13).
         let _ = std::fs::remove_dir(dir.as_path());
     }
+    // Issue 40 item 2: the environment's checkpoints go with it (berth's refs in its repositories).
+    let repositories: Vec<String> = env_snap.worktrees.iter().map(|w| w.repository_path.clone()).collect();
+    if let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories).await {
+        return retry(e);
+    }
     match retire_environment(ctx, snap, env_snap.id).await {
         Ok(()) => Outcome::Done,
         Err(e) => retry(e),

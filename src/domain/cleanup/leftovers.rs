@@ -80,6 +80,11 @@ pub async fn clean(
         // Only if empty (I13).
         let _ = std::fs::remove_dir(dir.as_path());
     }
+    // Issue 40 item 2: its checkpoints go with it.
+    let repositories: Vec<String> = env_snap.worktrees.iter().map(|w| w.repository_path.clone()).collect();
+    if let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories).await {
+        return Outcome::Retry(e.into());
+    }
     match retire(ctx, snap, env_snap.id, &gone).await {
         Ok(()) => Outcome::Done,
         Err(e) => Outcome::Retry(e.into()),

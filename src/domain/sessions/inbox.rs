@@ -193,6 +193,12 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
             // Held until the turn settles.
             (Delivery::Auto | Delivery::FollowUp, true) => continue,
         };
+        // Issue 40 item 2: a prompt starts a turn, recorded before the agent can finish it (taken back if
+        // the agent does not take the prompt); the worktree as the agent finds it is its checkpoint.
+        let turn = match command {
+            Command::Prompt(_) => Some(super::turns::start(ctx, &s, &m.text).await?),
+            _ => None,
+        };
         // In the transcript before the agent can answer it (a reply must never come first); taken back if
         // the agent does not take the message.
         let entry = crate::store::messages::append(
@@ -214,6 +220,9 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
             Sent::NoAnswer => Outcome::Delivered,
             Sent::Gone => Outcome::Gone,
         };
+        if let (Some(t), false) = (turn, matches!(outcome, Outcome::Delivered)) {
+            super::turns::take_back(ctx, t).await?;
+        }
         match outcome {
             Outcome::Delivered => {
                 settle(ctx, &task, &s, m.id, InboxState::Delivered, None).await?;

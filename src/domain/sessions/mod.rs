@@ -22,6 +22,7 @@ mod settings;
 mod snapshot;
 pub mod state;
 mod stream;
+pub mod turns;
 
 use super::Ctx;
 use super::environments;

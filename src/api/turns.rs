@@ -1,0 +1,127 @@
+//! HTTP for a session's turns and what each changed (issue 40 item 2).
+use actix_web::{HttpRequest, HttpResponse, get, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_actix_web::service_config::ServiceConfig;
+use uuid::Uuid;
+
+use super::AppState;
+use super::extract::{Authorized, SessionsRead};
+use super::problem::Problem;
+use crate::domain::diff::{Diff, MAX_CONTEXT};
+use crate::domain::sessions::turns;
+use crate::entity::session_turn;
+use crate::error::Error;
+
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(list_turns).service(turn_diff);
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Turn {
+    /// 1 for the session's first turn.
+    pub number: i32,
+    /// What the agent was asked.
+    pub prompt: String,
+    pub started_at: DateTime<Utc>,
+    /// Null while the turn runs.
+    pub settled_at: Option<DateTime<Utc>>,
+    /// The environment's state before the agent had the prompt (null when none could be taken).
+    pub start_checkpoint_id: Option<Uuid>,
+    /// Its state once the turn settled.
+    pub end_checkpoint_id: Option<Uuid>,
+    /// Files that differ between the two checkpoints.
+    pub files_changed: Option<i32>,
+}
+
+impl From<session_turn::Model> for Turn {
+    fn from(t: session_turn::Model) -> Self {
+        Turn {
+            number: t.number,
+            prompt: t.prompt,
+            started_at: t.started_at,
+            settled_at: t.settled_at,
+            start_checkpoint_id: t.start_checkpoint_id,
+            end_checkpoint_id: t.end_checkpoint_id,
+            files_changed: t.files_changed,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TurnList {
+    /// First to last.
+    pub items: Vec<Turn>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TurnDiffQuery {
+    /// Lines of context around each change (default 3, at most 1000).
+    #[param(minimum = 0, maximum = 1000)]
+    pub context: Option<u32>,
+}
+
+/// List a session's turns
+///
+/// Each prompt the agent took, with the checkpoints of the environment at its start (before the agent had
+/// it) and once it settled, and how many files it changed. Scope `sessions:read`.
+#[utoipa::path(
+    operation_id = "listSessionTurns",
+    tag = "sessions",
+    security(("bearer" = ["sessions:read"])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The turns, first to last", body = TurnList),
+        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/sessions/{id}/turns")]
+async fn list_turns(
+    auth: Authorized<SessionsRead>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<web::Json<TurnList>, Error> {
+    let items = turns::list(&state.ctx, &auth, *id).await?;
+    Ok(web::Json(TurnList {
+        items: items.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// Get what one turn changed
+///
+/// The diff between the turn's two checkpoints, in the shape of an environment's diff (`scope: turn`;
+/// `base` and `head` are the checkpoints' trees). Scope `sessions:read`.
+#[utoipa::path(
+    operation_id = "getSessionTurnDiff",
+    tag = "diffs",
+    security(("bearer" = ["sessions:read"])),
+    params(("id" = Uuid, Path, description = "Session id"), ("number" = i32, Path, description = "Turn number"), TurnDiffQuery),
+    responses(
+        (status = 200, description = "What the turn changed, per repository slot", body = Diff, headers(("ETag" = String, description = "The answer's content hash"))),
+        (status = 304, description = "Unchanged since the `If-None-Match` ETag"),
+        (status = 404, description = "No such session or turn (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The turn has not settled, or has no checkpoint at one end (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Too much context (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[get("/sessions/{id}/turns/{number}/diff")]
+async fn turn_diff(
+    auth: Authorized<SessionsRead>,
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(Uuid, i32)>,
+    query: web::Query<TurnDiffQuery>,
+) -> Result<HttpResponse, Error> {
+    let (id, number) = path.into_inner();
+    let context = query.context.unwrap_or(3);
+    if context > MAX_CONTEXT {
+        return Err(Error::invalid("context", "must be at most 1000"));
+    }
+    Ok(super::diff::answer(
+        &req,
+        turns::diff(&state.ctx, &auth, id, number, context).await?,
+    ))
+}

@@ -1,0 +1,144 @@
+//! Checkpoints (issue 40 item 2): the complete state of an environment's worktrees at one moment, one git
+//! tree per repository slot, taken through a temporary index (`git::diff::snapshot`) without touching the
+//! worktree, its index, the stash or any branch, and kept alive by berth's own refs
+//! (`refs/berth/checkpoints/<environment>/<checkpoint>-<position>`), which the environment's cleanup
+//! removes. Only the node whose disk holds the worktrees takes one, and only of berth's worktrees (a
+//! `local` session's checkout is the user's own: no checkpoint, no ref of berth's in it).
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::Ctx;
+use crate::entity::checkpoint;
+use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
+use crate::error::{Error, Result};
+use crate::git::diff as git_diff;
+
+/// One slot's tree in a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SlotTree {
+    pub repository_id: Uuid,
+    pub position: i32,
+    pub tree: String,
+}
+
+/// The prefix of an environment's checkpoint refs.
+pub fn ref_prefix(env_id: Uuid) -> String {
+    format!("refs/berth/checkpoints/{env_id}/")
+}
+
+/// A worktree of the environment to read: (repository id, slot position, worktree, repository path).
+async fn worktrees(ctx: &Ctx, e: &env::Model) -> Result<Vec<(Uuid, i32, PathBuf, PathBuf)>> {
+    let mut rows = crate::store::environments::active_repos_with_repository(&ctx.db.conn, e.id).await?;
+    rows.sort_by_key(|(row, _)| row.position);
+    Ok(rows
+        .into_iter()
+        .filter_map(|(row, repo)| {
+            let repo = repo?;
+            let path = match (e.executor_type, &row.worktree_path) {
+                (ExecutorType::Worktree, Some(p)) => PathBuf::from(p),
+                (ExecutorType::Local, _) => PathBuf::from(&repo.path),
+                _ => return None,
+            };
+            Some((row.repository_id, row.position, path, PathBuf::from(repo.path)))
+        })
+        .collect())
+}
+
+/// Takes a checkpoint of the environment now; `None` when there is nothing to take it of here (another
+/// node's disk, an environment that is not ready).
+pub(crate) async fn take(ctx: &Ctx, e: &env::Model, session_id: Option<Uuid>) -> Result<Option<checkpoint::Model>> {
+    // Only berth's worktrees: a `local` session works in the user's own checkout, where berth keeps no
+    // refs of its own.
+    if e.node_id != ctx.config.node_id
+        || e.executor_type != ExecutorType::Worktree
+        || !matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped)
+    {
+        return Ok(None);
+    }
+    let scratch = ctx.config.data_dir.join("tmp");
+    std::fs::create_dir_all(&scratch).map_err(|err| Error::Internal(err.into()))?;
+    let id = Uuid::now_v7();
+    let mut trees = Vec::new();
+    for (repository_id, position, worktree, repo) in worktrees(ctx, e).await? {
+        if !worktree.is_dir() {
+            return Ok(None);
+        }
+        let git = |err: crate::git::cli::GitError| Error::Internal(anyhow::anyhow!("checkpoint: {err}"));
+        let tree = git_diff::snapshot(ctx.git.as_ref(), &worktree, &scratch)
+            .await
+            .map_err(git)?;
+        let refname = format!("{}{id}-{position}", ref_prefix(e.id));
+        ctx.git.keep_object(&repo, &refname, &tree).await.map_err(git)?;
+        trees.push(SlotTree {
+            repository_id,
+            position,
+            tree,
+        });
+    }
+    let model = checkpoint::Model {
+        id,
+        task_environment_id: e.id,
+        session_id,
+        trees: serde_json::to_value(&trees).map_err(|err| Error::Internal(err.into()))?,
+        created_at: crate::clock::now(),
+    };
+    crate::store::turns::insert_checkpoint(&ctx.db.conn, model.clone()).await?;
+    Ok(Some(model))
+}
+
+pub fn trees_of(c: &checkpoint::Model) -> Vec<SlotTree> {
+    serde_json::from_value(c.trees.clone()).unwrap_or_default()
+}
+
+/// What changed from checkpoint `from` to checkpoint `to`, per slot: (repository id, position, files).
+pub(crate) async fn changes_between(
+    ctx: &Ctx,
+    e: &env::Model,
+    from: &checkpoint::Model,
+    to: &checkpoint::Model,
+    context: u32,
+    paths: &[String],
+) -> Result<Vec<(Uuid, i32, String, String, Vec<git_diff::FileChange>)>> {
+    let worktrees = worktrees(ctx, e).await?;
+    let before = trees_of(from);
+    let mut out = Vec::new();
+    for after in trees_of(to) {
+        let Some(old) = before.iter().find(|b| b.position == after.position) else {
+            continue;
+        };
+        // The objects are in the repository; any worktree of it reads them.
+        let Some((_, _, worktree, repo)) = worktrees.iter().find(|w| w.1 == after.position) else {
+            continue;
+        };
+        let at = if worktree.is_dir() { worktree } else { repo };
+        let files = git_diff::between(ctx.git.as_ref(), at, &old.tree, &after.tree, context, paths)
+            .await
+            .map_err(|err| Error::Internal(anyhow::anyhow!("checkpoint diff: {err}")))?;
+        out.push((
+            after.repository_id,
+            after.position,
+            old.tree.clone(),
+            after.tree.clone(),
+            files,
+        ));
+    }
+    Ok(out)
+}
+
+/// Removes the environment's checkpoint refs from its repositories (its cleanup); the rows go too.
+pub(crate) async fn forget(ctx: &Ctx, env_id: Uuid, repositories: &[String]) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for repo in repositories.iter().filter(|r| seen.insert(r.as_str())) {
+        let path = std::path::Path::new(repo);
+        if !path.is_dir() {
+            continue;
+        }
+        ctx.git
+            .drop_refs(path, &ref_prefix(env_id))
+            .await
+            .map_err(|err| Error::Internal(anyhow::anyhow!("dropping checkpoint refs: {err}")))?;
+    }
+    crate::store::turns::delete_checkpoints_of(&ctx.db.conn, env_id).await
+}

@@ -1,0 +1,19 @@
+use sea_orm::entity::prelude::*;
+
+/// The state of an environment's worktrees at one moment (issue 40 item 2): one git tree per slot.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "checkpoints")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub task_environment_id: Uuid,
+    pub session_id: Option<Uuid>,
+    /// `[{repository_id, position, tree}]`
+    pub trees: Json,
+    pub created_at: DateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}
