@@ -227,6 +227,27 @@ const VARIANTS: &[Variant] = &[
         data: &[("node_id", Field::String, "The decommissioned node.", REQ)],
     },
     Variant {
+        event_type: "environment.restored",
+        name: "EnvironmentRestored",
+        description: "A task's environment's worktrees were put back to a checkpoint (`POST \
+                      /environments/{id}/restore`); the state after it is a new checkpoint.",
+        data: &[
+            ("checkpoint_id", Field::Uuid, "The checkpoint restored.", REQ),
+            (
+                "new_checkpoint_id",
+                Field::Uuid,
+                "The checkpoint of the state after the restore.",
+                REQ,
+            ),
+            (
+                "discarded_changes",
+                Field::Boolean,
+                "Changes since the last checkpoint were discarded (with consent).",
+                REQ,
+            ),
+        ],
+    },
+    Variant {
         event_type: "environment.progress",
         name: "EnvironmentProgress",
         description: "Materializing a task's environment moved on, per repository (an asynchronous session \

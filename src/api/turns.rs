@@ -1,5 +1,5 @@
 //! HTTP for a session's turns and what each changed (issue 40 item 2).
-use actix_web::{HttpRequest, HttpResponse, get, web};
+use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -7,7 +7,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
 
 use super::AppState;
-use super::extract::{Authorized, SessionsRead};
+use super::extract::{Authorized, SessionsRead, TasksWrite};
 use super::problem::Problem;
 use crate::domain::diff::{Diff, MAX_CONTEXT};
 use crate::domain::sessions::turns;
@@ -15,7 +15,66 @@ use crate::entity::session_turn;
 use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
-    cfg.service(list_turns).service(turn_diff);
+    cfg.service(list_turns).service(turn_diff).service(restore_environment);
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreEnvironment {
+    /// A checkpoint of this environment (a turn's `start_checkpoint_id` or `end_checkpoint_id`).
+    pub checkpoint_id: Uuid,
+    /// Consent to discard what changed since the environment's last checkpoint (refused without it
+    /// when something did).
+    #[serde(default)]
+    pub discard_worktree_changes: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Restored {
+    pub task_environment_id: Uuid,
+    /// The checkpoint restored.
+    pub checkpoint_id: Uuid,
+    /// The checkpoint of the worktrees as they are now.
+    pub new_checkpoint_id: Uuid,
+}
+
+/// Restore an environment to a checkpoint
+///
+/// Puts the environment's worktrees back to a checkpoint: files it does not hold are removed, the others
+/// written as it holds them (`.gitignore`d files are left alone; the worktrees' index and branches are not
+/// touched). Refused while an agent works there (`409 session_busy`), and, without
+/// `discard_worktree_changes: true`, when the worktrees changed since their last checkpoint (`409
+/// conflict`). Event `environment.restored`. Scope `tasks:write`.
+#[utoipa::path(
+    operation_id = "restoreEnvironment",
+    tag = "diffs",
+    security(("bearer" = ["tasks:write"])),
+    params(("id" = Uuid, Path, description = "Environment id")),
+    request_body = RestoreEnvironment,
+    responses(
+        (status = 200, description = "Restored; the state after it is a new checkpoint", body = Restored),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "An agent works there (`session_busy`), the worktrees changed since the last checkpoint and no consent was given (`conflict`), or the environment is broken (`workspace_reuse_unsafe`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not a checkpoint of this environment (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/environments/{id}/restore")]
+async fn restore_environment(
+    auth: Authorized<TasksWrite>,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+    body: web::Json<RestoreEnvironment>,
+) -> Result<web::Json<Restored>, Error> {
+    let b = body.into_inner();
+    let after =
+        crate::domain::checkpoints::restore(&state.ctx, &auth, *id, b.checkpoint_id, b.discard_worktree_changes)
+            .await?;
+    Ok(web::Json(Restored {
+        task_environment_id: *id,
+        checkpoint_id: b.checkpoint_id,
+        new_checkpoint_id: after.id,
+    }))
 }
 
 #[derive(Debug, Serialize, ToSchema)]

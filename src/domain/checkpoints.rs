@@ -142,3 +142,108 @@ pub(crate) async fn forget(ctx: &Ctx, env_id: Uuid, repositories: &[String]) -> 
     }
     crate::store::turns::delete_checkpoints_of(&ctx.db.conn, env_id).await
 }
+
+/// Puts the environment's worktrees back to a checkpoint (issue 40 item 2): refused while an agent works
+/// in it (`409 session_busy`) and, without consent, when the worktrees changed since the last checkpoint
+/// (those changes would be lost). Files the checkpoint does not have are removed, the others written as
+/// it holds them; `.gitignore`d files are left alone; the worktree's index and refs are not touched. The
+/// state after it is a new checkpoint; `environment.restored` says so.
+pub async fn restore(
+    ctx: &Ctx,
+    p: &crate::auth::Principal,
+    env_id: Uuid,
+    checkpoint_id: Uuid,
+    discard: bool,
+) -> Result<checkpoint::Model> {
+    let view = super::environments::get(ctx, p, env_id).await?;
+    let e = view.env;
+    if e.status == EnvironmentStatus::Broken {
+        return Err(Error::WorkspaceReuseUnsafe(super::environments::broken_category(&e)));
+    }
+    if e.node_id != ctx.config.node_id {
+        let state = super::nodes::state(ctx, &e.node_id).await?;
+        return Err(super::nodes::unavailable(ctx, &e.node_id, state));
+    }
+    let conn = &ctx.db.conn;
+    let target = crate::store::turns::checkpoint(conn, checkpoint_id)
+        .await?
+        .filter(|c| c.task_environment_id == e.id)
+        .ok_or_else(|| Error::invalid("checkpoint_id", "is not a checkpoint of this environment"))?;
+    let busy = crate::store::sessions::in_environment(conn, e.id)
+        .await?
+        .iter()
+        .any(|s| s.state.is_busy());
+    if busy {
+        return Err(Error::SessionBusy);
+    }
+    super::git_status::prove(ctx, &e).await?;
+    let scratch = ctx.config.data_dir.join("tmp");
+    std::fs::create_dir_all(&scratch).map_err(|err| Error::Internal(err.into()))?;
+    let git = |err: crate::git::cli::GitError| Error::Internal(anyhow::anyhow!("restore: {err}"));
+    let worktrees = worktrees(ctx, &e).await?;
+    // What is there now, per slot, against the last checkpoint.
+    let last = crate::store::turns::latest_checkpoint_of(conn, e.id).await?;
+    let last = last.as_ref().map(trees_of).unwrap_or_default();
+    let mut now = Vec::new();
+    for (_, position, worktree, _) in &worktrees {
+        let tree = git_diff::snapshot(ctx.git.as_ref(), worktree, &scratch)
+            .await
+            .map_err(git)?;
+        let unchanged = last.iter().any(|t| t.position == *position && t.tree == tree);
+        now.push((*position, tree, unchanged));
+    }
+    let changed = now.iter().any(|(_, _, unchanged)| !unchanged);
+    if changed && !discard {
+        return Err(Error::InvalidState(
+            "the worktrees changed since the last checkpoint and a restore would discard those changes: \
+             send discard_worktree_changes: true to discard them"
+                .into(),
+        ));
+    }
+    let root = crate::managed_path::ManagedRoot::from_config(&ctx.config);
+    let wanted = trees_of(&target);
+    for (_, position, worktree, _) in &worktrees {
+        let Some(want) = wanted.iter().find(|t| t.position == *position) else {
+            continue;
+        };
+        let Some((_, current, _)) = now.iter().find(|(p, _, _)| p == position) else {
+            continue;
+        };
+        let managed = root
+            .adopt(worktree)
+            .map_err(|err| Error::Internal(anyhow::anyhow!("restore: {err}")))?;
+        // Files there now that the checkpoint does not have.
+        let extra = git_diff::added_between(ctx.git.as_ref(), worktree, &want.tree, current)
+            .await
+            .map_err(git)?;
+        for path in &extra {
+            let rel = std::path::Path::new(path);
+            if rel.components().all(|c| matches!(c, std::path::Component::Normal(_))) {
+                let _ = std::fs::remove_file(managed.as_path().join(rel));
+            }
+        }
+        let index = scratch.join(format!("restore-{}", Uuid::now_v7()));
+        let written = ctx.git.write_tree_files(&managed, &want.tree, &index).await;
+        let _ = std::fs::remove_file(&index);
+        written.map_err(git)?;
+    }
+    let after = take(ctx, &e, None)
+        .await?
+        .ok_or_else(|| Error::Internal(anyhow::anyhow!("no checkpoint after the restore")))?;
+    if let Some(task) = crate::store::tasks::find(conn, e.task_id).await? {
+        let txn = ctx.db.begin_write().await?;
+        crate::events::append(
+            &txn,
+            ctx.instance_id,
+            crate::events::EventType::EnvironmentRestored,
+            crate::events::Subject {
+                task_environment_id: Some(e.id),
+                ..crate::events::Subject::task(task.workspace_id, task.id)
+            },
+            serde_json::json!({ "checkpoint_id": target.id, "new_checkpoint_id": after.id, "discarded_changes": changed }),
+        )
+        .await?;
+        ctx.commit(txn).await?;
+    }
+    Ok(after)
+}

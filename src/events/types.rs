@@ -64,6 +64,9 @@ pub enum EventType {
     #[sea_orm(string_value = "environment.lost")]
     #[serde(rename = "environment.lost")]
     EnvironmentLost,
+    #[sea_orm(string_value = "environment.restored")]
+    #[serde(rename = "environment.restored")]
+    EnvironmentRestored,
     #[sea_orm(string_value = "session.created")]
     #[serde(rename = "session.created")]
     SessionCreated,
@@ -112,6 +115,7 @@ impl EventType {
             EventType::EnvironmentReset => "environment.reset",
             EventType::EnvironmentBroken => "environment.broken",
             EventType::EnvironmentLost => "environment.lost",
+            EventType::EnvironmentRestored => "environment.restored",
             EventType::SessionCreated => "session.created",
             EventType::SessionStateChanged => "session.state_changed",
             EventType::SessionDeleted => "session.deleted",

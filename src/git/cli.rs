@@ -14,14 +14,15 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio::sync::Semaphore;
 
+#[cfg(test)]
+use super::lock_retry::{LOCK_BACKOFF_FIRST, LOCK_BACKOFF_MAX};
+use super::lock_retry::{backoff, is_lock_contention};
 use super::{BranchDeletionConsent, BranchName, MergedBranch};
 use crate::managed_path::{Consent, ManagedPath, RecordedRegistration};
 use crate::metrics::{GitOutcome, Metrics};
 
 /// Attempts of one mutation that meets git's lock contention, and the first and longest wait between.
 const LOCK_ATTEMPTS: u32 = 8;
-const LOCK_BACKOFF_FIRST: Duration = Duration::from_millis(25);
-const LOCK_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {
@@ -38,30 +39,6 @@ impl GitError {
     fn is_lock_contention(&self) -> bool {
         matches!(self, GitError::Failed { stderr, .. } if is_lock_contention(stderr))
     }
-}
-
-/// git's messages when a `*.lock` file (index, ref, config, packed-refs) is held by another process.
-fn is_lock_contention(stderr: &str) -> bool {
-    let s = stderr.to_ascii_lowercase();
-    let names_a_lock = s.contains(".lock")
-        || s.contains("cannot lock")
-        || s.contains("could not lock")
-        || s.contains("unable to lock");
-    s.contains("another git process seems to be running")
-        || (names_a_lock && (s.contains("file exists") || s.contains("unable to create")))
-}
-
-/// The wait before attempt `attempt + 1`: doubling from the first, capped, with jitter so that two
-/// processes backing off from each other do not collide again.
-fn backoff(attempt: u32) -> Duration {
-    let base = LOCK_BACKOFF_FIRST
-        .saturating_mul(1 << attempt.min(16))
-        .min(LOCK_BACKOFF_MAX);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    base + Duration::from_millis(u64::from(nanos) % (base.as_millis() as u64 / 2 + 1))
 }
 
 /// One async mutex per source repository, so that berth's own mutations of it never overlap.
@@ -277,6 +254,10 @@ pub trait GitMutations: Send + Sync {
     async fn keep_object(&self, repo: &Path, refname: &str, oid: &str) -> Result<(), GitError>;
     /// Deletes every ref under berth's own `prefix` (under `refs/berth/`); a missing one is no error.
     async fn drop_refs(&self, repo: &Path, prefix: &str) -> Result<(), GitError>;
+    /// Writes every file of `tree` into the managed worktree `target` (overwriting), through the
+    /// temporary index `index_file`: the worktree's own index and refs are not touched. Only a restore
+    /// with the caller's consent, or of a worktree with no change since its last checkpoint, calls it.
+    async fn write_tree_files(&self, target: &ManagedPath, tree: &str, index_file: &Path) -> Result<(), GitError>;
     /// How many files differ from HEAD or are untracked, without taking the index lock or writing it.
     async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError>;
     /// The commit `refs/heads/<branch>` points at, `None` when there is no such branch (read-only).
@@ -311,6 +292,21 @@ impl GitMutations for GitCli {
         self.mutate("update-ref", repo, &["update-ref", refname, oid])
             .await
             .map(|_| ())
+    }
+
+    async fn write_tree_files(&self, target: &ManagedPath, tree: &str, index_file: &Path) -> Result<(), GitError> {
+        let worktree = target.as_path();
+        let envs = [("GIT_INDEX_FILE", index_file.as_os_str())];
+        self.output_bytes("read-tree", worktree, &["read-tree", tree], &envs)
+            .await?;
+        self.output_bytes(
+            "checkout-index",
+            worktree,
+            &["-c", "core.hooksPath=/dev/null", "checkout-index", "--all", "--force"],
+            &envs,
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn drop_refs(&self, repo: &Path, prefix: &str) -> Result<(), GitError> {

@@ -147,6 +147,28 @@ pub async fn between(
     files_of(git, worktree, args, &[], context, paths).await
 }
 
+/// The paths `to` has and `from` does not (renames not paired: a renamed file's new path counts).
+pub async fn added_between(
+    git: &dyn GitMutations,
+    worktree: &Path,
+    from: &str,
+    to: &str,
+) -> Result<Vec<String>, GitError> {
+    let out = git
+        .read_bytes(
+            "diff",
+            worktree,
+            &["diff", "--name-only", "-z", "--no-renames", "--diff-filter=A", from, to],
+            &[],
+        )
+        .await?;
+    Ok(out
+        .split(|b| *b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect())
+}
+
 fn diff_command() -> Vec<String> {
     [
         "-c",

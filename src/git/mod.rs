@@ -3,6 +3,7 @@
 //! process-wide concurrency cap.
 pub mod cli;
 pub mod diff;
+mod lock_retry;
 pub mod status;
 
 use std::path::{Path, PathBuf};

@@ -16,6 +16,16 @@ pub async fn checkpoint<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option
     Ok(checkpoint::Entity::find_by_id(id).one(conn).await?)
 }
 
+/// The environment's newest checkpoint.
+pub async fn latest_checkpoint_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Option<checkpoint::Model>> {
+    Ok(checkpoint::Entity::find()
+        .filter(checkpoint::Column::TaskEnvironmentId.eq(env_id))
+        .order_by_desc(checkpoint::Column::Id)
+        .limit(1)
+        .one(conn)
+        .await?)
+}
+
 /// Forgets an environment's checkpoints (their refs went with its cleanup).
 pub async fn delete_checkpoints_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<()> {
     checkpoint::Entity::delete_many()

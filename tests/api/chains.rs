@@ -451,6 +451,9 @@ mod gated_git {
         async fn drop_refs(&self, repo: &Path, prefix: &str) -> Result<(), GitError> {
             self.inner.drop_refs(repo, prefix).await
         }
+        async fn write_tree_files(&self, target: &ManagedPath, tree: &str, index_file: &Path) -> Result<(), GitError> {
+            self.inner.write_tree_files(target, tree, index_file).await
+        }
         async fn dirty_file_count(&self, worktree: &Path) -> Result<usize, GitError> {
             self.inner.dirty_file_count(worktree).await
         }

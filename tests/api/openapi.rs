@@ -81,7 +81,7 @@ fn every_operation_has_an_id_a_summary_and_a_description() {
         "send",
         "cancel",
     ];
-    const MORE_VERBS: [&str; 6] = ["report", "refresh", "retry", "stream", "set", "decommission"];
+    const MORE_VERBS: [&str; 7] = ["report", "refresh", "retry", "stream", "set", "decommission", "restore"];
     let mut ids = std::collections::BTreeSet::new();
     for (path, item) in spec["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {

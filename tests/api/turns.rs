@@ -105,10 +105,81 @@ async fn each_turn_has_checkpoints_and_its_own_diff(app: TestApp) {
         .await
         .problem(404, "not_found");
 
+    // Restore: to before the first turn (no notes.txt); refused without consent once the worktree has
+    // changed since the last checkpoint; with it, the file goes and so does the change.
+    let first_start = items[0]["start_checkpoint_id"].as_str().unwrap().to_string();
+    let first_end = items[0]["end_checkpoint_id"].as_str().unwrap().to_string();
+    std::fs::write(wt.join("scratch.txt"), "mine\n").unwrap();
+    let restore =
+        |checkpoint: &str, consent: bool| json!({"checkpoint_id": checkpoint, "discard_worktree_changes": consent});
+    app.post(
+        &format!("/api/v1/environments/{env}/restore"),
+        restore(&first_start, false),
+    )
+    .await
+    .problem(409, "conflict");
+    assert!(wt.join("scratch.txt").exists(), "refused, nothing changed");
+    app.post(
+        &format!("/api/v1/environments/{env}/restore"),
+        restore(&uuid::Uuid::now_v7().to_string(), true),
+    )
+    .await
+    .problem(422, "validation_failed");
+    let restored = app
+        .post(
+            &format!("/api/v1/environments/{env}/restore"),
+            restore(&first_start, true),
+        )
+        .await
+        .ok(200);
+    assert!(restored["new_checkpoint_id"].is_string());
+    assert!(
+        !wt.join("notes.txt").exists() && !wt.join("scratch.txt").exists(),
+        "back to before turn 1"
+    );
+    assert!(wt.join("README.md").exists());
+    // No change since that restore: the next one needs no consent.
+    app.post(
+        &format!("/api/v1/environments/{env}/restore"),
+        restore(&first_end, false),
+    )
+    .await
+    .ok(200);
+    assert_eq!(
+        std::fs::read_to_string(wt.join("notes.txt")).unwrap().trim(),
+        "one",
+        "as turn 1 left it"
+    );
+    assert_eq!(
+        kept(&wt),
+        before,
+        "restores leave the index, the stash and the branches as they were"
+    );
+    let events = app.get("/api/v1/events?types=environment.restored").await.ok(200);
+    assert_eq!(events["events"].as_array().unwrap().len(), 2, "{events}");
+    // Refused while the agent works.
+    app.post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "hang"}))
+        .await
+        .ok(202);
+    crate::agents::wait_session(&app, id, "running", |s| s["state"] == "running").await;
+    app.post(
+        &format!("/api/v1/environments/{env}/restore"),
+        restore(&first_start, true),
+    )
+    .await
+    .problem(409, "session_busy");
+    app.post(&format!("/api/v1/sessions/{id}/abort"), json!({}))
+        .await
+        .ok(200);
+    crate::agents::wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+
     // The checkpoints are kept alive by berth's own refs; the task's delete removes them.
     let prefix = format!("refs/berth/checkpoints/{env}/");
     let refs = git(&repo_path, &["for-each-ref", "--format=%(refname)", &prefix]);
-    assert_eq!(refs.lines().count(), 4, "two turns, two ends each: {refs}");
+    assert!(
+        refs.lines().count() >= 6,
+        "two turns, two ends each, and one per restore: {refs}"
+    );
     let jobs = app
         .call(
             reqwest::Method::DELETE,
