@@ -112,6 +112,16 @@ pub async fn forward(
         Ok(n) => n,
         Err(e) => return Ok(answer(req, &e)),
     };
+    // A registration naming a node berth has never seen is the caller's mistake, not a node that is down.
+    if let (Owner::Registration, Some(n)) = (&owner, node.as_deref())
+        && n != ctx.config.node_id
+    {
+        match crate::store::nodes::find_node(&ctx.db.conn, n).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Ok(answer(req, &Error::invalid("node_id", "no such node"))),
+            Err(e) => return Ok(answer(req, &e)),
+        }
+    }
     let url = match placement::elsewhere(ctx, node.as_deref()).await {
         Ok(url) => url,
         Err(Error::NodeUnavailable {

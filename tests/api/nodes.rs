@@ -43,6 +43,17 @@ async fn nodes_and_instances_are_listed(app: TestApp) {
         node["holds"],
         json!({"environments": 0, "live_sessions": 0, "pending_jobs": 0})
     );
+    // A repository registered on a node berth has never seen: the caller's mistake (422), not a node
+    // that is down (schemathesis found the 503).
+    let ws = app.workspace("nowhere").await;
+    let r = app
+        .post(
+            &format!("/api/v1/workspaces/{ws}/repositories"),
+            json!({"path": "/tmp", "node_id": "no-such-node"}),
+        )
+        .await;
+    let problem = r.problem(422, "validation_failed");
+    assert_eq!(problem["errors"][0]["field"], "node_id", "{problem}");
     // Admin only.
     let reader = app.token("tasks:read sessions:read cleanup:read");
     app.call(reqwest::Method::GET, "/api/v1/nodes", Some(&reader), None)
