@@ -23,25 +23,48 @@ pub struct SlotTree {
     pub tree: String,
 }
 
+/// Where temporary indexes are made: under the data directory, never inside a worktree.
+pub(crate) fn scratch_dir(ctx: &Ctx) -> Result<PathBuf> {
+    let dir = ctx.config.data_dir.join("tmp");
+    std::fs::create_dir_all(&dir).map_err(|err| Error::Internal(err.into()))?;
+    Ok(dir)
+}
+
 /// The prefix of an environment's checkpoint refs.
 pub fn ref_prefix(env_id: Uuid) -> String {
     format!("refs/berth/checkpoints/{env_id}/")
 }
 
-/// A worktree of the environment to read: (repository id, slot position, worktree, repository path).
-async fn worktrees(ctx: &Ctx, e: &env::Model) -> Result<Vec<(Uuid, i32, PathBuf, PathBuf)>> {
+/// A repository slot of an environment, where its files are.
+pub(crate) struct SlotPath {
+    pub repository_id: Uuid,
+    pub position: i32,
+    /// The worktree (the repository's own checkout for a `local` environment).
+    pub worktree: PathBuf,
+    pub repository: PathBuf,
+    pub default_branch: String,
+}
+
+/// The environment's active slots, first to last, with where their files are.
+pub(crate) async fn worktrees(ctx: &Ctx, e: &env::Model) -> Result<Vec<SlotPath>> {
     let mut rows = crate::store::environments::active_repos_with_repository(&ctx.db.conn, e.id).await?;
     rows.sort_by_key(|(row, _)| row.position);
     Ok(rows
         .into_iter()
         .filter_map(|(row, repo)| {
             let repo = repo?;
-            let path = match (e.executor_type, &row.worktree_path) {
+            let worktree = match (e.executor_type, &row.worktree_path) {
                 (ExecutorType::Worktree, Some(p)) => PathBuf::from(p),
                 (ExecutorType::Local, _) => PathBuf::from(&repo.path),
                 _ => return None,
             };
-            Some((row.repository_id, row.position, path, PathBuf::from(repo.path)))
+            Some(SlotPath {
+                repository_id: row.repository_id,
+                position: row.position,
+                worktree,
+                repository: PathBuf::from(repo.path),
+                default_branch: repo.default_branch,
+            })
         })
         .collect())
 }
@@ -57,11 +80,17 @@ pub(crate) async fn take(ctx: &Ctx, e: &env::Model, session_id: Option<Uuid>) ->
     {
         return Ok(None);
     }
-    let scratch = ctx.config.data_dir.join("tmp");
-    std::fs::create_dir_all(&scratch).map_err(|err| Error::Internal(err.into()))?;
+    let scratch = scratch_dir(ctx)?;
     let id = Uuid::now_v7();
     let mut trees = Vec::new();
-    for (repository_id, position, worktree, repo) in worktrees(ctx, e).await? {
+    for SlotPath {
+        repository_id,
+        position,
+        worktree,
+        repository: repo,
+        ..
+    } in worktrees(ctx, e).await?
+    {
         if !worktree.is_dir() {
             return Ok(None);
         }
@@ -109,10 +138,14 @@ pub(crate) async fn changes_between(
             continue;
         };
         // The objects are in the repository; any worktree of it reads them.
-        let Some((_, _, worktree, repo)) = worktrees.iter().find(|w| w.1 == after.position) else {
+        let Some(slot) = worktrees.iter().find(|w| w.position == after.position) else {
             continue;
         };
-        let at = if worktree.is_dir() { worktree } else { repo };
+        let at = if slot.worktree.is_dir() {
+            &slot.worktree
+        } else {
+            &slot.repository
+        };
         let files = git_diff::between(ctx.git.as_ref(), at, &old.tree, &after.tree, context, paths)
             .await
             .map_err(|err| Error::Internal(anyhow::anyhow!("checkpoint diff: {err}")))?;
@@ -160,10 +193,7 @@ pub async fn restore(
     if e.status == EnvironmentStatus::Broken {
         return Err(Error::WorkspaceReuseUnsafe(super::environments::broken_category(&e)));
     }
-    if e.node_id != ctx.config.node_id {
-        let state = super::nodes::state(ctx, &e.node_id).await?;
-        return Err(super::nodes::unavailable(ctx, &e.node_id, state));
-    }
+    super::nodes::here(ctx, &e.node_id).await?;
     let conn = &ctx.db.conn;
     let target = crate::store::turns::checkpoint(conn, checkpoint_id)
         .await?
@@ -177,15 +207,14 @@ pub async fn restore(
         return Err(Error::SessionBusy);
     }
     super::git_status::prove(ctx, &e).await?;
-    let scratch = ctx.config.data_dir.join("tmp");
-    std::fs::create_dir_all(&scratch).map_err(|err| Error::Internal(err.into()))?;
+    let scratch = scratch_dir(ctx)?;
     let git = |err: crate::git::cli::GitError| Error::Internal(anyhow::anyhow!("restore: {err}"));
     let worktrees = worktrees(ctx, &e).await?;
     // What is there now, per slot, against the last checkpoint.
     let last = crate::store::turns::latest_checkpoint_of(conn, e.id).await?;
     let last = last.as_ref().map(trees_of).unwrap_or_default();
     let mut now = Vec::new();
-    for (_, position, worktree, _) in &worktrees {
+    for SlotPath { position, worktree, .. } in &worktrees {
         let tree = git_diff::snapshot(ctx.git.as_ref(), worktree, &scratch)
             .await
             .map_err(git)?;
@@ -202,7 +231,7 @@ pub async fn restore(
     }
     let root = crate::managed_path::ManagedRoot::from_config(&ctx.config);
     let wanted = trees_of(&target);
-    for (_, position, worktree, _) in &worktrees {
+    for SlotPath { position, worktree, .. } in &worktrees {
         let Some(want) = wanted.iter().find(|t| t.position == *position) else {
             continue;
         };

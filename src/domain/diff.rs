@@ -4,7 +4,6 @@
 //! settings: a file's patch longer than `BERTH_DIFF_MAX_FILE_BYTES` is cut at a line and says so
 //! (`truncated`); more files than `BERTH_DIFF_MAX_FILES` are paged by file (`next_cursor`). The ETag is
 //! the answer's content hash.
-use std::path::PathBuf;
 
 use base64::Engine;
 use serde::Serialize;
@@ -14,7 +13,7 @@ use uuid::Uuid;
 
 use super::Ctx;
 use crate::auth::Principal;
-use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
+use crate::entity::task_environment::{self as env, EnvironmentStatus};
 use crate::error::{Error, Result, ReuseCategory};
 use crate::git::diff::{self as git_diff, ChangeStatus, Scope};
 
@@ -105,19 +104,15 @@ async fn diff(ctx: &Ctx, e: &env::Model, q: Query) -> Result<(Diff, String)> {
             "only a ready environment's worktrees are read".into(),
         ));
     }
-    if e.node_id != ctx.config.node_id {
-        let state = super::nodes::state(ctx, &e.node_id).await?;
-        return Err(super::nodes::unavailable(ctx, &e.node_id, state));
-    }
+    super::nodes::here(ctx, &e.node_id).await?;
     let offset = match &q.cursor {
         Some(c) => decode_cursor(c)?,
         None => 0,
     };
     let conn = &ctx.db.conn;
-    let mut rows = crate::store::environments::active_repos_with_repository(conn, e.id).await?;
-    rows.sort_by_key(|(row, _)| row.position);
+    let worktrees = super::checkpoints::worktrees(ctx, e).await?;
     if let Some(id) = q.repository_id
-        && !rows.iter().any(|(row, _)| row.repository_id == id)
+        && !worktrees.iter().any(|w| w.repository_id == id)
     {
         return Err(Error::invalid(
             "repository_id",
@@ -126,27 +121,20 @@ async fn diff(ctx: &Ctx, e: &env::Model, q: Query) -> Result<(Diff, String)> {
     }
     super::git_status::prove(ctx, e).await?;
     let slots = crate::store::tasks::slots_of(conn, e.task_id).await?;
-    let scratch = ctx.config.data_dir.join("tmp");
-    std::fs::create_dir_all(&scratch).map_err(|err| Error::Internal(err.into()))?;
+    let scratch = super::checkpoints::scratch_dir(ctx)?;
     let mut repos = Vec::new();
-    for (row, repo) in rows {
-        if q.repository_id.is_some_and(|id| id != row.repository_id) {
+    for w in worktrees {
+        if q.repository_id.is_some_and(|id| id != w.repository_id) {
             continue;
         }
-        let Some(repo) = repo else { continue };
-        let path = match (e.executor_type, &row.worktree_path) {
-            (ExecutorType::Worktree, Some(p)) => PathBuf::from(p),
-            (ExecutorType::Local, _) => PathBuf::from(&repo.path),
-            _ => continue,
-        };
-        if !path.is_dir() {
+        if !w.worktree.is_dir() {
             return Err(Error::WorkspaceReuseUnsafe(ReuseCategory::WorkspaceMissing));
         }
         let base_branch = slots
             .iter()
-            .find(|s| s.repository_id == row.repository_id && s.position == row.position)
+            .find(|s| s.repository_id == w.repository_id && s.position == w.position)
             .and_then(|s| s.base_branch.clone())
-            .unwrap_or_else(|| repo.default_branch.clone());
+            .unwrap_or(w.default_branch);
         let req = git_diff::Request {
             scope: q.scope,
             base_branch: &base_branch,
@@ -154,10 +142,10 @@ async fn diff(ctx: &Ctx, e: &env::Model, q: Query) -> Result<(Diff, String)> {
             paths: &q.paths,
             scratch: &scratch,
         };
-        let changes = git_diff::changes(ctx.git.as_ref(), &path, &req)
+        let changes = git_diff::changes(ctx.git.as_ref(), &w.worktree, &req)
             .await
             .map_err(|err| Error::Internal(anyhow::anyhow!("git diff: {err}")))?;
-        repos.push((row.repository_id, base_branch, changes));
+        repos.push((w.repository_id, base_branch, changes));
     }
     let total: usize = repos.iter().map(|(_, _, c)| c.files.len()).sum();
     let limit = ctx.config.diff_max_files;
@@ -200,14 +188,15 @@ async fn diff(ctx: &Ctx, e: &env::Model, q: Query) -> Result<(Diff, String)> {
         total_files: total as u64,
         next_cursor: (next < total).then(|| encode_cursor(next)),
     };
-    let body = serde_json::to_vec(&answer).map_err(|err| Error::Internal(err.into()))?;
-    let hash = sha2::Sha256::digest(&body);
-    let etag = format!("\"d-{}\"", hex(&hash[..16]));
-    Ok((answer, etag))
+    tagged(answer, 'd')
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// An answer with its ETag: the hash of its content (`kind` tells an environment's diff from a turn's).
+pub(crate) fn tagged(answer: Diff, kind: char) -> Result<(Diff, String)> {
+    let body = serde_json::to_vec(&answer).map_err(|err| Error::Internal(err.into()))?;
+    let hash = sha2::Sha256::digest(&body);
+    let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
+    Ok((answer, format!("\"{kind}-{hex}\"")))
 }
 
 /// A file of the answer: its patch cut to the limit at a line, as text when it is UTF-8.

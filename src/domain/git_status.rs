@@ -184,8 +184,7 @@ pub(crate) async fn inspect_and_record(
         if rate_limited {
             return Ok(());
         }
-        let state = super::nodes::state(ctx, &e.node_id).await?;
-        return Err(super::nodes::unavailable(ctx, &e.node_id, state));
+        return super::nodes::here(ctx, &e.node_id).await;
     }
     let rows: Vec<_> = env_store::active_repos_with_repository(&ctx.db.conn, e.id)
         .await?

@@ -145,6 +145,17 @@ pub fn unavailable(ctx: &Ctx, node_id: &str, state: NodeState) -> Error {
     }
 }
 
+/// `Ok` when the node is this one (its disk is here to read or write); otherwise `503 node_unavailable`
+/// with that node's state (a request that reaches here for another node's disk was not forwarded: the
+/// node is down, or given up).
+pub async fn here(ctx: &Ctx, node_id: &str) -> Result<()> {
+    if node_id == ctx.config.node_id {
+        return Ok(());
+    }
+    let state = state(ctx, node_id).await?;
+    Err(unavailable(ctx, node_id, state))
+}
+
 /// `Ok` when the node is up; `503 node_unavailable` otherwise.
 pub async fn require_up(ctx: &Ctx, node_id: &str) -> Result<()> {
     match state(ctx, node_id).await? {

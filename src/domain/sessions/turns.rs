@@ -2,7 +2,6 @@
 //! it, and a checkpoint of the environment is taken at both ends (the start one before the agent has the
 //! prompt, so it holds the worktree as the agent found it; the end one after the turn's answer, never
 //! holding it up). A turn's diff is what changed between its two checkpoints.
-use sha2::Digest;
 use uuid::Uuid;
 
 use super::Ctx;
@@ -103,10 +102,7 @@ pub async fn diff(ctx: &Ctx, p: &Principal, session_id: Uuid, number: i32, conte
     let e = crate::store::environments::find(conn, env_id)
         .await?
         .ok_or(Error::NotFound("environment"))?;
-    if e.node_id != ctx.config.node_id {
-        let state = crate::domain::nodes::state(ctx, &e.node_id).await?;
-        return Err(crate::domain::nodes::unavailable(ctx, &e.node_id, state));
-    }
+    crate::domain::nodes::here(ctx, &e.node_id).await?;
     let (from, to) = (
         store::checkpoint(conn, from)
             .await?
@@ -144,11 +140,5 @@ pub async fn diff(ctx: &Ctx, p: &Principal, session_id: Uuid, number: i32, conte
         total_files: total,
         next_cursor: None,
     };
-    let body = serde_json::to_vec(&answer).map_err(|err| Error::Internal(err.into()))?;
-    let hash = sha2::Sha256::digest(&body);
-    let etag = format!(
-        "\"t-{}\"",
-        hash[..16].iter().map(|b| format!("{b:02x}")).collect::<String>()
-    );
-    Ok((answer, etag))
+    crate::domain::diff::tagged(answer, 't')
 }
