@@ -17,11 +17,13 @@
 //! (PostgreSQL event sequencing with 1 and 3 replicas), `agents` (berth's CPU and memory per live agent,
 //! 16 real Pi and opencode agents streaming; fails when they are not installed), `fleet` (PostgreSQL:
 //! create-session latency through a node that forwards it against the owning node), `streaming` (`cargo bench
-//! --bench suite -- streaming`).
+//! --bench suite -- streaming`), `diffs` (a diff of 1,000 files and of a 10 MiB file, a checkpoint of
+//! 10,000 files, against bare git).
 mod admission;
 mod agents;
 mod backend;
 mod claims;
+mod diffs;
 mod events;
 mod fleet;
 mod git_status;
@@ -50,6 +52,7 @@ use admission::*;
 use agents::*;
 use backend::*;
 use claims::*;
+use diffs::*;
 use events::*;
 use fleet::*;
 use git_status::*;
@@ -170,6 +173,9 @@ pub(crate) fn main() {
         admission(&mut table);
     }
     rt.block_on(async {
+        if wants("diffs") {
+            diffs(&mut table).await;
+        }
         let mut backends = Vec::new();
         if std::env::var("BERTH_BENCH_SKIP_SQLITE").is_err() {
             backends.push(("sqlite", None));

@@ -18,6 +18,7 @@ mod m20261206_000014_nodes;
 mod m20261206_000015_session_delete_jobs;
 pub mod m20261206_000016_columns;
 mod m20261206_000017_turns;
+mod m20261206_000018_reviews;
 
 pub struct Migrator;
 
@@ -42,6 +43,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000015_session_delete_jobs::Migration),
             Box::new(m20261206_000016_columns::Migration),
             Box::new(m20261206_000017_turns::Migration),
+            Box::new(m20261206_000018_reviews::Migration),
         ]
     }
 }

@@ -248,6 +248,22 @@ const VARIANTS: &[Variant] = &[
         ],
     },
     Variant {
+        event_type: "review.created",
+        name: "ReviewCreated",
+        description: "A review of a task's environment's diff was stored (`POST /environments/{id}/reviews`); \
+                      sent to a session, its message is in that session's inbox (`session.message_updated`).",
+        data: &[
+            ("review_id", Field::Uuid, "The review.", REQ),
+            ("comments", Field::Integer, "How many line comments it has.", REQ),
+            (
+                "message_id",
+                Field::NullableUuid,
+                "The inbox message that carries it to the session, when one was named.",
+                REQ,
+            ),
+        ],
+    },
+    Variant {
         event_type: "environment.progress",
         name: "EnvironmentProgress",
         description: "Materializing a task's environment moved on, per repository (an asynchronous session \

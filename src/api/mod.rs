@@ -18,6 +18,7 @@ pub mod nodes;
 pub mod ops;
 pub mod problem;
 pub mod repositories;
+pub mod reviews;
 pub mod session_messages;
 pub mod session_settings;
 pub mod session_snapshot;
@@ -318,7 +319,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(git_status::routes)
                 .configure(diff::routes)
                 .configure(columns::routes)
-                .configure(turns::routes),
+                .configure(turns::routes)
+                .configure(reviews::routes),
         );
 }
 

@@ -93,9 +93,17 @@ pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid, q: Query) ->
     diff(ctx, &e, q).await
 }
 
-async fn diff(ctx: &Ctx, e: &env::Model, q: Query) -> Result<(Diff, String)> {
-    // The typed 409s a refresh gives: what admission found stands until a reset; only a ready
-    // environment's worktrees are read; another node's disk is that node's to read.
+/// One slot's changes, whole (before paging).
+pub(crate) struct SlotChanges {
+    pub repository_id: Uuid,
+    pub base_branch: String,
+    pub changes: git_diff::Changes,
+}
+
+/// Every slot's changes in an environment whose worktrees can be read here (the typed 409s a refresh
+/// gives otherwise: what admission found stands until a reset; only a ready environment's worktrees are
+/// read; another node's disk is that node's to read).
+pub(crate) async fn slot_changes(ctx: &Ctx, e: &env::Model, q: &Query) -> Result<Vec<SlotChanges>> {
     if e.status == EnvironmentStatus::Broken {
         return Err(Error::WorkspaceReuseUnsafe(super::environments::broken_category(e)));
     }
@@ -105,10 +113,6 @@ async fn diff(ctx: &Ctx, e: &env::Model, q: Query) -> Result<(Diff, String)> {
         ));
     }
     super::nodes::here(ctx, &e.node_id).await?;
-    let offset = match &q.cursor {
-        Some(c) => decode_cursor(c)?,
-        None => 0,
-    };
     let conn = &ctx.db.conn;
     let worktrees = super::checkpoints::worktrees(ctx, e).await?;
     if let Some(id) = q.repository_id
@@ -145,14 +149,32 @@ async fn diff(ctx: &Ctx, e: &env::Model, q: Query) -> Result<(Diff, String)> {
         let changes = git_diff::changes(ctx.git.as_ref(), &w.worktree, &req)
             .await
             .map_err(|err| Error::Internal(anyhow::anyhow!("git diff: {err}")))?;
-        repos.push((w.repository_id, base_branch, changes));
+        repos.push(SlotChanges {
+            repository_id: w.repository_id,
+            base_branch,
+            changes,
+        });
     }
-    let total: usize = repos.iter().map(|(_, _, c)| c.files.len()).sum();
+    Ok(repos)
+}
+
+async fn diff(ctx: &Ctx, e: &env::Model, q: Query) -> Result<(Diff, String)> {
+    let offset = match &q.cursor {
+        Some(c) => decode_cursor(c)?,
+        None => 0,
+    };
+    let repos = slot_changes(ctx, e, &q).await?;
+    let total: usize = repos.iter().map(|r| r.changes.files.len()).sum();
     let limit = ctx.config.diff_max_files;
     let mut skip = offset;
     let mut room = limit;
     let mut out = Vec::new();
-    for (repository_id, base_branch, changes) in repos {
+    for SlotChanges {
+        repository_id,
+        base_branch,
+        changes,
+    } in repos
+    {
         let n = changes.files.len();
         let take_from = skip.min(n);
         skip -= take_from;

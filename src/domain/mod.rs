@@ -11,6 +11,7 @@ pub mod nodes;
 pub mod pagination;
 pub mod precondition;
 pub mod repositories;
+pub mod reviews;
 pub mod sessions;
 pub mod task_lifecycle;
 pub mod tasks;

@@ -10,6 +10,7 @@ pub mod instance;
 pub mod leftover;
 pub mod node;
 pub mod repository;
+pub mod review;
 pub mod session_command;
 pub mod session_inbox;
 pub mod session_message;

@@ -67,6 +67,10 @@ pub enum EventType {
     #[sea_orm(string_value = "environment.restored")]
     #[serde(rename = "environment.restored")]
     EnvironmentRestored,
+    /// A review of an environment's diff (issue 40 item 3).
+    #[sea_orm(string_value = "review.created")]
+    #[serde(rename = "review.created")]
+    ReviewCreated,
     #[sea_orm(string_value = "session.created")]
     #[serde(rename = "session.created")]
     SessionCreated,
@@ -116,6 +120,7 @@ impl EventType {
             EventType::EnvironmentBroken => "environment.broken",
             EventType::EnvironmentLost => "environment.lost",
             EventType::EnvironmentRestored => "environment.restored",
+            EventType::ReviewCreated => "review.created",
             EventType::SessionCreated => "session.created",
             EventType::SessionStateChanged => "session.state_changed",
             EventType::SessionDeleted => "session.deleted",

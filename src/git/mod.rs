@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod diff;
 mod lock_retry;
+pub mod patch;
 pub mod status;
 
 use std::path::{Path, PathBuf};

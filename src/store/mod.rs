@@ -18,6 +18,7 @@ pub mod nodes;
 pub mod observations;
 pub mod outage;
 pub mod repositories;
+pub mod reviews;
 pub mod session_commands;
 pub mod sessions;
 pub mod tasks;

@@ -40,7 +40,8 @@ export function setUnauthenticatedHandler(fn) {
 /**
  * One request. `opts.key` is the Idempotency-Key of the person's action (the same key on a retry of the
  * same action, so berth replays rather than repeats it); creating POSTs and DELETEs get a fresh one when
- * none is given. Resolves to `{status, body, headers}`; rejects with ApiError.
+ * none is given; `opts.ifMatch` / `opts.ifNoneMatch` send those headers. Resolves to `{status, body,
+ * headers}`; rejects with ApiError (a 304 too: its status says the caller's copy is current).
  */
 export async function request(method, path, body, opts = {}) {
   const headers = { Accept: 'application/json, application/problem+json' };
@@ -48,6 +49,8 @@ export async function request(method, path, body, opts = {}) {
   if (t) headers.Authorization = `Bearer ${t}`;
   if (body !== undefined) headers['Content-Type'] = 'application/json';
   if (method === 'POST' || method === 'DELETE') headers['Idempotency-Key'] = opts.key ?? uuid();
+  if (opts.ifMatch) headers['If-Match'] = opts.ifMatch;
+  if (opts.ifNoneMatch) headers['If-None-Match'] = opts.ifNoneMatch;
   let res;
   try {
     res = await fetch(`/api/v1${path}`, {

@@ -28,6 +28,8 @@ pub const FILES: &[(&str, &str, &str)] = &[
     ("session.js", JS, include_str!("session.js")),
     ("agent.js", JS, include_str!("agent.js")),
     ("cleanup.js", JS, include_str!("cleanup.js")),
+    ("changes.js", JS, include_str!("changes.js")),
+    ("turns.js", JS, include_str!("turns.js")),
 ];
 
 /// `/ui`, `/ui/` and `/ui/<file>`.

@@ -1,9 +1,12 @@
 // One task: its environment (slots with branch, ahead/behind, changed files), sessions and cleanup jobs;
-// new session, archive, unarchive, reset and delete (with explicit consent for dirty worktrees).
+// what changed (the diff, with a review to send to a session) and each turn with its own diff and a
+// restore; new session, archive, unarchive, reset and delete (with explicit consent for dirty worktrees).
 import { ApiError, del, get, getAll, post, uuid } from './api.js';
 import { badge, clear, confirmDialog, copyButton, debounce, h, problemBox, shortId, time } from './dom.js';
 import { Live, followPoint } from './live.js';
 import { jobsTable } from './cleanup.js';
+import { changesPanel } from './changes.js';
+import { turnsPanel } from './turns.js';
 
 async function orNull(promise, ...statuses) {
   try {
@@ -35,8 +38,12 @@ export function renderTask(main, id, { setCrumbs }) {
   const sessArea = h('div', {});
   const newSession = h('div', {});
   const jobArea = h('div', {});
+  const changes = changesPanel();
+  const turns = turnsPanel();
   clear(main, head, errors, actions, actionErr,
     h('section', { class: 'card' }, h('h2', {}, 'Environment'), envArea),
+    h('section', { class: 'card' }, h('h2', {}, 'Changes'), changes.root),
+    h('section', { class: 'card' }, h('h2', {}, 'Turns'), turns.root),
     h('section', { class: 'card' }, h('h2', {}, 'Sessions'), newSession, sessArea),
     h('section', { class: 'card' }, h('div', { class: 'row' }, h('h2', {}, 'Cleanup jobs'), h('span', { class: 'spacer' }), h('a', { href: `#/cleanup/t/${id}` }, 'All of this task\'s jobs')), jobArea));
 
@@ -307,6 +314,8 @@ export function renderTask(main, id, { setCrumbs }) {
       drawEnv();
       drawNewSession();
       drawSessions();
+      changes.update({ env: s.env, sessions: s.sessions, repoName });
+      turns.update({ env: s.env, sessions: s.sessions, repoName, onRestored: () => refresh() });
       drawJobs();
       return seq;
     } catch (e) {

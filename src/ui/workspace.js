@@ -1,6 +1,8 @@
-// The workspaces list and one workspace: repositories, tasks by state with their session counts, task
-// creation, a text filter; cards change as events arrive.
-import { ApiError, get, getAll, post, uuid } from './api.js';
+// The workspaces list and one workspace: repositories, its board (tasks in the workspace's columns, moved
+// with the mouse by dragging a card, or with the keyboard: Shift+Left / Shift+Right on a focused card, or
+// its arrow buttons), archived tasks apart, session counts, task creation, a text filter; cards change as
+// events arrive.
+import { ApiError, get, getAll, post, request, uuid } from './api.js';
 import { badge, clear, debounce, h, problemBox, time } from './dom.js';
 import { Live, followPoint } from './live.js';
 
@@ -66,11 +68,12 @@ function countsLine(c) {
 
 export function renderWorkspace(main, id, { setCrumbs }) {
   setCrumbs([['Workspaces', '#/'], ['Workspace']]);
-  const state = { ws: null, repos: [], active: [], archived: [], envs: new Map(), summary: null, filter: '' };
+  const state = { ws: null, repos: [], active: [], archived: [], columns: [], envs: new Map(), summary: null, filter: '', focus: null };
   const head = h('div', { class: 'head' }, h('h1', {}, 'Workspace'));
   const summary = h('div', { class: 'summary', 'aria-live': 'polite' });
   const repoArea = h('div', {});
-  const active = h('div', { class: 'cards', id: 'tasks-active' });
+  const active = h('div', { class: 'board', id: 'tasks-active' });
+  const moveErr = h('div', { class: 'errors', 'aria-live': 'polite' });
   const archived = h('div', { class: 'cards', id: 'tasks-archived' });
   const errors = h('div', { class: 'errors' });
   const filter = h('input', { type: 'search', id: 'task-filter', placeholder: 'Filter tasks by title or branch', 'aria-label': 'Filter tasks' });
@@ -86,9 +89,9 @@ export function renderWorkspace(main, id, { setCrumbs }) {
     h('section', { class: 'card' },
       h('div', { class: 'row' }, h('h2', {}, 'Tasks'), h('span', { class: 'spacer' }), filter),
       createSlot,
-      h('div', { class: 'columns' },
-        h('div', { class: 'column' }, h('h3', {}, 'Active'), active),
-        h('div', { class: 'column' }, h('h3', {}, 'Archived'), archived))),
+      moveErr,
+      active,
+      h('details', { class: 'archived', open: true }, h('summary', {}, 'Archived tasks'), archived)),
   );
 
   function drawSummary() {
@@ -139,18 +142,84 @@ export function renderWorkspace(main, id, { setCrumbs }) {
     return h('details', {}, h('summary', {}, 'Register a repository'), form);
   }
 
+  /** The column a task is in (a task without one is in the first). */
+  const columnOf = (t) => state.columns.find((c) => c.id === t.column_id) ?? state.columns[0];
+
+  /** Moves a task to a column: a PATCH based on the task as berth has it now (If-Match). */
+  async function move(taskId, columnId) {
+    clear(moveErr);
+    state.focus = taskId;
+    try {
+      const current = await request('GET', `/tasks/${taskId}`);
+      if (current.body.column_id === columnId) return;
+      await request('PATCH', `/tasks/${taskId}`, { column_id: columnId }, { ifMatch: current.headers.get('ETag') ?? undefined });
+      const t = state.active.find((x) => x.id === taskId);
+      if (t) t.column_id = columnId;
+      drawTasks();
+    } catch (e) {
+      clear(moveErr, problemBox(e, () => move(taskId, columnId)));
+    }
+    soon();
+  }
+
+  function step(t, by) {
+    const i = state.columns.indexOf(columnOf(t));
+    const to = state.columns[i + by];
+    if (to) move(t.id, to.id);
+  }
+
   function card(t) {
     const env = state.envs.get(t.id);
     const counts = env ? state.summary?.directories?.find((d) => d.task_environment_id === env.id) : null;
     const branches = t.repositories.map((r) => r.branch || r.branch_slug).filter(Boolean);
-    return h('article', { class: `task-card${counts?.attention ? ' needs-attention' : ''}`, dataset: { taskId: t.id } },
+    const col = t.archived_at ? null : columnOf(t);
+    const i = col ? state.columns.indexOf(col) : -1;
+    const left = state.columns[i - 1];
+    const right = state.columns[i + 1];
+    const el = h('article', {
+      class: `task-card${counts?.attention ? ' needs-attention' : ''}`,
+      dataset: { taskId: t.id },
+      tabindex: col ? 0 : null,
+      draggable: col ? 'true' : null,
+      'aria-keyshortcuts': col ? 'Shift+ArrowLeft Shift+ArrowRight' : null,
+      'aria-label': col ? `${t.title || '(untitled)'}, in ${col.name}` : null,
+    },
       h('h4', {}, h('a', { href: `#/t/${t.id}` }, t.title || '(untitled)')),
       h('div', { class: 'meta' },
         branches.length ? branches.map((b) => h('code', { class: 'branch' }, b)) : h('span', { class: 'muted small' }, 'branch named by berth'),
         ' ',
         env ? badge(env.status) : t.archived_at ? null : h('span', { class: 'muted small' }, 'no environment yet')),
       t.archived_at ? h('div', { class: 'small muted' }, 'archived ', time(t.archived_at)) : h('div', {}, countsLine(counts), ' ', h('span', { class: 'muted small' }, `${t.session_count} sessions`)),
-      h('div', { class: 'small muted' }, 'updated ', time(t.updated_at)));
+      h('div', { class: 'row small muted' }, 'updated ', time(t.updated_at), h('span', { class: 'spacer' }),
+        left ? h('button', { type: 'button', class: 'small move', 'aria-label': `Move to ${left.name}`, title: `Move to ${left.name}`, onclick: () => move(t.id, left.id) }, '←') : null,
+        right ? h('button', { type: 'button', class: 'small move', 'aria-label': `Move to ${right.name}`, title: `Move to ${right.name}`, onclick: () => move(t.id, right.id) }, '→') : null));
+    if (col) {
+      el.addEventListener('dragstart', (ev) => {
+        ev.dataTransfer.setData('text/plain', t.id);
+        ev.dataTransfer.effectAllowed = 'move';
+      });
+      el.addEventListener('keydown', (ev) => {
+        if (ev.target !== el || !ev.shiftKey) return;
+        if (ev.key === 'ArrowLeft') { ev.preventDefault(); step(t, -1); }
+        if (ev.key === 'ArrowRight') { ev.preventDefault(); step(t, 1); }
+      });
+    }
+    return el;
+  }
+
+  function boardColumn(c, tasks) {
+    const el = h('section', { class: 'board-column', dataset: { columnId: c.id }, 'aria-label': c.name },
+      h('h3', {}, c.name, ' ', h('span', { class: 'muted small' }, String(tasks.length))),
+      h('div', { class: 'cards' }, tasks.length ? tasks.map(card) : h('p', { class: 'muted small' }, state.filter ? 'No task matches.' : 'Empty')));
+    el.addEventListener('dragover', (ev) => { ev.preventDefault(); el.classList.add('drop'); });
+    el.addEventListener('dragleave', () => el.classList.remove('drop'));
+    el.addEventListener('drop', (ev) => {
+      ev.preventDefault();
+      el.classList.remove('drop');
+      const taskId = ev.dataTransfer.getData('text/plain');
+      if (taskId) move(taskId, c.id);
+    });
+    return el;
   }
 
   function drawTasks() {
@@ -158,7 +227,8 @@ export function renderWorkspace(main, id, { setCrumbs }) {
     const match = (t) => !f || t.title.toLowerCase().includes(f) || t.repositories.some((r) => (r.branch ?? r.branch_slug ?? '').toLowerCase().includes(f));
     const a = state.active.filter(match);
     const z = state.archived.filter(match);
-    clear(active, a.length ? a.map(card) : h('p', { class: 'muted' }, f ? 'No active task matches.' : 'No active task.'));
+    clear(active, state.columns.map((c) => boardColumn(c, a.filter((t) => columnOf(t) === c))));
+    if (state.focus) active.querySelector(`.task-card[data-task-id="${state.focus}"]`)?.focus();
     clear(archived, z.length ? z.map(card) : h('p', { class: 'muted' }, f ? 'No archived task matches.' : 'No archived task.'));
   }
 
@@ -211,15 +281,16 @@ export function renderWorkspace(main, id, { setCrumbs }) {
   let stopped = false;
 
   async function load() {
-    const [ws, repos, act, arch, sum] = await Promise.all([
+    const [ws, repos, act, arch, sum, cols] = await Promise.all([
       get(`/workspaces/${id}`),
       getAll(`/workspaces/${id}/repositories`),
       getAll(`/workspaces/${id}/tasks?archived=false`),
       getAll(`/workspaces/${id}/tasks?archived=true`),
       get(`/workspaces/${id}/summary`),
+      get(`/workspaces/${id}/columns`),
     ]);
     const envs = await pool(act.items.slice(0, 100), 4, (t) => environmentOf(t.id));
-    Object.assign(state, { ws, repos: repos.items, active: act.items, archived: arch.items, summary: sum });
+    Object.assign(state, { ws, repos: repos.items, active: act.items, archived: arch.items, summary: sum, columns: cols.items });
     state.envs = new Map(act.items.slice(0, 100).map((t, i) => [t.id, envs[i]]));
     return act.latest_seq;
   }

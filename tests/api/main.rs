@@ -45,6 +45,7 @@ mod readme_agent;
 mod repair;
 mod replicas;
 mod repositories;
+mod reviews;
 mod sequencing;
 mod sessions;
 mod settings;

@@ -151,7 +151,7 @@ impl Pi {
 
 /// Replaces the app `both_backends!` made with one on the same backend that also has the `pi` profile
 /// (and these extra settings). `None` when Pi is not installed (outside CI) or the backend is not configured.
-async fn with_pi(app: TestApp, extra: &[(&str, &str)]) -> Option<(TestApp, Pi)> {
+pub(crate) async fn with_pi(app: TestApp, extra: &[(&str, &str)]) -> Option<(TestApp, Pi)> {
     let backend = app.backend;
     drop(app);
     let pi = Pi::start().await?;
@@ -788,7 +788,7 @@ fn conversation_file(app: &TestApp, session: Uuid) -> PathBuf {
 }
 
 /// A workspace, a repository, a task and a worktree session on the `pi` profile, launched and idle.
-async fn pi_session(app: &TestApp) -> Value {
+pub(crate) async fn pi_session(app: &TestApp) -> Value {
     let ws = app.workspace("ws").await;
     let (repo, _) = app.repository(ws, "svc").await;
     let task = app.task(ws, "Real Pi", &[repo]).await;

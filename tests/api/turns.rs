@@ -10,10 +10,13 @@ use serde_json::{Value, json};
 use crate::both_backends;
 use crate::helpers::{TestApp, git, id_of};
 
-both_backends!(each_turn_has_checkpoints_and_its_own_diff);
+both_backends!(
+    each_turn_has_checkpoints_and_its_own_diff,
+    the_real_pi_writes_a_file_and_its_turn_shows_it
+);
 
 /// Waits until the session has `n` settled turns with their end checkpoint.
-async fn wait_turns(app: &TestApp, session: uuid::Uuid, n: usize) -> Value {
+pub(crate) async fn wait_turns(app: &TestApp, session: uuid::Uuid, n: usize) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let t = app.get(&format!("/api/v1/sessions/{session}/turns")).await.ok(200);
@@ -27,7 +30,7 @@ async fn wait_turns(app: &TestApp, session: uuid::Uuid, n: usize) -> Value {
 }
 
 /// What a checkpoint must leave as it was: the worktree's index, the stash, every branch and tag.
-fn kept(worktree: &Path) -> (Vec<u8>, String, String) {
+pub(crate) fn kept(worktree: &Path) -> (Vec<u8>, String, String) {
     let git_dir = PathBuf::from(git(worktree, &["rev-parse", "--absolute-git-dir"]).trim());
     (
         std::fs::read(git_dir.join("index")).unwrap(),
@@ -110,6 +113,10 @@ async fn each_turn_has_checkpoints_and_its_own_diff(app: TestApp) {
     let first_start = items[0]["start_checkpoint_id"].as_str().unwrap().to_string();
     let first_end = items[0]["end_checkpoint_id"].as_str().unwrap().to_string();
     std::fs::write(wt.join("scratch.txt"), "mine\n").unwrap();
+    // An ignored file is no checkpoint's business: a restore leaves it alone.
+    std::fs::write(repo_path.join(".git/info/exclude"), "build/\n").unwrap();
+    std::fs::create_dir_all(wt.join("build")).unwrap();
+    std::fs::write(wt.join("build/out.bin"), b"\x00built\xff").unwrap();
     let restore =
         |checkpoint: &str, consent: bool| json!({"checkpoint_id": checkpoint, "discard_worktree_changes": consent});
     app.post(
@@ -138,6 +145,11 @@ async fn each_turn_has_checkpoints_and_its_own_diff(app: TestApp) {
         "back to before turn 1"
     );
     assert!(wt.join("README.md").exists());
+    assert_eq!(
+        std::fs::read(wt.join("build/out.bin")).unwrap(),
+        b"\x00built\xff",
+        "the ignored file is left alone"
+    );
     // No change since that restore: the next one needs no consent.
     app.post(
         &format!("/api/v1/environments/{env}/restore"),
@@ -212,5 +224,48 @@ async fn each_turn_has_checkpoints_and_its_own_diff(app: TestApp) {
             .trim()
             .is_empty(),
         "and nothing else"
+    );
+}
+
+/// The real Pi, writing a file with its own `write` tool (the suite's model server asks it to): the turn
+/// is recorded with both checkpoints, its diff and the environment's show the file, and the worktree's
+/// index, the stash and the branches are as they were.
+async fn the_real_pi_writes_a_file_and_its_turn_shows_it(app: TestApp) {
+    let Some((app, pi)) = crate::pi::with_pi(app, &[]).await else {
+        return;
+    };
+    let s = crate::pi::pi_session(&app).await;
+    let id = crate::pi::uuid(&s["id"]);
+    let wt = PathBuf::from(s["workspace_path"].as_str().unwrap());
+    let before = kept(&wt);
+    let ask = "Write the notes file, please.";
+    pi.model.reply_to(
+        ask,
+        crate::model_server::Reply::tool_write(&wt.join("notes.txt").display().to_string(), "from pi\n")
+            .then(crate::model_server::Reply::text("I wrote it.")),
+    );
+    crate::pi::say(&app, id, ask, None).await;
+    let turns = wait_turns(&app, id, 1).await;
+    assert_eq!(std::fs::read_to_string(wt.join("notes.txt")).unwrap(), "from pi\n");
+    let t = &turns["items"][0];
+    assert_eq!(
+        (t["prompt"].as_str(), t["files_changed"].as_i64()),
+        (Some(ask), Some(1)),
+        "{t}"
+    );
+    let diff = app.get(&format!("/api/v1/sessions/{id}/turns/1/diff")).await.ok(200);
+    let f = &diff["repositories"][0]["files"][0];
+    assert_eq!(
+        (f["path"].as_str(), f["status"].as_str()),
+        (Some("notes.txt"), Some("added")),
+        "{diff}"
+    );
+    assert!(f["patch"].as_str().unwrap().contains("+from pi"), "{f}");
+    let all = app.get(&format!("/api/v1/sessions/{id}/diff")).await.ok(200);
+    assert_eq!(all["repositories"][0]["files"][0]["path"], "notes.txt", "{all}");
+    assert_eq!(
+        kept(&wt),
+        before,
+        "the index, the stash and the branches are as they were"
     );
 }

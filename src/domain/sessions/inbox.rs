@@ -40,12 +40,7 @@ pub async fn post(ctx: &Ctx, p: &Principal, session_id: Uuid, text: &str, delive
     if text.trim().is_empty() || text.len() > MAX_TEXT {
         return Err(Error::invalid("text", "must be 1 to 200000 bytes"));
     }
-    let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
-    if !TAKES_MESSAGES.contains(&s.state) {
-        return Err(Error::InvalidState(
-            "the session has no running agent; launch or resume it".into(),
-        ));
-    }
+    let (s, task) = taking_messages(ctx, p, session_id).await?;
     // A steer the agent cannot take is refused now, never downgraded to a follow-up.
     let protocol = super::conversation::protocol_of(ctx, &s);
     if delivery == Delivery::Steer && !crate::agent::steers(protocol, s.agent_state.as_ref()) {
@@ -54,6 +49,21 @@ pub async fn post(ctx: &Ctx, p: &Principal, session_id: Uuid, text: &str, delive
     let message = enqueue(ctx, &task, &s, text, delivery).await?;
     wake(ctx, s.id);
     Ok(message)
+}
+
+/// The session, when the caller sees it and it takes messages (409 otherwise: launch or resume it).
+pub(crate) async fn taking_messages(
+    ctx: &Ctx,
+    p: &Principal,
+    session_id: Uuid,
+) -> Result<(session::Model, task::Model)> {
+    let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
+    if !TAKES_MESSAGES.contains(&s.state) {
+        return Err(Error::InvalidState(
+            "the session has no running agent; launch or resume it".into(),
+        ));
+    }
+    Ok((s, task))
 }
 
 /// A session's messages, oldest first.
@@ -141,7 +151,7 @@ pub(super) async fn enqueue(
 }
 
 /// Stores a message (with its event) in the caller's transaction, without waking the delivery.
-pub(super) async fn enqueue_in(
+pub(crate) async fn enqueue_in(
     txn: &sea_orm::DatabaseTransaction,
     ctx: &Ctx,
     task: &task::Model,

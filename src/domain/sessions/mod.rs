@@ -35,6 +35,7 @@ pub use control::{Answer, answer_attention, parse_answer, stop};
 pub(crate) use conversation::remove as remove_conversation;
 pub use delete::delete;
 pub use inbox::{abort, cancel as cancel_message, list as list_messages, post as post_message, view as message_view};
+pub(crate) use inbox::{enqueue_in as enqueue_message_in, taking_messages, wake as wake_inbox};
 pub(crate) use launch::fail_node_lost;
 pub use launch::launch;
 pub use lifecycle::{NewSession, create, create_async, get, list, make_primary, resume_preparing};

@@ -1,0 +1,25 @@
+//! Reviews (issue 40 item 3): queries only.
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
+use uuid::Uuid;
+
+use crate::entity::review;
+use crate::error::Result;
+
+pub async fn insert<C: ConnectionTrait>(conn: &C, r: review::Model) -> Result<()> {
+    let am: review::ActiveModel = r.into();
+    review::Entity::insert(am).exec_without_returning(conn).await?;
+    Ok(())
+}
+
+pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<review::Model>> {
+    Ok(review::Entity::find_by_id(id).one(conn).await?)
+}
+
+/// An environment's reviews, oldest first.
+pub async fn of_environment<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<review::Model>> {
+    Ok(review::Entity::find()
+        .filter(review::Column::TaskEnvironmentId.eq(env_id))
+        .order_by_asc(review::Column::Id)
+        .all(conn)
+        .await?)
+}
