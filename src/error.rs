@@ -109,6 +109,27 @@ pub enum Error {
         decommissioned: bool,
         retry_after: std::time::Duration,
     },
+    /// Issue 41: a commit found nothing to commit in any slot; nothing changed.
+    #[error("there is nothing to commit")]
+    NothingToCommit,
+    /// A merge met conflicts in these paths; nothing changed.
+    #[error("the merge has conflicts")]
+    MergeConflict(Vec<String>),
+    /// Retryable: the target branch moved since it was read (or was not where the caller expected it).
+    #[error("{0}")]
+    BranchMoved(String),
+    /// The merge's target branch is checked out in a checkout with changes (or in several); its name only.
+    #[error("{0} is checked out where it cannot be moved")]
+    TargetCheckedOut(String),
+    /// The remote refused the push: git's reason.
+    #[error("the remote rejected the push: {0}")]
+    PushRejected(String),
+    /// The remote (or its API) refused the credentials berth has for its host, or there were none.
+    #[error("the remote refused berth's credentials")]
+    RemoteAuthFailed,
+    /// Retryable: the remote (or its API) could not be reached or failed.
+    #[error("the remote is unreachable: {0}")]
+    RemoteUnreachable(String),
     /// Anything unexpected; the source chain goes to the log, never into the response.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),

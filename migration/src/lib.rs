@@ -19,6 +19,7 @@ mod m20261206_000015_session_delete_jobs;
 pub mod m20261206_000016_columns;
 mod m20261206_000017_turns;
 mod m20261206_000018_reviews;
+mod m20261206_000019_pull_requests;
 
 pub struct Migrator;
 
@@ -44,6 +45,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000016_columns::Migration),
             Box::new(m20261206_000017_turns::Migration),
             Box::new(m20261206_000018_reviews::Migration),
+            Box::new(m20261206_000019_pull_requests::Migration),
         ]
     }
 }

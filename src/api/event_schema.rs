@@ -264,6 +264,57 @@ const VARIANTS: &[Variant] = &[
         ],
     },
     Variant {
+        event_type: "environment.committed",
+        name: "EnvironmentCommitted",
+        description: "What was in a task's worktrees was committed on their task branches (`POST \
+                      /environments/{id}/commits`).",
+        data: &[(
+            "commits",
+            Field::AnyObject,
+            "One entry per repository that had something to commit: `{repository_id, branch, commit}`.",
+            REQ,
+        )],
+    },
+    Variant {
+        event_type: "environment.merged",
+        name: "EnvironmentMerged",
+        description: "A task branch was merged into a branch of its repository (`POST /environments/{id}/merge`).",
+        data: &[
+            ("repository_id", Field::Uuid, "The repository.", REQ),
+            ("into", Field::String, "The branch that moved.", REQ),
+            (
+                "strategy",
+                Field::OneOf(&["merge", "squash", "fast_forward"]),
+                "How.",
+                REQ,
+            ),
+            ("previous_commit", Field::String, "Where it pointed before.", REQ),
+            ("commit", Field::String, "Where it points now.", REQ),
+        ],
+    },
+    Variant {
+        event_type: "environment.pushed",
+        name: "EnvironmentPushed",
+        description: "A task branch was pushed to a remote (`POST /environments/{id}/push`, or a pull request).",
+        data: &[
+            ("repository_id", Field::Uuid, "The repository.", REQ),
+            ("remote", Field::String, "The remote's name.", REQ),
+            ("branch", Field::String, "The branch, pushed under its own name.", REQ),
+            ("commit", Field::String, "The commit the remote branch points at.", REQ),
+        ],
+    },
+    Variant {
+        event_type: "pull_request.updated",
+        name: "PullRequestUpdated",
+        description: "A pull request of a task was opened, or its state changed on its host.",
+        data: &[(
+            "pull_request",
+            Field::Named("PullRequest"),
+            "The pull request as the task lists it.",
+            REQ,
+        )],
+    },
+    Variant {
         event_type: "environment.progress",
         name: "EnvironmentProgress",
         description: "Materializing a task's environment moved on, per repository (an asynchronous session \

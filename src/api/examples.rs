@@ -202,6 +202,7 @@ pub fn task(archived_at: Option<&str>) -> Value {
         "archived_at": archived_at,
         "primary_session_id": if archived_at.is_some() { json!(SESSION_ID) } else { Value::Null },
         "session_count": if archived_at.is_some() { 1 } else { 0 },
+        "pull_requests": [],
         "created_at": "2024-11-28T09:02:00Z",
         "updated_at": archived_at.unwrap_or("2024-11-28T09:02:00Z")
     })

@@ -64,7 +64,14 @@ fn route(method: &Method, path: &str) -> Option<(Owner, WhenDown)> {
         }
         ("POST", ["environments", _, "git-status", "refresh"])
         | ("GET", ["environments", _, "git-status" | "diff"])
-        | ("POST", ["environments", _, "restore" | "reviews"]) => Some((Owner::Environment(id(1)?), WhenDown::Refuse)),
+        | (
+            "POST",
+            [
+                "environments",
+                _,
+                "restore" | "reviews" | "commits" | "merge" | "push" | "pull-requests",
+            ],
+        ) => Some((Owner::Environment(id(1)?), WhenDown::Refuse)),
         ("POST", ["workspaces", _, "repositories"]) => Some((Owner::Registration, WhenDown::Refuse)),
         ("DELETE", ["workspaces", _, "leftovers", _]) => Some((Owner::Leftover(id(3)?), WhenDown::Refuse)),
         _ => None,

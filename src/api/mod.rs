@@ -12,6 +12,7 @@ pub mod extract;
 pub mod forward;
 pub mod git_status;
 pub mod idempotency;
+pub mod landing;
 pub mod leftovers;
 pub mod middleware;
 pub mod nodes;
@@ -75,6 +76,7 @@ pub const PUBLIC_PATHS: [&str; 7] = [
         (name = "sessions", description = "Agent conversations that use their task's environment and own nothing physical"),
         (name = "git-status", description = "The environment's current git status: one per repository, newest observation wins"),
         (name = "diffs", description = "What changed in an environment's worktrees, read without writing to them"),
+        (name = "landing", description = "Commit, merge, push and open pull requests for a task's work"),
         (name = "cleanup", description = "Durable cleanup jobs: the only way berth removes files"),
         (name = "events", description = "One global event sequence: replay and a server-sent event stream"),
         (name = "operations", description = "Health, readiness and metrics")
@@ -320,7 +322,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(diff::routes)
                 .configure(columns::routes)
                 .configure(turns::routes)
-                .configure(reviews::routes),
+                .configure(reviews::routes)
+                .configure(landing::routes),
         );
 }
 

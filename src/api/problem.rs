@@ -35,6 +35,13 @@ pub enum ErrorCode {
     Unavailable,
     NodeUnavailable,
     RepositoriesOnDifferentNodes,
+    NothingToCommit,
+    MergeConflict,
+    BranchMoved,
+    TargetCheckedOut,
+    PushRejected,
+    RemoteAuthFailed,
+    RemoteUnreachable,
     Internal,
 }
 
@@ -65,6 +72,13 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::NodeUnavailable => "node_unavailable",
             ErrorCode::RepositoriesOnDifferentNodes => "repositories_on_different_nodes",
+            ErrorCode::NothingToCommit => "nothing_to_commit",
+            ErrorCode::MergeConflict => "merge_conflict",
+            ErrorCode::BranchMoved => "branch_moved",
+            ErrorCode::TargetCheckedOut => "target_checked_out",
+            ErrorCode::PushRejected => "push_rejected",
+            ErrorCode::RemoteAuthFailed => "remote_auth_failed",
+            ErrorCode::RemoteUnreachable => "remote_unreachable",
             ErrorCode::Internal => "internal",
         }
     }
@@ -113,6 +127,9 @@ pub struct Problem {
     /// For `node_unavailable`: the node whose agents or disk the request needs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
+    /// For `merge_conflict`: the paths both sides changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conflicting_paths: Option<Vec<String>>,
 }
 
 /// The `category` of a problem: why a workspace may not be reused, or why a conversation is unavailable.
@@ -143,6 +160,7 @@ impl Problem {
             dirty_repositories: None,
             task_environment_id: None,
             node_id: None,
+            conflicting_paths: None,
         }
     }
 
@@ -432,6 +450,54 @@ impl From<&Error> for Problem {
                     C::NodeUnavailable,
                     "Node decommissioned",
                     format!("node {node_id} was decommissioned: what it held is lost; nothing was changed"),
+                )
+            },
+            Error::NothingToCommit => Problem::new(
+                S::CONFLICT,
+                C::NothingToCommit,
+                "Nothing to commit",
+                "the worktrees (or the listed paths) hold no change; nothing was committed",
+            ),
+            Error::MergeConflict(paths) => Problem {
+                conflicting_paths: Some(paths.clone()),
+                ..Problem::new(
+                    S::CONFLICT,
+                    C::MergeConflict,
+                    "Merge conflict",
+                    "both branches changed the same lines; nothing was changed (resolve in the task branch and merge again)",
+                )
+            },
+            Error::BranchMoved(detail) => Problem {
+                retryable: true,
+                ..Problem::new(S::CONFLICT, C::BranchMoved, "The branch moved", detail.clone())
+            },
+            Error::TargetCheckedOut(branch) => Problem::new(
+                S::CONFLICT,
+                C::TargetCheckedOut,
+                "The target branch is checked out",
+                format!(
+                    "{branch} is checked out in a checkout with changes (or in several): berth moves a checkout only when it is clean; nothing was changed"
+                ),
+            ),
+            Error::PushRejected(why) => Problem::new(
+                S::CONFLICT,
+                C::PushRejected,
+                "The remote rejected the push",
+                why.clone(),
+            ),
+            Error::RemoteAuthFailed => Problem::new(
+                S::BAD_GATEWAY,
+                C::RemoteAuthFailed,
+                "The remote refused the credentials",
+                "the remote (or its API) refused berth's credentials for its host, or berth has none: check [remotes] in the configuration",
+            ),
+            Error::RemoteUnreachable(why) => Problem {
+                retryable: true,
+                ..Problem::new(
+                    S::BAD_GATEWAY,
+                    C::RemoteUnreachable,
+                    "The remote is unreachable",
+                    why.clone(),
                 )
             },
             Error::Internal(_) => Problem {

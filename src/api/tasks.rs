@@ -58,6 +58,8 @@ pub struct Task {
     pub session_count: u64,
     /// The column of the workspace's board the task is in (`GET /workspaces/{id}/columns`).
     pub column_id: Option<Uuid>,
+    /// The pull requests berth opened for it, with their state as last read from their host.
+    pub pull_requests: Vec<crate::domain::landing::pull_requests::PullRequest>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -88,6 +90,7 @@ impl From<TaskView> for Task {
             primary_session_id: v.primary_session_id,
             session_count: v.session_count,
             column_id: t.column_id,
+            pull_requests: v.pull_requests.into_iter().map(Into::into).collect(),
             created_at: t.created_at,
             updated_at: t.updated_at,
         }

@@ -42,10 +42,20 @@ pub(super) fn principal(claims: Map<String, Value>, scope_claim: &str, workspace
         Some(Value::String(s)) => Some(s.parse::<Uuid>().map_err(|_| refuse("session_id is not an id"))?),
         Some(_) => return Err(refuse("session_id is not an id")),
     };
+    let text = |claim: &str| {
+        claims
+            .get(claim)
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && v.len() <= 200)
+            .map(str::to_string)
+    };
     Ok(Principal {
         sub,
         scopes,
         workspaces,
         session_id,
+        name: text("name"),
+        email: text("email").filter(|e| e.contains('@')),
     })
 }

@@ -25,6 +25,9 @@ pub struct Principal {
     workspaces: Option<Vec<Uuid>>,
     /// An agent's token: it may act only on this session (and read its task and environment).
     pub session_id: Option<Uuid>,
+    /// The token's `name` and `email` claims, when it has them (the author of what berth commits for it).
+    pub name: Option<String>,
+    pub email: Option<String>,
 }
 
 impl Principal {
@@ -35,6 +38,8 @@ impl Principal {
             scopes,
             workspaces,
             session_id,
+            name: None,
+            email: None,
         }
     }
 

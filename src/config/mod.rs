@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub mod cli;
+pub mod remotes;
 mod secrets;
 pub mod settings;
 use secrets::{load_jwt_key, read_or_create, secret_from_file};
@@ -224,6 +225,12 @@ pub struct Config {
     /// Period of the background sweeps (event retention).
     pub sweep_interval: Duration,
     pub agents: BTreeMap<String, AgentProfile>,
+    /// Issue 41: credentials and API endpoints per remote host (`[remotes."<host>"]`).
+    pub remotes: BTreeMap<String, remotes::RemoteHost>,
+    /// The author of what berth commits when the token names nobody (`Name <email>`).
+    pub git_author: Option<crate::git::signature::Signature>,
+    /// How often open pull requests' states are read again.
+    pub pull_request_poll: Duration,
     /// Origins (`scheme://host[:port]`, compared exactly) whose pages may call the API from a browser
     /// (issue 16, item 1). Empty: no CORS headers at all.
     pub cors_origins: Vec<String>,
@@ -256,6 +263,7 @@ impl Config {
     pub fn load(env: &dyn Env) -> Result<Config, ConfigError> {
         let mut file = read_file(env)?;
         let agents = take_agents(env, &mut file)?;
+        let remotes = remotes::take_remotes(env, &mut file)?;
         let src = Source { env, file };
         let bind = resolve_bind(&src)?;
 
@@ -463,6 +471,12 @@ impl Config {
             shutdown_budget: Duration::from_secs(shutdown_secs),
             stream_interval: Duration::from_millis(stream_interval_ms),
             agents,
+            remotes,
+            git_author: match src.get("git_author")? {
+                None => None,
+                Some(a) => Some(parse_author(&a).ok_or_else(|| bad("BERTH_GIT_AUTHOR", "must be Name <email>"))?),
+            },
+            pull_request_poll: Duration::from_secs(src.positive("pull_request_poll_secs")?),
             cors_origins,
         })
     }
@@ -489,7 +503,7 @@ fn read_file(env: &dyn Env) -> Result<toml::Table, ConfigError> {
     let table =
         toml::from_str::<toml::Table>(&text).map_err(|e| bad("BERTH_CONFIG", format!("{path}: {}", e.message())))?;
     for key in table.keys() {
-        let known = key == "agents" || SETTINGS.iter().any(|s| s.in_file && s.key == key);
+        let known = key == "agents" || key == "remotes" || SETTINGS.iter().any(|s| s.in_file && s.key == key);
         if !known {
             return Err(bad("BERTH_CONFIG", format!("{path}: unknown key {key:?}")));
         }
@@ -533,6 +547,17 @@ fn check_origin(origin: &str) -> Result<(), &'static str> {
         return Err("the port is not a number");
     }
     Ok(())
+}
+
+/// `Name <email>`.
+fn parse_author(s: &str) -> Option<crate::git::signature::Signature> {
+    let (name, rest) = s.split_once('<')?;
+    let email = rest.strip_suffix('>')?.trim();
+    let name = name.trim();
+    (!name.is_empty() && email.contains('@')).then(|| crate::git::signature::Signature {
+        name: name.into(),
+        email: email.into(),
+    })
 }
 
 #[cfg(test)]

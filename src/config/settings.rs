@@ -263,6 +263,23 @@ pub static SETTINGS: &[Setting] = &[
         int(c.git_max_concurrent)
     }),
     setting(
+        "git_author",
+        Unset,
+        "The author (Name <email>) of what berth commits and merges when the token has no name and email claims",
+        |c| {
+            c.git_author
+                .as_ref()
+                .map(|a| text(format!("{} <{}>", a.name, a.email)))
+                .unwrap_or(None)
+        },
+    ),
+    setting(
+        "pull_request_poll_secs",
+        Is("300"),
+        "How often the state of each open pull request berth opened is read again from its host",
+        |c| secs(c.pull_request_poll),
+    ),
+    setting(
         "materialize_lease_secs",
         Is("120"),
         "How long a preparing environment stays claimed without a heartbeat",

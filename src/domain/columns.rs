@@ -154,6 +154,12 @@ pub(crate) async fn on_session_started(txn: &DatabaseTransaction, ctx: &Ctx, t: 
     move_forward(txn, ctx, t, MovesInOn::SessionStarted, "session_started").await
 }
 
+/// A task branch of the task was merged: the task moves into the column that takes merged work, if that
+/// is further on than where it is. In the merge's transaction, under the task's lock.
+pub(crate) async fn on_merged(txn: &DatabaseTransaction, ctx: &Ctx, t: &task::Model) -> Result<()> {
+    move_forward(txn, ctx, t, MovesInOn::Merged, "merged").await
+}
+
 async fn move_forward(
     txn: &DatabaseTransaction,
     ctx: &Ctx,

@@ -7,6 +7,7 @@ pub mod diff;
 pub mod environments;
 pub mod events;
 pub mod git_status;
+pub mod landing;
 pub mod nodes;
 pub mod pagination;
 pub mod precondition;

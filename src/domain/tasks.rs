@@ -53,6 +53,8 @@ pub struct TaskView {
     pub repositories: Vec<task_repository::Model>,
     pub primary_session_id: Option<Uuid>,
     pub session_count: u64,
+    /// The pull requests berth opened for it (issue 41).
+    pub pull_requests: Vec<crate::entity::pull_request::Model>,
 }
 
 impl TaskView {
@@ -141,6 +143,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
         repositories: rows,
         primary_session_id: None,
         session_count: 0,
+        pull_requests: Vec::new(),
     })
 }
 
@@ -335,6 +338,10 @@ async fn views<C: ConnectionTrait>(conn: &C, tasks: Vec<task::Model>) -> Result<
     let ids: Vec<Uuid> = tasks.iter().map(|t| t.id).collect();
     let slots = store::slots_of_each(conn, &tasks).await?;
     let sessions = sessions_store::facts_of_tasks(conn, &ids).await?;
+    let mut prs: HashMap<Uuid, Vec<crate::entity::pull_request::Model>> = HashMap::new();
+    for p in crate::store::pull_requests::of_tasks(conn, &ids).await? {
+        prs.entry(p.task_id).or_default().push(p);
+    }
     let mut counts: HashMap<Uuid, u64> = HashMap::new();
     let mut primaries: HashMap<Uuid, Uuid> = HashMap::new();
     for (task_id, session_id, is_primary) in sessions {
@@ -350,6 +357,7 @@ async fn views<C: ConnectionTrait>(conn: &C, tasks: Vec<task::Model>) -> Result<
             repositories,
             primary_session_id: primaries.get(&task.id).copied(),
             session_count: counts.get(&task.id).copied().unwrap_or(0),
+            pull_requests: prs.remove(&task.id).unwrap_or_default(),
             task,
         })
         .collect())

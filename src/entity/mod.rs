@@ -9,6 +9,7 @@ pub mod idempotency_key;
 pub mod instance;
 pub mod leftover;
 pub mod node;
+pub mod pull_request;
 pub mod repository;
 pub mod review;
 pub mod session_command;

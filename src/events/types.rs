@@ -71,6 +71,19 @@ pub enum EventType {
     #[sea_orm(string_value = "review.created")]
     #[serde(rename = "review.created")]
     ReviewCreated,
+    /// Issue 41: work landed.
+    #[sea_orm(string_value = "environment.committed")]
+    #[serde(rename = "environment.committed")]
+    EnvironmentCommitted,
+    #[sea_orm(string_value = "environment.merged")]
+    #[serde(rename = "environment.merged")]
+    EnvironmentMerged,
+    #[sea_orm(string_value = "environment.pushed")]
+    #[serde(rename = "environment.pushed")]
+    EnvironmentPushed,
+    #[sea_orm(string_value = "pull_request.updated")]
+    #[serde(rename = "pull_request.updated")]
+    PullRequestUpdated,
     #[sea_orm(string_value = "session.created")]
     #[serde(rename = "session.created")]
     SessionCreated,
@@ -121,6 +134,10 @@ impl EventType {
             EventType::EnvironmentLost => "environment.lost",
             EventType::EnvironmentRestored => "environment.restored",
             EventType::ReviewCreated => "review.created",
+            EventType::EnvironmentCommitted => "environment.committed",
+            EventType::EnvironmentMerged => "environment.merged",
+            EventType::EnvironmentPushed => "environment.pushed",
+            EventType::PullRequestUpdated => "pull_request.updated",
             EventType::SessionCreated => "session.created",
             EventType::SessionStateChanged => "session.state_changed",
             EventType::SessionDeleted => "session.deleted",

@@ -14,9 +14,9 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio::sync::Semaphore;
 
+use super::lock_retry::backoff;
 #[cfg(test)]
-use super::lock_retry::{LOCK_BACKOFF_FIRST, LOCK_BACKOFF_MAX};
-use super::lock_retry::{backoff, is_lock_contention};
+use super::lock_retry::{LOCK_BACKOFF_FIRST, LOCK_BACKOFF_MAX, is_lock_contention};
 use super::{BranchDeletionConsent, BranchName, MergedBranch};
 use crate::managed_path::{Consent, ManagedPath, RecordedRegistration};
 use crate::metrics::{GitOutcome, Metrics};
@@ -24,22 +24,7 @@ use crate::metrics::{GitOutcome, Metrics};
 /// Attempts of one mutation that meets git's lock contention, and the first and longest wait between.
 const LOCK_ATTEMPTS: u32 = 8;
 
-#[derive(Debug, thiserror::Error)]
-pub enum GitError {
-    #[error("git {op} failed: {stderr}")]
-    Failed { op: &'static str, stderr: String },
-    #[error("git {op} timed out after {secs}s")]
-    Timeout { op: &'static str, secs: u64 },
-    #[error("could not run git: {0}")]
-    Spawn(#[from] std::io::Error),
-}
-
-impl GitError {
-    /// git failed because another process held one of its lock files: worth another attempt.
-    fn is_lock_contention(&self) -> bool {
-        matches!(self, GitError::Failed { stderr, .. } if is_lock_contention(stderr))
-    }
-}
+pub use super::error::GitError;
 
 /// One async mutex per source repository, so that berth's own mutations of it never overlap.
 #[derive(Default)]
@@ -160,6 +145,18 @@ impl GitCli {
         Ok((code, String::from_utf8_lossy(&stdout).into_owned(), stderr))
     }
 
+    /// A mutation with extra environment variables, under the repository's lock (landing, issue 41).
+    pub(super) async fn mutate_bytes(
+        &self,
+        op: &'static str,
+        repo: &Path,
+        args: &[&str],
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Vec<u8>, GitError> {
+        let _repo = self.repos.lock(repo).await;
+        self.output_bytes(op, repo, args, envs).await
+    }
+
     /// A read whose output is bytes, as git wrote them (a diff: its content is not always UTF-8), with
     /// extra environment variables (a temporary index: `GIT_INDEX_FILE`).
     async fn output_bytes(
@@ -249,6 +246,10 @@ pub trait GitMutations: Send + Sync {
         args: &[&str],
         envs: &[(&str, &std::ffi::OsStr)],
     ) -> Result<Vec<u8>, GitError>;
+    /// A read whose exit code 1 is an answer, not a failure (`merge-tree`: conflicts): (code, stdout).
+    async fn read_answer(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<(i32, Vec<u8>), GitError>;
+    /// One step of landing work (issue 41), each with the proof it may change what it changes.
+    async fn land(&self, step: &super::land::Step<'_>) -> Result<super::land::Landed, GitError>;
     /// Points berth's own ref `refname` (under `refs/berth/`) at `oid`, keeping that object alive (a
     /// checkpoint's tree). Never any other ref.
     async fn keep_object(&self, repo: &Path, refname: &str, oid: &str) -> Result<(), GitError>;
@@ -281,7 +282,32 @@ pub trait GitMutations: Send + Sync {
 }
 
 #[async_trait::async_trait]
+impl super::land::Runner for GitCli {
+    async fn mutate_bytes(
+        &self,
+        op: &'static str,
+        repo: &Path,
+        args: &[&str],
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Vec<u8>, GitError> {
+        GitCli::mutate_bytes(self, op, repo, args, envs).await
+    }
+}
+
+#[async_trait::async_trait]
 impl GitMutations for GitCli {
+    async fn read_answer(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<(i32, Vec<u8>), GitError> {
+        let envs = [("GIT_OPTIONAL_LOCKS", std::ffi::OsStr::new("0"))];
+        match self.run_bytes(op, repo, args, &envs, &[0, 1]).await? {
+            (Some(code @ (0 | 1)), out, _) => Ok((code, out)),
+            (_, _, stderr) => Err(GitError::Failed { op, stderr }),
+        }
+    }
+
+    async fn land(&self, step: &super::land::Step<'_>) -> Result<super::land::Landed, GitError> {
+        super::land::run(self, step).await
+    }
+
     async fn keep_object(&self, repo: &Path, refname: &str, oid: &str) -> Result<(), GitError> {
         if !refname.starts_with("refs/berth/") {
             return Err(GitError::Failed {
@@ -529,60 +555,4 @@ async fn branch_exists(repo: &Path, branch: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lock_contention_is_told_from_other_failures() {
-        for contended in [
-            "fatal: Unable to create '/r/.git/index.lock': File exists.\n\nAnother git process seems to be running in this repository",
-            "error: cannot lock ref 'refs/heads/berth/t': Unable to create '/r/.git/refs/heads/berth/t.lock': File exists.",
-            "error: could not lock config file /r/.git/config: File exists",
-            "fatal: Unable to create '/r/.git/packed-refs.lock': File exists.",
-        ] {
-            assert!(is_lock_contention(contended), "{contended}");
-        }
-        for other in [
-            "fatal: a branch named 'berth/t' already exists",
-            "fatal: '/w/svc' already exists",
-            "fatal: cannot remove a locked working tree, lock reason: on a drive",
-            "fatal: '/w/svc' contains modified or untracked files, use --force to delete it",
-        ] {
-            assert!(!is_lock_contention(other), "{other}");
-        }
-    }
-
-    #[test]
-    fn backoff_grows_and_stays_bounded() {
-        assert!(backoff(0) >= LOCK_BACKOFF_FIRST && backoff(0) < LOCK_BACKOFF_FIRST * 2);
-        assert!(backoff(3) >= LOCK_BACKOFF_FIRST * 8);
-        assert!(backoff(40) <= LOCK_BACKOFF_MAX + LOCK_BACKOFF_MAX / 2 + Duration::from_millis(1));
-    }
-
-    #[tokio::test]
-    async fn one_repository_mutates_one_at_a_time_and_others_do_not_wait() {
-        let locks = Arc::new(RepoLocks::default());
-        let dir = tempfile::TempDir::new().unwrap();
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        std::fs::create_dir_all(&a).unwrap();
-        std::fs::create_dir_all(&b).unwrap();
-        let held = locks.lock(&a).await;
-        // Another spelling of the same repository waits; another repository does not.
-        let same = a.join("..").join("a");
-        assert!(
-            tokio::time::timeout(Duration::from_millis(50), locks.lock(&same))
-                .await
-                .is_err()
-        );
-        let other = tokio::time::timeout(Duration::from_millis(50), locks.lock(&b)).await;
-        assert!(other.is_ok());
-        drop(other);
-        drop(held);
-        drop(
-            tokio::time::timeout(Duration::from_secs(5), locks.lock(&same))
-                .await
-                .unwrap(),
-        );
-        assert!(locks.0.lock().unwrap().is_empty(), "nobody waits: no entries kept");
-    }
-}
+mod tests;

@@ -184,8 +184,7 @@ fn diff_command() -> Vec<String> {
     .to_vec()
 }
 
-/// Lists the files a `git diff` with `diff_args` shows, then their patches (same options, same paths,
-/// same order).
+/// The files a `git diff` with `diff_args` shows, with their patches, from one run of git.
 async fn files_of(
     git: &dyn GitMutations,
     worktree: &Path,
@@ -195,20 +194,20 @@ async fn files_of(
     paths: &[String],
 ) -> Result<Vec<FileChange>, GitError> {
     let pathspec: Vec<String> = paths.iter().map(|p| format!(":(literal){p}")).collect();
-    // The listing: status, paths, modes, counts.
-    let mut listing = diff_args.clone();
-    listing.extend(["--raw", "-z", "--numstat"].map(String::from));
-    listing.push("--".into());
-    listing.extend(pathspec.iter().cloned());
-    let listed = git.read_bytes("diff", worktree, &as_strs(&listing), envs).await?;
-    let mut files = parse_listing(&listed).map_err(|m| GitError::Failed { op: "diff", stderr: m })?;
-    // The patches, in the same order (same options, same paths).
-    let mut patch = diff_args;
-    patch.push(format!("-U{context}"));
-    patch.push("--".into());
-    patch.extend(pathspec);
-    let patches = git.read_bytes("diff", worktree, &as_strs(&patch), envs).await?;
-    let chunks = split_patches(&patches);
+    // One pass: the listing (status, paths, modes, counts: NUL-separated) then, after an empty field, the
+    // patches in the same order.
+    let mut args = diff_args;
+    args.extend(["--raw", "-z", "--numstat", "-p"].map(String::from));
+    args.push(format!("-U{context}"));
+    args.push("--".into());
+    args.extend(pathspec);
+    let out = git.read_bytes("diff", worktree, &as_strs(&args), envs).await?;
+    let (listed, patches) = match out.windows(13).position(|w| w == b"\0\0diff --git ") {
+        Some(i) => (&out[..=i], &out[i + 2..]),
+        None => (&out[..], &out[..0]),
+    };
+    let mut files = parse_listing(listed).map_err(|m| GitError::Failed { op: "diff", stderr: m })?;
+    let chunks = split_patches(patches);
     if chunks.len() != files.len() {
         return Err(GitError::Failed {
             op: "diff",

@@ -3,8 +3,12 @@
 //! process-wide concurrency cap.
 pub mod cli;
 pub mod diff;
+pub mod error;
+pub mod land;
 mod lock_retry;
+pub mod merge;
 pub mod patch;
+pub mod signature;
 pub mod status;
 
 use std::path::{Path, PathBuf};

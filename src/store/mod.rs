@@ -17,6 +17,7 @@ pub mod migrate;
 pub mod nodes;
 pub mod observations;
 pub mod outage;
+pub mod pull_requests;
 pub mod repositories;
 pub mod reviews;
 pub mod session_commands;

@@ -30,6 +30,7 @@ pub const FILES: &[(&str, &str, &str)] = &[
     ("cleanup.js", JS, include_str!("cleanup.js")),
     ("changes.js", JS, include_str!("changes.js")),
     ("turns.js", JS, include_str!("turns.js")),
+    ("landing.js", JS, include_str!("landing.js")),
 ];
 
 /// `/ui`, `/ui/` and `/ui/<file>`.

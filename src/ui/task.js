@@ -7,6 +7,7 @@ import { Live, followPoint } from './live.js';
 import { jobsTable } from './cleanup.js';
 import { changesPanel } from './changes.js';
 import { turnsPanel } from './turns.js';
+import { landingPanel } from './landing.js';
 
 async function orNull(promise, ...statuses) {
   try {
@@ -40,10 +41,12 @@ export function renderTask(main, id, { setCrumbs }) {
   const jobArea = h('div', {});
   const changes = changesPanel();
   const turns = turnsPanel();
+  const landing = landingPanel();
   clear(main, head, errors, actions, actionErr,
     h('section', { class: 'card' }, h('h2', {}, 'Environment'), envArea),
     h('section', { class: 'card' }, h('h2', {}, 'Changes'), changes.root),
     h('section', { class: 'card' }, h('h2', {}, 'Turns'), turns.root),
+    h('section', { class: 'card' }, h('h2', {}, 'Land the work'), landing.root),
     h('section', { class: 'card' }, h('h2', {}, 'Sessions'), newSession, sessArea),
     h('section', { class: 'card' }, h('div', { class: 'row' }, h('h2', {}, 'Cleanup jobs'), h('span', { class: 'spacer' }), h('a', { href: `#/cleanup/t/${id}` }, 'All of this task\'s jobs')), jobArea));
 
@@ -316,6 +319,7 @@ export function renderTask(main, id, { setCrumbs }) {
       drawSessions();
       changes.update({ env: s.env, sessions: s.sessions, repoName });
       turns.update({ env: s.env, sessions: s.sessions, repoName, onRestored: () => refresh() });
+      landing.update({ env: s.env, task: s.task, repoName });
       drawJobs();
       return seq;
     } catch (e) {

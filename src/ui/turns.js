@@ -50,7 +50,7 @@ export function turnsPanel() {
           h('td', { class: 'prompt' }, t.prompt.length > 120 ? `${t.prompt.slice(0, 120)}…` : t.prompt),
           h('td', {}, time(t.started_at), t.settled_at ? null : h('span', { class: 'muted small' }, ' (running)')),
           h('td', {}, t.files_changed ?? '—'),
-          h('td', { class: 'row' }, show, restore));
+          h('td', {}, h('div', { class: 'row' }, show, restore)));
       }))));
   }
 

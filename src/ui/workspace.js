@@ -190,6 +190,8 @@ export function renderWorkspace(main, id, { setCrumbs }) {
         ' ',
         env ? badge(env.status) : t.archived_at ? null : h('span', { class: 'muted small' }, 'no environment yet')),
       t.archived_at ? h('div', { class: 'small muted' }, 'archived ', time(t.archived_at)) : h('div', {}, countsLine(counts), ' ', h('span', { class: 'muted small' }, `${t.session_count} sessions`)),
+      (t.pull_requests ?? []).length ? h('div', { class: 'small pr-line' }, t.pull_requests.map((p) => [
+        h('a', { href: p.url, rel: 'noreferrer', target: '_blank' }, `PR #${p.number}`), ' ', badge(p.draft && p.state === 'open' ? 'draft' : p.state), ' '])) : null,
       h('div', { class: 'row small muted' }, 'updated ', time(t.updated_at), h('span', { class: 'spacer' }),
         left ? h('button', { type: 'button', class: 'small move', 'aria-label': `Move to ${left.name}`, title: `Move to ${left.name}`, onclick: () => move(t.id, left.id) }, '←') : null,
         right ? h('button', { type: 'button', class: 'small move', 'aria-label': `Move to ${right.name}`, title: `Move to ${right.name}`, onclick: () => move(t.id, right.id) }, '→') : null));

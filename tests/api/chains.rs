@@ -445,6 +445,12 @@ mod gated_git {
         ) -> Result<Vec<u8>, GitError> {
             self.inner.read_bytes(op, repo, args, envs).await
         }
+        async fn read_answer(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<(i32, Vec<u8>), GitError> {
+            self.inner.read_answer(op, repo, args).await
+        }
+        async fn land(&self, step: &berth::git::land::Step<'_>) -> Result<berth::git::land::Landed, GitError> {
+            self.inner.land(step).await
+        }
         async fn keep_object(&self, repo: &Path, refname: &str, oid: &str) -> Result<(), GitError> {
             self.inner.keep_object(repo, refname, oid).await
         }

@@ -81,7 +81,18 @@ fn every_operation_has_an_id_a_summary_and_a_description() {
         "send",
         "cancel",
     ];
-    const MORE_VERBS: [&str; 7] = ["report", "refresh", "retry", "stream", "set", "decommission", "restore"];
+    const MORE_VERBS: [&str; 10] = [
+        "report",
+        "refresh",
+        "retry",
+        "stream",
+        "set",
+        "decommission",
+        "restore",
+        "commit",
+        "merge",
+        "push",
+    ];
     let mut ids = std::collections::BTreeSet::new();
     for (path, item) in spec["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
@@ -283,6 +294,14 @@ fn error_codes_are_the_contracts() {
             // Issue 39: a request that needs a node that is down.
             "node_unavailable",
             "repositories_on_different_nodes",
+            // Issue 41: landing the work (the names the issue gives).
+            "nothing_to_commit",
+            "merge_conflict",
+            "branch_moved",
+            "target_checked_out",
+            "push_rejected",
+            "remote_auth_failed",
+            "remote_unreachable",
             "internal",
         ]
     );

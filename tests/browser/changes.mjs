@@ -7,11 +7,14 @@
 // task page shows the worktree's diff per file, both turns with their own diffs (turn 1 added "one", turn
 // 2 replaced it with "two"); a comment on the changed line, sent as a review to the session, reaches the
 // agent as its next prompt naming the file and line; "Restore to here" on turn 1, after consent, puts
-// notes.txt back to "one" on disk. Every column move is checked through the API, the file on disk.
+// notes.txt back to "one" on disk; the work is committed from the board, a conflicting merge names the
+// file and changes nothing, and a clean one moves the user's checkout. Every column move is checked
+// through the API, the files on disk.
 //
 // Environment: as board.mjs (BERTH_URL, BERTH_TOKEN, BOARD_REPO_DIR); CHANGES_TIMEOUT_MS (default 180000).
 import { randomBytes } from 'node:crypto';
-import { readFile } from 'node:fs/promises';
+import { execFileSync } from 'node:child_process';
+import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { BERTH_URL, REPO_DIR, TOKEN, api, inBrowser, logger, makeRepository, run } from './common.mjs';
 
@@ -23,6 +26,7 @@ if (!BERTH_URL || !TOKEN || !REPO_DIR) {
   process.exit(2);
 }
 const log = logger('changes');
+const gitOut = (cwd, ...args) => execFileSync('git', args, { cwd, encoding: 'utf8' }).trim();
 
 /** Waits until `probe()` returns something truthy, or fails naming `what`. */
 async function until(what, probe, ms = TURN_MS) {
@@ -119,7 +123,27 @@ async function main() {
     await page.locator('#changes details.file[data-path="notes.txt"] tr.add', { hasText: 'one' }).waitFor();
     await shot('4-restored');
     log('restored to the end of turn 1: notes.txt holds "one"');
+
+    // 5. Land it: commit from the board; a merge that conflicts names the file and changes nothing; once
+    // the user takes their change back, the merge goes through and the user's clean checkout moves.
+    await page.locator('#commit-message').fill('Notes from the agent');
+    await page.locator('#commit').click();
+    await page.locator('#landing-result', { hasText: 'Committed' }).waitFor();
+    const mainBefore = gitOut(repoPath, 'rev-parse', 'main');
+    await writeFile(join(repoPath, 'notes.txt'), 'theirs\n');
+    gitOut(repoPath, 'add', 'notes.txt');
+    gitOut(repoPath, '-c', 'user.name=u', '-c', 'user.email=u@e', 'commit', '-q', '-m', 'theirs');
+    const theirs = gitOut(repoPath, 'rev-parse', 'main');
+    await page.locator('#landing button.merge').click();
+    await page.locator('#merge-conflict', { hasText: 'notes.txt' }).waitFor();
+    if (gitOut(repoPath, 'rev-parse', 'main') !== theirs) throw new Error('a conflicting merge moved main');
+    await shot('5-merge-conflict');
+    gitOut(repoPath, 'reset', '-q', '--hard', mainBefore);
+    await page.locator('#landing button.merge').click();
+    await page.locator('#landing-result', { hasText: 'Merged into main' }).waitFor();
+    if ((await readFile(join(repoPath, 'notes.txt'), 'utf8')) !== 'one\n') throw new Error('the user\'s checkout did not move with main');
+    log('committed, saw the conflict by path, merged; the user\'s checkout moved');
   });
 }
 
-run('changes', DEADLINE_MS, main, 'columns moved by keyboard and mouse, diffs per file and per turn, a review reached the agent, a restore put the file back');
+run('changes', DEADLINE_MS, main, 'columns moved by keyboard and mouse, diffs per file and per turn, a review reached the agent, a restore put the file back, a commit, a merge conflict by path and a merge');
