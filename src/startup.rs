@@ -38,9 +38,20 @@ fn http_workers() -> usize {
 }
 
 async fn open_database_with(config: &Config, connections: u32) -> anyhow::Result<(Db, MigrateOutcome)> {
-    let db = Db::connect(&config.database_url, connections)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot open the database: {e}"))?;
+    // SQLite can answer "database is locked" while opening, without waiting out the busy timeout (the
+    // switch to WAL needs a moment alone with the file while another process migrates it): tried again
+    // until the migration lock's timeout.
+    let deadline = std::time::Instant::now() + config.migration_lock_timeout;
+    let db = loop {
+        match Db::connect(&config.database_url, connections).await {
+            Ok(db) => break db,
+            Err(e) if e.to_string().contains("database is locked") && std::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "the database is locked while opening; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(anyhow::anyhow!("cannot open the database: {e}")),
+        }
+    };
     let outcome = migrate::migrate(&db, &config.data_dir, config.migration_lock_timeout).await?;
     if let MigrateOutcome::Applied { versions, backup } = &outcome {
         tracing::info!(?versions, backup = ?backup, "applied migrations");

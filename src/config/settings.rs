@@ -241,7 +241,7 @@ pub static SETTINGS: &[Setting] = &[
     setting(
         "migration_lock_timeout_ms",
         Is("60000"),
-        "How long PostgreSQL migrations wait for locks",
+        "How long migrations wait for locks (PostgreSQL), and how long opening a locked SQLite file is retried",
         |c| ms(c.migration_lock_timeout),
     ),
     setting("git_timeout_secs", Is("120"), "Bound on each git call", |c| {

@@ -516,3 +516,45 @@ async fn a_push_goes_through_a_real_git_server_with_configured_credentials(app: 
         .problem(502, "remote_unreachable");
     assert_eq!(p["retryable"], true);
 }
+
+/// The compare-and-set under a merge: git moves a branch only from the commit berth read (a branch that
+/// moved between berth's read and its write is refused, and the merge answers `409 branch_moved`).
+#[tokio::test]
+async fn a_branch_moves_only_from_the_commit_it_was_read_at() {
+    use berth::git::cli::{GitCli, GitMutations};
+    use berth::git::land::{BranchMove, Step};
+    let dir = tempfile::TempDir::new().unwrap();
+    let repo = crate::helpers::git_repo(&dir.path().join("r"), "main");
+    let old = tip(&repo, "main");
+    let new = git(&repo, &["commit-tree", "HEAD^{tree}", "-p", "HEAD", "-m", "next"])
+        .trim()
+        .to_string();
+    let cli = GitCli::new(2, std::time::Duration::from_secs(30));
+    let branch = berth::git::BranchName::parse("main").unwrap();
+    let stale = BranchMove {
+        branch: branch.clone(),
+        from: new.clone(),
+        to: new.clone(),
+    };
+    assert!(
+        cli.land(&Step::MoveBranch {
+            repo: &repo,
+            change: &stale
+        })
+        .await
+        .is_err()
+    );
+    assert_eq!(tip(&repo, "main"), old, "a branch not where it was read does not move");
+    let fresh = BranchMove {
+        branch,
+        from: old,
+        to: new.clone(),
+    };
+    cli.land(&Step::MoveBranch {
+        repo: &repo,
+        change: &fresh,
+    })
+    .await
+    .unwrap();
+    assert_eq!(tip(&repo, "main"), new);
+}

@@ -8,7 +8,8 @@
 // 2 replaced it with "two"); a comment on the changed line, sent as a review to the session, reaches the
 // agent as its next prompt naming the file and line; "Restore to here" on turn 1, after consent, puts
 // notes.txt back to "one" on disk; the work is committed from the board, a conflicting merge names the
-// file and changes nothing, and a clean one moves the user's checkout. Every column move is checked
+// file and changes nothing, a clean one moves the user's checkout; a push reaches git's HTTP server and a
+// pull request opened on Prism (GitHub's description) shows on the task card. Every column move is checked
 // through the API, the files on disk.
 //
 // Environment: as board.mjs (BERTH_URL, BERTH_TOKEN, BOARD_REPO_DIR); CHANGES_TIMEOUT_MS (default 180000).
@@ -50,6 +51,12 @@ async function main() {
   const ws = await api('POST', '/workspaces', { name: `changes-${suffix}` });
   const repoPath = await makeRepository(`changes-${suffix}`);
   const repo = await api('POST', `/workspaces/${ws.id}/repositories`, { path: repoPath });
+  // Its origin: git's own HTTP server (started by .ci/browser), as acme/<name>.git.
+  const bare = join(process.env.GIT_SERVER_ROOT, 'acme', `changes-${suffix}.git`);
+  gitOut(repoPath, 'init', '-q', '--bare', '-b', 'main', bare);
+  gitOut(bare, 'config', 'http.receivepack', 'true');
+  gitOut(repoPath, 'push', '-q', bare, 'main');
+  gitOut(repoPath, 'remote', 'add', 'origin', `${process.env.GIT_SERVER_URL}/acme/changes-${suffix}.git`);
   const task = await api('POST', `/workspaces/${ws.id}/tasks`, { title: 'Changes task', repositories: [{ repository_id: repo.id }] });
   const session = await api('POST', `/tasks/${task.id}/sessions`, { executor_type: 'worktree', agent_profile: 'test', name: 'writer' });
   await until('the session is idle', async () => (await api('GET', `/sessions/${session.id}`)).state === 'idle');
@@ -143,7 +150,22 @@ async function main() {
     await page.locator('#landing-result', { hasText: 'Merged into main' }).waitFor();
     if ((await readFile(join(repoPath, 'notes.txt'), 'utf8')) !== 'one\n') throw new Error('the user\'s checkout did not move with main');
     log('committed, saw the conflict by path, merged; the user\'s checkout moved');
+
+    // 6. Push, and open a pull request on GitHub (Prism, which refuses any request GitHub's description
+    // does not allow); the task card shows it with its state.
+    await page.locator('#landing button.push').click();
+    await page.locator('#landing-result', { hasText: 'Pushed' }).waitFor();
+    const branch = gitOut(session.workspace_path, 'branch', '--show-current');
+    if (gitOut(bare, 'rev-parse', `refs/heads/${branch}`) !== gitOut(session.workspace_path, 'rev-parse', 'HEAD')) throw new Error('the push did not reach the server');
+    await page.locator('#landing input.pr-title').fill('Notes, by an agent');
+    await page.locator('#landing button.open-pr').click();
+    await page.locator('#landing-result', { hasText: 'Opened' }).waitFor();
+    await page.locator('#pull-requests li').first().waitFor();
+    await shot('6-pull-request');
+    await page.evaluate((id) => { location.hash = `#/w/${id}`; }, ws.id);
+    await page.locator(`.task-card[data-task-id="${task.id}"] .pr-line a`, { hasText: 'PR #' }).waitFor();
+    log('pushed through git http-backend, opened a pull request; the task card shows it');
   });
 }
 
-run('changes', DEADLINE_MS, main, 'columns moved by keyboard and mouse, diffs per file and per turn, a review reached the agent, a restore put the file back, a commit, a merge conflict by path and a merge');
+run('changes', DEADLINE_MS, main, 'columns moved by keyboard and mouse, diffs per file and per turn, a review reached the agent, a restore put the file back, a commit, a merge conflict by path, a merge, a push and a pull request on the card');
