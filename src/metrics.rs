@@ -2,7 +2,7 @@
 //! one process each see their own) and served as OpenMetrics text. Every value is kept current by the
 //! code that changes it, through the one-line calls below; a scrape reads memory and `/proc`, no SQL.
 //! A scraper that does not ask for OpenMetrics gets the Prometheus text format ([`prometheus_text`]).
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -55,6 +55,25 @@ struct OpLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    model: String,
+    agent_profile: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CostLabels {
+    model: String,
+    agent_profile: String,
+    currency: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
@@ -86,6 +105,9 @@ pub struct Metrics {
     event_lag: Histogram,
     event_stamp: Histogram,
     sequencer_leader: Gauge,
+    agent_tokens: Family<TokenLabels, Counter>,
+    agent_cost: Family<CostLabels, Counter<f64, AtomicU64>>,
+    webhook_attempts: Family<OutcomeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -212,6 +234,24 @@ impl Metrics {
             "1 while this replica stamps the events of its PostgreSQL database",
             sequencer_leader.clone(),
         );
+        let agent_tokens = Family::<TokenLabels, Counter>::default();
+        registry.register(
+            "berth_agent_tokens",
+            "Tokens agents reported, by model, agent profile and kind (input, output, cache_read, cache_write)",
+            agent_tokens.clone(),
+        );
+        let agent_cost = Family::<CostLabels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "berth_agent_cost",
+            "What agents reported their model calls cost, by model, agent profile and currency",
+            agent_cost.clone(),
+        );
+        let webhook_attempts = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "berth_webhook_attempts",
+            "Webhook delivery attempts by this process, by outcome (succeeded, failed)",
+            webhook_attempts.clone(),
+        );
         registry.register(
             "berth_build",
             "The version and commit of this binary",
@@ -243,7 +283,44 @@ impl Metrics {
             event_lag,
             event_stamp,
             sequencer_leader,
+            agent_tokens,
+            agent_cost,
+            webhook_attempts,
         }
+    }
+
+    /// An agent's reported usage was recorded (issue 42 item 3).
+    pub fn usage_recorded(
+        &self,
+        model: &str,
+        agent_profile: &str,
+        tokens: [(&'static str, u64); 4],
+        cost: Option<(&str, f64)>,
+    ) {
+        for (kind, n) in tokens {
+            if n > 0 {
+                let labels = TokenLabels {
+                    model: model.to_string(),
+                    agent_profile: agent_profile.to_string(),
+                    kind,
+                };
+                self.agent_tokens.get_or_create(&labels).inc_by(n);
+            }
+        }
+        if let Some((currency, amount)) = cost {
+            let labels = CostLabels {
+                model: model.to_string(),
+                agent_profile: agent_profile.to_string(),
+                currency: currency.to_string(),
+            };
+            self.agent_cost.get_or_create(&labels).inc_by(amount);
+        }
+    }
+
+    /// One webhook delivery attempt came to an answer or a failure.
+    pub fn webhook_attempt(&self, succeeded: bool) {
+        let outcome = if succeeded { "succeeded" } else { "failed" };
+        self.webhook_attempts.get_or_create(&OutcomeLabel { outcome }).inc();
     }
 
     /// One HTTP request answered.

@@ -118,6 +118,7 @@ impl Application {
             .map_err(|e| anyhow::anyhow!("recording this instance: {e}"))?;
         background.push(tokio::spawn(crate::domain::nodes::lease::hold(ctx.clone())).abort_handle());
         background.push(tokio::spawn(crate::domain::landing::pull_requests::poll(ctx.clone())).abort_handle());
+        background.push(tokio::spawn(crate::domain::webhooks::deliver::run(ctx.clone())).abort_handle());
         // Issue 15, item 4: what other replicas route to the agents this node runs.
         background.push(tokio::spawn(crate::domain::sessions::serve_routed(ctx.clone())).abort_handle());
         // Issue 39: agents a gone instance of this node left are ended before any job may touch a worktree.

@@ -20,6 +20,8 @@ pub mod m20261206_000016_columns;
 mod m20261206_000017_turns;
 mod m20261206_000018_reviews;
 mod m20261206_000019_pull_requests;
+mod m20261207_000020_webhooks;
+mod m20261207_000021_usage;
 
 pub struct Migrator;
 
@@ -46,6 +48,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000017_turns::Migration),
             Box::new(m20261206_000018_reviews::Migration),
             Box::new(m20261206_000019_pull_requests::Migration),
+            Box::new(m20261207_000020_webhooks::Migration),
+            Box::new(m20261207_000021_usage::Migration),
         ]
     }
 }

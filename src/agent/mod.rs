@@ -27,7 +27,7 @@ mod types;
 
 pub use types::{
     Answer, Answered, Command, Delivery, Delta, Inbound, Introduction, Notice, Outgoing, Protocol, Reply, Run, Signal,
-    Unsupported,
+    Unsupported, UsageReport,
 };
 
 impl Run {

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::types::{Answer, Command, Delta, Inbound, Notice, Outgoing, Protocol, Reply, Run, Signal, Unsupported};
+use super::types::{
+    Answer, Command, Delta, Inbound, Notice, Outgoing, Protocol, Reply, Run, Signal, Unsupported, UsageReport,
+};
 
 /// The `id` prefix of berth's own commands, whose responses are routed back instead of recorded.
 pub const REQUEST_PREFIX: &str = "berth-";
@@ -131,7 +133,11 @@ pub(super) fn decode(line: Value) -> Inbound {
         }
         Some("tool_execution_end") => inbound.signals.push(Signal::ToolEnded),
         Some("message_end") if line["message"]["role"] == "assistant" => {
-            inbound.signals.push(Signal::Assistant(line["message"].clone()));
+            let message = &line["message"];
+            if message["usage"].is_object() {
+                inbound.signals.push(Signal::Usage(usage(message)));
+            }
+            inbound.signals.push(Signal::Assistant(message.clone()));
         }
         Some("message_update") => {
             if let Some(delta) = delta(&line) {
@@ -286,6 +292,22 @@ fn delta(event: &Value) -> Option<Delta> {
         run: run(None, Value::Null),
         text: line.get("delta")?.as_str()?.to_string(),
     })
+}
+
+/// Pi's usage of one assistant message: `usage {input, output, cacheRead, cacheWrite, cost {total}}`
+/// beside the message's `model`. Pi prices calls from its model table, in US dollars.
+fn usage(message: &Value) -> UsageReport {
+    let u = &message["usage"];
+    UsageReport {
+        model: message["model"].as_str().map(str::to_string),
+        input: u["input"].clone(),
+        output: u["output"].clone(),
+        cache_read: u["cacheRead"].clone(),
+        cache_write: u["cacheWrite"].clone(),
+        cost: u["cost"]["total"].clone(),
+        currency: u["cost"]["total"].is_number().then(|| "USD".to_string()),
+        cumulative: false,
+    }
 }
 
 #[cfg(test)]

@@ -80,10 +80,28 @@ pub enum Signal {
     ToolEnded,
     /// How many messages the agent holds in its own queue.
     Queue(usize),
-    /// A complete assistant message, for the transcript (its `usage`, when reported, is counted).
+    /// A complete assistant message, for the transcript.
     Assistant(Value),
+    /// What a model call cost, as the agent reported it (issue 42 item 3); berth checks the figures.
+    Usage(UsageReport),
     /// What the agent said about itself, for snapshots.
     Notice(Notice),
+}
+
+/// An agent's usage report, its figures as it wrote them (unchecked: the domain refuses a negative, a
+/// fraction or an absurd one).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct UsageReport {
+    pub model: Option<String>,
+    pub input: Value,
+    pub output: Value,
+    pub cache_read: Value,
+    pub cache_write: Value,
+    /// The cost, in `currency`.
+    pub cost: Value,
+    pub currency: Option<String>,
+    /// The cost is a running total of the agent's session (ACP's `usage_update`), not this call's.
+    pub cumulative: bool,
 }
 
 /// What an agent tells about itself that a snapshot shows.

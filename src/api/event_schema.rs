@@ -304,6 +304,24 @@ const VARIANTS: &[Variant] = &[
         ],
     },
     Variant {
+        event_type: "webhook.disabled",
+        name: "WebhookDisabled",
+        description: "berth disabled a webhook subscription: its receiver failed every attempt at one event for \
+                      longer than the retry horizon (`BERTH_WEBHOOK_RETRY_HORIZON_SECS`). Nothing more is sent \
+                      until it is enabled again (`PATCH /webhooks/{id}`); it resumes at the event it failed.",
+        data: &[
+            ("webhook_id", Field::Uuid, "The subscription.", REQ),
+            ("url", Field::String, "Where it posted.", REQ),
+            (
+                "reason",
+                Field::String,
+                "The last attempt's failure and how long it failed.",
+                REQ,
+            ),
+            ("event_seq", Field::Integer, "The event it could not deliver.", REQ),
+        ],
+    },
+    Variant {
         event_type: "pull_request.updated",
         name: "PullRequestUpdated",
         description: "A pull request of a task was opened, or its state changed on its host.",

@@ -43,6 +43,7 @@ scope_markers! {
     TasksDelete => Scope::TasksDelete,
     CleanupRead => Scope::CleanupRead,
     CleanupAdmin => Scope::CleanupAdmin,
+    WebhooksWrite => Scope::WebhooksWrite,
     Admin => Scope::Admin,
 }
 

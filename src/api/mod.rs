@@ -26,6 +26,8 @@ pub mod session_snapshot;
 pub mod sessions;
 pub mod tasks;
 pub mod turns;
+pub mod usage;
+pub mod webhooks;
 pub mod workspaces;
 
 use std::sync::Arc;
@@ -79,6 +81,7 @@ pub const PUBLIC_PATHS: [&str; 7] = [
         (name = "landing", description = "Commit, merge, push and open pull requests for a task's work"),
         (name = "cleanup", description = "Durable cleanup jobs: the only way berth removes files"),
         (name = "events", description = "One global event sequence: replay and a server-sent event stream"),
+        (name = "webhooks", description = "Signed webhooks: durable, ordered, at-least-once delivery of the event log"),
         (name = "operations", description = "Health, readiness and metrics")
     )
 )]
@@ -323,7 +326,9 @@ pub fn configure(cfg: &mut ServiceConfig) {
                 .configure(columns::routes)
                 .configure(turns::routes)
                 .configure(reviews::routes)
-                .configure(landing::routes),
+                .configure(landing::routes)
+                .configure(usage::routes)
+                .configure(webhooks::routes),
         );
 }
 

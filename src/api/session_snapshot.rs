@@ -30,7 +30,8 @@ pub struct TranscriptEntry {
 pub struct SessionStatistics {
     pub turns: u64,
     pub messages: u64,
-    /// Summed from the agent's usage reports (zero when it makes none).
+    /// Summed from the agent's usage reports (zero when it makes none); `cost` in US dollars (see
+    /// `usage` for every currency).
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cost: f64,
@@ -69,6 +70,8 @@ pub struct SessionSnapshot {
     pub label: String,
     pub transcript: Vec<TranscriptEntry>,
     pub statistics: SessionStatistics,
+    /// Every usage report of the session's agent summed: tokens by kind, cost per currency.
+    pub usage: super::usage::Usage,
     /// The tool the agent is running right now, if any.
     pub active_tool: Option<String>,
     /// Messages waiting: queued in berth's inbox plus held in the agent's own queue (Pi's `queue_update`).
@@ -182,6 +185,7 @@ async fn session_snapshot(
                 created_at: m.created_at,
             })
             .collect(),
+        usage: super::usage::Usage::from(&snap.usage),
         statistics: SessionStatistics {
             turns: snap.turns,
             messages: snap.messages,

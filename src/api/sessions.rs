@@ -195,6 +195,9 @@ pub struct Session {
     pub updated_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub ended_at: Option<DateTime<Utc>>,
+    /// What its agent reported its model calls used and cost (issue 42); on `GET /sessions/{id}` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<super::usage::Usage>,
 }
 
 impl From<SessionView> for Session {
@@ -222,6 +225,7 @@ impl From<SessionView> for Session {
             updated_at: s.updated_at,
             started_at: s.started_at,
             ended_at: s.ended_at,
+            usage: None,
         }
     }
 }
@@ -378,7 +382,11 @@ async fn get_session(
     id: web::Path<Uuid>,
 ) -> Result<HttpResponse, Error> {
     let view = sessions::get(&state.ctx, &auth, *id).await?;
-    Ok(super::ok_tagged(&view.etag(), &Session::from(view)))
+    let totals = crate::domain::usage::of_session(&state.ctx, view.session.id).await?;
+    let etag = view.etag();
+    let mut session = Session::from(view);
+    session.usage = Some(super::usage::Usage::from(&totals));
+    Ok(super::ok_tagged(&etag, &session))
 }
 
 /// Delete a session

@@ -60,6 +60,8 @@ pub struct Task {
     pub column_id: Option<Uuid>,
     /// The pull requests berth opened for it, with their state as last read from their host.
     pub pull_requests: Vec<crate::domain::landing::pull_requests::PullRequest>,
+    /// What its sessions' agents reported their model calls used and cost, deleted sessions included.
+    pub usage: super::usage::Usage,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -91,6 +93,7 @@ impl From<TaskView> for Task {
             session_count: v.session_count,
             column_id: t.column_id,
             pull_requests: v.pull_requests.into_iter().map(Into::into).collect(),
+            usage: super::usage::Usage::from(&v.usage),
             created_at: t.created_at,
             updated_at: t.updated_at,
         }

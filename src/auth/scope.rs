@@ -15,11 +15,13 @@ pub enum Scope {
     CleanupRead,
     CleanupAdmin,
     EventsRead,
+    /// Issue 42: webhook subscriptions.
+    WebhooksWrite,
     Admin,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 12] = [
+    pub const ALL: [Scope; 13] = [
         Scope::WorkspacesAdmin,
         Scope::TasksRead,
         Scope::TasksWrite,
@@ -31,6 +33,7 @@ impl Scope {
         Scope::CleanupRead,
         Scope::CleanupAdmin,
         Scope::EventsRead,
+        Scope::WebhooksWrite,
         Scope::Admin,
     ];
 
@@ -47,6 +50,7 @@ impl Scope {
             Scope::CleanupRead => "cleanup:read",
             Scope::CleanupAdmin => "cleanup:admin",
             Scope::EventsRead => "events:read",
+            Scope::WebhooksWrite => "webhooks:write",
             Scope::Admin => "admin",
         }
     }

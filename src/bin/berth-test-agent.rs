@@ -14,6 +14,7 @@
 //! - `hang`: start working and never finish (until aborted)
 //! - `crash`: exit with status 3
 //! - `stream N`: N streamed output events, a tool call, and token usage
+//! - `usage IN OUT COST`: a reply whose usage reports these figures (believable or not)
 //! - `deltas N RATE`: N Pi text deltas (`delta 0 `, `delta 1 `, ...), RATE a second, each with the whole
 //!   message so far in `message` and `partial` as Pi sends them; then `message_end` with the full text
 //! - `flood-line BYTES`: one line of BYTES without a newline, then the newline, then `flooded`
@@ -161,6 +162,22 @@ fn main() {
                         emit(json!({"type": "tool_execution_end", "toolName": "bash"}));
                         emit(
                             json!({"type": "message_end", "message": {"role": "assistant", "content": [{"type": "text", "text": format!("streamed {n}")}], "usage": {"input": 10, "output": 20, "cost": {"total": 0.5}}}}),
+                        );
+                    }
+                    "usage" => {
+                        // `usage IN OUT COST`: a reply reporting these figures, whatever they are.
+                        let rest: Vec<&str> = words.by_ref().flat_map(|w| w.split(' ')).collect();
+                        let mut figures = rest.into_iter();
+                        let mut num = || -> serde_json::Value {
+                            let w = figures.next().unwrap_or("0");
+                            w.parse::<i64>()
+                                .map(serde_json::Value::from)
+                                .or_else(|_| w.parse::<f64>().map(serde_json::Value::from))
+                                .unwrap_or(serde_json::Value::Null)
+                        };
+                        let (input, output, cost) = (num(), num(), num());
+                        emit(
+                            json!({"type": "message_end", "message": {"role": "assistant", "model": "liar-1", "content": [{"type": "text", "text": "used"}], "usage": {"input": input, "output": output, "cost": {"total": cost}}}}),
                         );
                     }
                     "deltas" => {

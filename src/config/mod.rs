@@ -231,6 +231,14 @@ pub struct Config {
     pub git_author: Option<crate::git::signature::Signature>,
     /// How often open pull requests' states are read again.
     pub pull_request_poll: Duration,
+    /// Issue 42: webhook delivery. How long a receiver may take to answer; how long one event is retried
+    /// before its subscription is disabled; how long a rotated-out secret still signs; how long a replica
+    /// delivers a subscription between renewals of its lease; plain http to hosts other than loopback.
+    pub webhook_timeout: Duration,
+    pub webhook_retry_horizon: Duration,
+    pub webhook_secret_overlap: Duration,
+    pub webhook_lease: Duration,
+    pub webhook_allow_http: bool,
     /// Origins (`scheme://host[:port]`, compared exactly) whose pages may call the API from a browser
     /// (issue 16, item 1). Empty: no CORS headers at all.
     pub cors_origins: Vec<String>,
@@ -420,6 +428,27 @@ impl Config {
             Some(other) => return Err(bad("BERTH_NODE_READMIT", format!("{other:?} is not true or false"))),
         };
 
+        let webhook_allow_http = match src.get("webhook_allow_http")?.as_deref() {
+            None | Some("false") | Some("0") => false,
+            Some("true") | Some("1") => true,
+            Some(other) => {
+                return Err(bad(
+                    "BERTH_WEBHOOK_ALLOW_HTTP",
+                    format!("{other:?} is not true or false"),
+                ));
+            }
+        };
+        let webhook_timeout = Duration::from_secs(src.positive("webhook_timeout_secs")?);
+        let webhook_lease = Duration::from_secs(src.positive("webhook_lease_secs")?);
+        // A deliverer renews its lease between attempts: an attempt must fit in a lease twice over, or a
+        // slow receiver would let another replica take the subscription mid-attempt.
+        if webhook_lease < webhook_timeout * 2 {
+            return Err(bad(
+                "BERTH_WEBHOOK_LEASE_SECS",
+                "must be at least twice BERTH_WEBHOOK_TIMEOUT_SECS",
+            ));
+        }
+
         Ok(Config {
             node_readmit,
             advertise_url,
@@ -477,6 +506,11 @@ impl Config {
                 Some(a) => Some(parse_author(&a).ok_or_else(|| bad("BERTH_GIT_AUTHOR", "must be Name <email>"))?),
             },
             pull_request_poll: Duration::from_secs(src.positive("pull_request_poll_secs")?),
+            webhook_timeout,
+            webhook_retry_horizon: Duration::from_secs(src.positive("webhook_retry_horizon_secs")?),
+            webhook_secret_overlap: Duration::from_secs(src.num("webhook_secret_overlap_secs")?),
+            webhook_lease,
+            webhook_allow_http,
             cors_origins,
         })
     }

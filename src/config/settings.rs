@@ -280,6 +280,36 @@ pub static SETTINGS: &[Setting] = &[
         |c| secs(c.pull_request_poll),
     ),
     setting(
+        "webhook_timeout_secs",
+        Is("10"),
+        "How long berth waits for a webhook receiver to answer one delivery",
+        |c| secs(c.webhook_timeout),
+    ),
+    setting(
+        "webhook_retry_horizon_secs",
+        Is("86400"),
+        "How long berth retries one event (with backoff) before it disables a webhook subscription",
+        |c| secs(c.webhook_retry_horizon),
+    ),
+    setting(
+        "webhook_secret_overlap_secs",
+        Is("86400"),
+        "How long a webhook's rotated-out secret still signs deliveries beside the new one",
+        |c| secs(c.webhook_secret_overlap),
+    ),
+    setting(
+        "webhook_lease_secs",
+        Is("60"),
+        "How long one replica delivers a webhook subscription without renewing (at least twice the timeout)",
+        |c| secs(c.webhook_lease),
+    ),
+    setting(
+        "webhook_allow_http",
+        Is("false"),
+        "Lets webhooks post over plain http to hosts other than loopback",
+        |c| Some(Value::Boolean(c.webhook_allow_http)),
+    ),
+    setting(
         "materialize_lease_secs",
         Is("120"),
         "How long a preparing environment stays claimed without a heartbeat",

@@ -17,6 +17,8 @@ pub mod sessions;
 pub mod task_lifecycle;
 pub mod tasks;
 pub mod transition;
+pub mod usage;
+pub mod webhooks;
 pub mod workspaces;
 
 use std::sync::Arc;

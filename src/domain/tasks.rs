@@ -55,6 +55,8 @@ pub struct TaskView {
     pub session_count: u64,
     /// The pull requests berth opened for it (issue 41).
     pub pull_requests: Vec<crate::entity::pull_request::Model>,
+    /// What its sessions' agents spent, deleted sessions included (issue 42).
+    pub usage: super::usage::Totals,
 }
 
 impl TaskView {
@@ -144,6 +146,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
         primary_session_id: None,
         session_count: 0,
         pull_requests: Vec::new(),
+        usage: Default::default(),
     })
 }
 
@@ -342,6 +345,7 @@ async fn views<C: ConnectionTrait>(conn: &C, tasks: Vec<task::Model>) -> Result<
     for p in crate::store::pull_requests::of_tasks(conn, &ids).await? {
         prs.entry(p.task_id).or_default().push(p);
     }
+    let mut usage = super::usage::of_tasks(conn, &ids).await?;
     let mut counts: HashMap<Uuid, u64> = HashMap::new();
     let mut primaries: HashMap<Uuid, Uuid> = HashMap::new();
     for (task_id, session_id, is_primary) in sessions {
@@ -358,6 +362,7 @@ async fn views<C: ConnectionTrait>(conn: &C, tasks: Vec<task::Model>) -> Result<
             primary_session_id: primaries.get(&task.id).copied(),
             session_count: counts.get(&task.id).copied().unwrap_or(0),
             pull_requests: prs.remove(&task.id).unwrap_or_default(),
+            usage: usage.remove(&task.id).unwrap_or_default(),
             task,
         })
         .collect())

@@ -22,5 +22,8 @@ pub mod task_environment;
 pub mod task_environment_repo;
 pub mod task_repository;
 pub mod task_session;
+pub mod usage_record;
+pub mod webhook;
+pub mod webhook_delivery;
 pub mod workspace;
 pub mod workspace_column;

@@ -31,6 +31,7 @@ use crate::entity::event;
 pub mod sequencer;
 pub mod stream;
 pub mod types;
+pub mod wire;
 pub mod written;
 
 pub use types::EventType;
@@ -499,15 +500,25 @@ pub async fn listen_postgres(hub: Arc<Hub>, db: DatabaseConnection) {
     }
 }
 
-/// Retention: keeps the newest `keep` events and none older than `max_age`. Returns how many went.
-pub async fn trim<C: ConnectionTrait>(conn: &C, keep: i64, max_age: Duration) -> Result<u64, DbErr> {
+/// Retention: keeps the newest `keep` events and none older than `max_age`, and every event after
+/// `undelivered` (the lowest cursor of an enabled webhook subscription: a subscription never loses an
+/// event to retention). Returns how many went.
+pub async fn trim<C: ConnectionTrait>(
+    conn: &C,
+    keep: i64,
+    max_age: Duration,
+    undelivered: Option<i64>,
+) -> Result<u64, DbErr> {
     let (_, latest) = bounds(conn).await?;
     let cutoff_seq = latest - keep;
     let cutoff_time =
         crate::clock::now() - chrono::Duration::from_std(max_age).unwrap_or(chrono::Duration::days(36500));
     // Never an unstamped row (PostgreSQL): its transaction committed, and it has not been delivered.
-    let res = event::Entity::delete_many()
-        .filter(event::Column::Seq.is_not_null())
+    let mut delete = event::Entity::delete_many().filter(event::Column::Seq.is_not_null());
+    if let Some(cursor) = undelivered {
+        delete = delete.filter(event::Column::Seq.lte(cursor));
+    }
+    let res = delete
         .filter(
             sea_orm::Condition::any()
                 .add(event::Column::Seq.lte(cutoff_seq))

@@ -108,6 +108,9 @@ pub enum EventType {
     #[sea_orm(string_value = "cleanup_job.updated")]
     #[serde(rename = "cleanup_job.updated")]
     CleanupJobUpdated,
+    #[sea_orm(string_value = "webhook.disabled")]
+    #[serde(rename = "webhook.disabled")]
+    WebhookDisabled,
 }
 
 impl EventType {
@@ -146,6 +149,7 @@ impl EventType {
             EventType::RuntimeOutput => "runtime.output",
             EventType::GitStatusUpdated => "git_status.updated",
             EventType::CleanupJobUpdated => "cleanup_job.updated",
+            EventType::WebhookDisabled => "webhook.disabled",
         }
     }
 }

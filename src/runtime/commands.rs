@@ -166,7 +166,7 @@ fn apply(
                 agent.tool.lock().unwrap().take();
             }
             Signal::Queue(n) => agent.agent_queue.store(*n, Ordering::Release),
-            Signal::QuestionExpired { .. } | Signal::Assistant(_) | Signal::Notice(_) => {}
+            Signal::QuestionExpired { .. } | Signal::Assistant(_) | Signal::Usage(_) | Signal::Notice(_) => {}
         }
     }
 }

@@ -24,6 +24,8 @@ pub mod session_commands;
 pub mod sessions;
 pub mod tasks;
 pub mod turns;
+pub mod usage;
+pub mod webhooks;
 pub mod workspaces;
 
 use std::time::Duration;

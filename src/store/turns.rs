@@ -100,3 +100,13 @@ pub async fn turn<C: ConnectionTrait>(conn: &C, session_id: Uuid, number: i32) -
         .one(conn)
         .await?)
 }
+
+/// The number of the session's newest turn, settled or not.
+pub async fn newest_number<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Option<i32>> {
+    Ok(turn::Entity::find()
+        .filter(turn::Column::SessionId.eq(session_id))
+        .order_by_desc(turn::Column::Number)
+        .one(conn)
+        .await?
+        .map(|t| t.number))
+}

@@ -1,4 +1,5 @@
-// The board: a hash router over five screens (sign in, workspace, task, session, cleanup jobs).
+// The board: a hash router over five screens (sign in, workspace, task, session, cleanup jobs), and the
+// browser notifications that follow the person across them.
 import { ApiError, get, setUnauthenticatedHandler, token } from './api.js';
 import { clear, h, problemBox, refreshTimes } from './dom.js';
 import { onLiveStatus } from './live.js';
@@ -6,6 +7,7 @@ import { renderWorkspace, renderWorkspaces } from './workspace.js';
 import { renderTask } from './task.js';
 import { renderSession } from './session.js';
 import { renderCleanup } from './cleanup.js';
+import { setupNotifications, syncNotifications } from './notify.js';
 
 // A token in the URL fragment (`/ui#token=...`) is taken and removed from the address bar at once, so it
 // stays out of history, bookmarks and screenshots.
@@ -19,6 +21,7 @@ const main = document.getElementById('main');
 const crumbs = document.getElementById('crumbs');
 const signout = document.getElementById('signout');
 const cleanupLink = document.getElementById('cleanup-link');
+setupNotifications(document.getElementById('notify'));
 let teardown = null;
 let signInReason = null;
 
@@ -121,6 +124,7 @@ const ROUTES = [
 function route() {
   teardown?.();
   teardown = null;
+  syncNotifications(Boolean(token.get()));
   if (!token.get()) return signIn();
   signout.hidden = false;
   cleanupLink.hidden = false;

@@ -31,6 +31,8 @@ pub const FILES: &[(&str, &str, &str)] = &[
     ("changes.js", JS, include_str!("changes.js")),
     ("turns.js", JS, include_str!("turns.js")),
     ("landing.js", JS, include_str!("landing.js")),
+    ("usage.js", JS, include_str!("usage.js")),
+    ("notify.js", JS, include_str!("notify.js")),
 ];
 
 /// `/ui`, `/ui/` and `/ui/<file>`.

@@ -4,6 +4,7 @@ import { ApiError, del, enc, get, post, uuid } from './api.js';
 import { badge, clear, confirmDialog, debounce, h, problemBox, time } from './dom.js';
 import { Live } from './live.js';
 import { agentPanel, permissionInputs } from './agent.js';
+import { usageLine } from './usage.js';
 
 /** The text of a transcript entry or agent message, as parts: [{kind: text|thinking|tool, text}]. */
 function parts(content) {
@@ -154,10 +155,10 @@ export function renderSession(main, id, { setCrumbs }) {
     clear(head,
       h('h1', {}, snap.label, ' ', h('span', { id: 'session-state' }, badge(snap.state))),
       h('p', { class: 'muted small' },
-        `${s.agent_profile ?? 'no agent profile'} · ${s.executor_type} · `, `${stats.turns} turns · ${stats.input_tokens + stats.output_tokens} tokens`,
-        stats.cost ? ` · $${stats.cost.toFixed(2)}` : '', ' · last activity ', time(snap.last_activity_at),
+        `${s.agent_profile ?? 'no agent profile'} · ${s.executor_type} · ${stats.turns} turns · last activity `, time(snap.last_activity_at),
         snap.active_tool ? [' · running ', h('code', {}, snap.active_tool)] : null,
         snap.agent?.model?.id ? [' · model ', h('code', {}, snap.agent.model.id)] : null),
+      usageLine(snap.usage, 'session-usage'),
       s.last_error ? h('div', { class: 'problem' }, h('strong', {}, s.last_error.code), h('p', {}, s.last_error.message)) : null,
       // Issue 39: the node that holds this session's work is not reachable: say so, and what still works.
       s.node && s.node.state !== 'up'

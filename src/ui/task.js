@@ -1,6 +1,7 @@
 // One task: its environment (slots with branch, ahead/behind, changed files), sessions and cleanup jobs;
 // what changed (the diff, with a review to send to a session) and each turn with its own diff and a
-// restore; new session, archive, unarchive, reset and delete (with explicit consent for dirty worktrees).
+// restore; what its agents spent; new session, archive, unarchive, reset and delete (with explicit
+// consent for dirty worktrees).
 import { ApiError, del, get, getAll, post, uuid } from './api.js';
 import { badge, clear, confirmDialog, copyButton, debounce, h, problemBox, shortId, time } from './dom.js';
 import { Live, followPoint } from './live.js';
@@ -8,6 +9,7 @@ import { jobsTable } from './cleanup.js';
 import { changesPanel } from './changes.js';
 import { turnsPanel } from './turns.js';
 import { landingPanel } from './landing.js';
+import { usageLine } from './usage.js';
 
 async function orNull(promise, ...statuses) {
   try {
@@ -78,7 +80,8 @@ export function renderTask(main, id, { setCrumbs }) {
       h('h1', {}, t.title || '(untitled)', ' ', t.archived_at ? badge('archived') : null),
       t.description ? h('p', {}, t.description) : null,
       h('p', { class: 'muted small' }, `${t.kind.replace('_', ' ')} · created `, time(t.created_at), ' · updated ', time(t.updated_at),
-        t.archived_at ? [' · archived ', time(t.archived_at)] : null));
+        t.archived_at ? [' · archived ', time(t.archived_at)] : null),
+      usageLine(t.usage, 'task-usage'));
   }
 
   function act(label, fn, cls = '') {

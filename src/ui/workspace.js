@@ -1,10 +1,11 @@
 // The workspaces list and one workspace: repositories, its board (tasks in the workspace's columns, moved
 // with the mouse by dragging a card, or with the keyboard: Shift+Left / Shift+Right on a focused card, or
 // its arrow buttons), archived tasks apart, session counts, task creation, a text filter; cards change as
-// events arrive.
+// events arrive. What its agents spent in the last 30 days: a total, a bar a day, a row a model.
 import { ApiError, get, getAll, post, request, uuid } from './api.js';
 import { badge, clear, debounce, h, problemBox, time } from './dom.js';
 import { Live, followPoint } from './live.js';
+import { costChart, costText, count, usageLine, usageTable } from './usage.js';
 
 export function renderWorkspaces(main, _id, { setCrumbs }) {
   setCrumbs([['Workspaces']]);
@@ -79,6 +80,7 @@ export function renderWorkspace(main, id, { setCrumbs }) {
   const filter = h('input', { type: 'search', id: 'task-filter', placeholder: 'Filter tasks by title or branch', 'aria-label': 'Filter tasks' });
   filter.addEventListener('input', () => { state.filter = filter.value.trim().toLowerCase(); drawTasks(); });
   const createSlot = h('div', {});
+  const usageArea = h('div', {}, h('p', { class: 'muted' }, 'Loading…'));
 
   clear(
     main,
@@ -92,6 +94,7 @@ export function renderWorkspace(main, id, { setCrumbs }) {
       moveErr,
       active,
       h('details', { class: 'archived', open: true }, h('summary', {}, 'Archived tasks'), archived)),
+    h('section', { class: 'card', id: 'usage' }, h('h2', {}, 'Cost'), usageArea),
   );
 
   function drawSummary() {
@@ -172,6 +175,7 @@ export function renderWorkspace(main, id, { setCrumbs }) {
     const env = state.envs.get(t.id);
     const counts = env ? state.summary?.directories?.find((d) => d.task_environment_id === env.id) : null;
     const branches = t.repositories.map((r) => r.branch || r.branch_slug).filter(Boolean);
+    const cost = costText(t.usage);
     const col = t.archived_at ? null : columnOf(t);
     const i = col ? state.columns.indexOf(col) : -1;
     const left = state.columns[i - 1];
@@ -188,7 +192,8 @@ export function renderWorkspace(main, id, { setCrumbs }) {
       h('div', { class: 'meta' },
         branches.length ? branches.map((b) => h('code', { class: 'branch' }, b)) : h('span', { class: 'muted small' }, 'branch named by berth'),
         ' ',
-        env ? badge(env.status) : t.archived_at ? null : h('span', { class: 'muted small' }, 'no environment yet')),
+        env ? badge(env.status) : t.archived_at ? null : h('span', { class: 'muted small' }, 'no environment yet'),
+        cost ? h('span', { class: 'small muted card-cost', title: `What its agents spent (${count(t.usage.input_tokens)} input, ${count(t.usage.output_tokens)} output tokens)` }, cost) : null),
       t.archived_at ? h('div', { class: 'small muted' }, 'archived ', time(t.archived_at)) : h('div', {}, countsLine(counts), ' ', h('span', { class: 'muted small' }, `${t.session_count} sessions`)),
       (t.pull_requests ?? []).length ? h('div', { class: 'small pr-line' }, t.pull_requests.map((p) => [
         h('a', { href: p.url, rel: 'noreferrer', target: '_blank' }, `PR #${p.number}`), ' ', badge(p.draft && p.state === 'open' ? 'draft' : p.state), ' '])) : null,
@@ -297,6 +302,23 @@ export function renderWorkspace(main, id, { setCrumbs }) {
     return act.latest_seq;
   }
 
+  /** The last 30 days (berth's default span), apart from the rest: a failure here leaves the board be. */
+  async function loadUsage() {
+    try {
+      const [days, models] = await Promise.all([get(`/workspaces/${id}/usage?group_by=day`), get(`/workspaces/${id}/usage?group_by=model`)]);
+      if (stopped) return;
+      if (!days.groups.length) return clear(usageArea, h('p', { class: 'muted', id: 'usage-empty' }, 'No usage reported in the last 30 days.'));
+      const table = usageTable(models, 'usage-models', 'Model');
+      clear(usageArea,
+        h('p', { class: 'muted small' }, 'The last 30 days, deleted sessions and tasks included.'),
+        usageLine(days.total, 'usage-total'),
+        costChart(days),
+        table ? [h('h3', {}, 'By model'), table] : null);
+    } catch (err) {
+      if (!stopped) clear(usageArea, problemBox(err, loadUsage));
+    }
+  }
+
   function draw() {
     setCrumbs([['Workspaces', '#/'], [state.ws.name]]);
     clear(head, h('h1', {}, state.ws.name), ' ', state.ws.status !== 'active' ? badge(state.ws.status) : null);
@@ -317,6 +339,7 @@ export function renderWorkspace(main, id, { setCrumbs }) {
       if (stopped) return seq;
       clear(errors);
       draw();
+      loadUsage();
       return seq;
     } catch (err) {
       clear(errors, problemBox(err, reload));

@@ -14,13 +14,7 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     loop {
         ticker.tick().await;
-        match events::trim(
-            &ctx.db.conn,
-            ctx.config.event_retention_count,
-            ctx.config.event_retention_age,
-        )
-        .await
-        {
+        match trim_events(&ctx).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(trimmed = n, "event retention"),
             Err(e) => tracing::warn!(error = %chain(e), "event retention failed"),
@@ -39,4 +33,16 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
             Err(e) => tracing::warn!(error = %chain(e), "recovering abandoned materializations failed"),
         }
     }
+}
+
+/// Retention, keeping what an enabled webhook subscription has yet to deliver (issue 42).
+async fn trim_events(ctx: &Ctx) -> crate::error::Result<u64> {
+    let undelivered = crate::store::webhooks::lowest_enabled_cursor(&ctx.db.conn).await?;
+    Ok(events::trim(
+        &ctx.db.conn,
+        ctx.config.event_retention_count,
+        ctx.config.event_retention_age,
+        undelivered,
+    )
+    .await?)
 }

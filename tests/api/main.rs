@@ -57,4 +57,6 @@ mod tasks;
 mod tickets;
 mod turns;
 mod ui;
+mod usage;
+mod webhooks;
 mod workspaces;

@@ -26,6 +26,8 @@ use crate::model_server::{Gate, ModelRequest, ModelServer, Outcome, Reply};
 const WAIT: Duration = Duration::from_secs(60);
 const PINNED: &str = "0.73.1";
 const PROFILE: &str = "pi";
+/// What the scripted model costs, US dollars per million tokens of input and output.
+pub(crate) const PRICES: (f64, f64) = (3.0, 15.0);
 
 static PI_MISSING: Once = Once::new();
 static PI_VERSION: Once = Once::new();
@@ -97,7 +99,8 @@ impl Pi {
             "api": "openai-completions",
             "apiKey": "none",
             "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
-            "models": [{"id": "echo", "reasoning": false}],
+            // Prices (US dollars per million tokens) so that Pi reports a cost (issue 42, tests/api/usage.rs).
+            "models": [{"id": "echo", "reasoning": false, "cost": {"input": PRICES.0, "output": PRICES.1, "cacheRead": 0, "cacheWrite": 0}}],
         }}});
         std::fs::write(agent_dir.path().join("models.json"), models.to_string()).unwrap();
         Some(Pi {

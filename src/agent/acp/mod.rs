@@ -14,7 +14,9 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 
 use super::fs;
-use super::types::{Answer, Command, Inbound, Introduction, Notice, Outgoing, Reply, Run, Signal, Unsupported};
+use super::types::{
+    Answer, Command, Inbound, Introduction, Notice, Outgoing, Reply, Run, Signal, Unsupported, UsageReport,
+};
 use crate::config::{McpServer, McpTransport};
 
 /// The protocol version berth speaks.
@@ -46,6 +48,8 @@ pub struct Wire {
     /// The tool calls of the current (or last) turn, as shown: `{id, title, kind, status, paths}`.
     tool_calls: Vec<Value>,
     introduction: Option<Introduction>,
+    /// The model the agent last named with its usage (Claude's `_meta["_claude/model"]`).
+    usage_model: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,14 +289,27 @@ impl Wire {
                     content.push(json!({"type": "thinking", "thinking": turn.thought}));
                 }
                 content.push(json!({"type": "text", "text": turn.text}));
-                inbound.signals = vec![
-                    Signal::QuestionsCleared,
-                    Signal::ToolEnded,
+                inbound.signals = vec![Signal::QuestionsCleared, Signal::ToolEnded];
+                // The turn's tokens (the prompt response's `usage`); its cost comes by `usage_update`.
+                if let Reply::Ok(r) = &reply
+                    && r["usage"].is_object()
+                {
+                    let u = &r["usage"];
+                    inbound.signals.push(Signal::Usage(UsageReport {
+                        model: self.usage_model.clone(),
+                        input: u["inputTokens"].clone(),
+                        output: u["outputTokens"].clone(),
+                        cache_read: u["cachedReadTokens"].clone(),
+                        cache_write: u["cachedWriteTokens"].clone(),
+                        ..Default::default()
+                    }));
+                }
+                inbound.signals.extend([
                     Signal::Assistant(json!({"role": "assistant", "content": content, "stopReason": stop_reason})),
                     Signal::TurnSettled {
                         stop_reason: Some(stop_reason),
                     },
-                ];
+                ]);
                 self.questions.clear();
                 inbound.record = Some(line);
                 return inbound;

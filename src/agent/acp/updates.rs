@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::{TOOL_CALLS_SHOWN, TURN_TEXT_CAP, Wire, learned};
-use crate::agent::types::{Delta, Inbound, Protocol, Run, Signal};
+use crate::agent::types::{Delta, Inbound, Protocol, Run, Signal, UsageReport};
 
 impl Wire {
     /// A `session/update` notification.
@@ -58,10 +58,25 @@ impl Wire {
             "session_info_update" if update["title"].is_string() => {
                 inbound.signals.push(learned("session_name", &update["title"]));
             }
-            "usage_update" => inbound.signals.push(learned(
-                "usage",
-                &json!({"used": update["used"], "size": update["size"], "cost": update["cost"]}),
-            )),
+            "usage_update" => {
+                if let Some(model) = update["_meta"]["_claude/model"].as_str() {
+                    self.usage_model = Some(model.to_string());
+                }
+                // The cost is the conversation's running total; berth records its steps.
+                if update["cost"].is_object() {
+                    inbound.signals.push(Signal::Usage(UsageReport {
+                        model: self.usage_model.clone(),
+                        cost: update["cost"]["amount"].clone(),
+                        currency: update["cost"]["currency"].as_str().map(str::to_string),
+                        cumulative: true,
+                        ..Default::default()
+                    }));
+                }
+                inbound.signals.push(learned(
+                    "usage",
+                    &json!({"used": update["used"], "size": update["size"], "cost": update["cost"]}),
+                ))
+            }
             _ => {}
         }
         inbound.record = Some(line);

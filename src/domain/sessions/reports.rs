@@ -124,9 +124,14 @@ async fn on_output(ctx: &Ctx, w: Write) -> Result<()> {
         return Ok(());
     };
     let now = crate::clock::now();
+    let mut spent = Vec::new();
     for signal in &signals {
-        if let Signal::Assistant(message) = signal {
-            crate::store::messages::append(&txn, session_id, MessageRole::Assistant, message.clone(), now).await?;
+        match signal {
+            Signal::Assistant(message) => {
+                crate::store::messages::append(&txn, session_id, MessageRole::Assistant, message.clone(), now).await?;
+            }
+            Signal::Usage(report) => spent.extend(crate::domain::usage::record(&txn, &s, &task, report).await?),
+            _ => {}
         }
     }
     // Outside running/idle/attention, or already there, a report changes no state.
@@ -176,6 +181,9 @@ async fn on_output(ctx: &Ctx, w: Write) -> Result<()> {
         settled = transition(&txn, ctx, &task, &s, e, patch).await?.is_some() && e == SessionEvent::AgentEnd;
     }
     ctx.commit(txn).await?;
+    for r in &spent {
+        crate::domain::usage::counted(ctx, r);
+    }
     // What waited for the turn goes now (a steer or an abort may end a turn without a state change).
     if signals.iter().any(|s| matches!(s, Signal::TurnSettled { .. })) {
         super::inbox::wake(ctx, session_id);

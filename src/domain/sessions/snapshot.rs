@@ -15,10 +15,11 @@ pub struct SessionSnapshot {
     pub transcript: Vec<message::Model>,
     pub turns: u64,
     pub messages: u64,
-    /// Summed from the agent's `usage` reports, when it makes them.
+    /// Summed from the agent's usage reports (issue 42), when it makes them; `cost` is in US dollars.
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cost: f64,
+    pub usage: crate::domain::usage::Totals,
     pub active_tool: Option<String>,
     pub last_activity_at: chrono::DateTime<chrono::Utc>,
     pub attention_requests: Vec<serde_json::Value>,
@@ -54,17 +55,10 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
             .unwrap_or_else(|| "New session".into())
     };
     let turns = transcript.iter().filter(|m| m.role == MessageRole::Assistant).count() as u64;
-    let usage = |key: &str| {
-        transcript
-            .iter()
-            .filter_map(|m| m.content["usage"][key].as_u64())
-            .sum::<u64>()
-    };
-    let (input_tokens, output_tokens) = (usage("input"), usage("output"));
-    let cost = transcript
-        .iter()
-        .filter_map(|m| m.content["usage"]["cost"]["total"].as_f64())
-        .sum::<f64>();
+    // Issue 42: the recorded reports, not the transcript (ACP's usage is not in its messages).
+    let usage = crate::domain::usage::of_session(ctx, s.id).await?;
+    let (input_tokens, output_tokens) = (usage.input_tokens, usage.output_tokens);
+    let cost = usage.cost_nanos.get("USD").copied().unwrap_or(0) as f64 / 1e9;
     let active_tool = ctx.runtime.active_tool(s.id);
     let last_activity_at = s.last_activity_at;
     let messages = transcript.len() as u64;
@@ -91,6 +85,7 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
         input_tokens,
         output_tokens,
         cost,
+        usage,
         active_tool,
         last_activity_at,
         attention_requests,

@@ -1,0 +1,360 @@
+//! Delivery (issue 42 item 2): each enabled subscription is a durable cursor over the event log, delivered
+//! by exactly one process at a time (a lease on its row, renewed between attempts), in `seq` order, at
+//! least once. The cursor moves only past an event its receiver took (a 2xx) or one the subscription does
+//! not take, so a process killed mid-attempt is followed by one that sends that event again, with the
+//! same `webhook-id`. A failing receiver holds its own subscription back (with backoff and jitter) and
+//! nothing else: every subscription has its own task, and no request waits for a receiver. One event
+//! failing for longer than the retry horizon disables the subscription with its reason and a
+//! `webhook.disabled` event.
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Ctx;
+use crate::entity::{event, webhook, webhook_delivery};
+use crate::error::Result;
+use crate::events::{self, EventType, Filter, Narrowing, Subject};
+use crate::store::webhooks::{self as store, Position};
+
+/// Events read at once past a subscription's cursor.
+const PAGE: u64 = 200;
+/// What of a receiver's answer is read (for the attempt's error); the rest is never read.
+const ANSWER_READ: usize = 64 * 1024;
+/// The longest wait between two attempts at one event.
+const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+/// Old attempts are trimmed after this many new ones.
+const TRIM_EVERY: u32 = 50;
+
+/// What one attempt came to.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub status: Option<u16>,
+    pub latency: Duration,
+    /// Why it did not succeed; `None` when the receiver answered 2xx.
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    pub fn succeeded(&self) -> bool {
+        self.error.is_none()
+    }
+}
+
+fn client() -> &'static reqwest::Client {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        reqwest::Client::builder()
+            // A redirect is the receiver's answer, not a place to post the event again.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("berth/", env!("CARGO_PKG_VERSION"), " (webhooks)"))
+            .build()
+            .expect("an HTTP client")
+    })
+}
+
+/// Posts `body` to the subscription, signed, once.
+pub async fn post(ctx: &Ctx, w: &webhook::Model, message_id: &str, body: &serde_json::Value) -> Outcome {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let now = crate::clock::now();
+    let timestamp = now.timestamp();
+    let signature = super::sign::header(&super::signing_secrets(w, now), message_id, timestamp, &bytes);
+    let started = Instant::now();
+    let sent = client()
+        .post(&w.url)
+        .timeout(ctx.config.webhook_timeout)
+        .header("content-type", "application/json")
+        .header("webhook-id", message_id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", signature)
+        .body(bytes)
+        .send()
+        .await;
+    let mut res = match sent {
+        Ok(r) => r,
+        Err(e) => {
+            return Outcome {
+                status: None,
+                latency: started.elapsed(),
+                error: Some(failure(&e)),
+            };
+        }
+    };
+    let status = res.status();
+    // At most ANSWER_READ bytes of the answer, within the same timeout; the rest is dropped unread.
+    let mut answer = Vec::new();
+    while answer.len() < ANSWER_READ {
+        match res.chunk().await {
+            Ok(Some(chunk)) => answer.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    let latency = started.elapsed();
+    let error = if status.is_success() {
+        None
+    } else if status.is_redirection() {
+        let to = res
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        Some(format!("answered {status} (redirects are not followed): {to}"))
+    } else {
+        let text: String = String::from_utf8_lossy(&answer[..answer.len().min(300)]).into();
+        Some(format!("answered {status}: {}", text.trim()))
+    };
+    Outcome {
+        status: Some(status.as_u16()),
+        latency,
+        error,
+    }
+}
+
+/// An error with its causes, without the URL (which may carry credentials).
+fn failure(e: &reqwest::Error) -> String {
+    let mut text = if e.is_timeout() {
+        "no answer within BERTH_WEBHOOK_TIMEOUT_SECS".to_string()
+    } else {
+        "could not post".to_string()
+    };
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+pub fn attempt_row(
+    w: &webhook::Model,
+    message_id: &str,
+    event_seq: Option<i64>,
+    event_type: &str,
+    attempt: i32,
+    o: &Outcome,
+) -> webhook_delivery::Model {
+    webhook_delivery::Model {
+        id: Uuid::now_v7(),
+        webhook_id: w.id,
+        message_id: message_id.to_string(),
+        event_seq,
+        event_type: event_type.to_string(),
+        attempt,
+        status_code: o.status.map(i32::from),
+        succeeded: o.succeeded(),
+        latency_ms: o.latency.as_millis() as i64,
+        error: o.error.clone(),
+        created_at: crate::clock::now(),
+    }
+}
+
+/// The `webhook-id` of an event for a subscription: the same for every attempt.
+fn message_id(w: &webhook::Model, seq: i64) -> String {
+    format!("msg_{}_{seq}", w.id.simple())
+}
+
+/// The events a subscription takes.
+fn filter_of(w: &webhook::Model) -> Filter {
+    let types = w.types.as_ref().and_then(|t| t.as_array()).map(|entries| {
+        let joined: Vec<&str> = entries.iter().filter_map(|e| e.as_str()).collect();
+        // Checked when stored; a type renamed since then narrows to what is left.
+        crate::domain::events::parse_types(Some(&joined.join(",")))
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    });
+    Filter {
+        narrow: Narrowing {
+            workspace_id: w.workspace_id,
+            types,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The wait before attempt `attempts + 1`: doubling from one second, at most an hour, each between half
+/// and all of that (jitter, so receivers coming back are not hit by every sender at once).
+fn backoff(attempts: i32) -> Duration {
+    let full = Duration::from_secs(1u64 << (attempts.clamp(1, 13) - 1) as u32).min(MAX_BACKOFF);
+    let mut r = [0u8; 2];
+    let _ = getrandom::fill(&mut r);
+    let fraction = 0.5 + 0.5 * (u16::from_le_bytes(r) as f64 / u16::MAX as f64);
+    full.mul_f64(fraction)
+}
+
+/// Finds subscriptions nobody delivers and delivers each this process leases, each in its own task,
+/// forever.
+pub async fn run(ctx: Ctx) {
+    let tick = (ctx.config.webhook_lease / 4).clamp(Duration::from_millis(200), Duration::from_secs(1));
+    let mut running: HashMap<Uuid, tokio::task::JoinHandle<()>> = HashMap::new();
+    loop {
+        running.retain(|_, task| !task.is_finished());
+        let now = crate::clock::now();
+        match store::unleased(&ctx.db.conn, now).await {
+            Ok(ids) => {
+                for id in ids {
+                    if running.contains_key(&id) {
+                        continue;
+                    }
+                    let until = now + chrono::Duration::from_std(ctx.config.webhook_lease).unwrap_or_default();
+                    match store::lease(&ctx.db.conn, id, ctx.instance_id, now, until).await {
+                        Ok(true) => {
+                            let c = ctx.clone();
+                            running.insert(id, tokio::spawn(async move { serve(c, id).await }));
+                        }
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!(webhook = %id, error = %e, "could not lease a webhook"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read the webhook subscriptions"),
+        }
+        tokio::time::sleep(tick).await;
+    }
+}
+
+/// Delivers one subscription while this process holds its lease.
+async fn serve(ctx: Ctx, id: Uuid) {
+    match deliver(&ctx, id).await {
+        Ok(()) => {}
+        Err(e) => tracing::warn!(webhook = %id, error = %e, "webhook delivery stopped; it resumes from its cursor"),
+    }
+    let _ = store::release(&ctx.db.conn, id, ctx.instance_id).await;
+}
+
+async fn deliver(ctx: &Ctx, id: Uuid) -> Result<()> {
+    let me = ctx.instance_id;
+    let conn = &ctx.db.conn;
+    let lease = chrono::Duration::from_std(ctx.config.webhook_lease).unwrap_or_default();
+    let idle = ctx.config.webhook_lease / 3;
+    let mut live = ctx.events.subscribe();
+    let mut since_trim = 0u32;
+    loop {
+        let now = crate::clock::now();
+        if !store::lease(conn, id, me, now, now + lease).await? {
+            return Ok(()); // another process holds it, or it was disabled or deleted
+        }
+        let Some(w) = store::find(conn, id).await? else {
+            return Ok(());
+        };
+        if let Some(at) = w.next_attempt_at
+            && at > now
+        {
+            let wait = (at - now).to_std().unwrap_or_default().min(idle);
+            tokio::time::sleep(wait).await;
+            continue;
+        }
+        let page = events::after(conn, w.cursor, PAGE, &Filter::default()).await?;
+        let filter = filter_of(&w);
+        let Some(next) = page.iter().find(|e| filter.admits(e)) else {
+            match page.last() {
+                // Nothing of this subscription's in the page: pass it.
+                Some(last) => {
+                    let passed = Position {
+                        cursor: last.seq,
+                        attempts: 0,
+                        failing_since: None,
+                        next_attempt_at: None,
+                    };
+                    if !store::set_position(conn, id, me, &passed).await? {
+                        return Ok(());
+                    }
+                }
+                // Caught up: wait for the next event (or renew the lease).
+                None => {
+                    let _ = tokio::time::timeout(idle, live.recv()).await;
+                }
+            }
+            continue;
+        };
+        let outcome = post(ctx, &w, &message_id(&w, next.seq), &body(next)).await;
+        let attempt = w.attempts + 1;
+        let row = attempt_row(
+            &w,
+            &message_id(&w, next.seq),
+            Some(next.seq),
+            next.event_type.as_str(),
+            attempt,
+            &outcome,
+        );
+        store::insert_delivery(conn, row).await?;
+        since_trim += 1;
+        if since_trim >= TRIM_EVERY {
+            since_trim = 0;
+            store::trim_deliveries(conn, id, super::DELIVERIES_KEPT).await?;
+        }
+        ctx.metrics.webhook_attempt(outcome.succeeded());
+        let now = crate::clock::now();
+        let position = if outcome.succeeded() {
+            Position {
+                cursor: next.seq,
+                attempts: 0,
+                failing_since: None,
+                next_attempt_at: None,
+            }
+        } else {
+            let failing_since = w.failing_since.unwrap_or(now);
+            let failing_for = (now - failing_since).to_std().unwrap_or_default();
+            if failing_for >= ctx.config.webhook_retry_horizon {
+                let reason = format!(
+                    "{} attempts at event {} failed over {} s; the last: {}",
+                    attempt,
+                    next.seq,
+                    failing_for.as_secs(),
+                    outcome.error.as_deref().unwrap_or("")
+                );
+                disable(ctx, &w, next.seq, &reason).await?;
+                return Ok(());
+            }
+            Position {
+                // Past what it does not take, up to the event it failed.
+                cursor: next.seq - 1,
+                attempts: attempt,
+                failing_since: Some(failing_since),
+                next_attempt_at: Some(now + chrono::Duration::from_std(backoff(attempt)).unwrap_or_default()),
+            }
+        };
+        if !store::set_position(conn, id, me, &position).await? {
+            return Ok(());
+        }
+    }
+}
+
+/// The body of an event's delivery: the event as the stream sends it.
+fn body(e: &event::Model) -> serde_json::Value {
+    serde_json::to_value(events::wire::Event::from(e)).unwrap_or_default()
+}
+
+/// Disables the subscription with its reason, and says so in the log (never silently).
+async fn disable(ctx: &Ctx, w: &webhook::Model, seq: i64, reason: &str) -> Result<()> {
+    let txn = ctx.db.begin_write().await?;
+    if store::disable(&txn, w.id, ctx.instance_id, reason, crate::clock::now()).await? {
+        let subject = Subject {
+            workspace_id: w.workspace_id,
+            ..Default::default()
+        };
+        let data = json!({"webhook_id": w.id, "url": w.url, "reason": reason, "event_seq": seq});
+        events::append(&txn, ctx.instance_id, EventType::WebhookDisabled, subject, data).await?;
+    }
+    ctx.commit(txn).await?;
+    tracing::warn!(webhook = %w.id, reason, "webhook disabled");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_stops_at_an_hour() {
+        for (attempts, full) in [(1, 1), (2, 2), (3, 4), (10, 512), (13, 3600), (40, 3600)] {
+            let d = backoff(attempts);
+            let full = Duration::from_secs(full);
+            assert!(d >= full / 2 && d <= full, "{attempts}: {d:?}");
+        }
+    }
+}
