@@ -221,7 +221,12 @@ pub async fn rollup(
     group_by: GroupBy,
 ) -> Result<Rollup> {
     let to = to.unwrap_or_else(|| crate::clock::now() + chrono::Duration::seconds(1));
-    let from = from.unwrap_or(to - chrono::Duration::days(30));
+    let from = match from {
+        Some(f) => f,
+        None => to
+            .checked_sub_signed(chrono::Duration::days(30))
+            .ok_or_else(|| Error::invalid("to", "too early"))?,
+    };
     if from >= to {
         return Err(Error::invalid("from", "must be before `to`"));
     }
