@@ -219,6 +219,19 @@ impl From<sea_orm::DbErr> for Error {
 /// True when a database error is a unique-constraint violation (both backends).
 /// The database cannot be reached or cannot take writes right now (a restart, a full disk, an exhausted
 /// pool): a 503 the client may retry, never a 500.
+/// An error and its causes, `outer: inner: innermost` (a client's "error sending request" alone says
+/// nothing of a refused connection).
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 pub fn is_unavailable(e: &sea_orm::DbErr) -> bool {
     use sea_orm::{DbErr, RuntimeErr, sqlx};
     let inner = match e {

@@ -1,7 +1,7 @@
 //! HTTP for a workspace's board columns (issue 40 item 4).
 use actix_web::{HttpResponse, delete, get, patch, post, web};
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
@@ -71,14 +71,9 @@ pub struct UpdateColumn {
     /// Moves the column here (0 is first); the others keep their order.
     pub position: Option<i32>,
     /// `null` clears the rule.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "super::extract::present")]
     #[schema(value_type = Option<MovesInOn>, nullable)]
     pub moves_in_on: Option<Option<MovesInOn>>,
-}
-
-/// A field that is present (even as `null`) is `Some`.
-fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
-    Option::<T>::deserialize(d).map(Some)
 }
 
 /// List a workspace's board columns

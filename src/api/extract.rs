@@ -169,3 +169,12 @@ impl FromRequest for FollowPoint {
         ready(point.ok_or_else(|| Error::Internal(anyhow::anyhow!("the follow_point middleware did not run"))))
     }
 }
+
+/// For a body field that may be set to `null`: present (even as `null`) is `Some`, absent is `None`
+/// (`#[serde(default, deserialize_with = "super::extract::present")]` on an `Option<Option<T>>`).
+pub fn present<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    use serde::Deserialize as _;
+    Option::<T>::deserialize(d).map(Some)
+}

@@ -2,7 +2,7 @@
 //! `domain::webhooks`.
 use actix_web::{HttpResponse, delete, get, patch, post, web};
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 use uuid::Uuid;
@@ -46,18 +46,13 @@ pub struct CreateWebhook {
 pub struct UpdateWebhook {
     pub url: Option<String>,
     /// `null`: every type.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "super::extract::present")]
     #[schema(value_type = Option<Vec<String>>, nullable)]
     pub types: Option<Option<Vec<String>>>,
     pub description: Option<String>,
     /// `true` on a disabled subscription enables it again: it resumes at the event it stopped at (or
     /// at the oldest one retention kept), with fresh retries.
     pub enabled: Option<bool>,
-}
-
-/// A field that is present (even as `null`) is `Some`.
-fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
-    Option::<T>::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Serialize, ToSchema)]

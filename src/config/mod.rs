@@ -422,22 +422,9 @@ impl Config {
             ));
         }
 
-        let node_readmit = match src.get("node_readmit")?.as_deref() {
-            None | Some("false") | Some("0") => false,
-            Some("true") | Some("1") => true,
-            Some(other) => return Err(bad("BERTH_NODE_READMIT", format!("{other:?} is not true or false"))),
-        };
+        let node_readmit = src.boolean("node_readmit")?;
 
-        let webhook_allow_http = match src.get("webhook_allow_http")?.as_deref() {
-            None | Some("false") | Some("0") => false,
-            Some("true") | Some("1") => true,
-            Some(other) => {
-                return Err(bad(
-                    "BERTH_WEBHOOK_ALLOW_HTTP",
-                    format!("{other:?} is not true or false"),
-                ));
-            }
-        };
+        let webhook_allow_http = src.boolean("webhook_allow_http")?;
         let webhook_timeout = Duration::from_secs(src.positive("webhook_timeout_secs")?);
         let webhook_lease = Duration::from_secs(src.positive("webhook_lease_secs")?);
         // A deliverer renews its lease between attempts: an attempt must fit in a lease twice over, or a

@@ -584,4 +584,13 @@ impl Source<'_> {
         }
         Ok(n)
     }
+
+    /// `true`/`1` or `false`/`0` (the default when unset).
+    pub fn boolean(&self, key: &str) -> Result<bool, ConfigError> {
+        match self.get(key)?.as_deref() {
+            None | Some("false") | Some("0") => Ok(false),
+            Some("true") | Some("1") => Ok(true),
+            Some(other) => Err(bad(&find(key).var(), format!("{other:?} is not true or false"))),
+        }
+    }
 }

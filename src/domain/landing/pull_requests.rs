@@ -81,19 +81,6 @@ fn client() -> Result<reqwest::Client> {
         .map_err(|e| Error::Internal(e.into()))
 }
 
-/// An error with its causes ("error sending request: connection refused"), the URL (and so the token-free
-/// address) already stripped by the caller.
-fn causes(e: reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// One call to the host's API; its errors as typed problems (never with the token).
 async fn call(method: reqwest::Method, url: &str, token: &str, body: Option<&Value>) -> Result<Value> {
     // GitHub takes `application/json` as well as its own media type (which some mocks refuse).
@@ -105,10 +92,12 @@ async fn call(method: reqwest::Method, url: &str, token: &str, body: Option<&Val
     if let Some(b) = body {
         req = req.json(b);
     }
-    let res = req
-        .send()
-        .await
-        .map_err(|e| Error::RemoteUnreachable(format!("the API did not answer: {}", causes(e.without_url()))))?;
+    let res = req.send().await.map_err(|e| {
+        Error::RemoteUnreachable(format!(
+            "the API did not answer: {}",
+            crate::error::with_causes(&e.without_url())
+        ))
+    })?;
     let status = res.status();
     let text = res.text().await.unwrap_or_default();
     let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);

@@ -78,7 +78,7 @@ pub async fn post(ctx: &Ctx, w: &webhook::Model, message_id: &str, body: &serde_
             return Outcome {
                 status: None,
                 latency: started.elapsed(),
-                error: Some(failure(&e)),
+                error: Some(failure(e)),
             };
         }
     };
@@ -112,20 +112,14 @@ pub async fn post(ctx: &Ctx, w: &webhook::Model, message_id: &str, body: &serde_
     }
 }
 
-/// An error with its causes, without the URL (which may carry credentials).
-fn failure(e: &reqwest::Error) -> String {
-    let mut text = if e.is_timeout() {
-        "no answer within BERTH_WEBHOOK_TIMEOUT_SECS".to_string()
+/// Why a post failed, with its causes, without the URL (which may carry credentials).
+fn failure(e: reqwest::Error) -> String {
+    let what = if e.is_timeout() {
+        "no answer within BERTH_WEBHOOK_TIMEOUT_SECS"
     } else {
-        "could not post".to_string()
+        "could not post"
     };
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
+    format!("{what}: {}", crate::error::with_causes(&e.without_url()))
 }
 
 pub fn attempt_row(
