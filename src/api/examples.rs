@@ -203,6 +203,7 @@ pub fn task(archived_at: Option<&str>) -> Value {
         "primary_session_id": if archived_at.is_some() { json!(SESSION_ID) } else { Value::Null },
         "session_count": if archived_at.is_some() { 1 } else { 0 },
         "pull_requests": [],
+        "usage": if archived_at.is_some() { usage() } else { no_usage() },
         "created_at": "2024-11-28T09:02:00Z",
         "updated_at": archived_at.unwrap_or("2024-11-28T09:02:00Z")
     })
@@ -260,6 +261,7 @@ fn snapshot() -> Value {
             }
         ],
         "statistics": { "turns": 1, "messages": 2, "input_tokens": 5120, "output_tokens": 830, "cost": 0.0213 },
+        "usage": usage(),
         "active_tool": null,
         "queue_length": 0,
         "agent": {
@@ -283,6 +285,25 @@ fn snapshot() -> Value {
         "attention_requests": [],
         "instance_id": INSTANCE_ID,
         "latest_seq": 42
+    })
+}
+
+/// What the session's one turn spent (the totals `statistics` summarises).
+fn usage() -> Value {
+    json!({
+        "reports": 1,
+        "input_tokens": 5120,
+        "output_tokens": 830,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
+        "cost": [{ "currency": "USD", "amount": 0.0213 }]
+    })
+}
+
+fn no_usage() -> Value {
+    json!({
+        "reports": 0, "input_tokens": 0, "output_tokens": 0,
+        "cache_read_tokens": 0, "cache_write_tokens": 0, "cost": []
     })
 }
 
