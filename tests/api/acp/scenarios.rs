@@ -1,9 +1,10 @@
-//! Issue 37 item 8, per agent, through the real berth server on both databases: a permission question
+//! The agents of the Agent Client Protocol, each, through the real berth server on both databases: a permission question
 //! before the agent's own tool writes a file (allowed: the file is in the worktree; rejected: it is not),
 //! a streamed answer rebuilt exactly from the events, a second turn whose model request carries the
 //! first, a berth restart after which the next model request carries both, an abort mid-stream that ends
 //! the turn `cancelled` with the agent alive, a message sent mid-turn delivered after it, and the agent's
-//! usage on the event stream.
+//! usage on the event stream and in berth's totals exactly as the agent reported it (the tokens whole
+//! replies of the model server's).
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use uuid::Uuid;
 use super::{Kind, with_agent};
 use crate::agents::all_events;
 use crate::helpers::TestApp;
-use crate::model_server::{Gate, ModelRequest, Outcome, Reply};
+use crate::model_server::{DEFAULT_USAGE, Gate, ModelRequest, Outcome, Reply};
 use crate::pi::{
     agent_session_ref, execution_pid, pid_alive, restart, say, stop, uuid, wait_message, wait_session, wait_snapshot,
 };
@@ -377,7 +378,8 @@ async fn abort_and_a_message_mid_turn(app: TestApp, kind: Kind) {
     idle(&app, id, "idle after the turn after the abort").await;
     held.release();
 
-    // Usage the agent reports reaches the events (gemini-cli 0.61 reports none).
+    // Usage the agent reports reaches the events (gemini-cli 0.61 reports none), and berth's totals are
+    // what the agent said, to the token and the billionth.
     if kind != Kind::Gemini {
         let recorded = outputs(&app, id).await;
         assert!(
@@ -387,6 +389,7 @@ async fn abort_and_a_message_mid_turn(app: TestApp, kind: Kind) {
             "usage reaches the events"
         );
     }
+    usage_is_what_the_agent_reported(&app, &agent, id, kind).await;
     // The modes and options the agent offers can be set; a refused value says why and changes nothing.
     choose_a_setting(&app, id).await;
 
@@ -407,6 +410,68 @@ async fn abort_and_a_message_mid_turn(app: TestApp, kind: Kind) {
         .problem(409, "steer_unsupported");
     }
     stop(&app, id).await;
+}
+
+/// Sums what the agent reported over ACP for the session: each prompt answer's `usage` (tokens) and the
+/// last `usage_update` cost (a running total). Berth's totals on `GET /sessions/{id}` must be exactly
+/// these; the tokens are checked against what the model server told the agent.
+async fn usage_is_what_the_agent_reported(app: &TestApp, agent: &super::Agent, id: Uuid, kind: Kind) {
+    let recorded = outputs(app, id).await;
+    let (mut input, mut output, mut cache_read, mut cache_write, mut turns) = (0, 0, 0, 0, 0);
+    let mut cost: Option<(String, f64)> = None;
+    for o in &recorded {
+        let usage = &o["result"]["usage"];
+        if o["result"]["stopReason"].is_string() && usage.is_object() {
+            input += usage["inputTokens"].as_u64().unwrap_or(0);
+            output += usage["outputTokens"].as_u64().unwrap_or(0);
+            cache_read += usage["cachedReadTokens"].as_u64().unwrap_or(0);
+            cache_write += usage["cachedWriteTokens"].as_u64().unwrap_or(0);
+            turns += 1;
+        }
+        let update = &o["params"]["update"];
+        if update["sessionUpdate"] == "usage_update" && update["cost"].is_object() {
+            let currency = update["cost"]["currency"].as_str().unwrap_or_default().to_string();
+            cost = Some((currency, update["cost"]["amount"].as_f64().unwrap()));
+        }
+    }
+    let told = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+    let usage = &told["usage"];
+    let said = format!("{kind:?}: berth {usage}; the agent {turns} turns, {input}/{output}, cost {cost:?}");
+    assert_eq!(usage["input_tokens"], input, "{said}");
+    assert_eq!(usage["output_tokens"], output, "{said}");
+    assert_eq!(usage["cache_read_tokens"], cache_read, "{said}");
+    assert_eq!(usage["cache_write_tokens"], cache_write, "{said}");
+    // A running total of zero (opencode's free test model) adds nothing to spend.
+    match cost {
+        Some((ref currency, amount)) if amount > 0.0 => {
+            assert_eq!(
+                usage["cost"],
+                json!([{"currency": currency, "amount": amount}]),
+                "{said}"
+            )
+        }
+        _ => assert_eq!(usage["cost"], json!([]), "{said}"),
+    }
+    // The tokens are the model server's: whole replies of its default usage, no more than it served.
+    let served = agent.model.requests();
+    if kind == Kind::Gemini {
+        assert_eq!(usage["reports"], 0, "gemini-cli 0.61 reports no usage: {said}");
+        return;
+    }
+    let replies = input / DEFAULT_USAGE.input;
+    assert!(replies > 0, "{said}");
+    assert_eq!(
+        (input, output),
+        (replies * DEFAULT_USAGE.input, replies * DEFAULT_USAGE.output),
+        "{said}"
+    );
+    assert!(replies as usize <= served.len(), "{said}; served {}", served.len());
+    if kind == Kind::Claude {
+        assert!(
+            cost.is_some_and(|(c, a)| c == "USD" && a > 0.0),
+            "Claude Code prices its turns: {said}"
+        );
+    }
 }
 
 const STEERED: &str = "Begin a turn to steer.";
