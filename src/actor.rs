@@ -1,4 +1,4 @@
-//! Who did it (issue 17, item 7): the actor every event and every cleanup job records.
+//! Who did it: the actor every event and every cleanup job records.
 //!
 //! A request's actor is its verified token's `sub` (and, for an agent's token, its session). The
 //! `actor::middleware` opens an empty slot around each request; authentication fills it (`record`); an

@@ -41,8 +41,8 @@ pub enum Error {
     AlreadyExists(&'static str),
     #[error("the task is archived")]
     TaskArchived,
-    /// Issue 17 item 4: an `inherit_parent` task whose owner (the task whose environment it works in) is
-    /// archived cannot be unarchived on its own (`409 task_archived`).
+    /// An `inherit_parent` task whose owner (the task whose environment it works in) is archived cannot
+    /// be unarchived on its own (`409 task_archived`).
     #[error("the task that owns the task's environment is archived")]
     OwnerArchived,
     #[error("the repository is used by a live task")]
@@ -98,18 +98,18 @@ pub enum Error {
     /// reason goes to the log only.
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
-    /// Issue 39 item 4: a task's repositories are on different nodes.
+    /// A task's repositories are on different nodes.
     #[error("{0}")]
     RepositoriesOnDifferentNodes(String),
-    /// Issue 39: the request needs the agents or the disk of a node no instance of which holds a lease
-    /// (or one an operator gave up).
+    /// The request needs the agents or the disk of a node no instance of which holds a lease (or one
+    /// an operator gave up).
     #[error("node {node_id} is unavailable")]
     NodeUnavailable {
         node_id: String,
         decommissioned: bool,
         retry_after: std::time::Duration,
     },
-    /// Issue 41: a commit found nothing to commit in any slot; nothing changed.
+    /// A commit found nothing to commit in any slot; nothing changed.
     #[error("there is nothing to commit")]
     NothingToCommit,
     /// A merge met conflicts in these paths; nothing changed.

@@ -1,8 +1,8 @@
-//! `berth serve` until SIGTERM or SIGINT, then a clean shutdown within `BERTH_SHUTDOWN_SECS` (issue 20
-//! item 3), in order: the HTTP server stops accepting and every event stream gets its last frame
-//! (`event: shutdown`) and ends; requests in flight get a quarter of the budget; the agents are stopped
-//! with the I28 escalation cut to fit what is left; the process exits. Sessions keep `desired_open`, so
-//! the next start restores them (I29).
+//! `berth serve` until SIGTERM or SIGINT, then a clean shutdown within `BERTH_SHUTDOWN_SECS`, in order:
+//! the HTTP server stops accepting and every event stream gets its last frame (`event: shutdown`) and
+//! ends; requests in flight get a quarter of the budget; the agents are stopped with the I28 escalation
+//! cut to fit what is left; the process exits. Sessions keep `desired_open`, so the next start restores
+//! them (I29).
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::time::Instant;
 
@@ -62,7 +62,7 @@ pub async fn serve(app: Application, mut signals: Signals) -> anyhow::Result<()>
         },
     };
     ctx.runtime.stop_all_by(plan.agents_until).await;
-    // Issue 39: the lease goes back at once; a live instance of this node takes over the open sessions.
+    // The lease goes back at once; a live instance of this node takes over the open sessions.
     crate::domain::nodes::lease::give_back(&ctx).await;
     let left = plan.exit_by.saturating_duration_since(Instant::now());
     tracing::info!(left_ms = left.as_millis() as u64, "shut down");

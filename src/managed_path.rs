@@ -35,7 +35,7 @@ impl ManagedRoot {
         ManagedRoot(config.worktree_root.clone())
     }
 
-    /// The directory an import adopted a worktree in (issue 38 item 4: kandev's task directory, outside
+    /// The directory an import adopted a worktree in (kandev's task directory, outside
     /// `BERTH_WORKTREE_ROOT`), recorded with the worktree as berth's to manage. Accepted only as it was
     /// recorded: absolute, canonical (no symlink anywhere on it) and at least two levels below `/`. Paths
     /// inside it then follow the same rules as inside the configured root.
@@ -113,7 +113,7 @@ pub enum RegistrationError {
 
 /// Proof that `<common>/worktrees/<id>` is the registration berth recorded for a managed worktree whose
 /// directory is gone: the id is the one the inventory recorded, and its `gitdir` file names
-/// `<managed path>/.git`. Forgetting a registration takes this, never a repository-wide prune (issue 17).
+/// `<managed path>/.git`. Forgetting a registration takes this, never a repository-wide prune.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordedRegistration {
     target: ManagedPath,

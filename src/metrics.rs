@@ -124,7 +124,7 @@ fn latency() -> Histogram {
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 impl Metrics {
-    /// The metrics of one berth process, naming its node and instance (`berth_instance_info`, issue 39).
+    /// The metrics of one berth process, naming its node and instance (`berth_instance_info`).
     pub fn for_instance(node_id: &str, instance_id: uuid::Uuid) -> Metrics {
         let mut m = Metrics::new();
         m.registry.register(
@@ -289,7 +289,7 @@ impl Metrics {
         }
     }
 
-    /// An agent's reported usage was recorded (issue 42 item 3).
+    /// An agent's reported usage was recorded.
     pub fn usage_recorded(
         &self,
         model: &str,

@@ -1,5 +1,5 @@
-//! The server's shutdown (issue 20 item 3): one token that event streams and the HTTP server watch, and
-//! how `BERTH_SHUTDOWN_SECS` is shared out between the steps (`graceful` runs them).
+//! The server's shutdown: one token that event streams and the HTTP server watch, and how
+//! `BERTH_SHUTDOWN_SECS` is shared out between the steps (`graceful` runs them).
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
-//! Claiming a cleanup job is one index probe, not a sort of every due job (issue 9: with 5,000 due jobs
-//! on PostgreSQL the old query sorted all of them for each claim, 1.5 ms). Partial indexes serve the
-//! two claim queries: due jobs by `next_attempt_at`, abandoned ones by `lease_expires_at`.
+//! Claiming a cleanup job is one index probe, not a sort of every due job (with 5,000 due jobs on
+//! PostgreSQL the old query sorted all of them for each claim, 1.5 ms). Partial indexes serve the two
+//! claim queries: due jobs by `next_attempt_at`, abandoned ones by `lease_expires_at`.
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::{ConnectionTrait, Statement};
 

@@ -1,5 +1,5 @@
-//! Issue 15: a durable inbox per session (a message is stored before anything is sent to the agent, and
-//! every change of its state is kept), and what berth last learned from the agent about itself.
+//! A durable inbox per session (a message is stored before anything is sent to the agent, and every
+//! change of its state is kept), and what berth last learned from the agent about itself.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

@@ -1,6 +1,6 @@
-//! Issue 15, item 4: commands for a session's agent that arrive at a replica which does not run it (abort,
-//! stop, an answer to a question) are stored here; the node that runs the agent carries them out and
-//! records the result, which the waiting replica reads back.
+//! Commands for a session's agent that arrive at a replica which does not run it (abort, stop, an answer
+//! to a question) are stored here; the node that runs the agent carries them out and records the result,
+//! which the waiting replica reads back.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

@@ -1,6 +1,6 @@
-//! Issue 16, item 2: stream tickets. A browser's `EventSource` cannot send `Authorization`, so a token
-//! holder mints a single-use ticket that `GET /events/stream?ticket=` accepts instead. Only the SHA-256
-//! of the ticket is stored, with the principal it stands for; any replica can redeem it, once.
+//! Stream tickets. A browser's `EventSource` cannot send `Authorization`, so a token holder mints a
+//! single-use ticket that `GET /events/stream?ticket=` accepts instead. Only the SHA-256 of the ticket
+//! is stored, with the principal it stands for; any replica can redeem it, once.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

@@ -1,6 +1,6 @@
-//! Issue 16, item 4: stored answers for `Idempotency-Key` (per token subject and key, kept 24 h), and the
-//! session state `preparing` (a session created with `Prefer: respond-async` while its environment is
-//! materialized in the background).
+//! Stored answers for `Idempotency-Key` (per token subject and key, kept 24 h), and the session state
+//! `preparing` (a session created with `Prefer: respond-async` while its environment is materialized in
+//! the background).
 //!
 //! Widening the `task_sessions.state` CHECK: PostgreSQL drops and re-adds the named constraint. SQLite
 //! cannot alter a constraint; the usual twelve-step rebuild needs `PRAGMA foreign_keys=OFF`, which is a

@@ -1,7 +1,7 @@
-//! Issue 16, item 5: a row version on tasks, sessions, environments and inventory rows, for `ETag` and
-//! `If-Match`. A trigger bumps it on every update that sets a column of the resource's representation,
-//! so no write path can forget it (heartbeats that set only `last_activity_at` or `agent_state` do not
-//! count as a new version).
+//! A row version on tasks, sessions, environments and inventory rows, for `ETag` and `If-Match`. A
+//! trigger bumps it on every update that sets a column of the resource's representation, so no write
+//! path can forget it (heartbeats that set only `last_activity_at` or `agent_state` do not count as a
+//! new version).
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::DbBackend;
 

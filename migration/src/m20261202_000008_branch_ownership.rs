@@ -1,7 +1,7 @@
-//! Issue 17, item 3: which branches berth created. `task_environment_repos.branch_origin` says, per
-//! inventory row, whether berth created the worktree's branch (`created`), or it was a branch the user
-//! named that already existed (`user_named`), or a default `berth/<task>` branch that existed before the
-//! task (`existed_before`). Rows from before this migration stay null: their origin is unknown, and an
+//! Which branches berth created. `task_environment_repos.branch_origin` says, per inventory row, whether
+//! berth created the worktree's branch (`created`), or it was a branch the user named that already
+//! existed (`user_named`), or a default `berth/<task>` branch that existed before the task
+//! (`existed_before`). Rows from before this migration stay null: their origin is unknown, and an
 //! unknown branch is never deleted (nothing here can prove berth made it; a migration runs no git).
 //!
 //! `task_branches` is the ledger of branches berth created, written when `git worktree add -b` made one.

@@ -1,4 +1,4 @@
-//! Issue 17, items 1, 6 and 7.
+//! Actors, the reconcile pass's cleanup jobs, and `broken` environments.
 //!
 //! - `events` and `task_resource_cleanup_jobs` record their actor: the token's `sub` and, for an agent's
 //!   token, its session (`actor_sub`, `actor_session_id`). Null on both is berth itself (a worker, a

@@ -1,7 +1,7 @@
-//! Issue 18, `berth import kandev`: every imported row keeps its kandev id in `imported_from`, and a
-//! unique index on it makes a second import of the same database a no-op (each kandev row maps to at most
-//! one berth row). Rows berth created itself keep it null. Repositories also get a `status`: a kandev
-//! repository whose path is not a git repository is imported as `missing` rather than dropped.
+//! `berth import kandev`: every imported row keeps its kandev id in `imported_from`, and a unique index
+//! on it makes a second import of the same database a no-op (each kandev row maps to at most one berth
+//! row). Rows berth created itself keep it null. Repositories also get a `status`: a kandev repository
+//! whose path is not a git repository is imported as `missing` rather than dropped.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

@@ -1,10 +1,10 @@
-//! Issue 19, item 1: on PostgreSQL, writers no longer take the one-row `event_sequence` counter inside
-//! their transactions. An event is inserted with `seq` NULL and an `id` from an identity column (a
-//! sequence: no lock is held to commit); one sequencer (the replica holding an advisory lock) stamps the
-//! public `seq` on committed rows in batches, in one statement that also advances the counter, which now
-//! only the sequencer touches. Readers select `seq > cursor`, so a row is invisible until stamped, and
-//! every stamp is larger than every earlier one: `seq` stays contiguous among committed events and equal
-//! to visibility order.
+//! On PostgreSQL, writers no longer take the one-row `event_sequence` counter inside their transactions.
+//! An event is inserted with `seq` NULL and an `id` from an identity column (a sequence: no lock is held
+//! to commit); one sequencer (the replica holding an advisory lock) stamps the public `seq` on committed
+//! rows in batches, in one statement that also advances the counter, which now only the sequencer
+//! touches. Readers select `seq > cursor`, so a row is invisible until stamped, and every stamp is
+//! larger than every earlier one: `seq` stays contiguous among committed events and equal to visibility
+//! order.
 //!
 //! SQLite keeps one writer and the counter in the writing transaction; it only gains the `id` column
 //! (always null there) so both backends read the same rows.

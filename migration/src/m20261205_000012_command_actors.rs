@@ -1,7 +1,7 @@
-//! Issue 38, item 6: a command routed to the replica that runs a session's agent (stop, abort, answer,
-//! setting) carries who asked for it (`actor_sub`, `actor_session_id`, as events and cleanup jobs record
-//! them), so the events it causes there name that caller instead of nobody. Null on both: berth itself,
-//! or a command stored before this migration.
+//! A command routed to the replica that runs a session's agent (stop, abort, answer, setting) carries
+//! who asked for it (`actor_sub`, `actor_session_id`, as events and cleanup jobs record them), so the
+//! events it causes there name that caller instead of nobody. Null on both: berth itself, or a command
+//! stored before this migration.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

@@ -1,9 +1,9 @@
-//! Issue 38 items 1 and 2: what berth had to leave on disk is listed, never only mentioned in a job's
-//! `last_error`. A row per directory berth kept: a superseded environment's worktree holding changes
-//! nobody consented to discard (kept where it is), or what a reset, archive or delete found in a
-//! worktree's place that admission refused (a directory that is no longer the worktree, or no longer the
-//! repository's: set aside under `BERTH_WORKTREE_ROOT/.berth-leftovers/`, never run git in, never removed
-//! without consent). No foreign keys: a row outlives its task and environment; it goes when disposed of.
+//! What berth had to leave on disk is listed, never only mentioned in a job's `last_error`. A row per
+//! directory berth kept: a superseded environment's worktree holding changes nobody consented to discard
+//! (kept where it is), or what a reset, archive or delete found in a worktree's place that admission
+//! refused (a directory that is no longer the worktree, or no longer the repository's: set aside under
+//! `BERTH_WORKTREE_ROOT/.berth-leftovers/`, never run git in, never removed without consent). No foreign
+//! keys: a row outlives its task and environment; it goes when disposed of.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

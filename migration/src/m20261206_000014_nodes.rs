@@ -1,11 +1,10 @@
-//! Issue 39 item 1: nodes and instances are visible. Every berth process is an instance of a node (the
-//! filesystem it reaches, `BERTH_NODE_ID`): it records itself at start and renews a lease while it runs;
-//! a node is up while any instance holds a lease. A node row outlives its instances and records whether an
-//! operator gave it up (decommission). No foreign keys: executions, environments and jobs name a node by
-//! id, as before. A repository records the node that registered it (issue 39 item 4: a task's
-//! repositories share a node, and its work happens there); one registered before has none. An
-//! environment may be `lost`: its node was decommissioned (issue 39 item 3); it is no task's current
-//! environment any more.
+//! Nodes and instances are visible. Every berth process is an instance of a node (the filesystem it
+//! reaches, `BERTH_NODE_ID`): it records itself at start and renews a lease while it runs; a node is up
+//! while any instance holds a lease. A node row outlives its instances and records whether an operator
+//! gave it up (decommission). No foreign keys: executions, environments and jobs name a node by id, as
+//! before. A repository records the node that registered it (a task's repositories share a node, and its
+//! work happens there); one registered before has none. An environment may be `lost`: its node was
+//! decommissioned; it is no task's current environment any more.
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::ConnectionTrait;
 
@@ -46,7 +45,7 @@ impl MigrationTrait for Migration {
                     // node's disk or agents are forwarded there.
                     .col(col("url").text().not_null().take())
                     .col(col("version").text().not_null().take())
-                    // The connections this process may open (BERTH_DB_MAX_CONNECTIONS, issue 39 item 7).
+                    // The connections this process may open (BERTH_DB_MAX_CONNECTIONS).
                     .col(col("db_max_connections").integer().not_null().take())
                     .col(col("started_at").timestamp_with_time_zone().not_null().take())
                     .col(col("renewed_at").timestamp_with_time_zone().not_null().take())

@@ -1,6 +1,6 @@
-//! Issue 39 item 2: a session delete whose node is down is accepted; what the delete owes that node's
-//! disk (ending the session's agent if it still runs there, removing the conversation berth keeps for it)
-//! waits as a `session_delete` cleanup job for that node, and runs when it is back.
+//! A session delete whose node is down is accepted; what the delete owes that node's disk (ending the
+//! session's agent if it still runs there, removing the conversation berth keeps for it) waits as a
+//! `session_delete` cleanup job for that node, and runs when it is back.
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::ConnectionTrait;
 

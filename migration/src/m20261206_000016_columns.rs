@@ -1,8 +1,8 @@
-//! Issue 40 item 4: a workspace has ordered columns a task moves through (a board). Each workspace gets
-//! the default four (`Backlog`, `In progress`, `In review`, `Done`); a column may say which event moves
-//! tasks into it (`moves_in_on`: `session_started`, `merged`). A task records its column (`column_id`; no
-//! foreign key: a column is removed only while empty). Existing workspaces get the defaults and their
-//! tasks start in `Backlog`.
+//! A workspace has ordered columns a task moves through (a board). Each workspace gets the default four
+//! (`Backlog`, `In progress`, `In review`, `Done`); a column may say which event moves tasks into it
+//! (`moves_in_on`: `session_started`, `merged`). A task records its column (`column_id`; no foreign key:
+//! a column is removed only while empty). Existing workspaces get the defaults and their tasks start in
+//! `Backlog`.
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend, Statement};
 

@@ -1,7 +1,7 @@
-//! Issue 40 item 2: a checkpoint per turn. A checkpoint is the complete state of an environment's
-//! worktrees at one moment, one git tree per repository slot (`trees`), kept alive by a berth-owned ref
-//! in the repository (`refs/berth/checkpoints/<environment>/<checkpoint>-<position>`). A turn is one
-//! prompt of a session, from its delivery to its settling, with the checkpoints at both ends.
+//! A checkpoint per turn. A checkpoint is the complete state of an environment's worktrees at one
+//! moment, one git tree per repository slot (`trees`), kept alive by a berth-owned ref in the
+//! repository (`refs/berth/checkpoints/<environment>/<checkpoint>-<position>`). A turn is one prompt of
+//! a session, from its delivery to its settling, with the checkpoints at both ends.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

@@ -1,7 +1,7 @@
-//! Issue 40 item 3: review comments that go back to the agent. A review is a person's answer to an
-//! environment's diff: a body and comments on lines of it (`comments`: `[{repository_id, path, line,
-//! side, body, quote}]`, each line checked against the diff when the review was made), and, when it was
-//! sent to a session, the inbox message that carried it. It goes with its task.
+//! Review comments that go back to the agent. A review is a person's answer to an environment's diff: a
+//! body and comments on lines of it (`comments`: `[{repository_id, path, line, side, body, quote}]`,
+//! each line checked against the diff when the review was made), and, when it was sent to a session,
+//! the inbox message that carried it. It goes with its task.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

@@ -1,5 +1,5 @@
-//! Issue 41 item 4: the pull requests berth opened for a task, with their state as last read from their
-//! host. They go with their task.
+//! The pull requests berth opened for a task, with their state as last read from their host. They go
+//! with their task.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

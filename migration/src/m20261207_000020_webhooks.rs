@@ -1,5 +1,5 @@
-//! Issue 42 items 1 and 2: webhook subscriptions, each a durable cursor over the event log with its
-//! retry state and the lease of the one replica that delivers it, and the recent attempts of each.
+//! Webhook subscriptions, each a durable cursor over the event log with its retry state and the
+//! lease of the one replica that delivers it, and the recent attempts of each.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

@@ -1,6 +1,6 @@
-//! Issue 42 item 3: what each assistant message cost, as its agent reported it. No foreign key to the
-//! task or the session: deleting them deletes the conversation, not the money it spent (the workspace's
-//! rollups keep it); a workspace's records go with the workspace.
+//! What each assistant message cost, as its agent reported it. No foreign key to the task or the
+//! session: deleting them deletes the conversation, not the money it spent (the workspace's rollups
+//! keep it); a workspace's records go with the workspace.
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]

@@ -82,7 +82,7 @@ pub enum Signal {
     Queue(usize),
     /// A complete assistant message, for the transcript.
     Assistant(Value),
-    /// What a model call cost, as the agent reported it (issue 42 item 3); berth checks the figures.
+    /// What a model call cost, as the agent reported it; berth checks the figures.
     Usage(UsageReport),
     /// What the agent said about itself, for snapshots.
     Notice(Notice),

@@ -1,4 +1,4 @@
-//! HTTP for a workspace's board columns (issue 40 item 4).
+//! HTTP for a workspace's board columns.
 use actix_web::{HttpResponse, delete, get, patch, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -1,7 +1,7 @@
-//! CORS (issue 16, item 1): pages on the origins in `BERTH_CORS_ORIGINS` (exact matches) may call the
-//! API. A preflight from one answers 204 here; every response to one carries `Access-Control-Allow-Origin`
-//! and exposes berth's response headers. An origin not listed gets no CORS header at all, and with no
-//! origins configured nothing here changes a response. No credentials mode: tokens travel in headers.
+//! CORS: pages on the origins in `BERTH_CORS_ORIGINS` (exact matches) may call the API. A preflight from
+//! one answers 204 here; every response to one carries `Access-Control-Allow-Origin` and exposes berth's
+//! response headers. An origin not listed gets no CORS header at all, and with no origins configured
+//! nothing here changes a response. No credentials mode: tokens travel in headers.
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderValue};

@@ -232,7 +232,7 @@ async fn stream_events(
     let frames = stream::open(ctx.events.clone(), ctx.db.conn.clone(), request);
     // Counted open while the body lives (the guard goes with it), and every reset by its reason.
     let metrics = (ctx.metrics.clone(), ctx.metrics.stream_opened());
-    // Issue 20 item 3: at shutdown the stream's last frame tells the client to reconnect (`None` after it).
+    // At shutdown the stream's last frame tells the client to reconnect (`None` after it).
     let shutdown = Some(ctx.shutdown.clone());
     let body = futures_util::stream::once(async { Ok::<_, actix_web::Error>(Bytes::from_static(b"retry: 3000\n\n")) })
         .chain(futures_util::stream::unfold(

@@ -1,11 +1,11 @@
-//! Issue 39 item 4: a request that touches a node's disk or agents is carried out by that node, whichever
-//! replica it reached. Innermost middleware: it looks up where the request's work is (`placement`) and,
-//! when that is another node that is up, sends the request to a live instance of it (its advertised URL,
-//! the caller's token and preferences with it) and answers with what that node answered, status, headers
-//! and body, so the caller sees the same answers and codes as if it had asked that node. The caller waits
-//! for it, bounded by `BERTH_ROUTING_DEADLINE_MS`. A request is forwarded once at most (`X-Berth-Forwarded-By`).
-//! A delete or an archive whose node is down is accepted here (its jobs wait for the node); any other
-//! request for a down node answers `503 node_unavailable`.
+//! A request that touches a node's disk or agents is carried out by that node, whichever replica it reached.
+//! Innermost middleware: it looks up where the request's work is (`placement`) and, when that is another node
+//! that is up, sends the request to a live instance of it (its advertised URL, the caller's token and
+//! preferences with it) and answers with what that node answered, status, headers and body, so the caller
+//! sees the same answers and codes as if it had asked that node. The caller waits for it, bounded by
+//! `BERTH_ROUTING_DEADLINE_MS`. A request is forwarded once at most (`X-Berth-Forwarded-By`). A delete or an
+//! archive whose node is down is accepted here (its jobs wait for the node); any other request for a down
+//! node answers `503 node_unavailable`.
 //!
 //! A session delete goes to the session's node (its conversation is on that disk); leftover disposals go
 //! to the node whose disk holds the leftover.

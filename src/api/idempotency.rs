@@ -1,5 +1,5 @@
-//! `Idempotency-Key` on every POST and DELETE under /api/v1 (issue 16, item 4): the first answer is kept
-//! per (token subject, key) for 24 hours and replayed with `Idempotent-Replayed: true`.
+//! `Idempotency-Key` on every POST and DELETE under /api/v1: the first answer is kept per (token
+//! subject, key) for 24 hours and replayed with `Idempotent-Replayed: true`.
 //!
 //! The key is claimed by an INSERT before the handler runs, so the database's primary key decides between
 //! two requests, on one replica or two. A repeat finds the row: done, it replays the stored answer; in

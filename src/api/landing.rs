@@ -1,4 +1,4 @@
-//! HTTP for landing an environment's work (issue 41): commit, merge, push, pull requests.
+//! HTTP for landing an environment's work: commit, merge, push, pull requests.
 use actix_web::{HttpResponse, post, web};
 use serde::Deserialize;
 use utoipa::ToSchema;

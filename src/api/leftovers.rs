@@ -1,4 +1,4 @@
-//! HTTP for what berth kept on disk (issue 38 items 1 and 2): listed, and disposed of with consent.
+//! HTTP for what berth kept on disk: listed, and disposed of with consent.
 use actix_web::{HttpResponse, delete, get, web};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};

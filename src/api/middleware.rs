@@ -60,7 +60,7 @@ pub async fn request_id_and_metrics(
     let state = req.app_data::<web::Data<AppState>>().cloned();
     let method = req.method().clone();
     let started = Instant::now();
-    // The actor slot (issue 17 item 7) wraps everything below: authentication fills it.
+    // The actor slot wraps everything below: authentication fills it.
     let mut res = REQUEST_ID
         .scope(
             id.clone(),

@@ -101,7 +101,7 @@ impl Modify for SecurityAddon {
                     .build(),
             ),
         );
-        // Issue 16: `GET /events/stream` also accepts a single-use ticket from `POST /events/tickets`.
+        // `GET /events/stream` also accepts a single-use ticket from `POST /events/tickets`.
         components.add_security_scheme(
             "ticket",
             SecurityScheme::ApiKey(utoipa::openapi::security::ApiKey::Query(

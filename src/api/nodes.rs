@@ -1,4 +1,4 @@
-//! HTTP for nodes and their instances (issue 39).
+//! HTTP for nodes and their instances.
 use actix_web::{get, post, web};
 use serde::Serialize;
 use utoipa::ToSchema;

@@ -1,4 +1,4 @@
-//! Operations: liveness, readiness, version, metrics. Public (no token), as `design/api.md` lists.
+//! Operations: liveness, readiness, version, metrics. Public (no token), as `docs/api.md` lists.
 use actix_web::{HttpResponse, get, web};
 use serde::Serialize;
 use utoipa::ToSchema;

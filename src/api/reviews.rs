@@ -1,4 +1,4 @@
-//! HTTP for reviews of an environment's diff, sent back to a session's agent (issue 40 item 3).
+//! HTTP for reviews of an environment's diff, sent back to a session's agent.
 use actix_web::{HttpResponse, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

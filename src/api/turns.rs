@@ -1,4 +1,4 @@
-//! HTTP for a session's turns and what each changed (issue 40 item 2).
+//! HTTP for a session's turns and what each changed.
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,4 @@
-//! HTTP for what agents spent (issue 42 item 3): the totals sessions and tasks carry, and a workspace's
-//! rollups.
+//! HTTP for what agents spent: the totals sessions and tasks carry, and a workspace's rollups.
 use actix_web::{get, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

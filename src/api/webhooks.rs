@@ -1,5 +1,4 @@
-//! HTTP for webhook subscriptions (issue 42 items 1 and 2). The rules and the delivery are
-//! `domain::webhooks`.
+//! HTTP for webhook subscriptions. The rules and the delivery are `domain::webhooks`.
 use actix_web::{HttpResponse, delete, get, patch, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -1,7 +1,7 @@
 //! The scopes a token may carry. A leaf: the error type names them.
 use std::str::FromStr;
 
-/// The scopes of `design/api.md`. `admin` implies every other.
+/// The scopes of `docs/api.md`. `admin` implies every other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scope {
     WorkspacesAdmin,
@@ -15,7 +15,7 @@ pub enum Scope {
     CleanupRead,
     CleanupAdmin,
     EventsRead,
-    /// Issue 42: webhook subscriptions.
+    /// Webhook subscriptions.
     WebhooksWrite,
     Admin,
 }

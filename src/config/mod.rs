@@ -45,7 +45,7 @@ pub struct AgentProfile {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Names of berth's own environment variables handed on to the agent, when set (issue 20: model
+    /// Names of berth's own environment variables handed on to the agent, when set (model
     /// credentials come from the operator's environment, never written into the configuration file).
     #[serde(default)]
     pub pass_env: Vec<String>,
@@ -175,20 +175,20 @@ pub struct Config {
     pub migration_lock_timeout: Duration,
     pub git_timeout: Duration,
     pub git_max_concurrent: usize,
-    /// Issue 40: the limits of one diff answer.
+    /// The limits of one diff answer.
     pub diff_max_file_bytes: usize,
     pub diff_max_files: usize,
     /// How long a `creating` environment stays claimed without a heartbeat from its materializer.
     pub materialize_lease: Duration,
-    /// The lease this process holds as an instance of its node (issue 39): renewed a third of it apart.
+    /// The lease this process holds as an instance of its node: renewed a third of it apart.
     pub node_lease: Duration,
     /// How far a stream subscriber may fall behind before it is told to reset.
     pub event_buffer: usize,
     pub event_retention_count: i64,
     pub event_retention_age: Duration,
     pub event_poll: Duration,
-    /// How often a node looks for commands and messages routed to the agents it runs (issue 15, item 4);
-    /// PostgreSQL `NOTIFY` wakes it sooner.
+    /// How often a node looks for commands and messages routed to the agents it runs; PostgreSQL
+    /// `NOTIFY` wakes it sooner.
     pub routing_poll: Duration,
     /// How long a node waits for the node that runs an agent to carry out a routed command.
     pub routing_deadline: Duration,
@@ -197,7 +197,7 @@ pub struct Config {
     pub agent_stop_grace: Duration,
     /// After SIGTERM: how long before SIGKILL.
     pub agent_term_grace: Duration,
-    /// Issue 20 item 3: from SIGTERM or SIGINT to exit, streams closed and agents stopped on the way.
+    /// From SIGTERM or SIGINT to exit, streams closed and agents stopped on the way.
     pub shutdown_budget: Duration,
     /// Cleanup jobs: retry delays (the last repeats), attempts before `failed`, workers, poll, lease.
     pub cleanup_retry_delays: Vec<Duration>,
@@ -207,7 +207,7 @@ pub struct Config {
     pub cleanup_lease: Duration,
     /// A prepared job older than this whose operation is not running is reconciled.
     pub cleanup_prepared_grace: Duration,
-    /// Issue 17 item 1: a superseded environment still naming worktrees this long, of a quiet task, gets a
+    /// A superseded environment still naming worktrees this long, of a quiet task, gets a
     /// `superseded_cleanup` job (the reconcile pass runs every `sweep_interval`).
     pub superseded_grace: Duration,
     /// A test failpoint in the cleanup worker (`hang_after_claim`).
@@ -225,26 +225,26 @@ pub struct Config {
     /// Period of the background sweeps (event retention).
     pub sweep_interval: Duration,
     pub agents: BTreeMap<String, AgentProfile>,
-    /// Issue 41: credentials and API endpoints per remote host (`[remotes."<host>"]`).
+    /// Credentials and API endpoints per remote host (`[remotes."<host>"]`).
     pub remotes: BTreeMap<String, remotes::RemoteHost>,
     /// The author of what berth commits when the token names nobody (`Name <email>`).
     pub git_author: Option<crate::git::signature::Signature>,
     /// How often open pull requests' states are read again.
     pub pull_request_poll: Duration,
-    /// Issue 42: webhook delivery. How long a receiver may take to answer; how long one event is retried
-    /// before its subscription is disabled; how long a rotated-out secret still signs; how long a replica
-    /// delivers a subscription between renewals of its lease; plain http to hosts other than loopback.
+    /// Webhook delivery. How long a receiver may take to answer; how long one event is retried before its
+    /// subscription is disabled; how long a rotated-out secret still signs; how long a replica delivers a
+    /// subscription between renewals of its lease; plain http to hosts other than loopback.
     pub webhook_timeout: Duration,
     pub webhook_retry_horizon: Duration,
     pub webhook_secret_overlap: Duration,
     pub webhook_lease: Duration,
     pub webhook_allow_http: bool,
-    /// Origins (`scheme://host[:port]`, compared exactly) whose pages may call the API from a browser
-    /// (issue 16, item 1). Empty: no CORS headers at all.
+    /// Origins (`scheme://host[:port]`, compared exactly) whose pages may call the API from a browser.
+    /// Empty: no CORS headers at all.
     pub cors_origins: Vec<String>,
-    /// Where the other berth processes reach this one (issue 39); derived from the bind address when unset.
+    /// Where the other berth processes reach this one; derived from the bind address when unset.
     pub advertise_url: Option<String>,
-    /// An operator lets this decommissioned node start again (issue 39 item 3).
+    /// An operator lets this decommissioned node start again.
     pub node_readmit: bool,
 }
 

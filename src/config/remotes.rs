@@ -1,7 +1,7 @@
-//! `[remotes."<host>"]` tables of the file (issue 41): what berth uses to push to a remote on that host
-//! (`host` or `host:port`, as the remote's URL has it) and to open pull requests there. The token comes
-//! from a file (`token_file`, a mounted secret) or an environment variable (`token_env`), never from the
-//! file itself; it is redacted everywhere.
+//! `[remotes."<host>"]` tables of the file: what berth uses to push to a remote on that host (`host` or
+//! `host:port`, as the remote's URL has it) and to open pull requests there. The token comes from a file
+//! (`token_file`, a mounted secret) or an environment variable (`token_env`), never from the file
+//! itself; it is redacted everywhere.
 //!
 //! ```toml
 //! [remotes."github.com"]

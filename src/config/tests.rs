@@ -108,7 +108,7 @@ fn file_then_environment_then_secret_files() {
     assert!(err.reason.contains("bnid"), "{err}");
 }
 
-/// Issue 20, item 4: each setting's variable and flag come from its key; the file takes the same keys.
+/// Each setting's variable and flag come from its key; the file takes the same keys.
 #[test]
 fn one_definition_gives_the_variable_flag_and_key() {
     let s = settings::find("sse_keepalive_secs");

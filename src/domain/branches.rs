@@ -1,10 +1,11 @@
-//! The branch policy (issue 17, item 3). berth deletes only branches it created (recorded when the
-//! environment that `git worktree add -b` made them for is published, or its attempt fails:
-//! `branch_origin = created` on the inventory row, and the `task_branches` ledger), only when a task is deleted (archive and reset keep every branch), only after
-//! the worktree is gone, and only when the branch holds nothing its base or its upstream lacks, or the
-//! delete request said `delete_branches=true`. A branch the user named that already existed, or a default
-//! branch that existed before the task, is never deleted, consent or not; neither is one whose origin is
-//! unknown (inventory rows from before the record existed). Every decision is reported with its reason.
+//! The branch policy. berth deletes only branches it created (recorded when the environment that
+//! `git worktree add -b` made them for is published, or its attempt fails: `branch_origin = created` on the
+//! inventory row, and the `task_branches` ledger), only when a task is deleted (archive and reset keep every
+//! branch), only after the worktree is gone, and only when the branch holds nothing its base or its upstream
+//! lacks, or the delete request said `delete_branches=true`. A branch the user named that already existed, or
+//! a default branch that existed before the task, is never deleted, consent or not; neither is one whose
+//! origin is unknown (inventory rows from before the record existed). Every decision is reported with its
+//! reason.
 use std::path::Path;
 
 use serde::Serialize;
@@ -155,9 +156,9 @@ pub(crate) async fn delete_after_worktree(
     Ok(Some(decision))
 }
 
-/// Issue 17 item 3: the branches berth created for the job's task that none of its snapshot's worktrees
-/// names: their worktrees are already gone (an archive, a reset, a superseded environment's cleanup
-/// removed them), and a delete still owes them the policy. As branch-only entries (no worktree path).
+/// The branches berth created for the job's task that none of its snapshot's worktrees names: their
+/// worktrees are already gone (an archive, a reset, a superseded environment's cleanup removed them),
+/// and a delete still owes them the policy. As branch-only entries (no worktree path).
 pub(crate) async fn ledger_only(ctx: &Ctx, snap: &super::cleanup::Snapshot) -> Result<Vec<WorktreeSnapshot>> {
     let named = |repository_id: Uuid, branch: &str| {
         snap.environment

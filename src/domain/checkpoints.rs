@@ -1,5 +1,5 @@
-//! Checkpoints (issue 40 item 2): the complete state of an environment's worktrees at one moment, one git
-//! tree per repository slot, taken through a temporary index (`git::diff::snapshot`) without touching the
+//! Checkpoints: the complete state of an environment's worktrees at one moment, one git tree per
+//! repository slot, taken through a temporary index (`git::diff::snapshot`) without touching the
 //! worktree, its index, the stash or any branch, and kept alive by berth's own refs
 //! (`refs/berth/checkpoints/<environment>/<checkpoint>-<position>`), which the environment's cleanup
 //! removes. Only the node whose disk holds the worktrees takes one, and only of berth's worktrees (a
@@ -176,8 +176,8 @@ pub(crate) async fn forget(ctx: &Ctx, env_id: Uuid, repositories: &[String]) -> 
     crate::store::turns::delete_checkpoints_of(&ctx.db.conn, env_id).await
 }
 
-/// Puts the environment's worktrees back to a checkpoint (issue 40 item 2): refused while an agent works
-/// in it (`409 session_busy`) and, without consent, when the worktrees changed since the last checkpoint
+/// Puts the environment's worktrees back to a checkpoint: refused while an agent works in it
+/// (`409 session_busy`) and, without consent, when the worktrees changed since the last checkpoint
 /// (those changes would be lost). Files the checkpoint does not have are removed, the others written as
 /// it holds them; `.gitignore`d files are left alone; the worktree's index and refs are not touched. The
 /// state after it is a new checkpoint; `environment.restored` says so.

@@ -1,9 +1,9 @@
-//! A workspace's board (issue 40 item 4): ordered columns a task moves through. A workspace starts with
-//! `Backlog`, `In progress`, `In review` and `Done`; `tasks:write` adds, renames, reorders and removes
-//! them (only an empty one, never the last). A task is in one column: the first unless its creation or a
-//! `PATCH` says otherwise. It moves on its own only where a column says so (`moves_in_on`): by default a
-//! started session moves a task into `In progress` and a merge into `Done`, and only ever forward (a task
-//! in review does not go back to in progress because another session started).
+//! A workspace's board: ordered columns a task moves through. A workspace starts with `Backlog`,
+//! `In progress`, `In review` and `Done`; `tasks:write` adds, renames, reorders and removes them (only an
+//! empty one, never the last). A task is in one column: the first unless its creation or a `PATCH` says
+//! otherwise. It moves on its own only where a column says so (`moves_in_on`): by default a started
+//! session moves a task into `In progress` and a merge into `Done`, and only ever forward (a task in
+//! review does not go back to in progress because another session started).
 use sea_orm::{ConnectionTrait, DatabaseTransaction};
 use serde_json::json;
 use uuid::Uuid;

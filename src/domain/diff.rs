@@ -1,9 +1,8 @@
-//! What the agent did, as a diff (issue 40 item 1): per repository slot of an environment, the changes of
-//! its worktree against the merge base with the slot's base branch (or HEAD, or base to HEAD), read by
-//! `git::diff` without writing to the worktree, its index or its refs. Answers are bounded by two
-//! settings: a file's patch longer than `BERTH_DIFF_MAX_FILE_BYTES` is cut at a line and says so
-//! (`truncated`); more files than `BERTH_DIFF_MAX_FILES` are paged by file (`next_cursor`). The ETag is
-//! the answer's content hash.
+//! What the agent did, as a diff: per repository slot of an environment, the changes of its worktree
+//! against the merge base with the slot's base branch (or HEAD, or base to HEAD), read by `git::diff`
+//! without writing to the worktree, its index or its refs. Answers are bounded by two settings: a file's
+//! patch longer than `BERTH_DIFF_MAX_FILE_BYTES` is cut at a line and says so (`truncated`); more files
+//! than `BERTH_DIFF_MAX_FILES` are paged by file (`next_cursor`). The ETag is the answer's content hash.
 
 use base64::Engine;
 use serde::Serialize;

@@ -100,7 +100,7 @@ pub async fn replay(
     }
     let filter = filter_for(ctx, p, narrow).await?;
     if !ctx.db.is_sqlite() {
-        // Whatever committed before this read is in it (issue 19: stamping follows the commit).
+        // Whatever committed before this read is in it (stamping follows the commit).
         events::sequencer::settle(&ctx.events, &ctx.db.conn).await?;
     }
     let events = events::after(&ctx.db.conn, after, limit, &filter).await?;

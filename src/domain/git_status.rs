@@ -80,8 +80,8 @@ impl ReportedFile {
 pub struct Current {
     /// The newest observation per repository.
     pub items: Vec<obs::Model>,
-    /// Issue 17 item 6: the observations no longer describe a workspace anyone works in (the
-    /// environment is `broken`, superseded or failed): history, not the present.
+    /// The observations no longer describe a workspace anyone works in (the environment is
+    /// `broken`, superseded or failed): history, not the present.
     pub stale: bool,
 }
 
@@ -152,7 +152,7 @@ async fn agent_live(ctx: &Ctx, env_id: Uuid) -> Result<bool> {
 pub async fn refresh(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Current> {
     let view = super::environments::get(ctx, p, env_id).await?;
     if view.env.status == EnvironmentStatus::Broken {
-        // Issue 17 item 6: what admission found stands until a reset.
+        // What admission found stands until a reset.
         return Err(Error::WorkspaceReuseUnsafe(super::environments::broken_category(
             &view.env,
         )));
@@ -178,8 +178,8 @@ pub(crate) async fn inspect_and_record(
             "only a ready environment's worktrees are inspected".into(),
         ));
     }
-    // Issue 39: only the node whose disk holds the worktrees reads them; elsewhere a live read serves what
-    // was recorded, and an explicit refresh (forwarded to that node when it is up) is refused.
+    // Only the node whose disk holds the worktrees reads them; elsewhere a live read serves what was
+    // recorded, and an explicit refresh (forwarded to that node when it is up) is refused.
     if e.node_id != ctx.config.node_id {
         if rate_limited {
             return Ok(());
@@ -202,7 +202,7 @@ pub(crate) async fn inspect_and_record(
             _ => continue,
         };
         // A worktree that is gone, or is no longer a git worktree, is the workspace's state, not berth's
-        // failure: a typed 409 that says to reset the environment (issue 17, item 6), never a 500.
+        // failure: a typed 409 that says to reset the environment, never a 500.
         if !path.is_dir() {
             return Err(Error::WorkspaceReuseUnsafe(ReuseCategory::WorkspaceMissing));
         }

@@ -51,9 +51,9 @@ pub struct Ctx {
     pub restore_stats: Arc<crate::metrics::RestoreStats>,
     /// The materializations this process is running (a cleanup job waits for one it overtook).
     pub materializing: Arc<environments::Materializing>,
-    /// Which nodes and instances hold a lease (issue 39), as last read.
+    /// Which nodes and instances hold a lease, as last read.
     pub nodes: Arc<nodes::Nodes>,
-    /// Begun on SIGTERM or SIGINT: event streams send their last frame and end (issue 20 item 3).
+    /// Begun on SIGTERM or SIGINT: event streams send their last frame and end.
     pub shutdown: crate::shutdown::Shutdown,
 }
 

@@ -1,7 +1,6 @@
-//! Optimistic concurrency (issue 16, item 5): a resource's `ETag` is its row version, and a write that
-//! names the version it read (`If-Match`) is refused with `412 precondition_failed` when another write
-//! came first. The check runs under the write's row lock, so two writers that read one version cannot
-//! both succeed.
+//! Optimistic concurrency: a resource's `ETag` is its row version, and a write that names the version
+//! it read (`If-Match`) is refused with `412 precondition_failed` when another write came first. The
+//! check runs under the write's row lock, so two writers that read one version cannot both succeed.
 
 /// The strong entity tag of a row version: `"7"`.
 pub fn etag(row_version: i64) -> String {

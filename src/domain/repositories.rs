@@ -60,7 +60,7 @@ pub async fn register(
         deleted_at: None,
         imported_from: None,
         status: repository::RepositoryStatus::Available,
-        // Issue 39: proven on this node's disk, so it is this node's.
+        // Proven on this node's disk, so it is this node's.
         node_id: Some(ctx.config.node_id.clone()),
     };
     let txn = ctx.db.begin_write().await?;

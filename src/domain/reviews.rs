@@ -1,9 +1,9 @@
-//! Review comments that go back to the agent (issue 40 item 3). A review answers an environment's diff:
-//! each comment names a line the diff shows (`side: new` counts in the file as it is, `old` as it was;
-//! the lines of its hunks at the default three lines of context), and is refused with the comment's field
-//! when the diff shows no such line. It is stored with the text of each line it quotes; sent to a session,
-//! it goes through that session's inbox as one message, in the same transaction as the review, so neither
-//! is ever there without the other. `review.created` records it.
+//! Review comments that go back to the agent. A review answers an environment's diff: each comment names a
+//! line the diff shows (`side: new` counts in the file as it is, `old` as it was; the lines of its hunks
+//! at the default three lines of context), and is refused with the comment's field when the diff shows no
+//! such line. It is stored with the text of each line it quotes; sent to a session, it goes through that
+//! session's inbox as one message, in the same transaction as the review, so neither is ever there without
+//! the other. `review.created` records it.
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;

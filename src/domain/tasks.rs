@@ -29,7 +29,7 @@ pub struct NewTask {
     pub parent_task_id: Option<Uuid>,
     pub workspace_mode: WorkspaceMode,
     pub repositories: Vec<NewSlot>,
-    /// The board column it starts in (issue 40 item 4); the workspace's first when absent.
+    /// The board column it starts in; the workspace's first when absent.
     pub column_id: Option<Uuid>,
 }
 
@@ -53,9 +53,9 @@ pub struct TaskView {
     pub repositories: Vec<task_repository::Model>,
     pub primary_session_id: Option<Uuid>,
     pub session_count: u64,
-    /// The pull requests berth opened for it (issue 41).
+    /// The pull requests berth opened for it.
     pub pull_requests: Vec<crate::entity::pull_request::Model>,
-    /// What its sessions' agents spent, deleted sessions included (issue 42).
+    /// What its sessions' agents spent, deleted sessions included.
     pub usage: super::usage::Totals,
 }
 
@@ -216,7 +216,7 @@ async fn resolve_slots(
             "not a repository of this workspace",
         ));
     }
-    // Issue 39 item 4: a task's work happens on one node, the one whose disk holds its repositories.
+    // A task's work happens on one node, the one whose disk holds its repositories.
     crate::domain::nodes::placement::common_node(&repos)?;
     Ok(slots)
 }

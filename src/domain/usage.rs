@@ -1,7 +1,6 @@
-//! What agents spend (issue 42 item 3): every usage report an agent makes is checked and recorded per
-//! session turn, and summed for a session, a task and a workspace. A record names its workspace, task
-//! and session without depending on them: deleting a session or a task deletes its conversation, not the
-//! money it spent.
+//! What agents spend: every usage report an agent makes is checked and recorded per session turn, and
+//! summed for a session, a task and a workspace. A record names its workspace, task and session without
+//! depending on them: deleting a session or a task deletes its conversation, not the money it spent.
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};

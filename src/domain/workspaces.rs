@@ -36,7 +36,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, name: &str) -> Result<works
         }
         other => other?,
     };
-    // Issue 40 item 4: its board's default columns.
+    // Its board's default columns.
     crate::store::columns::insert_defaults(&txn, model.id, now).await?;
     events::append(
         &txn,

@@ -1,6 +1,6 @@
 use sea_orm::entity::prelude::*;
 
-/// The state of an environment's worktrees at one moment (issue 40 item 2): one git tree per slot.
+/// The state of an environment's worktrees at one moment: one git tree per slot.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "checkpoints")]
 pub struct Model {

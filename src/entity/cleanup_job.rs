@@ -94,7 +94,7 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
     pub completed_at: Option<DateTimeUtc>,
-    /// Who asked for it (issue 17): the token's `sub`; null when berth did on its own.
+    /// Who asked for it: the token's `sub`; null when berth did on its own.
     pub actor_sub: Option<String>,
     pub actor_session_id: Option<Uuid>,
 }

@@ -15,12 +15,12 @@ pub struct Model {
     pub execution_id: Option<Uuid>,
     pub data: Json,
     pub created_at: DateTimeUtc,
-    /// Who did it (issue 17): the token's `sub`; null when berth did it on its own.
+    /// Who did it: the token's `sub`; null when berth did it on its own.
     pub actor_sub: Option<String>,
     /// For an agent's session-bound token: its session.
     pub actor_session_id: Option<Uuid>,
-    /// PostgreSQL: the write-order id the sequencer stamps `seq` by (issue 19); null on SQLite, where
-    /// `seq` is assigned in the writing transaction. Never shown to clients.
+    /// PostgreSQL: the write-order id the sequencer stamps `seq` by; null on SQLite, where `seq` is
+    /// assigned in the writing transaction. Never shown to clients.
     pub id: Option<i64>,
 }
 

@@ -1,7 +1,7 @@
 use sea_orm::entity::prelude::*;
 
-/// A stream ticket (issue 16, item 2): the principal a `GET /events/stream?ticket=` stands for. Only the
-/// ticket's SHA-256 is kept; `used_at` is set when a stream redeems it, which it can do once.
+/// A stream ticket: the principal a `GET /events/stream?ticket=` stands for. Only the ticket's SHA-256
+/// is kept; `used_at` is set when a stream redeems it, which it can do once.
 #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
 #[sea_orm(table_name = "event_tickets")]
 pub struct Model {

@@ -10,7 +10,7 @@ pub enum KeyState {
     Done,
 }
 
-/// The first answer to a request sent with an `Idempotency-Key`, per token subject and key (issue 16).
+/// The first answer to a request sent with an `Idempotency-Key`, per token subject and key.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "idempotency_keys")]
 pub struct Model {

@@ -33,7 +33,7 @@ pub struct Model {
     pub detail: String,
     pub worktree: Json,
     pub created_at: DateTimeUtc,
-    /// The node whose disk holds it (issue 39); none for one kept before nodes were recorded.
+    /// The node whose disk holds it; none for one kept before nodes were recorded.
     pub node_id: Option<String>,
 }
 

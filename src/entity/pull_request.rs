@@ -1,6 +1,6 @@
 use sea_orm::entity::prelude::*;
 
-/// A pull request berth opened for a task (issue 41 item 4), with its state as last read from its host.
+/// A pull request berth opened for a task, with its state as last read from its host.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "pull_requests")]
 pub struct Model {

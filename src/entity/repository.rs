@@ -32,8 +32,8 @@ pub struct Model {
     pub imported_from: Option<String>,
     /// `missing` when the path was not a git repository at import time.
     pub status: RepositoryStatus,
-    /// The node that registered it, whose disk holds it (issue 39); none for one registered before nodes
-    /// were recorded.
+    /// The node that registered it, whose disk holds it; none for one registered before nodes were
+    /// recorded.
     pub node_id: Option<String>,
 }
 

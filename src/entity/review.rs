@@ -1,7 +1,7 @@
 use sea_orm::entity::prelude::*;
 
-/// A person's review of an environment's diff (issue 40 item 3): a body, comments on lines, and the
-/// inbox message that carried it to a session, when it was sent to one.
+/// A person's review of an environment's diff: a body, comments on lines, and the inbox message
+/// that carried it to a session, when it was sent to one.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "reviews")]
 pub struct Model {

@@ -32,7 +32,7 @@ pub enum CommandState {
     Failed,
 }
 
-/// A command routed to the node that runs a session's agent (issue 15, item 4; removed with the session).
+/// A command routed to the node that runs a session's agent (removed with the session).
 #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
 #[sea_orm(table_name = "session_commands")]
 pub struct Model {

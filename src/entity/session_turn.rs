@@ -1,6 +1,6 @@
 use sea_orm::entity::prelude::*;
 
-/// One prompt of a session, from its delivery to the agent to its settling (issue 40 item 2).
+/// One prompt of a session, from its delivery to the agent to its settling.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "session_turns")]
 pub struct Model {

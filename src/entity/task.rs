@@ -39,11 +39,11 @@ pub struct Model {
     pub last_activity_at: DateTimeUtc,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
-    /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
+    /// Bumped by a trigger on every change of the representation (`ETag`).
     pub row_version: i64,
     /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.
     pub imported_from: Option<String>,
-    /// The workspace column the task is in (issue 40 item 4).
+    /// The workspace column the task is in.
     pub column_id: Option<Uuid>,
 }
 

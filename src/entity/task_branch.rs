@@ -1,7 +1,7 @@
 use sea_orm::entity::prelude::*;
 
-/// A branch berth created for a task (issue 17): the ledger behind `GET /workspaces/{id}/branches`. It
-/// outlives the task (no foreign key to it) and goes when berth deletes the branch, or with the repository.
+/// A branch berth created for a task: the ledger behind `GET /workspaces/{id}/branches`. It outlives the
+/// task (no foreign key to it) and goes when berth deletes the branch, or with the repository.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "task_branches")]
 pub struct Model {

@@ -57,7 +57,7 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
     pub superseded_at: Option<DateTimeUtc>,
-    /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
+    /// Bumped by a trigger on every change of the representation (`ETag`).
     pub row_version: i64,
     /// Why a `broken` environment is (a `ReuseCategory`, as its snake_case name).
     pub broken_category: Option<String>,

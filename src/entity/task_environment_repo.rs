@@ -54,7 +54,7 @@ pub struct Model {
     pub updated_at: DateTimeUtc,
     pub merged_at: Option<DateTimeUtc>,
     pub deleted_at: Option<DateTimeUtc>,
-    /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
+    /// Bumped by a trigger on every change of the representation (`ETag`).
     pub row_version: i64,
     pub branch_origin: Option<BranchOrigin>,
     /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.

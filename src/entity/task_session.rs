@@ -62,7 +62,7 @@ pub struct Model {
     pub updated_at: DateTimeUtc,
     pub started_at: Option<DateTimeUtc>,
     pub ended_at: Option<DateTimeUtc>,
-    /// Bumped by a trigger on every change of the representation (issue 16: `ETag`).
+    /// Bumped by a trigger on every change of the representation (`ETag`).
     pub row_version: i64,
     /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.
     pub imported_from: Option<String>,

@@ -1,7 +1,7 @@
 use sea_orm::entity::prelude::*;
 
-/// What one assistant message (or one running total's step) cost, as its agent reported it (issue 42
-/// item 3). It outlives its session and task: only its workspace takes it away.
+/// What one assistant message (or one running total's step) cost, as its agent reported it. It
+/// outlives its session and task: only its workspace takes it away.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "usage_records")]
 pub struct Model {

@@ -1,7 +1,7 @@
 use sea_orm::entity::prelude::*;
 
-/// A webhook subscription (issue 42 item 1): where berth posts the events it takes, signed with its
-/// secret, and its durable place in the event log (item 2).
+/// A webhook subscription: where berth posts the events it takes, signed with its secret, and its
+/// durable place in the event log.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "webhooks")]
 pub struct Model {

@@ -1,6 +1,6 @@
 use sea_orm::entity::prelude::*;
 
-/// One attempt to deliver an event (or a ping) to a webhook (issue 42 item 2); the recent ones are kept.
+/// One attempt to deliver an event (or a ping) to a webhook; the recent ones are kept.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "webhook_deliveries")]
 pub struct Model {

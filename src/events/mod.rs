@@ -3,7 +3,7 @@
 //!
 //! - SQLite (one writer): `seq` comes from the one-row `event_sequence` counter inside the writing
 //!   transaction; the writer lock makes seq order commit order.
-//! - PostgreSQL (issue 19): a writer inserts its event with `seq` NULL and touches no shared row. One
+//! - PostgreSQL: a writer inserts its event with `seq` NULL and touches no shared row. One
 //!   sequencer per database (`sequencer`, leadership by advisory lock) stamps committed rows in batches;
 //!   each batch commits at once with numbers above every earlier batch, so seq is contiguous among
 //!   committed events and equal to visibility order, and an event that commits late is stamped late: a
@@ -94,7 +94,7 @@ pub async fn append(
         written::appended(row.try_get("", "id")?);
         return Ok(());
     }
-    // Issue 17 item 7: whoever the work runs for (the request's token, or a job's requester).
+    // Whoever the work runs for (the request's token, or a job's requester).
     let actor = crate::actor::current();
     let row = txn
         .query_one_raw(Statement::from_string(
@@ -124,10 +124,10 @@ pub async fn append(
     Ok(())
 }
 
-/// PostgreSQL (issue 19 item 4): `change`, an UPDATE of at most one row (without `RETURNING`), and, only
-/// when it changed that row, its event: one statement, so one round trip where `append` after the update
-/// would be two. Returns whether the row changed (nothing is written when it did not). The event is the
-/// one `append` would insert, in the same transaction (I32).
+/// PostgreSQL: `change`, an UPDATE of at most one row (without `RETURNING`), and, only when it changed
+/// that row, its event: one statement, so one round trip where `append` after the update would be two.
+/// Returns whether the row changed (nothing is written when it did not). The event is the one `append`
+/// would insert, in the same transaction (I32).
 pub async fn append_on_change(
     txn: &DatabaseTransaction,
     change: Statement,
@@ -262,8 +262,8 @@ pub struct Filter {
     pub narrow: Narrowing,
 }
 
-/// A reader's own filters (issue 16, item 3): exact matches on the event's fields, and a set of types.
-/// They only narrow: an event must pass both these and the token's view.
+/// A reader's own filters: exact matches on the event's fields, and a set of types. They only narrow:
+/// an event must pass both these and the token's view.
 #[derive(Debug, Clone, Default)]
 pub struct Narrowing {
     pub workspace_id: Option<Uuid>,
@@ -271,7 +271,7 @@ pub struct Narrowing {
     pub session_id: Option<Uuid>,
     /// `None`: every type.
     pub types: Option<Vec<EventType>>,
-    /// Only what this token `sub` did (issue 17 item 7).
+    /// Only what this token `sub` did.
     pub actor: Option<String>,
 }
 

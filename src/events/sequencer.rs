@@ -1,4 +1,4 @@
-//! PostgreSQL event sequencing without a hot row (issue 19, item 1).
+//! PostgreSQL event sequencing without a hot row.
 //!
 //! Writers insert events with `seq` NULL (`events::append`); nothing they do touches a shared row, so
 //! writers of every replica commit in parallel. Exactly one replica at a time leads: it holds a
@@ -44,7 +44,7 @@ const BATCH: i64 = 5000;
 /// statement, one log flush, one notification and one read by each replica's tailer, instead of one
 /// each. 25 ms, not 10: under a steady stream of writes nobody waits for (cleanup claims), each round
 /// costs a flush and a scan of the unstamped index that grows with the rows stamped since the last
-/// vacuum (BENCHMARKS.md, issue 19 item 4); a board sees such events at most this much later.
+/// vacuum (BENCHMARKS.md); a board sees such events at most this much later.
 const PACE: Duration = Duration::from_millis(25);
 /// The payload of a herald's `NOTIFY` when writes on its replica wait for their events.
 pub const AWAITED: &str = "awaited";

@@ -1,4 +1,4 @@
-//! The vocabulary of the event log (`design/api.md` "Events"): what `events::append` takes and what the
+//! The vocabulary of the event log (`docs/api.md` "Events"): what `events::append` takes and what the
 //! spec's `Event.type` lists. Stored as today's strings (no data migration).
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,5 @@
 //! An event as readers receive it: the stream's `data`, a replay page's item and a webhook's body
-//! (issue 42) are this one shape.
+//! are this one shape.
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;

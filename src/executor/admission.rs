@@ -124,8 +124,8 @@ pub fn admit(c: &Candidate<'_>, requested: ExecutorType) -> Result<AdmittedWorks
 
 /// Whether the directory at `path` is still the worktree berth made there (of the repository whose common
 /// git directory is `common_git_dir`, registered as `worktree_id` when one was recorded): what a cleanup
-/// job asks before it runs git in it (issue 38 item 1: never git in a directory admission refuses).
-/// Read-only; blocking (gix), so off the async threads.
+/// job asks before it runs git in it (never git in a directory admission refuses). Read-only; blocking
+/// (gix), so off the async threads.
 pub fn prove_worktree(path: &Path, common_git_dir: &Path, worktree_id: Option<&str>) -> Result<(), Refusal> {
     check_worktree(path, common_git_dir, ExecutorType::Worktree, worktree_id)
 }

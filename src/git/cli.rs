@@ -4,7 +4,7 @@
 //!
 //! Mutations of one source repository are serialized in the process (git's locks under `.git/worktrees`
 //! and the ref store make concurrent ones fail), and a failure that is git's lock contention (another
-//! process: a replica on the same disk, the user's own git) is retried with bounded backoff (issue 17).
+//! process: a replica on the same disk, the user's own git) is retried with bounded backoff.
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -145,7 +145,7 @@ impl GitCli {
         Ok((code, String::from_utf8_lossy(&stdout).into_owned(), stderr))
     }
 
-    /// A mutation with extra environment variables, under the repository's lock (landing, issue 41).
+    /// A mutation with extra environment variables, under the repository's lock (landing).
     pub(super) async fn mutate_bytes(
         &self,
         op: &'static str,
@@ -248,7 +248,7 @@ pub trait GitMutations: Send + Sync {
     ) -> Result<Vec<u8>, GitError>;
     /// A read whose exit code 1 is an answer, not a failure (`merge-tree`: conflicts): (code, stdout).
     async fn read_answer(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<(i32, Vec<u8>), GitError>;
-    /// One step of landing work (issue 41), each with the proof it may change what it changes.
+    /// One step of landing work, each with the proof it may change what it changes.
     async fn land(&self, step: &super::land::Step<'_>) -> Result<super::land::Landed, GitError>;
     /// Points berth's own ref `refname` (under `refs/berth/`) at `oid`, keeping that object alive (a
     /// checkpoint's tree). Never any other ref.

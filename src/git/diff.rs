@@ -1,4 +1,4 @@
-//! What changed in a worktree, read without writing to it, its index or its refs (issue 40 item 1).
+//! What changed in a worktree, read without writing to it, its index or its refs.
 //!
 //! The worktree's whole state (tracked, staged, unstaged and untracked files, `.gitignore` respected, a
 //! symlink as a link) is staged into a temporary index, never the worktree's own: a copy of its index
@@ -221,9 +221,9 @@ async fn files_of(
 }
 
 /// The worktree's complete state (tracked, staged, unstaged and untracked; `.gitignore` respected) as a
-/// tree object, through a temporary index: the worktree, its index and its refs stay as they were
-/// (issue 40 item 2: a checkpoint). The tree is written to the object store; keeping it alive is the
-/// caller's (a ref under `refs/berth/`).
+/// tree object, through a temporary index: the worktree, its index and its refs stay as they were (a
+/// checkpoint). The tree is written to the object store; keeping it alive is the caller's (a ref under
+/// `refs/berth/`).
 pub async fn snapshot(git: &dyn GitMutations, worktree: &Path, scratch: &Path) -> Result<String, GitError> {
     let dir = Scratch::new(scratch)?;
     let index_file = dir.0.join("index");

@@ -1,7 +1,7 @@
-//! Landing an environment's work (issue 41): a commit in berth's own worktree, a merge computed in the
-//! object store (`git merge-tree --write-tree`, never in a worktree), a branch moved only by
-//! compare-and-set on its old value, a clean checkout fast-forwarded, a push with credentials handed to
-//! git by a credential helper berth controls (never written into any config, never on a command line).
+//! Landing an environment's work: a commit in berth's own worktree, a merge computed in the object
+//! store (`git merge-tree --write-tree`, never in a worktree), a branch moved only by compare-and-set
+//! on its old value, a clean checkout fast-forwarded, a push with credentials handed to git by a
+//! credential helper berth controls (never written into any config, never on a command line).
 //!
 //! Every step that changes something takes the proof that it may: the managed worktree (`ManagedPath`),
 //! the branch's old value (`BranchMove`), a checkout found clean at a known commit (`CleanCheckout`).

@@ -1,5 +1,5 @@
-//! A merge computed in the object store (issue 41): `git merge-tree --write-tree` and `git commit-tree`
-//! write objects only; no worktree, index or ref changes.
+//! A merge computed in the object store: `git merge-tree --write-tree` and `git commit-tree` write
+//! objects only; no worktree, index or ref changes.
 use std::ffi::OsStr;
 use std::path::Path;
 

@@ -230,7 +230,7 @@ pub struct WorktreeInfo {
 
 /// Inspects an existing work tree root without changing anything.
 pub fn inspect_worktree(path: &Path) -> Result<WorktreeInfo, InspectError> {
-    // One open for both questions (issue 9: admission opened every worktree twice).
+    // One open for both questions (admission opened every worktree twice).
     let repo = open(path)?;
     let identity = identity_of(&repo, path)?;
     let git_dir = repo
@@ -250,8 +250,8 @@ pub fn inspect_worktree(path: &Path) -> Result<WorktreeInfo, InspectError> {
 /// True when `refs/heads/<branch>` exists in the repository whose common git directory is
 /// `common_git_dir` (the one berth recorded for it). Reads the ref store alone: opening the whole
 /// repository (its configuration, its object database) cost more than the lookup, on the path of every
-/// materialization (issue 19 item 3). A lookup that fails that way (a ref it cannot parse, say) is
-/// asked again through the repository at `repo_path`.
+/// materialization. A lookup that fails that way (a ref it cannot parse, say) is asked again through
+/// the repository at `repo_path`.
 pub fn branch_exists_in(common_git_dir: &Path, repo_path: &Path, branch: &str) -> Result<bool, InspectError> {
     gix::discover::is_git(common_git_dir).map_err(|_| InspectError::NotARepository)?;
     let refs = gix::refs::file::Store::at(common_git_dir.to_path_buf(), gix::hash::Kind::Sha1);

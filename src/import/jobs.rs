@@ -1,5 +1,5 @@
-//! kandev's pending cleanup work (`task_resource_cleanup_jobs`, kandev-schema.md §4) becomes berth's: what
-//! kandev still owed (a job not finished, whose archive or delete did happen) is planned as one berth
+//! kandev's pending cleanup work (`task_resource_cleanup_jobs`, docs/kandev-schema.md §4) becomes berth's:
+//! what kandev still owed (a job not finished, whose archive or delete did happen) is planned as one berth
 //! cleanup job per task, naming the worktrees kandev's snapshot named; the worker then does the work.
 //! Everything else is history with its reason. Pure: kandev's rows in, plan and report entries out.
 use std::collections::HashSet;

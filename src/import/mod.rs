@@ -1,6 +1,6 @@
-//! `berth import kandev` (issue 18): seed 001's ownership cutover applied to a kandev database, written
-//! into berth's. Read kandev read-only → normalize (pure) → refuse, or write in one transaction. Nothing
-//! on disk is touched: worktrees are adopted where they are, and admission proves them at first launch.
+//! `berth import kandev`: seed 001's ownership cutover applied to a kandev database, written into
+//! berth's. Read kandev read-only → normalize (pure) → refuse, or write in one transaction. Nothing on
+//! disk is touched: worktrees are adopted where they are, and admission proves them at first launch.
 pub mod connection;
 pub mod jobs;
 pub mod mapping;

@@ -1,10 +1,11 @@
-//! kandev's rows as the importer reads them (`design/kandev-schema.md`), as plain structs: empty text is
+//! kandev's rows as the importer reads them (`docs/kandev-schema.md`), as plain structs: empty text is
 //! already `None` ("absent"), timestamps are parsed instants, a missing column has its documented default.
 use chrono::{DateTime, Utc};
 
 pub type Ts = DateTime<Utc>;
 
-/// Which schema generation the file has (kandev-schema.md §2), detected from the schema, never the version.
+/// Which schema generation the file has (docs/kandev-schema.md §2), detected from the schema, never the
+/// version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Generation {

@@ -1,7 +1,7 @@
 //! Reads a kandev database of either generation, SQLite or PostgreSQL (`connection`), in one snapshot
 //! and read-only, into plain rows (`model`). The schema is the same on both; what differs is how values
 //! come back, which the helpers below absorb: PostgreSQL's `timestamptz` is RFC 3339, a boolean may be a
-//! real boolean, a JSON column may be `jsonb` (kandev-schema.md §1).
+//! real boolean, a JSON column may be `jsonb` (docs/kandev-schema.md §1).
 use std::collections::HashSet;
 
 use chrono::{NaiveDateTime, TimeZone, Utc};

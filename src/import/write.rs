@@ -346,7 +346,7 @@ pub async fn write(
                 merged_at: Set(None),
                 deleted_at: Set(None),
                 row_version: Set(1),
-                // Not berth's branch: an unknown origin is never deleted (issue 17).
+                // Not berth's branch: an unknown origin is never deleted.
                 branch_origin: Set(None),
                 imported_from: Set(Some(r.key.clone())),
             });

@@ -1,5 +1,5 @@
 //! Stopping agents (I28): abort, close stdin, SIGTERM the process group, SIGKILL, each step after a
-//! bounded wait; at server shutdown the waits are cut to fit the budget (issue 20 item 3).
+//! bounded wait; at server shutdown the waits are cut to fit the budget.
 use std::time::Duration;
 
 use uuid::Uuid;
@@ -67,10 +67,10 @@ impl Runtime {
         // (The exits are recorded by their reports.)
     }
 
-    /// Server shutdown (issue 20 item 3): every live agent through the I28 escalation, its waits cut to a
-    /// quarter each of the time left, so that the last SIGKILL and its exit fall before `deadline`. Agents
-    /// that appear meanwhile (a crash restarted) are stopped with what is left. Sessions keep
-    /// `desired_open`: the next start restores them (I29).
+    /// Server shutdown: every live agent through the I28 escalation, its waits cut to a quarter each of
+    /// the time left, so that the last SIGKILL and its exit fall before `deadline`. Agents that appear
+    /// meanwhile (a crash restarted) are stopped with what is left. Sessions keep `desired_open`: the next
+    /// start restores them (I29).
     pub async fn stop_all_by(&self, deadline: tokio::time::Instant) {
         loop {
             let ids = self.live_sessions();

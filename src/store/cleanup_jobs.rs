@@ -91,10 +91,10 @@ fn state_in(states: &[CleanupJobState]) -> sea_orm::sea_query::SimpleExpr {
 }
 
 /// The first row of `select`, locked (PostgreSQL skips rows other workers hold; SQLite's writer lock is
-/// held already), with `LIMIT 1` written into the statement, not bound. Issue 19 item 4: with a bound
-/// limit (and bound states) PostgreSQL judged a generic plan costlier than a custom one and planned
-/// both claim reads again at every claim (about 100 µs each, a quarter of the claim's time in the
-/// database); SQLite plans by a bound `LIMIT` and prepared them again every time.
+/// held already), with `LIMIT 1` written into the statement, not bound. With a bound limit (and bound
+/// states) PostgreSQL judged a generic plan costlier than a custom one and planned both claim reads
+/// again at every claim (about 100 µs each, a quarter of the claim's time in the database); SQLite
+/// plans by a bound `LIMIT` and prepared them again every time.
 async fn first_locked(txn: &DatabaseTransaction, select: sea_orm::Select<job::Entity>) -> Result<Option<job::Model>> {
     let backend = txn.get_database_backend();
     let mut statement = select.build(backend);

@@ -1,4 +1,4 @@
-//! Workspace columns (issue 40 item 4): queries only.
+//! Workspace columns: queries only.
 use chrono::{DateTime, Utc};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter,

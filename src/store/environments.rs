@@ -68,7 +68,7 @@ pub async fn live_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec
         .await?)
 }
 
-/// Every environment the owner ever had, newest first (issue 17 item 1: superseded ones included).
+/// Every environment the owner ever had, newest first (superseded ones included).
 pub async fn all_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec<env::Model>> {
     Ok(env::Entity::find()
         .filter(env::Column::TaskId.eq(owner_id))
@@ -77,8 +77,8 @@ pub async fn all_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec<
         .await?)
 }
 
-/// Issue 17 item 1: superseded environments of `node_id`, superseded before `before`, whose inventory
-/// still names a worktree (what the reconcile pass looks at), oldest first, at most `limit`.
+/// Superseded environments of `node_id`, superseded before `before`, whose inventory still names a
+/// worktree (what the reconcile pass looks at), oldest first, at most `limit`.
 pub async fn superseded_with_worktrees<C: ConnectionTrait>(
     conn: &C,
     node_id: &str,
@@ -174,8 +174,8 @@ pub async fn workspace_path<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Op
         .and_then(|e| e.workspace_path))
 }
 
-/// Issue 17 item 6: a `ready`, `stopped` or `broken` environment becomes `broken` with this category.
-/// False when nothing changed (another state, or already broken for this reason).
+/// A `ready`, `stopped` or `broken` environment becomes `broken` with this category. False when
+/// nothing changed (another state, or already broken for this reason).
 pub async fn mark_broken(txn: &DatabaseTransaction, id: Uuid, category: &str, now: DateTime<Utc>) -> Result<bool> {
     let changes = Condition::any()
         .add(env::Column::Status.ne(EnvironmentStatus::Broken))

@@ -89,7 +89,7 @@ pub async fn live_of_other_instances<C: ConnectionTrait>(
 }
 
 /// The executions of this node that other instances recorded and that a session in one of `states`
-/// still names as its agent (issue 39: what a dead sibling may have left).
+/// still names as its agent (what a dead sibling may have left).
 pub async fn claimed_on_node_by_others<C: ConnectionTrait>(
     conn: &C,
     node_id: &str,

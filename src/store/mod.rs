@@ -48,11 +48,11 @@ pub async fn by_key<E: sea_orm::EntityTrait, C: sea_orm::ConnectionTrait>(
     Ok(select.all(conn).await?.pop())
 }
 
-/// How one process divides its connections (`BERTH_DB_MAX_CONNECTIONS`, issue 39 item 7) between the
-/// shared pool and, on PostgreSQL, the pools of its HTTP worker threads (issue 19 item 3: a request's round
-/// trips driven by the thread that awaits them). Whatever the core count, the pools together never open
-/// more than the setting: half of it goes to the workers, at least two connections each, or none at all
-/// (every worker then uses the shared pool).
+/// How one process divides its connections (`BERTH_DB_MAX_CONNECTIONS`) between the shared pool and, on
+/// PostgreSQL, the pools of its HTTP worker threads (a request's round trips driven by the thread that
+/// awaits them). Whatever the core count, the pools together never open more than the setting: half of it
+/// goes to the workers, at least two connections each, or none at all (every worker then uses the shared
+/// pool).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolPlan {
     pub shared: u32,
@@ -131,9 +131,9 @@ impl Db {
             .acquire_timeout(Duration::from_secs(5))
             // sqlx pings every connection as it returns to the pool (its release check, which cannot be
             // turned off); its default ping on every acquire too was one more round trip (PostgreSQL)
-            // or worker-thread hop (SQLite) in front of every statement outside a transaction and
-            // every BEGIN (issue 19 items 3 and 4). A connection idle long enough for the server or a
-            // proxy to have dropped it is still pinged before use.
+            // or worker-thread hop (SQLite) in front of every statement outside a transaction and every
+            // BEGIN. A connection idle long enough for the server or a proxy to have dropped it is
+            // still pinged before use.
             .test_before_acquire_if_idle_for(Duration::from_secs(30))
             .sqlx_logging(false);
         // PostgreSQL pools only (sea-orm's PostgreSQL driver alone reads it): after an outage, a
@@ -154,8 +154,8 @@ impl Db {
         opts.min_connections(1);
         if url.starts_with("sqlite:") {
             // A COMMIT that fails (a full disk) leaves SQLite's transaction open on that connection; reused,
-            // the next BEGIN would become a savepoint whose "commit" never reaches the file (issue 10: a
-            // write answered 201 was lost). Such a connection is discarded; closing it rolls back.
+            // the next BEGIN would become a savepoint whose "commit" never reaches the file (a write
+            // answered 201 was lost). Such a connection is discarded; closing it rolls back.
             opts.map_sqlx_sqlite_before_acquire(|conn, _| {
                 Box::pin(async move { Ok(!sea_orm::sqlx::Connection::is_in_transaction(conn)) })
             });
@@ -171,10 +171,10 @@ impl Db {
         Ok(Db { conn })
     }
 
-    /// PostgreSQL: a pool with `connect`'s settings whose connections open only when first used, so
-    /// that they belong to the runtime that uses them. Each HTTP worker thread has one (issue 19 item 3):
-    /// a connection opened on another thread's runtime is driven by that runtime's reactor, so every
-    /// round trip of a request would first wake that other thread. Call inside the worker's runtime.
+    /// PostgreSQL: a pool with `connect`'s settings whose connections open only when first used, so that
+    /// they belong to the runtime that uses them. Each HTTP worker thread has one: a connection opened on
+    /// another thread's runtime is driven by that runtime's reactor, so every round trip of a request
+    /// would first wake that other thread. Call inside the worker's runtime.
     pub fn connect_lazy_postgres(url: &str, max_connections: u32) -> Result<Db, DbErr> {
         use futures_util::FutureExt;
         let mut opts = Self::options(url, max_connections);

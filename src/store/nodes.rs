@@ -1,4 +1,4 @@
-//! Nodes and their instances (issue 39): queries only; what up, down and given up mean is
+//! Nodes and their instances: queries only; what up, down and given up mean is
 //! `domain::nodes`.
 use std::collections::HashMap;
 

@@ -1,9 +1,9 @@
 //! When the database was last unreachable, so that a pool checks the connections that predate it.
 //!
-//! A pool pings a connection before use only when it sat idle for 30 s (issue 19). After a PostgreSQL
-//! restart, every idle connection opened before it is dead, and each would fail one request with a 503
-//! before the pool dropped it. So any "unavailable" error is noted here, and a connection idle since
-//! before the last one is pinged before use: a dead one is replaced, and the request never sees it.
+//! A pool pings a connection before use only when it sat idle for 30 s. After a PostgreSQL restart,
+//! every idle connection opened before it is dead, and each would fail one request with a 503 before
+//! the pool dropped it. So any "unavailable" error is noted here, and a connection idle since before
+//! the last one is pinged before use: a dead one is replaced, and the request never sees it.
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

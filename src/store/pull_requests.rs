@@ -1,4 +1,4 @@
-//! Pull requests (issue 41 item 4): queries only.
+//! Pull requests: queries only.
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 

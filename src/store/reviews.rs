@@ -1,4 +1,4 @@
-//! Reviews (issue 40 item 3): queries only.
+//! Reviews: queries only.
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 

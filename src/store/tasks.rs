@@ -35,7 +35,7 @@ pub async fn owner_of<C: ConnectionTrait>(conn: &C, task: &task::Model) -> Resul
 /// I7: a task with an active lifecycle cleanup job (archive, delete, reset, expiry, a workspace delete)
 /// accepts no new session, environment or inventory row. A `superseded_cleanup` job does not count: it
 /// removes only what superseded environments left, never the current one, so a new session never waits
-/// for it (issue 38 item 5).
+/// for it.
 pub async fn ensure_no_cleanup<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<()> {
     active_jobs(conn, task_ids, true).await
 }
@@ -332,12 +332,12 @@ pub async fn delete(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
     Ok(())
 }
 
-/// Hands `from`'s place in its inherit chain to `heir` (issue 17 item 4): the heir becomes a task of its
-/// own under `heir_parent`, and owns `e` (a new ownership generation) when `from` had one, taking
-/// `from`'s slug with it (the directory and default branch the worktrees carry; `from` gets the heir's, so
-/// two tasks never name one directory). Every other task that inherited through `from`, archived links
-/// included, now inherits through the heir; with `all_children` (delete) `from`'s other children move too.
-/// Returns the tasks re-parented besides the heir.
+/// Hands `from`'s place in its inherit chain to `heir`: the heir becomes a task of its own under
+/// `heir_parent`, and owns `e` (a new ownership generation) when `from` had one, taking `from`'s slug with
+/// it (the directory and default branch the worktrees carry; `from` gets the heir's, so two tasks never
+/// name one directory). Every other task that inherited through `from`, archived links included, now
+/// inherits through the heir; with `all_children` (delete) `from`'s other children move too. Returns the
+/// tasks re-parented besides the heir.
 pub async fn transfer_environment(
     txn: &DatabaseTransaction,
     e: Option<&env::Model>,

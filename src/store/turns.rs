@@ -1,4 +1,4 @@
-//! Checkpoints and session turns (issue 40 item 2): queries only.
+//! Checkpoints and session turns: queries only.
 use chrono::{DateTime, Utc};
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use uuid::Uuid;

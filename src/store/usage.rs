@@ -1,5 +1,5 @@
-//! Usage records (issue 42 item 3): queries only. Sums are cast to BIGINT so that both databases answer
-//! an integer (PostgreSQL's SUM of a BIGINT is a NUMERIC).
+//! Usage records: queries only. Sums are cast to BIGINT so that both databases answer an integer
+//! (PostgreSQL's SUM of a BIGINT is a NUMERIC).
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{

@@ -1,5 +1,5 @@
-//! Webhook subscriptions and their delivery attempts (issue 42): queries only. Every write a deliverer
-//! makes names its lease (`lease_owner`), so a process that lost the lease changes nothing.
+//! Webhook subscriptions and their delivery attempts: queries only. Every write a deliverer makes
+//! names its lease (`lease_owner`), so a process that lost the lease changes nothing.
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};

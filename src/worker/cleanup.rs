@@ -26,7 +26,7 @@ pub async fn run(ctx: Ctx, index: usize) {
     let mut reconciled: Option<std::time::Instant> = None;
     let mut swept: Option<std::time::Instant> = None;
     loop {
-        // Issue 17 item 1: one worker per process looks for superseded environments' leftovers, slowly.
+        // One worker per process looks for superseded environments' leftovers, slowly.
         if index == 0 && swept.is_none_or(|at| at.elapsed() >= ctx.config.sweep_interval) {
             if let Err(e) = reconcile_superseded(&ctx).await {
                 tracing::warn!(error = %chain(e), "reconciling superseded environments failed");
@@ -34,7 +34,7 @@ pub async fn run(ctx: Ctx, index: usize) {
             swept = Some(std::time::Instant::now());
         }
         // Prepared jobs are reconciled only after a grace of minutes: once per poll interval is enough,
-        // and a busy worker does not pay a query per job for it (issue 9: 35% -> see BENCHMARKS.md).
+        // and a busy worker does not pay a query per job for it (35% -> see BENCHMARKS.md).
         if reconciled.is_none_or(|at| at.elapsed() >= ctx.config.cleanup_poll) {
             if let Err(e) = reconcile_prepared(&ctx).await {
                 tracing::warn!(error = %chain(e), "reconciling prepared cleanup jobs failed");
@@ -92,15 +92,15 @@ pub async fn claim(ctx: &Ctx, owner: &str) -> Result<Option<job::Model>> {
         (JobEvent::Claim, patch)
     };
     // The row is locked (or the SQLite writer lock held), so the compare-and-set cannot miss. Its event, like
-    // every event of the job's run, is on behalf of whoever asked for the job (issue 17 item 7).
+    // every event of the job's run, is on behalf of whoever asked for the job.
     let claimed = crate::actor::within(job_actor(&found), transition(&txn, ctx, &found, event, None, patch))
         .await?
         .ok_or_else(|| Error::Stale("a claimed cleanup job changed under its lock".into()))?;
-    // A claim need not survive a database crash (issue 19 item 4): losing it leaves the job due again,
-    // which is the state a worker killed right after its claim leaves too, once its lease expires; the
-    // job then runs again, as every interrupted job does (it destroys only what is still there). Nothing
-    // else reads it durably first: its event is delivered only after its stamp, a flushed commit later in
-    // the log; the run's result is recorded by a flushed commit. So the claim does not wait for the flush.
+    // A claim need not survive a database crash: losing it leaves the job due again, which is the state a
+    // worker killed right after its claim leaves too, once its lease expires; the job then runs again, as
+    // every interrupted job does (it destroys only what is still there). Nothing else reads it durably
+    // first: its event is delivered only after its stamp, a flushed commit later in the log; the run's
+    // result is recorded by a flushed commit. So the claim does not wait for the flush.
     crate::store::Db::unflushed(&txn).await?;
     ctx.commit(txn).await?;
     let due_at = found.next_attempt_at.or(found.lease_expires_at).unwrap_or(now);

@@ -35,7 +35,7 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
     }
 }
 
-/// Retention, keeping what an enabled webhook subscription has yet to deliver (issue 42).
+/// Retention, keeping what an enabled webhook subscription has yet to deliver.
 async fn trim_events(ctx: &Ctx) -> crate::error::Result<u64> {
     let undelivered = crate::store::webhooks::lowest_enabled_cursor(&ctx.db.conn).await?;
     Ok(events::trim(

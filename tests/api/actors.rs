@@ -1,5 +1,5 @@
-//! Who did what (issue 17 item 7): every event and every cleanup job records its actor, the token's
-//! `sub` and, for an agent's session-bound token, its session; a job's run acts for whoever asked for it;
+//! Who did what: every event and every cleanup job records its actor, the token's `sub` and, for an
+//! agent's session-bound token, its session; a job's run acts for whoever asked for it;
 //! `GET /events?actor=` and the stream's `actor=` narrow to one actor; request logs carry it.
 use std::time::Duration;
 
@@ -22,8 +22,8 @@ async fn all_events(app: &TestApp, query: &str) -> Vec<Value> {
     page["events"].as_array().unwrap().clone()
 }
 
-// I32 + issue 17 item 7: a person's archive, its job and every event of the job's run name that person;
-// an agent's report names the agent's token and session.
+// I32: a person's archive, its job and every event of the job's run name that person; an agent's report
+// names the agent's token and session.
 async fn events_and_jobs_record_who_did_it(app: TestApp) {
     let alice = mint(&app.config, "alice", "admin", None, None);
     let ws = app.workspace("ws").await;

@@ -204,8 +204,8 @@ async fn an_agent_works_in_its_admitted_worktree(app: TestApp) {
     .await
     .ok(202);
     assert_eq!(wait_reply(&app, id, 2).await[1], "s3cret-value");
-    // Nothing else of berth's environment does (issue 15): the test process holds CARGO_* variables and,
-    // in CI, the PostgreSQL URL; the agent sees only the allow-list, its profile's and its session's.
+    // Nothing else of berth's environment does: the test process holds CARGO_* variables and, in CI, the
+    // PostgreSQL URL; the agent sees only the allow-list, its profile's and its session's.
     app.post(&format!("/api/v1/sessions/{id}/messages"), json!({"text": "envkeys"}))
         .await
         .ok(202);
@@ -351,7 +351,7 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
             "{category}: nothing changed on disk or in git"
         );
         assert_eq!(worktrees_of(&other), other_before);
-        // Issue 17 item 6: the refusal marks the environment broken, and changes nothing else of it.
+        // The refusal marks the environment broken, and changes nothing else of it.
         let env_now = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
         assert_eq!(env_now["repos"], env_before["repos"], "{category}: inventory unchanged");
         assert_eq!(env_now["id"], env_before["id"]);
@@ -823,8 +823,8 @@ async fn attention_requests_belong_to_their_session(app: TestApp) {
     )
     .await
     .problem(404, "not_found");
-    // Issue 15, item 5: the answer has the shape the question's method takes, or it is refused and the
-    // question stays pending.
+    // The answer has the shape the question's method takes, or it is refused and the question stays
+    // pending.
     for wrong in [
         json!({"value": "yes"}),
         json!({}),
@@ -1035,8 +1035,8 @@ async fn a_snapshot_then_the_stream_loses_nothing_while_an_agent_streams(app: Te
         .collect();
     assert_eq!(streamed, committed, "every event after the snapshot, once, in order");
     assert!(!streamed.is_empty(), "output arrived live after the snapshot");
-    // Together, what preceded the snapshot and what streamed after it hold the whole turn.
-    // Streamed deltas are coalesced (issue 15, item 7): the events rebuild the 500 chunks, in order.
+    // Together, what preceded the snapshot and what streamed after it hold the whole turn. Streamed
+    // deltas are coalesced: the events rebuild the 500 chunks, in order.
     let chunks: String = events
         .iter()
         .filter(|e| e["session_id"] == id.to_string() && e["data"]["event"]["type"] == "message_update")
@@ -1148,8 +1148,8 @@ pub(crate) async fn all_events(app: &TestApp) -> Vec<Value> {
     }
 }
 
-// I31 (issue 15, item 5): fire-and-forget UI requests (notify, setStatus, setTitle; they carry ids like
-// questions do) are published as events and never put the session in `attention`.
+// I31: fire-and-forget UI requests (notify, setStatus, setTitle; they carry ids like questions do) are
+// published as events and never put the session in `attention`.
 async fn notices_are_events_and_never_ask_for_attention(app: TestApp) {
     let ws = app.workspace("ws").await;
     let (repo, _) = app.repository(ws, "svc").await;

@@ -1,5 +1,5 @@
-//! The shape of the house (issue 14): no file under `src/` passes 600 lines, nothing below `domain`
-//! imports upward, and no two files of `src/` import each other through any chain.
+//! The shape of the house: no file under `src/` passes 600 lines, nothing below `domain` imports
+//! upward, and no two files of `src/` import each other through any chain.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -320,8 +320,8 @@ fn without_comments(text: &str) -> String {
         .join("\n")
 }
 
-/// Issue 37 item 1: `runtime/` and `domain/` speak the seam's types, never a protocol's wire names, and
-/// never ask which protocol they talk to.
+/// `runtime/` and `domain/` speak the seam's types, never a protocol's wire names, and never ask which
+/// protocol they talk to.
 #[test]
 fn agent_protocols_live_behind_the_seam() {
     let mut found = Vec::new();

@@ -1,7 +1,7 @@
-//! Issue 16, item 4: `Prefer: respond-async` on session creation answers `202` with the session
-//! `preparing`; the task's environment is then materialized in the background, reporting
-//! `environment.progress` per repository (fetching, creating_worktree, ready), and the session goes on as
-//! a synchronous create would: `created`, launched when `start`, or `failed` with `last_error`.
+//! `Prefer: respond-async` on session creation answers `202` with the session `preparing`; the task's
+//! environment is then materialized in the background, reporting `environment.progress` per repository
+//! (fetching, creating_worktree, ready), and the session goes on as a synchronous create would:
+//! `created`, launched when `start`, or `failed` with `last_error`.
 use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;

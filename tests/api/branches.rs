@@ -1,7 +1,7 @@
-//! The branch policy (issue 17, item 3; seed 001: only task lifecycle owns cleanup; I11 consent): berth
-//! deletes only branches it created, only on task delete, only once the worktree is gone, and only when
-//! nothing is lost (merged into the base, or in the upstream) or `delete_branches=true` said so. Branches
-//! the user named that already existed are never deleted; archive deletes none. Real git, both databases.
+//! The branch policy (seed 001: only task lifecycle owns cleanup; I11 consent): berth deletes only
+//! branches it created, only on task delete, only once the worktree is gone, and only when nothing is
+//! lost (merged into the base, or in the upstream) or `delete_branches=true` said so. Branches the user
+//! named that already existed are never deleted; archive deletes none. Real git, both databases.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

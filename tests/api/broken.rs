@@ -1,9 +1,9 @@
-//! Refusal marks the environment (issue 17 item 6, I15–I19): when admission finds the current workspace
-//! unsafe, the environment goes `broken` with its category and an `environment.broken` event, its git
-//! status reads stale, it refuses launches, new sessions and refreshes with the same typed 409, and a
-//! reset is the way back (a launch also proves it again: mended, it is ready again, as
-//! `agents::admission_refuses_a_broken_workspace_and_changes_nothing` shows). The local executor is refused the same way and nothing of the user's
-//! repository is touched, by the refusal or by the reset (item 9).
+//! Refusal marks the environment (I15–I19): when admission finds the current workspace unsafe, the
+//! environment goes `broken` with its category and an `environment.broken` event, its git status reads stale,
+//! it refuses launches, new sessions and refreshes with the same typed 409, and a reset is the way back (a
+//! launch also proves it again: mended, it is ready again, as
+//! `agents::admission_refuses_a_broken_workspace_and_changes_nothing` shows). The local executor is refused
+//! the same way and nothing of the user's repository is touched, by the refusal or by the reset.
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
@@ -144,7 +144,7 @@ fn repository_state(source: &Path) -> (String, String, String, Vec<String>) {
     )
 }
 
-// Item 9: the local executor works in the user's repository itself. A launch admission refuses (the
+// The local executor works in the user's repository itself. A launch admission refuses (the
 // repository's `.git` is away) changes nothing there; the environment is broken; its reset removes
 // nothing of the repository (a local environment owns no worktree), and a launch works again after it.
 async fn a_refused_local_environment_touches_nothing_of_the_repository(app: TestApp) {

@@ -1,7 +1,7 @@
-//! Inherit chains stay whole (issue 17 item 4) and a reset needs consent and is resumed after (item 5):
-//! deleting or archiving a link or an owner never leaves a task pointing at nothing (I8), `unarchive`
-//! refuses before anything changes (I10), a dirty reset is refused without consent (I11), and old
-//! sessions resume in a fresh environment through the normal election (I14).
+//! Inherit chains stay whole and a reset needs consent and is resumed after: deleting or archiving a link or
+//! an owner never leaves a task pointing at nothing (I8), `unarchive` refuses before anything changes (I10),
+//! a dirty reset is refused without consent (I11), and old sessions resume in a fresh environment through the
+//! normal election (I14).
 use std::path::Path;
 use std::time::Duration;
 
@@ -326,10 +326,10 @@ async fn a_dirty_reset_is_refused_then_consented_and_resumed(app: TestApp) {
         .ok(200);
 }
 
-// Issue 19 item 3: a first session is recorded in the transaction that publishes its environment. A
-// subtask archived while its owner's environment is being made gets no session (`task_archived`, as
-// before the change), and the environment, which is the owner's, is published all the same (I1, I7).
-// Without the subtask's own check in that transaction, the session would be recorded on an archived task.
+// A first session is recorded in the transaction that publishes its environment. A subtask archived while
+// its owner's environment is being made gets no session (`task_archived`, as before the change), and the
+// environment, which is the owner's, is published all the same (I1, I7). Without the subtask's own check
+// in that transaction, the session would be recorded on an archived task.
 async fn a_subtask_archived_while_its_owners_environment_is_made_gets_no_session(app: TestApp) {
     use berth::entity::task as task_entity;
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, sea_query::Expr};

@@ -1,7 +1,7 @@
-//! Issue 40 item 4: a workspace's board. It starts with four columns; a task starts in the first, is
-//! moved by `PATCH` (with `If-Match`), is listed by column, and moves on its own only where a column says
-//! so (a started session: `Backlog` to `In progress`, never backwards). Columns are added, renamed,
-//! reordered and removed (only an empty one, never the last), each change an event.
+//! A workspace's board. It starts with four columns; a task starts in the first, is moved by `PATCH`
+//! (with `If-Match`), is listed by column, and moves on its own only where a column says so (a started
+//! session: `Backlog` to `In progress`, never backwards). Columns are added, renamed, reordered and
+//! removed (only an empty one, never the last), each change an event.
 use serde_json::{Value, json};
 
 use crate::both_backends;

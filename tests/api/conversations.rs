@@ -1,8 +1,8 @@
-//! A Pi-protocol session keeps one conversation for its whole life (issue 15 item 1, seed 002
-//! "Identity": "Each runtime recovery restarts with its exact leased session path ... The bridge never
-//! substitutes a different session."), with the project's test agent keeping a conversation file as Pi
-//! does (`fakepi` profile: `--session <file>`, a header line with the conversation's id, one line per
-//! prompt; `history` replies with how many prompts the file holds). The real Pi runs in `pi.rs`.
+//! A Pi-protocol session keeps one conversation for its whole life (seed 002 "Identity": "Each runtime
+//! recovery restarts with its exact leased session path ... The bridge never substitutes a different
+//! session."), with the project's test agent keeping a conversation file as Pi does (`fakepi` profile:
+//! `--session <file>`, a header line with the conversation's id, one line per prompt; `history`
+//! replies with how many prompts the file holds). The real Pi runs in `pi.rs`.
 use std::path::PathBuf;
 use std::time::Duration;
 

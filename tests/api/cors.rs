@@ -1,4 +1,4 @@
-//! Issue 16, item 1: CORS for the origins in `BERTH_CORS_ORIGINS` only (exact matches); none by default.
+//! CORS for the origins in `BERTH_CORS_ORIGINS` only (exact matches); none by default.
 use reqwest::Method;
 
 use crate::both_backends;

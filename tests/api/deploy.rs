@@ -1,7 +1,7 @@
-//! The compose deployment's agent side, outside a container (issue 20 item 1; .ci/deploy-check covers the
-//! files themselves): the `deploy/berth.toml` compose mounts loads and has the `pi` profile, and a
-//! profile's `pass_env` hands exactly the named variables of berth's environment to the agent, so model
-//! credentials come from the operator's environment and are never written into the file.
+//! The compose deployment's agent side, outside a container (.ci/deploy-check covers the files
+//! themselves): the `deploy/berth.toml` compose mounts loads and has the `pi` profile, and a profile's
+//! `pass_env` hands exactly the named variables of berth's environment to the agent, so model credentials
+//! come from the operator's environment and are never written into the file.
 use std::collections::BTreeMap;
 use std::time::Duration;
 

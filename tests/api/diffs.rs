@@ -1,8 +1,8 @@
-//! Issue 40 item 1: what the agent did, as a diff. Every kind of change (committed, staged, unstaged,
-//! untracked, deleted, renamed, a symlink, a binary file, a file that is not UTF-8) is shown with its
-//! status and counts, a `.gitignore`d file never; the three scopes, narrowing by path and repository,
-//! paging and cutting at the limits, the ETag; and after every diff the worktree, its index, the stash and
-//! every ref are byte-for-byte as before (the diff reads through a temporary index).
+//! What the agent did, as a diff. Every kind of change (committed, staged, unstaged, untracked, deleted,
+//! renamed, a symlink, a binary file, a file that is not UTF-8) is shown with its status and counts, a
+//! `.gitignore`d file never; the three scopes, narrowing by path and repository, paging and cutting at the
+//! limits, the ETag; and after every diff the worktree, its index, the stash and every ref are
+//! byte-for-byte as before (the diff reads through a temporary index).
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

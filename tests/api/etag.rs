@@ -1,5 +1,5 @@
-//! Optimistic concurrency (issue 16, item 5): tasks, sessions and environments carry an `ETag` (their row
-//! version); `PATCH /tasks/{id}` with a stale `If-Match` is `412 precondition_failed` and changes nothing.
+//! Optimistic concurrency: tasks, sessions and environments carry an `ETag` (their row version);
+//! `PATCH /tasks/{id}` with a stale `If-Match` is `412 precondition_failed` and changes nothing.
 use reqwest::Method;
 use serde_json::json;
 use uuid::Uuid;

@@ -1,6 +1,6 @@
-//! Issue 16, item 3: `workspace_id`, `task_id`, `session_id` and `types` on `GET /events` and
-//! `GET /events/stream`. They narrow what the token sees and never widen it (I33); `seq` stays global, so
-//! paging and resuming from the last seq seen lose nothing (I32).
+//! `workspace_id`, `task_id`, `session_id` and `types` on `GET /events` and `GET /events/stream`. They
+//! narrow what the token sees and never widen it (I33); `seq` stays global, so paging and resuming from
+//! the last seq seen lose nothing (I32).
 use std::time::Duration;
 
 use reqwest::Method;

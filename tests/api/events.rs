@@ -152,9 +152,9 @@ async fn stream_replays_then_goes_live_with_no_gap_across_reconnects(app: TestAp
 }
 
 /// I32 with a late committer. SQLite: a transaction holding the writer lock makes the next writer wait,
-/// so seq order is commit order. PostgreSQL (issue 19): the next writer does not wait for it at all (no
-/// shared row); its event is stamped and delivered first, and the held one, stamped when it commits,
-/// comes next with the next seq: the stream never skips an event that commits late.
+/// so seq order is commit order. PostgreSQL: the next writer does not wait for it at all (no shared
+/// row); its event is stamped and delivered first, and the held one, stamped when it commits, comes
+/// next with the next seq: the stream never skips an event that commits late.
 async fn a_late_committing_writer_is_never_skipped(app: TestApp) {
     let ws = app.workspace("ws").await;
     let mut sse = Sse::open(
@@ -530,9 +530,9 @@ async fn keep_alive_comments_flow(app: TestApp) {
     assert_eq!(frame.data, "keep-alive");
 }
 
-/// I32 with issue 19's sequencer: on PostgreSQL an event is stamped after its transaction commits, by
-/// whichever replica leads; a request's commit waits for that, so the log already holds what a client
-/// was just answered for (read-your-writes). On SQLite the seq is assigned in the transaction.
+/// I32 with the PostgreSQL sequencer: an event is stamped after its transaction commits, by whichever
+/// replica leads; a request's commit waits for that, so the log already holds what a client was just
+/// answered for (read-your-writes). On SQLite the seq is assigned in the transaction.
 async fn an_answered_write_is_already_in_the_log(app: TestApp) {
     let ws = app.workspace("ws").await;
     let task = app.task(ws, "t", &[]).await;

@@ -1,6 +1,6 @@
-//! Faults a deployment meets (issue 10, part 4): berth killed with SIGKILL mid-workload, its git CLI
-//! failing, two processes sharing one node id. After each, nothing committed is lost and the invariants
-//! hold (`assert_invariants`): every worktree on disk is in some inventory or in an unfinished job's
+//! Faults a deployment meets: berth killed with SIGKILL mid-workload, its git CLI failing, two
+//! processes sharing one node id. After each, nothing committed is lost and the invariants hold
+//! (`assert_invariants`): every worktree on disk is in some inventory or in an unfinished job's
 //! snapshot; every active inventory row's worktree exists or its environment failed; no job is stuck
 //! `running` past its lease.
 use std::collections::{BTreeMap, HashSet};
@@ -209,7 +209,7 @@ async fn assert_invariants(conn: &DatabaseConnection, worktree_root: &Path) {
     }
 }
 
-/// The three invariants of issue 10, checked against the disk and the database.
+/// The three invariants this file's header names, checked against the disk and the database.
 async fn invariants(conn: &DatabaseConnection, worktree_root: &Path) -> Result<(), String> {
     let mut known: HashSet<String> = HashSet::new();
     for r in rows(
@@ -987,11 +987,11 @@ async fn a_full_disk_on_sqlite_answers_503_and_corrupts_nothing(app: TestApp) {
     conn.close().await.ok();
 }
 
-/// Issue 19 item 3: the branch ledger and the last progress stages commit with the publish. When a
-/// delete sets its barrier while `git worktree add` runs, the publish fails; what it would have recorded
-/// is recorded all the same (`Made::record_unpublished`): the branch berth created stays on record as
-/// berth's (and is kept: the delete's snapshot could not know its origin), and every stage is in the log
-/// before `environment.failed`. Nothing else is touched: the source repository keeps its branches.
+/// The branch ledger and the last progress stages commit with the publish. When a delete sets its
+/// barrier while `git worktree add` runs, the publish fails; what it would have recorded is recorded all
+/// the same (`Made::record_unpublished`): the branch berth created stays on record as berth's (and is
+/// kept: the delete's snapshot could not know its origin), and every stage is in the log before
+/// `environment.failed`. Nothing else is touched: the source repository keeps its branches.
 async fn a_materialization_that_loses_to_a_delete_records_its_branch_and_progress(app: TestApp) {
     let (bin, entered, release) = held_before_worktree_add(&app);
 

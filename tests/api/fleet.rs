@@ -1,9 +1,9 @@
-//! Issue 39 item 6: berth on separate disks. Each node is a mount namespace holding a private tmpfs at
-//! the same path (`unshare --mount`, as root; CI runs as root), so no node sees another's disk, not even
-//! under the same path; each berth process runs in its node's namespace (`nsenter`) on one PostgreSQL
-//! database. A node SIGKILLed is `down` within its lease and nothing waits for the routing deadline; its
-//! delete is accepted and its job runs once it is back; two instances of one node restarted in turn never
-//! kill each other's agents and never run one twice. PostgreSQL only: SQLite is one node.
+//! berth on separate disks. Each node is a mount namespace holding a private tmpfs at the same path
+//! (`unshare --mount`, as root; CI runs as root), so no node sees another's disk, not even under the same
+//! path; each berth process runs in its node's namespace (`nsenter`) on one PostgreSQL database. A node
+//! SIGKILLed is `down` within its lease and nothing waits for the routing deadline; its delete is
+//! accepted and its job runs once it is back; two instances of one node restarted in turn never kill each
+//! other's agents and never run one twice. PostgreSQL only: SQLite is one node.
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -778,10 +778,9 @@ async fn every_disk_and_agent_request_sent_to_another_node_works() {
     drop((a, b));
 }
 
-/// Issue 39 items 3 and 6: a node given up on its own disk. Its environment is lost and its session
-/// failed with `node_lost`; nothing on its disk is deleted; the task goes on on another node that has the
-/// repository at the same path; the node refuses to start until an operator readmits it, and readmitted
-/// it deletes nothing.
+/// A node given up on its own disk. Its environment is lost and its session failed with `node_lost`;
+/// nothing on its disk is deleted; the task goes on on another node that has the repository at the same
+/// path; the node refuses to start until an operator readmits it, and readmitted it deletes nothing.
 #[tokio::test]
 async fn a_decommissioned_node_deletes_nothing_on_its_disk() {
     let Some(fleet) = Fleet::new().await else { return };

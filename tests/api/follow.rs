@@ -1,6 +1,6 @@
-//! Issue 16, item 3: the follow point. Every list body carries `latest_seq` and every successful GET under
-//! `/api/v1` carries `X-Berth-Seq`: every event with a seq up to it is reflected in the response, so a
-//! client lists, then streams from there, and misses nothing (I32).
+//! The follow point. Every list body carries `latest_seq` and every successful GET under `/api/v1` carries
+//! `X-Berth-Seq`: every event with a seq up to it is reflected in the response, so a client lists, then
+//! streams from there, and misses nothing (I32).
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 

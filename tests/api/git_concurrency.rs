@@ -1,7 +1,7 @@
-//! Git mutations on one source repository never trip over each other (issue 17 item 8): berth
-//! serializes its own per repository and retries git's lock contention, so concurrent tasks on one
-//! repository are normal. Creation racing deletion keeps I7 and I14: every create gets its worktree,
-//! every delete removes exactly its own.
+//! Git mutations on one source repository never trip over each other: berth serializes its own per
+//! repository and retries git's lock contention, so concurrent tasks on one repository are normal.
+//! Creation racing deletion keeps I7 and I14: every create gets its worktree, every delete removes
+//! exactly its own.
 use std::path::PathBuf;
 use std::time::Duration;
 

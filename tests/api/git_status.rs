@@ -343,11 +343,10 @@ async fn observations_are_validated_and_scoped(app: TestApp) {
     .ok(201);
 }
 
-// Issue 17, item 6 and issue 38 item 3: a refresh on a worktree that is gone (or no longer a git
-// worktree) answers a typed 409 that says to reset the environment, never a 500, and the environment says
-// so too: `broken` with the category, one `environment.broken`, its git status stale (never `ready` over
-// a worktree that is not there). What was observed before stays readable, the source repository is
-// untouched.
+// A refresh on a worktree that is gone (or no longer a git worktree) answers a typed 409 that says to
+// reset the environment, never a 500, and the environment says so too: `broken` with the category, one
+// `environment.broken`, its git status stale (never `ready` over a worktree that is not there). What was
+// observed before stays readable, the source repository is untouched.
 async fn a_refresh_of_a_missing_worktree_is_a_typed_409(app: TestApp) {
     let ws = app.workspace("ws").await;
     let (repo, source) = app.repository(ws, "svc").await;

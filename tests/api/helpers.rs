@@ -229,7 +229,7 @@ impl TestApp {
         env.entry("BERTH_AGENT_TERM_GRACE_MS".to_string())
             .or_insert_with(|| "300".to_string());
         let mut config = Config::load(&env).expect("test config");
-        // The failpoint is no setting (issue 20, item 4): the harness alone sets it, from its own key.
+        // The failpoint is no setting: the harness alone sets it, from its own key.
         config.cleanup_failpoint = env.get("BERTH_CLEANUP_FAILPOINT").cloned();
         // Agent profiles come from the config file only; tests add them to the loaded configuration.
         let agent = env!("CARGO_BIN_EXE_berth-test-agent").to_string();
@@ -385,9 +385,9 @@ impl TestApp {
 
     /// The events table as clients see it, oldest first: every event committed before the call, each
     /// once it has its `seq`. On PostgreSQL a committed event is unstamped (`seq` null) until the
-    /// sequencer stamps it (issue 19), so this waits, with a deadline, for the ones committed so far,
-    /// and never reads an unstamped row (the entity's `seq` is not optional). On SQLite every committed
-    /// event already has its `seq` (and no `id`: nothing to wait for).
+    /// sequencer stamps it, so this waits, with a deadline, for the ones committed so far, and never
+    /// reads an unstamped row (the entity's `seq` is not optional). On SQLite every committed event
+    /// already has its `seq` (and no `id`: nothing to wait for).
     pub async fn event_rows(&self) -> Vec<berth::entity::event::Model> {
         use berth::entity::event::{Column, Entity};
         use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};

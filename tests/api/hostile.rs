@@ -1,5 +1,5 @@
-//! Hostile input (issue 10, part 5): tokens, paths, branch names and connections crafted to break berth.
-//! Each answer is a clean 4xx (never a 5xx or a hang), nothing is written, and the server keeps serving.
+//! Hostile input: tokens, paths, branch names and connections crafted to break berth. Each answer is a
+//! clean 4xx (never a 5xx or a hang), nothing is written, and the server keeps serving.
 use std::time::Duration;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};

@@ -1,7 +1,7 @@
-//! Issue 16, item 4: `Idempotency-Key` makes a retry safe. The first answer is kept per (token subject,
-//! key) and replayed with `Idempotent-Replayed: true`; a replay creates nothing (no row, no worktree) and
-//! a retried message reaches the agent once; the same key with another body is 422; a retryable failure
-//! gives the key back; two replicas sent the same key at once make one resource.
+//! `Idempotency-Key` makes a retry safe. The first answer is kept per (token subject, key) and replayed
+//! with `Idempotent-Replayed: true`; a replay creates nothing (no row, no worktree) and a retried message
+//! reaches the agent once; the same key with another body is 422; a retryable failure gives the key back;
+//! two replicas sent the same key at once make one resource.
 use reqwest::Method;
 use serde_json::{Value, json};
 

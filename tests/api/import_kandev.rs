@@ -1,8 +1,8 @@
-//! Issue 18: `berth import kandev` applies seed 001's ownership cutover to kandev databases of both
-//! generations (scenarios 8-22 of seed 001, a normalized and a mixed file), fails closed, is idempotent,
-//! and adopts worktrees that admission then proves at the first launch. Issue 38 item 4: each test's
-//! kandev database is on the backend its berth runs on, so the PostgreSQL half imports the same fixture
-//! from a PostgreSQL kandev; the cleanup kandev still owed is carried over (`carry`).
+//! `berth import kandev` applies seed 001's ownership cutover to kandev databases of both generations
+//! (scenarios 8-22 of seed 001, a normalized and a mixed file), fails closed, is idempotent, and adopts
+//! worktrees that admission then proves at the first launch. Each test's kandev database is on the
+//! backend its berth runs on, so the PostgreSQL half imports the same fixture from a PostgreSQL kandev;
+//! the cleanup kandev still owed is carried over (`carry`).
 mod fixture;
 
 use std::path::Path;

@@ -1,8 +1,8 @@
-//! A session's durable inbox and abort (issue 15 items 2, 3, 4 in part, 5, 6), with the project's test
-//! agent as a real process: a message is stored before it is sent, waits while the agent works, and is
-//! never lost silently (it ends `delivered`, `refused` or `cancelled`, each change an event). Restore
-//! relaunches only this node's sessions, ends what a crashed berth left running (I27, I29), and a restore
-//! that cannot launch fails the session instead of leaving it `recovering`.
+//! A session's durable inbox and abort, with the project's test agent as a real process: a message is
+//! stored before it is sent, waits while the agent works, and is never lost silently (it ends
+//! `delivered`, `refused` or `cancelled`, each change an event). Restore relaunches only this node's
+//! sessions, ends what a crashed berth left running (I27, I29), and a restore that cannot launch fails
+//! the session instead of leaving it `recovering`.
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -276,7 +276,7 @@ async fn another_server(app: &TestApp, config: berth::config::Config) -> berth::
         .expect("the server starts")
 }
 
-// Item 4: a replica restores only its own node's sessions.
+// A replica restores only its own node's sessions.
 async fn restore_leaves_another_nodes_sessions_alone(app: TestApp) {
     let id = session(&app, None).await;
     let s = wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
@@ -298,8 +298,8 @@ async fn restore_leaves_another_nodes_sessions_alone(app: TestApp) {
     }
 }
 
-// Item 4: a restore that fails for a reason other than admission (the profile was removed) fails the
-// session with the reason and its event, never leaving it `recovering`.
+// A restore that fails for a reason other than admission (the profile was removed) fails the session
+// with the reason and its event, never leaving it `recovering`.
 async fn a_restore_that_cannot_launch_fails_the_session(app: TestApp) {
     let id = session(&app, None).await;
     wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
@@ -358,7 +358,7 @@ async fn restore_ends_an_agent_a_crashed_berth_left_running(app: TestApp) {
     }
 }
 
-// Item 5: a dialog's own timeout expires it: the session stops waiting for an answer nobody can give.
+// A dialog's own timeout expires it: the session stops waiting for an answer nobody can give.
 async fn a_question_expires_with_its_own_timeout(app: TestApp) {
     let id = session(&app, None).await;
     wait_session(&app, id, "idle", |s| s["state"] == "idle").await;

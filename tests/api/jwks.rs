@@ -1,7 +1,7 @@
-//! Issue 20, item 5: tokens from an identity provider. berth verifies with the key of a JWKS that the
-//! token's `kid` names, served here by a local JWKS server on loopback: rotation (a new key, both
-//! valid), an unknown `kid` (refused, the set read at most once per minimum interval), a key removed
-//! (refused once the cache ages out), a local JWKS file, and the claim names a provider uses.
+//! Tokens from an identity provider. berth verifies with the key of a JWKS that the token's `kid`
+//! names, served here by a local JWKS server on loopback: rotation (a new key, both valid), an
+//! unknown `kid` (refused, the set read at most once per minimum interval), a key removed (refused
+//! once the cache ages out), a local JWKS file, and the claim names a provider uses.
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,9 +1,8 @@
-//! Issue 41: landing the work. Commit what the agent wrote (author from the token's claims, refused while
-//! the agent works and when there is nothing to commit); merge without touching anyone's checkout
-//! (fast-forward moving the user's clean checkout, a merge commit, a squash, a conflict that changes
-//! nothing, a dirty checkout refused and left alone, a target that moved); push through git's own HTTP
-//! server with credentials from the configuration (a rejected push, a wrong credential). Real git, both
-//! databases.
+//! Landing the work. Commit what the agent wrote (author from the token's claims, refused while the agent
+//! works and when there is nothing to commit); merge without touching anyone's checkout (fast-forward
+//! moving the user's clean checkout, a merge commit, a squash, a conflict that changes nothing, a dirty
+//! checkout refused and left alone, a target that moved); push through git's own HTTP server with
+//! credentials from the configuration (a rejected push, a wrong credential). Real git, both databases.
 use std::path::{Path, PathBuf};
 
 use jsonwebtoken::{EncodingKey, Header, encode};

@@ -1,9 +1,9 @@
-//! Every environment a task ever had is cleaned by the task's lifecycle (issue 17 item 1, I9–I13): an
-//! executor transition leaves the old worktree environment superseded with its worktree on disk; archive
-//! and delete remove it with the current one, a dirty one is kept and reported unless consented to, and
-//! for a task that lives on the reconcile pass removes it through a `superseded_cleanup` job. Nothing
-//! the inventory does not name is touched: the source repository the local environment works in, and a
-//! worktree a later environment adopted.
+//! Every environment a task ever had is cleaned by the task's lifecycle (I9–I13): an executor transition
+//! leaves the old worktree environment superseded with its worktree on disk; archive and delete remove
+//! it with the current one, a dirty one is kept and reported unless consented to, and for a task that
+//! lives on the reconcile pass removes it through a `superseded_cleanup` job. Nothing the inventory does
+//! not name is touched: the source repository the local environment works in, and a worktree a later
+//! environment adopted.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -102,9 +102,9 @@ async fn archive_removes_what_a_superseded_environment_left(app: TestApp) {
     assert!(l.source.join("README.md").is_file());
 }
 
-// I11 and issue 38 item 2: a superseded worktree holding changes is never destroyed without consent, and
-// never left without an owner either: a delete checks every environment it would remove, answers 409
-// naming the environment the dirty worktree belongs to, and changes nothing; the same delete with
+// I11: a superseded worktree holding changes is never destroyed without consent, and never left without
+// an owner either: a delete checks every environment it would remove, answers 409 naming the environment
+// the dirty worktree belongs to, and changes nothing; the same delete with
 // `discard_worktree_changes=true` removes it.
 async fn a_delete_names_dirty_work_of_every_environment(app: TestApp) {
     let ws = app.workspace("ws").await;
@@ -175,10 +175,10 @@ async fn reconciled(app: &TestApp, task: Uuid) -> Value {
     }
 }
 
-// Issue 17 item 1: for a task that lives on, the reconcile pass (a short grace, a fast sweep) removes what
-// its superseded environment left, by itself (no actor), keeps a dirty one and reports it, and the task
-// keeps working in its current environment afterwards. The grace is what lets the test look at a leftover
-// (and dirty one) before the pass does: with none, a pass could win that race.
+// For a task that lives on, the reconcile pass (a short grace, a fast sweep) removes what its superseded
+// environment left, by itself (no actor), keeps a dirty one and reports it, and the task keeps working in
+// its current environment afterwards. The grace is what lets the test look at a leftover (and dirty one)
+// before the pass does: with none, a pass could win that race.
 async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend) {
     let Some(app) = TestApp::spawn_with(
         backend,
@@ -221,7 +221,7 @@ async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend
         dirty.worktree.join("notes.txt").is_file(),
         "never destroyed without consent"
     );
-    // Issue 38 item 2: and listed, with a way to dispose of it (consent required).
+    // It is listed too, with a way to dispose of it (consent required).
     let listed = app.get(&format!("/api/v1/workspaces/{ws}/leftovers")).await.ok(200);
     let items = listed["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{listed}");
@@ -281,11 +281,11 @@ async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend
     assert_eq!(s["workspace_path"], clean.source.display().to_string());
 }
 
-// Issue 38 item 5: a superseded environment's background cleanup never blocks a user. Leftovers are made
-// with no worker; then a process whose one worker writes both tasks' `superseded_cleanup` jobs in one pass,
-// claims one and hangs in it (a failpoint: a slow removal). Both tasks take new sessions meanwhile (this
-// was `409 task_cleanup_in_progress`); an archive takes over the job still waiting (cancelled, its
-// environment in the archive's snapshot) and waits only for the one a worker holds (409, retry later).
+// A superseded environment's background cleanup never blocks a user. Leftovers are made with no worker;
+// then a process whose one worker writes both tasks' `superseded_cleanup` jobs in one pass, claims one and
+// hangs in it (a failpoint: a slow removal). Both tasks take new sessions meanwhile (this was
+// `409 task_cleanup_in_progress`); an archive takes over the job still waiting (cancelled, its environment
+// in the archive's snapshot) and waits only for the one a worker holds (409, retry later).
 async fn background_cleanup_never_blocks_a_user(backend: Backend) {
     let Some(app) = TestApp::spawn_with(backend, &[("BERTH_CLEANUP_WORKERS", "0")]).await else {
         return;

@@ -295,10 +295,10 @@ fn only_the_newest_two_backups_are_kept() {
     let _ = Path::new("");
 }
 
-/// Issue 16: m20261202_000006 widens `task_sessions.state` to admit `preparing`. On SQLite that rewrites
-/// the stored table definition in place (no table rebuild), so a database with sessions keeps every
-/// session and everything that references one (a rebuild with foreign keys on would have cascaded into
-/// their messages), the CHECK still refuses unknown states, and the foreign keys still hold.
+/// m20261202_000006 widens `task_sessions.state` to admit `preparing`. On SQLite that rewrites the
+/// stored table definition in place (no table rebuild), so a database with sessions keeps every session
+/// and everything that references one (a rebuild with foreign keys on would have cascaded into their
+/// messages), the CHECK still refuses unknown states, and the foreign keys still hold.
 async fn widening_session_states_keeps_sessions_and_their_history(t: Target) {
     let db = t.db().await;
     migration::Migrator::up(&db, Some(4)).await.unwrap();

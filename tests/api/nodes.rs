@@ -1,8 +1,8 @@
-//! Issue 39: nodes and instances. Every berth process is an instance of a node holding a lease; `GET
-//! /nodes` shows them. A node whose every instance let its lease lapse is down: what needs its agents
-//! answers `503 node_unavailable` at once, never after the routing deadline, its sessions say so, and a
-//! task delete is accepted with its disk work left as a job that runs when the node is back (I8: the
-//! job ends the agent the delete could not reach before it touches anything). In-process replicas here;
+//! Nodes and instances. Every berth process is an instance of a node holding a lease; `GET /nodes`
+//! shows them. A node whose every instance let its lease lapse is down: what needs its agents answers
+//! `503 node_unavailable` at once, never after the routing deadline, its sessions say so, and a task
+//! delete is accepted with its disk work left as a job that runs when the node is back (I8: the job
+//! ends the agent the delete could not reach before it touches anything). In-process replicas here;
 //! separate processes on separate disks are `fleet.rs`.
 use std::time::Duration;
 
@@ -250,9 +250,9 @@ async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
     b.stop().await;
 }
 
-/// Issue 39 item 3: a node that is down for good is given up. Its environments are lost, its sessions
-/// failed with `node_lost`, its waiting jobs end saying what they would have removed, nothing is deleted,
-/// and its tasks get new environments elsewhere. It refuses to start again until an operator says so.
+/// A node that is down for good is given up. Its environments are lost, its sessions failed with
+/// `node_lost`, its waiting jobs end saying what they would have removed, nothing is deleted, and its
+/// tasks get new environments elsewhere. It refuses to start again until an operator says so.
 async fn a_down_node_is_decommissioned_and_its_tasks_move_on(app: TestApp) {
     let backend: Backend = app.backend;
     drop(app);

@@ -215,7 +215,7 @@ fn every_event_type_has_a_schema_in_the_event_union() {
     let mut types: Vec<String> = berth::events::EventType::iter()
         .map(|t| t.as_str().to_string())
         .collect();
-    // Issue 16's contract: asynchronous session creation reports progress (appended once that lands).
+    // Asynchronous session creation reports progress (appended once that lands).
     if !types.iter().any(|t| t == "environment.progress") {
         types.push("environment.progress".into());
     }
@@ -267,7 +267,7 @@ fn error_codes_are_the_contracts() {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    // The whole enum, in order: a code added, renamed or dropped is a contract change (design/api.md).
+    // The whole enum, in order: a code added, renamed or dropped is a contract change (docs/api.md).
     assert_eq!(
         codes,
         [
@@ -293,10 +293,10 @@ fn error_codes_are_the_contracts() {
             "precondition_failed",
             "idempotency_key_reused",
             "unavailable",
-            // Issue 39: a request that needs a node that is down.
+            // A request that needs a node that is down.
             "node_unavailable",
             "repositories_on_different_nodes",
-            // Issue 41: landing the work (the names the issue gives).
+            // Landing the work: commit, merge, push, pull requests.
             "nothing_to_commit",
             "merge_conflict",
             "branch_moved",

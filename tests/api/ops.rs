@@ -26,8 +26,8 @@ fn healthcheck(vars: &[(&str, &str)]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
-/// Issue 20, item 6: `GET /version` is public; `berth healthcheck` exits by `/readyz`, on the address
-/// the same settings as `serve` give (variable or file; an unspecified address is reached on loopback).
+/// `GET /version` is public; `berth healthcheck` exits by `/readyz`, on the address the same settings
+/// as `serve` give (variable or file; an unspecified address is reached on loopback).
 async fn version_and_healthcheck(app: TestApp) {
     let v = app.call(Method::GET, "/version", None, None).await.ok(200);
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
@@ -156,9 +156,9 @@ async fn scrape(app: &TestApp) -> (Exposition, String) {
     (parsed, r.text)
 }
 
-/// Issue 38 item 7: the text format as Prometheus reads it. `promtool check metrics` (Prometheus's own
-/// parser and linter, Debian's `prometheus` package, installed by `.ci/run`) must accept it, and a second
-/// parser must type every counter on its `_total` name; no OpenMetrics marker remains.
+/// The text format as Prometheus reads it. `promtool check metrics` (Prometheus's own parser and linter,
+/// Debian's `prometheus` package, installed by `.ci/run`) must accept it, and a second parser must type
+/// every counter on its `_total` name; no OpenMetrics marker remains.
 fn prometheus_text_is_valid(text: &str) {
     use openmetrics_parser::PrometheusType as T;
     assert!(!text.contains("# EOF") && !text.contains(" info\n"), "{text}");
@@ -253,8 +253,8 @@ async fn health_readiness_and_metrics(app: TestApp) {
         .await
         .problem(401, "unauthenticated");
     let (exp, text) = scrape(&app).await;
-    // Issue 20, item 2: every family, with its type (the parser has checked each type's samples: a
-    // counter's `_total`, a histogram's buckets, `_sum` and `_count`). A labelled family is in the
+    // Every family, with its type (the parser has checked each type's samples: a counter's
+    // `_total`, a histogram's buckets, `_sum` and `_count`). A labelled family is in the
     // exposition once it has a sample: those are checked below, after what makes one.
     let expected = [
         ("berth_http_requests", T::Counter),

@@ -1,8 +1,8 @@
-//! The real Pi (the pinned 0.73.1, `--mode rpc`) run offline against the scripted model server (issue 15,
-//! "Tests and benchmarks"). The `pi_*` tests drive Pi directly, without berth: they pin the behaviours of
-//! Pi that berth relies on (conversation files, queues, abort, extension dialogs and notices). The
-//! `both_backends!` tests go through the real berth server on both databases and prove issue 15 with the
-//! model server as the witness: each request it receives carries the whole conversation Pi sent.
+//! The real Pi (the pinned 0.73.1, `--mode rpc`) run offline against the scripted model server. The
+//! `pi_*` tests drive Pi directly, without berth: they pin the behaviours of Pi that berth relies on
+//! (conversation files, queues, abort, extension dialogs and notices). The `both_backends!` tests go
+//! through the real berth server on both databases and prove berth's Pi support with the model server as
+//! the witness: each request it receives carries the whole conversation Pi sent.
 //!
 //! Pi comes from `BERTH_TEST_PI`, else `tests/pi/node_modules/.bin/pi` (`.ci/pi` installs it). Without it
 //! the tests pass without running and say so on stderr; with `CI` set a missing Pi is a failure.
@@ -99,7 +99,7 @@ impl Pi {
             "api": "openai-completions",
             "apiKey": "none",
             "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
-            // Prices (US dollars per million tokens) so that Pi reports a cost (issue 42, tests/api/usage.rs).
+            // Prices (US dollars per million tokens) so that Pi reports a cost (tests/api/usage.rs).
             "models": [{"id": "echo", "reasoning": false, "cost": {"input": PRICES.0, "output": PRICES.1, "cacheRead": 0, "cacheWrite": 0}}],
         }}});
         std::fs::write(agent_dir.path().join("models.json"), models.to_string()).unwrap();
@@ -137,7 +137,7 @@ impl Pi {
         ])
     }
 
-    /// The profile as an operator declares it: Pi's protocol (issue 15, item 1).
+    /// The profile as an operator declares it: Pi's protocol.
     pub fn profile(&self) -> berth::config::AgentProfile {
         berth::config::AgentProfile {
             command: self.binary.display().to_string(),
@@ -394,8 +394,8 @@ async fn pi_speaks_to_the_scripted_model_server() {
     p.kill().await;
 }
 
-// Why berth checks a recorded conversation before launching (issue 15, item 1): given a missing or a corrupt
-// `--session` file, Pi silently starts a new conversation (and overwrites the corrupt file).
+// Why berth checks a recorded conversation before launching: given a missing or a corrupt `--session` file,
+// Pi silently starts a new conversation (and overwrites the corrupt file).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pi_silently_replaces_a_missing_or_corrupt_conversation() {
     let Some(pi) = Pi::start().await else { return };
@@ -510,7 +510,7 @@ async fn pi_queues_steers_and_follow_ups_while_it_streams() {
 // Pi's `abort`: the model request is dropped mid-reply (the model server survives it), `agent_end` comes
 // before the abort's response, Pi stays alive and idle, and it keeps its own follow-up queue: the
 // follow-up runs after the next prompt. The aborted partial reply is not sent to the model again. This is
-// why berth holds follow-ups itself until a turn settles (issue 15, item 2).
+// why berth holds follow-ups itself until a turn settles.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pi_abort_drops_the_request_and_keeps_its_own_follow_up_queue() {
     let Some(pi) = Pi::start().await else { return };
@@ -782,7 +782,7 @@ pub(crate) async fn agent_session_ref(app: &TestApp, session: Uuid) -> Option<St
         .agent_session_ref
 }
 
-/// Where berth keeps a Pi session's conversation (issue 15, item 1).
+/// Where berth keeps a Pi session's conversation.
 fn conversation_file(app: &TestApp, session: Uuid) -> PathBuf {
     app.config
         .data_dir
@@ -885,8 +885,8 @@ pub(crate) async fn stop(app: &TestApp, session: Uuid) {
         .ok(200);
 }
 
-// I26, I29, issue 15 item 1: after a berth restart the open session is relaunched (a new execution) on its
-// own conversation file, and the model receives the earlier turn with the next message.
+// I26, I29: after a berth restart the open session is relaunched (a new execution) on its own conversation
+// file, and the model receives the earlier turn with the next message.
 async fn a_pi_conversation_survives_a_berth_restart(app: TestApp) {
     let Some((mut app, pi)) = with_pi(app, &[]).await else {
         return;
@@ -913,8 +913,8 @@ async fn a_pi_conversation_survives_a_berth_restart(app: TestApp) {
     drop(restarted);
 }
 
-// I30, issue 15 item 1: SIGKILL of the agent; berth restarts it (recovering, a new execution) on the same
-// conversation file, and the model receives the earlier turn.
+// I30: SIGKILL of the agent; berth restarts it (recovering, a new execution) on the same conversation
+// file, and the model receives the earlier turn.
 async fn a_pi_conversation_survives_a_crash_of_the_agent(app: TestApp) {
     let Some((app, pi)) = with_pi(app, &[("BERTH_AGENT_RESTART_BACKOFF_MS", "10")]).await else {
         return;
@@ -948,8 +948,8 @@ async fn a_pi_conversation_survives_a_crash_of_the_agent(app: TestApp) {
     stop(&app, id).await;
 }
 
-// I27, I28, issue 15 item 1: stop keeps the conversation; resume, and launch after another stop, continue
-// it; deleting the session deletes it.
+// I27, I28: stop keeps the conversation; resume, and launch after another stop, continue it; deleting the
+// session deletes it.
 async fn a_pi_conversation_survives_stop_and_resume(app: TestApp) {
     let Some((app, pi)) = with_pi(app, &[]).await else {
         return;
@@ -1015,8 +1015,8 @@ async fn gated_turn(app: &TestApp, pi: &Pi, session: Uuid, first: &str) -> Gate 
     gate
 }
 
-// Issue 15 item 2: messages sent while Pi works are held in berth's inbox (`queued`) and reach the model
-// after the turn, one turn each, in order; none is refused or lost.
+// Messages sent while Pi works are held in berth's inbox (`queued`) and reach the model after the turn,
+// one turn each, in order; none is refused or lost.
 async fn a_follow_up_sent_mid_turn_reaches_the_model_after_the_turn(app: TestApp) {
     let Some((app, pi)) = with_pi(app, &[]).await else {
         return;
@@ -1083,8 +1083,8 @@ async fn a_follow_up_sent_mid_turn_reaches_the_model_after_the_turn(app: TestApp
     stop(&app, id).await;
 }
 
-// Issue 15 item 2: a steer is forwarded at once while Pi works (delivered mid-turn, counted in the queue
-// from Pi's queue_update) and reaches the model before a follow-up that berth holds until the turn ends.
+// A steer is forwarded at once while Pi works (delivered mid-turn, counted in the queue from Pi's
+// queue_update) and reaches the model before a follow-up that berth holds until the turn ends.
 async fn a_steer_reaches_the_model_inside_the_turn_ahead_of_follow_ups(app: TestApp) {
     let Some((app, pi)) = with_pi(app, &[]).await else {
         return;
@@ -1124,8 +1124,8 @@ async fn a_steer_reaches_the_model_inside_the_turn_ahead_of_follow_ups(app: Test
     stop(&app, id).await;
 }
 
-// Issue 15 item 3: abort stops the turn at once (the model request is dropped), cancels what berth
-// queued (never sent to the model), and leaves the session idle with the same agent alive.
+// Abort stops the turn at once (the model request is dropped), cancels what berth queued (never
+// sent to the model), and leaves the session idle with the same agent alive.
 async fn abort_cancels_queued_messages_and_keeps_the_agent(app: TestApp) {
     let Some((app, pi)) = with_pi(app, &[]).await else {
         return;
@@ -1174,9 +1174,9 @@ fn notification_texts(snap: &Value) -> Vec<String> {
         .collect()
 }
 
-// I31, issue 15 item 5: Pi's `confirm` dialog puts the session in `attention`; the answer (the shape the
-// method takes) reaches the extension, which notifies it; the session leaves attention. The command never
-// calls the model.
+// I31: Pi's `confirm` dialog puts the session in `attention`; the answer (the shape the method takes)
+// reaches the extension, which notifies it; the session leaves attention. The command never calls the
+// model.
 async fn a_confirm_dialog_asks_for_attention_and_the_answer_reaches_the_agent(app: TestApp) {
     let Some((app, pi)) = with_pi(app, &[]).await else {
         return;
@@ -1210,8 +1210,8 @@ async fn a_confirm_dialog_asks_for_attention_and_the_answer_reaches_the_agent(ap
     stop(&app, id).await;
 }
 
-// I31, issue 15 items 5 and 6: notify, setStatus and setTitle from Pi are shown by the snapshot and never
-// put the session in attention.
+// I31: notify, setStatus and setTitle from Pi are shown by the snapshot and never put the session in
+// attention.
 async fn notices_from_pi_leave_the_state_alone(app: TestApp) {
     let Some((app, pi)) = with_pi(app, &[]).await else {
         return;
@@ -1245,9 +1245,9 @@ async fn notices_from_pi_leave_the_state_alone(app: TestApp) {
     stop(&app, id).await;
 }
 
-// I29, issue 15 item 1: a recorded conversation whose file is missing, or corrupt, is never replaced by a
-// new one: the launch is refused with 409 `agent_session_unavailable` and its category, the session is
-// failed with that code, no process starts, and the file is left as it is.
+// I29: a recorded conversation whose file is missing, or corrupt, is never replaced by a new one: the
+// launch is refused with 409 `agent_session_unavailable` and its category, the session is failed with
+// that code, no process starts, and the file is left as it is.
 async fn a_missing_or_corrupt_conversation_is_refused_never_replaced(app: TestApp) {
     let Some((app, pi)) = with_pi(app, &[]).await else {
         return;

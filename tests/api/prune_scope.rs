@@ -1,7 +1,7 @@
-//! Cleanup removes exactly the git registration berth recorded for each worktree it removes (issue 17
-//! item 2), never a repository-wide `git worktree prune`: the user's own worktree of the same source
-//! repository, missing from disk (an unmounted drive), stays registered through every cleanup path
-//! (I13: never what the inventory does not name).
+//! Cleanup removes exactly the git registration berth recorded for each worktree it removes, never a
+//! repository-wide `git worktree prune`: the user's own worktree of the same source repository,
+//! missing from disk (an unmounted drive), stays registered through every cleanup path (I13: never
+//! what the inventory does not name).
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

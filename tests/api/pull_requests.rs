@@ -1,10 +1,10 @@
-//! Issue 41 items 4, 6 and 7: pull requests against a GitHub that checks every request against GitHub's
-//! own published OpenAPI description (Prism serving `@octokit/openapi`'s `api.github.com.json`, both
-//! pinned in tests/github, installed by .ci/github), behind a small recording layer that keeps what
-//! Prism cannot (the state of a pull request) and records Prism's verdict on each request; the test fails
-//! if any was refused. The push before it goes through git's own HTTP server with a credential. Then the
-//! credential is looked for everywhere it must not be: berth's log at debug level, every event, every
-//! answer, the repository's git config.
+//! Pull requests against a GitHub that checks every request against GitHub's own published OpenAPI
+//! description (Prism serving `@octokit/openapi`'s `api.github.com.json`, both pinned in tests/github,
+//! installed by .ci/github), behind a small recording layer that keeps what Prism cannot (the state of a
+//! pull request) and records Prism's verdict on each request; the test fails if any was refused. The push
+//! before it goes through git's own HTTP server with a credential. Then the credential is looked for
+//! everywhere it must not be: berth's log at debug level, every event, every answer, the repository's git
+//! config.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -259,8 +259,8 @@ async fn a_pull_request_is_opened_on_a_github_that_validates_it_and_followed(app
     layer_handle.stop(false).await;
 }
 
-/// Item 7 through the real binary: its log at debug level holds no trace of the credential after a push
-/// and a pull request, nor do its events, its answers or the repository's git config.
+/// Through the real binary: its log at debug level holds no trace of the credential after a push and a
+/// pull request, nor do its events, its answers or the repository's git config.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_credential_appears_in_no_log_event_answer_or_git_config() {
     let Some(prism) = tokio::task::spawn_blocking(prism).await.unwrap() else {

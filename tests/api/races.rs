@@ -1,5 +1,5 @@
-//! The lifecycle under contention (issue 17 item 9, I5–I14): cascades across three levels, archive and
-//! reset racing session creation (50 rounds each; delete racing creation is
+//! The lifecycle under contention (I5–I14): cascades across three levels, archive and reset racing
+//! session creation (50 rounds each; delete racing creation is
 //! `cleanup::creation_racing_deletion_never_leaves_an_untracked_worktree`), and unarchive while the
 //! archive job runs. After each, nothing leaks (every registered worktree of the source repository is
 //! named by a live environment's inventory, and nothing is left on disk that none names) and no work is

@@ -1,8 +1,8 @@
-//! Issue 38 item 1: a reset repairs every `broken` category. git never runs in a directory admission
-//! refused; what sits there is the user's: moved aside whole and listed (`GET /workspaces/{id}/leftovers`)
-//! without consent, removed only with `discard_worktree_changes=true` (I11); the job never waits out a
-//! day of retries on something that fails the same way each time; the next launch materializes a fresh
-//! worktree at the same path (I13, I17). The user's source repository is never touched.
+//! A reset repairs every `broken` category. git never runs in a directory admission refused; what sits
+//! there is the user's: moved aside whole and listed (`GET /workspaces/{id}/leftovers`) without consent,
+//! removed only with `discard_worktree_changes=true` (I11); the job never waits out a day of retries on
+//! something that fails the same way each time; the next launch materializes a fresh worktree at the same
+//! path (I13, I17). The user's source repository is never touched.
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};

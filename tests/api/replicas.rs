@@ -1,7 +1,7 @@
-//! Issue 15, item 4: two berth processes on one database behave as one service. A second
-//! `Application` with another `node_id` serves its own port; messages, aborts, stops, answers and a
-//! launch posted to it reach the agent the first one runs, through the database (PostgreSQL `NOTIFY`, or
-//! the owner's poll on SQLite). Restore relaunching only a node's own sessions is
+//! Two berth processes on one database behave as one service. A second `Application` with another
+//! `node_id` serves its own port; messages, aborts, stops, answers and a launch posted to it reach the
+//! agent the first one runs, through the database (PostgreSQL `NOTIFY`, or the owner's poll on SQLite).
+//! Restore relaunching only a node's own sessions is
 //! `inbox::restore_leaves_another_nodes_sessions_alone`. An archive or a delete posted to one replica
 //! stops the agent another one runs before it answers, and so before anything is removed (I8).
 use std::time::Duration;
@@ -197,7 +197,7 @@ async fn a_stop_posted_to_another_replica_stops_the_agent(app: TestApp) {
         )
         .await
         .ok(202);
-    // Bob asks the replica that does not run the agent (issue 38 item 6: the events say it was Bob).
+    // Bob asks the replica that does not run the agent (the events say it was Bob).
     b.token = crate::helpers::mint(&app.config, "bob", "admin", None, None);
     let stopped = b.post(&format!("/api/v1/sessions/{id}/stop"), json!({})).await.ok(200);
     assert_eq!(
@@ -304,9 +304,9 @@ async fn a_launch_posted_to_another_replica_returns_the_running_agent(app: TestA
 }
 
 /// A task whose environment the first replica made and whose `test` agent the second replica launched and
-/// runs, in a hanging turn. The second is another instance of the same node (issue 39: an agent runs on
-/// the node that holds its worktree; a launch sent to another node is carried out there). Returns the
-/// replica, the task, the session, the agent's pid and the worktree.
+/// runs, in a hanging turn. The second is another instance of the same node (an agent runs on the node
+/// that holds its worktree; a launch sent to another node is carried out there). Returns the replica, the
+/// task, the session, the agent's pid and the worktree.
 async fn working_on_second(app: &TestApp) -> (Replica, Uuid, Uuid, i64, String) {
     let ws = app.workspace("ws").await;
     let (repo, _) = app.repository(ws, "svc").await;

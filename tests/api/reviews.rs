@@ -1,8 +1,8 @@
-//! Issue 40 item 3: review comments go back to the agent. A review's comments are checked against the
-//! environment's diff (a line the diff does not show is 422 naming the comment's field, and nothing is
-//! stored or sent); a review sent to a session reaches its agent as one message quoting each commented
-//! line with its file and number, and names the review; reading the diff for it changed nothing in the
-//! worktree, its index, the stash or any branch.
+//! Review comments go back to the agent. A review's comments are checked against the environment's
+//! diff (a line the diff does not show is 422 naming the comment's field, and nothing is stored or
+//! sent); a review sent to a session reaches its agent as one message quoting each commented line with
+//! its file and number, and names the review; reading the diff for it changed nothing in the worktree,
+//! its index, the stash or any branch.
 use std::path::PathBuf;
 
 use serde_json::{Value, json};

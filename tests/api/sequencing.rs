@@ -1,7 +1,7 @@
-//! Issue 19, item 2: event sequencing on PostgreSQL stays correct with three replicas, eight concurrent
-//! writers and subscribers on every replica reconnecting at random, while the replica that leads
-//! sequencing is killed (I32: every committed event reaches every subscriber exactly once, in `seq`
-//! order, with no gap).
+//! Event sequencing on PostgreSQL stays correct with three replicas, eight concurrent writers and
+//! subscribers on every replica reconnecting at random, while the replica that leads sequencing is
+//! killed (I32: every committed event reaches every subscriber exactly once, in `seq` order, with no
+//! gap).
 //!
 //! Three `berth serve` processes share one database. Five writers go through HTTP to a random live
 //! replica (task creates and PATCHes); three write events straight into the table the way

@@ -1,6 +1,6 @@
-//! Issue 20, item 4: settings an operator can discover. `berth serve --help` lists every setting with its
-//! variable, TOML key and default; `berth config` prints the effective configuration, secrets redacted;
-//! `berth token` does not mint with a secret it just made up.
+//! Settings an operator can discover. `berth serve --help` lists every setting with its variable, TOML
+//! key and default; `berth config` prints the effective configuration, secrets redacted; `berth token`
+//! does not mint with a secret it just made up.
 use std::process::{Command, Output};
 
 use berth::config::settings::{Fallback, SETTINGS};

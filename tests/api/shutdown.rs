@@ -1,8 +1,8 @@
-//! Clean shutdown within a budget (issue 20 item 3), with the real `berth serve` process: on SIGTERM every
-//! event stream gets a last `event: shutdown` frame and ends; an agent that ignores abort, a closed stdin
-//! and SIGTERM is SIGKILLed; the process exits 0, all within `BERTH_SHUTDOWN_SECS`. After a SIGKILL of
-//! berth, the next start ends what its agents left running (an agent, or a tool whose agent is gone)
-//! before it relaunches their sessions.
+//! Clean shutdown within a budget, with the real `berth serve` process: on SIGTERM every event stream gets
+//! a last `event: shutdown` frame and ends; an agent that ignores abort, a closed stdin and SIGTERM is
+//! SIGKILLed; the process exits 0, all within `BERTH_SHUTDOWN_SECS`. After a SIGKILL of berth, the next
+//! start ends what its agents left running (an agent, or a tool whose agent is gone) before it relaunches
+//! their sessions.
 use std::collections::BTreeMap;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;

@@ -1,6 +1,6 @@
-//! Streaming that costs what it should (issue 15, item 7): streamed deltas are coalesced into one
-//! `runtime.output` event per session per interval, a subscriber rebuilds the text exactly and sees it
-//! grow about ten times a second, and a flooding agent cannot break berth.
+//! Streaming that costs what it should: streamed deltas are coalesced into one `runtime.output` event
+//! per session per interval, a subscriber rebuilds the text exactly and sees it grow about ten times a
+//! second, and a flooding agent cannot break berth.
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};

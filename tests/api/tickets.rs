@@ -1,6 +1,6 @@
-//! Issue 16, item 2: stream tickets. A ticket stands in for the `Authorization` header on
-//! `GET /events/stream` only: single use (on any replica), valid 60 s, the minting token's principal
-//! (I33: a session-bound token's ticket sees its session only), and never written to a log.
+//! Stream tickets. A ticket stands in for the `Authorization` header on `GET /events/stream` only:
+//! single use (on any replica), valid 60 s, the minting token's principal (I33: a session-bound
+//! token's ticket sees its session only), and never written to a log.
 use std::time::Duration;
 
 use reqwest::Method;

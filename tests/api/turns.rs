@@ -1,7 +1,7 @@
-//! Issue 40 item 2: a checkpoint per turn. The test agent writes a file in one turn and changes it in the
-//! next: each turn is listed with a checkpoint at both ends, its diff is what that turn changed, taking
-//! the checkpoints left the worktree's index, the stash and every branch as they were, and deleting the
-//! task removes berth's checkpoint refs from the repository.
+//! A checkpoint per turn. The test agent writes a file in one turn and changes it in the next: each turn
+//! is listed with a checkpoint at both ends, its diff is what that turn changed, taking the checkpoints
+//! left the worktree's index, the stash and every branch as they were, and deleting the task removes
+//! berth's checkpoint refs from the repository.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

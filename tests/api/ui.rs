@@ -1,5 +1,5 @@
-//! The board at `/ui` (issue 16, item 7): static files from the binary, public like `/docs` (I33 names
-//! the public pages), with a strict Content-Security-Policy and no file the page names missing.
+//! The board at `/ui`: static files from the binary, public like `/docs` (I33 names the public pages),
+//! with a strict Content-Security-Policy and no file the page names missing.
 use reqwest::Method;
 
 use crate::both_backends;

@@ -52,7 +52,7 @@ async fn environment_snapshot<C: ConnectionTrait>(
         };
         return Ok(snap);
     }
-    // The base each slot measures "merged" against (issue 17: the branch policy).
+    // The base each slot measures "merged" against (the branch policy).
     let bases: Vec<(Uuid, String, String)> = task_store::slots_with_repositories(conn, t.id)
         .await?
         .into_iter()
@@ -122,10 +122,10 @@ async fn environment_snapshot<C: ConnectionTrait>(
     })
 }
 
-/// Issue 17 item 1: `t`'s other environments that still name worktrees on disk (superseded by a reset or
-/// an executor transition, failed attempts), without the paths a live environment names (adopted by a
-/// later attempt: not theirs to remove). With them, an executor transition's candidate (I18): `creating`
-/// beside the current environment, in a directory of its own, perhaps with worktrees no row names yet.
+/// `t`'s other environments that still name worktrees on disk (superseded by a reset or an executor
+/// transition, failed attempts), without the paths a live environment names (adopted by a later attempt:
+/// not theirs to remove). With them, an executor transition's candidate (I18): `creating` beside the
+/// current environment, in a directory of its own, perhaps with worktrees no row names yet.
 pub(crate) async fn leftover_environments<C: ConnectionTrait>(
     conn: &C,
     ctx: &Ctx,
@@ -308,8 +308,8 @@ pub(crate) async fn stop_agents(ctx: &Ctx, jobs: &[job::Model]) -> Result<()> {
     for j in jobs {
         for id in snapshot_of(j).map(|s| s.sessions).unwrap_or_default() {
             // Wherever it runs (another replica stops it on request). Every agent is asked, whatever
-            // became of the others. One whose node is down cannot be asked (issue 39): the job, which runs
-            // on that node once it is back, ends it first (`Snapshot::agents`).
+            // became of the others. One whose node is down cannot be asked: the job, which runs on that
+            // node once it is back, ends it first (`Snapshot::agents`).
             match crate::domain::sessions::end_agent(ctx, id).await {
                 Ok(()) => continue,
                 Err(Error::NodeUnavailable {

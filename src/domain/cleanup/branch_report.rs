@@ -1,5 +1,5 @@
-//! What a delete does with each branch berth created (issue 17, item 3): predicted in the delete answer,
-//! recorded as done in the cleanup job's snapshot. The policy that decides lives in `domain::branches`.
+//! What a delete does with each branch berth created: predicted in the delete answer, recorded as done
+//! in the cleanup job's snapshot. The policy that decides lives in `domain::branches`.
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;

@@ -1,4 +1,4 @@
-//! What berth kept on disk (`cleanup::kept`), listed and disposed of (issue 38 item 2):
+//! What berth kept on disk (`cleanup::kept`), listed and disposed of:
 //! `GET /workspaces/{id}/leftovers` and
 //! `DELETE /workspaces/{id}/leftovers/{leftover_id}?discard_worktree_changes=true`.
 use std::path::Path;
@@ -45,7 +45,7 @@ pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid) -> Result
     crate::domain::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let mut out = Vec::new();
     for l in store::of_workspace(&ctx.db.conn, workspace_id).await? {
-        // Only the node whose disk holds it can tell that it is gone (issue 39); others list it as kept.
+        // Only the node whose disk holds it can tell that it is gone; others list it as kept.
         let here = l.node_id.as_deref().is_none_or(|n| n == ctx.config.node_id);
         if here && std::fs::symlink_metadata(&l.path).is_err() {
             store::forget(&ctx.db.conn, l.id).await?;

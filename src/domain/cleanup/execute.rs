@@ -97,8 +97,8 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             return retry(e);
         }
     }
-    // Issue 39: agents of this node that the job recorded and no row names any more (a delete accepted
-    // while this node was down): ended here, each only if its process group is proven to be that agent's.
+    // Agents of this node that the job recorded and no row names any more (a delete accepted while this
+    // node was down): ended here, each only if its process group is proven to be that agent's.
     if let Err(e) = end_recorded_agents(ctx, &snap).await {
         return retry(e);
     }
@@ -114,7 +114,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             other => return other,
         }
     }
-    // Issue 17 item 1: what earlier environments left on disk goes with the task's lifecycle too.
+    // What earlier environments left on disk goes with the task's lifecycle too.
     for env_snap in &snap.superseded {
         match super::leftovers::clean(ctx, &snap, env_snap, lost, &mut kept, &mut branches).await {
             Outcome::Done => {}
@@ -197,7 +197,7 @@ async fn clean_current(
         // Only if empty: berth never removes what the inventory does not name (I13).
         let _ = std::fs::remove_dir(dir.as_path());
     }
-    // Issue 40 item 2: the environment's checkpoints go with it (berth's refs in its repositories).
+    // The environment's checkpoints go with it (berth's refs in its repositories).
     let repositories: Vec<String> = env_snap.worktrees.iter().map(|w| w.repository_path.clone()).collect();
     if let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories).await {
         return retry(e);

@@ -91,7 +91,7 @@ pub async fn retry(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Mod
 }
 
 /// Only a waiting job can be cancelled; a running one finishes its attempt, unless its node is down
-/// (issue 39: nothing runs it until the node is back; cancelled, its next instance leaves it).
+/// (nothing runs it until the node is back; cancelled, its next instance leaves it).
 pub async fn cancel(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model> {
     let patch = JobPatch {
         completed_at: Some(Some(crate::clock::now())),

@@ -1,5 +1,5 @@
-//! What a cleanup leaves on disk, and how it is listed and disposed of (issue 38 items 1 and 2). Nothing
-//! holding someone's work is lost without consent, and nothing kept goes unlisted:
+//! What a cleanup leaves on disk, and how it is listed and disposed of. Nothing holding someone's work
+//! is lost without consent, and nothing kept goes unlisted:
 //!
 //! - a superseded environment's worktree with changes nobody consented to discard stays where it is
 //!   (`dirty_worktree`);

@@ -1,6 +1,6 @@
-//! Issue 17 item 1: what a task's earlier environments left on disk. A reset whose job could not finish,
-//! an executor transition, a transition a crash cut off: each leaves a superseded (or failed) environment
-//! whose inventory still names worktrees. The task's archive and delete name them in their snapshot
+//! What a task's earlier environments left on disk. A reset whose job could not finish, an executor
+//! transition, a transition a crash cut off: each leaves a superseded (or failed) environment whose
+//! inventory still names worktrees. The task's archive and delete name them in their snapshot
 //! (`barrier::leftover_environments`), and the reconcile pass (`reconcile`) makes a `superseded_cleanup`
 //! job for those of tasks that live on. Either way this is what runs: the same sharing and managed-path
 //! rules as the current environment's worktrees, except that a worktree holding changes without consent
@@ -80,7 +80,7 @@ pub async fn clean(
         // Only if empty (I13).
         let _ = std::fs::remove_dir(dir.as_path());
     }
-    // Issue 40 item 2: its checkpoints go with it.
+    // Its checkpoints go with it.
     let repositories: Vec<String> = env_snap.worktrees.iter().map(|w| w.repository_path.clone()).collect();
     if let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories).await {
         return Outcome::Retry(e.into());

@@ -38,15 +38,15 @@ pub struct Snapshot {
     pub workspace_id: Uuid,
     /// The environment the task owns, if it owns one with anything on disk.
     pub environment: Option<EnvironmentSnapshot>,
-    /// Issue 17 item 1: the task's earlier environments that still name worktrees (superseded, failed
-    /// attempts). Their dirty worktrees are kept and reported unless the job has consent.
+    /// The task's earlier environments that still name worktrees (superseded, failed attempts). Their
+    /// dirty worktrees are kept and reported unless the job has consent.
     #[serde(default)]
     pub superseded: Vec<EnvironmentSnapshot>,
     /// Sessions whose agents are stopped before anything is touched.
     pub sessions: Vec<Uuid>,
-    /// Issue 39: the agents those sessions had running when the job was written. A delete whose agents'
-    /// node is down is accepted; the rows naming them go with the task, so the job, which runs on that
-    /// node once it is back, ends each of these (proven by its process group's mark) before it touches
+    /// The agents those sessions had running when the job was written. A delete whose agents' node is
+    /// down is accepted; the rows naming them go with the task, so the job, which runs on that node
+    /// once it is back, ends each of these (proven by its process group's mark) before it touches
     /// anything (I8).
     #[serde(default)]
     pub agents: Vec<AgentProcess>,
@@ -63,7 +63,7 @@ pub struct Snapshot {
     /// delete), stored as a boolean.
     #[serde(default, with = "crate::git::recorded_branch_consent")]
     pub delete_branches: Option<BranchDeletionConsent>,
-    /// What the job did with each worktree's branch, written once it ran (issue 17).
+    /// What the job did with each worktree's branch, written once it ran.
     #[serde(default)]
     pub branches: Vec<BranchDecision>,
 }
@@ -112,8 +112,8 @@ pub struct WorktreeSnapshot {
     /// What "fully merged" is measured against: the slot's base branch.
     #[serde(default)]
     pub base_branch: Option<String>,
-    /// Issue 38 item 4: an imported (adopted) worktree outside `BERTH_WORKTREE_ROOT` is managed inside the
-    /// directory the import found it in (kandev's task directory); absent: inside the configured root.
+    /// An imported (adopted) worktree outside `BERTH_WORKTREE_ROOT` is managed inside the directory the
+    /// import found it in (kandev's task directory); absent: inside the configured root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopted_root: Option<String>,
 }

@@ -1,10 +1,10 @@
-//! Issue 17 item 1: the reconcile pass. Leaks heal for tasks that live on: a superseded environment of
-//! this node whose inventory still names worktrees, superseded longer than the grace period, of a task
-//! that is quiet (no agent live or busy in any of its environments, nothing being materialized, no other
-//! cleanup under way), gets one durable `superseded_cleanup` job. The job is an ordinary cleanup job:
-//! the barrier rule I7 holds while it runs (the task accepts no new session until it is done, as during a
-//! reset's job), and `leftovers::clean` keeps and reports a worktree holding changes. One job per
-//! environment: a kept dirty worktree is reported once, not every pass.
+//! The reconcile pass. Leaks heal for tasks that live on: a superseded environment of this node whose
+//! inventory still names worktrees, superseded longer than the grace period, of a task that is quiet (no
+//! agent live or busy in any of its environments, nothing being materialized, no other cleanup under
+//! way), gets one durable `superseded_cleanup` job. The job is an ordinary cleanup job: the barrier rule
+//! I7 holds while it runs (the task accepts no new session until it is done, as during a reset's job),
+//! and `leftovers::clean` keeps and reports a worktree holding changes. One job per environment: a kept
+//! dirty worktree is reported once, not every pass.
 use uuid::Uuid;
 
 use super::state::{JobEvent, job_event, transition};

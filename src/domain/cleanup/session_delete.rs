@@ -1,8 +1,8 @@
-//! The `session_delete` job (issue 39 item 2): what a session delete accepted while the session's node was
-//! down owes that node. It names no environment and no worktree: only the agent the session's row named
-//! (ended if its process group is proven to be that agent's) and the conversation berth keeps for the
-//! session. Written `pending` in the delete's own transaction, for the session's node; the task's
-//! lifecycle never waits for it (`store::tasks::ensure_no_cleanup`).
+//! The `session_delete` job: what a session delete accepted while the session's node was down owes that
+//! node. It names no environment and no worktree: only the agent the session's row named (ended if its
+//! process group is proven to be that agent's) and the conversation berth keeps for the session. Written
+//! `pending` in the delete's own transaction, for the session's node; the task's lifecycle never waits for
+//! it (`store::tasks::ensure_no_cleanup`).
 use sea_orm::DatabaseTransaction;
 use uuid::Uuid;
 

@@ -36,13 +36,13 @@ pub enum JobEvent {
     OperatorRetry,
     /// An operator cancels a job that is waiting.
     OperatorCancel,
-    /// Issue 39: an operator cancels a job whose node is down while it ran there (its worker is gone
-    /// with the node; nothing runs it until the node is back).
+    /// An operator cancels a job whose node is down while it ran there (its worker is gone with the
+    /// node; nothing runs it until the node is back).
     OperatorCancelStranded,
-    /// Issue 39 item 3: the job's node was decommissioned: nothing will ever run it there.
+    /// The job's node was decommissioned: nothing will ever run it there.
     NodeDecommissioned,
     /// A lifecycle job for the task takes over a waiting `superseded_cleanup` job: its snapshot names the
-    /// same superseded environments (issue 38 item 5: background cleanup never blocks a user).
+    /// same superseded environments (background cleanup never blocks a user).
     Subsumed,
 }
 
@@ -113,7 +113,7 @@ pub(crate) async fn transition(
     patch.apply(&mut updated);
     let update = store::compare_and_set_update(j.id, j.state, lease, next, &patch, now);
     if txn.get_database_backend() == DbBackend::Postgres {
-        // Issue 19 item 4: the compare-and-set and its event in one statement (one round trip).
+        // The compare-and-set and its event in one statement (one round trip).
         let (event_type, subject, data) = job_event_parts(&updated);
         let update = update.build(DbBackend::Postgres);
         if !events::append_on_change(txn, update, ctx.instance_id, event_type, subject, data).await? {

@@ -57,7 +57,7 @@ pub(super) fn branch_kept(decisions: &mut Decisions, w: &WorktreeSnapshot) {
     }
 }
 
-/// Issue 17: only a task delete, only once the worktree is gone, only what the policy allows.
+/// Only a task delete, only once the worktree is gone, only what the policy allows.
 pub(super) async fn branch_after(
     ctx: &Ctx,
     snap: &Snapshot,
@@ -89,7 +89,7 @@ pub(super) async fn claimed_by_another(ctx: &Ctx, env_id: uuid::Uuid, path: &str
 pub(super) enum Dirty {
     /// The task's current worktree: the job fails, touching nothing (I11).
     Fail,
-    /// A superseded environment's: kept, reported, and the job goes on (issue 17 item 1).
+    /// A superseded environment's: kept, reported, and the job goes on.
     Keep,
 }
 
@@ -127,8 +127,8 @@ pub(super) async fn destroy_worktree(
     if meta.is_ok_and(|m| m.file_type().is_symlink()) {
         return Outcome::Terminal(anyhow!("the worktree path is a symlink; not following it"));
     }
-    // Issue 38 item 1: git never runs in a directory that is not the worktree berth made (a user replaced
-    // or re-cloned it): that directory is the user's, removed only with consent, moved aside otherwise.
+    // git never runs in a directory that is not the worktree berth made (a user replaced or re-cloned
+    // it): that directory is the user's, removed only with consent, moved aside otherwise.
     match super::kept::examine(&target, w).await {
         Found::Worktree => {}
         Found::RepositoryAway => return retry(anyhow!("the repository's git directory is not there")),
@@ -178,7 +178,7 @@ pub(super) async fn destroy_worktree(
 }
 
 /// The worktree directory is gone: remove the registration berth recorded for it (its worktree id),
-/// once proven to name this managed path; anything else is left and reported (issue 17: never a
+/// once proven to name this managed path; anything else is left and reported (never a
 /// repository-wide prune, which drops the user's own missing worktrees too).
 async fn forget_registration(
     ctx: &Ctx,

@@ -21,8 +21,8 @@ pub(crate) async fn admit(
     // A transition candidate is admitted while still `creating` (it becomes current only after its launch).
     candidate: bool,
 ) -> Result<std::result::Result<AdmittedWorkspace, Refusal>> {
-    // Issue 39: another node's disk is never judged from here (what is absent here is there): its
-    // requests are carried out by that node, and nothing is marked broken for not being on this disk.
+    // Another node's disk is never judged from here (what is absent here is there): its requests are
+    // carried out by that node, and nothing is marked broken for not being on this disk.
     if current.node_id != ctx.config.node_id {
         return Err(Error::Unavailable(format!(
             "the environment is on node {}; requests that need its disk are carried out there",
@@ -54,8 +54,8 @@ pub(crate) async fn admit(
     // This environment's own directory: the one its rows live in (a transition has its own), which must
     // be a directory of this task directly under the managed root.
     let root = &ctx.config.worktree_root;
-    // Issue 18: an environment imported from kandev adopted its worktrees where kandev made them, outside
-    // the managed root; its directory is the one they share (admission still proves each of them).
+    // An environment imported from kandev adopted its worktrees where kandev made them, outside the
+    // managed root; its directory is the one they share (admission still proves each of them).
     let adopted = current.imported_from.is_some();
     let task_root = rows
         .iter()
@@ -72,7 +72,7 @@ pub(crate) async fn admit(
         .unwrap_or_else(|| root.join(&owner.slug));
     let environment_id = current.id;
     let executor = current.executor_type;
-    // A broken environment is admitted afresh (issue 17 item 6): mended, it is ready again.
+    // A broken environment is admitted afresh: mended, it is ready again.
     let ready = matches!(
         current.status,
         EnvironmentStatus::Ready | EnvironmentStatus::Stopped | EnvironmentStatus::Broken

@@ -92,9 +92,8 @@ pub async fn ensure_ready(ctx: &Ctx, task: &task::Model, executor: ExecutorType)
 
 /// A write that may ride in the transaction that publishes a new environment, under its locks (the
 /// owner's lock taken and the cleanup barriers of the task and its owner checked; it is given the owner's
-/// row as locked): the first session of a task is recorded there, one durable commit instead of two
-/// (issue 19 item 3). It answers `None` to leave its work to its caller, after the publish; its error
-/// fails the publish.
+/// row as locked): the first session of a task is recorded there, one durable commit instead of two. It
+/// answers `None` to leave its work to its caller, after the publish; its error fails the publish.
 pub type OnPublish = Box<
     dyn for<'t> FnOnce(
             &'t DatabaseTransaction,
@@ -247,8 +246,8 @@ impl Made {
 
     /// The inventory rows to publish. The branches this attempt created are recorded in `txn` (issue
     /// 17), so they commit with the inventory that names them: one commit fewer on the way to the
-    /// answer (issue 19 item 3). A publish that fails loses that record with the rest; an attempt that
-    /// adopts the worktree later counts the branch as the user's and keeps it: the safe side.
+    /// answer. A publish that fails loses that record with the rest; an attempt that adopts the
+    /// worktree later counts the branch as the user's and keeps it: the safe side.
     pub(super) async fn inventory(&self, txn: &DatabaseTransaction, owner: &task::Model) -> Result<Vec<NewRepoRow>> {
         let row =
             |repository_id, branch_slug, position, made: Option<&worktree::Materialized>, branch_origin| NewRepoRow {
@@ -352,7 +351,7 @@ async fn elect(ctx: &Ctx, task: &task::Model, owner: &task::Model, executor: Exe
         return Ok(Election::Ready(ready.clone()));
     }
     if let Some(broken) = envs.iter().find(|e| e.status == EnvironmentStatus::Broken) {
-        // Issue 17 item 6: a broken environment is still the task's; nothing replaces it but a reset.
+        // A broken environment is still the task's; nothing replaces it but a reset.
         return Err(Error::WorkspaceReuseUnsafe(state::broken_category(broken)));
     }
     supersede_stale(&txn, ctx, owner, &envs).await?;

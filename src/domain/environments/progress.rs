@@ -1,6 +1,6 @@
-//! A materialization's progress (`environment.progress`, issue 16 item 4): one event per repository
-//! and stage, recorded behind the work by one writer, and the stages still queued when the work ends
-//! handed to the transaction that follows (issue 19 item 3).
+//! A materialization's progress (`environment.progress`): one event per repository and stage,
+//! recorded behind the work by one writer, and the stages still queued when the work ends handed to
+//! the transaction that follows.
 use sea_orm::DatabaseTransaction;
 use serde_json::json;
 use uuid::Uuid;
@@ -18,8 +18,8 @@ pub(super) type Stage = (Uuid, worktree::Stage);
 /// Records each repository's progress as an `environment.progress` event, behind the work: a stage is
 /// queued and the materialization goes on at once; one writer appends the queued stages in order, all
 /// that are waiting in one small transaction (progress is shown while the materialization goes on, and
-/// need not hold it up: issue 19 item 3). A failure of the writer to record progress only goes to the
-/// log; what it hands back is recorded by its caller's transaction.
+/// need not hold it up). A failure of the writer to record progress only goes to the log; what it
+/// hands back is recorded by its caller's transaction.
 pub(super) fn reporter(
     ctx: &Ctx,
     owner: &task::Model,

@@ -51,8 +51,8 @@ pub(crate) async fn supersede(
     Ok(())
 }
 
-/// Issue 17 item 6: admission refused the current environment: it becomes `broken` (with its category)
-/// and says so in an event, unless it already changed. Returns whether it did. `task_archived` or
+/// Admission refused the current environment: it becomes `broken` (with its category) and says so in
+/// an event, unless it already changed. Returns whether it did. `task_archived` or
 /// `task_cleanup_in_progress` instead when the task's lifecycle is what took the workspace (I7).
 pub(crate) async fn mark_broken(
     ctx: &Ctx,

@@ -1,5 +1,5 @@
-//! Commit what is in an environment's worktrees (issue 41 item 1): all of it, or the listed paths, in each
-//! listed slot (every slot by default), never while an agent's turn runs there.
+//! Commit what is in an environment's worktrees: all of it, or the listed paths, in each listed slot
+//! (every slot by default), never while an agent's turn runs there.
 use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;

@@ -1,10 +1,11 @@
-//! Merge a task branch into its base without touching anyone's checkout (issue 41 item 2). The result is
-//! computed in the object store (`git merge-tree --write-tree`), never in a worktree; a conflict changes
-//! nothing and names the paths. The target branch moves only by compare-and-set on the value read here
+//! Merge a task branch into its base without touching anyone's checkout. The result is computed in the
+//! object store (`git merge-tree --write-tree`), never in a worktree; a conflict changes nothing and names
+//! the paths. The target branch moves only by compare-and-set on the value read here
 //! (`expected_into_commit` lets the caller pin it too). When the target is checked out somewhere (the
-//! user's own checkout, typically) berth moves it there only if that checkout is clean, by `git merge
-//! --ff-only` (the move is always a fast-forward of what it has), and otherwise refuses without naming its
-//! path. The task branch and worktree are kept; the task moves to the column that takes merged work.
+//! user's own checkout, typically) berth moves it there only if that checkout is clean, by
+//! `git merge --ff-only` (the move is always a fast-forward of what it has), and otherwise refuses without
+//! naming its path. The task branch and worktree are kept; the task moves to the column that takes merged
+//! work.
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;

@@ -1,6 +1,6 @@
-//! Landing the work (issue 41): commit what an agent did in its worktree, merge the task branch into its
-//! base without touching anyone's checkout, push it, and open a pull request. Each operation is one file;
-//! what they share is here: the environment must be one whose worktrees can be read here, and the slot's
+//! Landing the work: commit what an agent did in its worktree, merge the task branch into its base
+//! without touching anyone's checkout, push it, and open a pull request. Each operation is one file; what
+//! they share is here: the environment must be one whose worktrees can be read here, and the slot's
 //! branch, base branch and paths.
 //!
 //! The author of what berth writes is the person who asked: the token's `name` and `email` claims when

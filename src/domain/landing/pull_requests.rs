@@ -1,8 +1,8 @@
-//! Pull requests (issue 41 item 4): berth pushes the task branch, then opens a pull request on the GitHub
-//! (or GitHub Enterprise) the remote's URL names, through its REST API (`[remotes."<host>"] api_url`),
-//! records it on the task, and reads its state again every `BERTH_PULL_REQUEST_POLL_SECS`. GitLab is not
-//! supported (no way to prove it here the same way). The token goes only in the request's
-//! `Authorization` header; it is never logged, stored or answered.
+//! Pull requests: berth pushes the task branch, then opens a pull request on the GitHub (or GitHub
+//! Enterprise) the remote's URL names, through its REST API (`[remotes."<host>"] api_url`), records it on
+//! the task, and reads its state again every `BERTH_PULL_REQUEST_POLL_SECS`. GitLab is not supported (no
+//! way to prove it here the same way). The token goes only in the request's `Authorization` header; it is
+//! never logged, stored or answered.
 use std::time::Duration;
 
 use serde::Serialize;

@@ -1,7 +1,7 @@
-//! Push a task branch to a remote of the user's repository (issue 41 item 3), with the credentials the
-//! configuration gives for the remote's host (`[remotes."host"]`), handed to git by berth's credential
-//! helper for that one process: never written into the repository's config, never in a log, an event or
-//! an answer. git's refusals become typed problems.
+//! Push a task branch to a remote of the user's repository, with the credentials the configuration
+//! gives for the remote's host (`[remotes."host"]`), handed to git by berth's credential helper for
+//! that one process: never written into the repository's config, never in a log, an event or an answer.
+//! git's refusals become typed problems.
 use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;

@@ -1,9 +1,9 @@
-//! Giving a node up (issue 39 item 3): `POST /nodes/{id}/decommission`, for a node that is down and will
-//! not come back. What it held is lost: its environments become `lost` (no task's current environment:
-//! the next session of the task gets a new one where it is carried out), its sessions `failed` with
-//! `node_lost`, its agents' records over, and its waiting cleanup jobs end (`cancelled`) recording what
-//! they would have removed. Nothing is deleted anywhere. A decommissioned node that comes back refuses to
-//! start until an operator lets it (`BERTH_NODE_READMIT=true`).
+//! Giving a node up: `POST /nodes/{id}/decommission`, for a node that is down and will not come back.
+//! What it held is lost: its environments become `lost` (no task's current environment: the next session
+//! of the task gets a new one where it is carried out), its sessions `failed` with `node_lost`, its
+//! agents' records over, and its waiting cleanup jobs end (`cancelled`) recording what they would have
+//! removed. Nothing is deleted anywhere. A decommissioned node that comes back refuses to start until an
+//! operator lets it (`BERTH_NODE_READMIT=true`).
 use serde::Serialize;
 use utoipa::ToSchema;
 

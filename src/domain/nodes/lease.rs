@@ -54,8 +54,8 @@ fn advertised(ctx: &Ctx, port: u16) -> String {
 /// Records this instance (listening on `port`) and takes its first lease (before anything acts on
 /// other instances' work).
 pub async fn register(ctx: &Ctx, port: u16) -> crate::error::Result<()> {
-    // Issue 39 item 3: a node given up stays given up until an operator says otherwise; it touches
-    // nothing before then.
+    // A node given up stays given up until an operator says otherwise; it touches nothing before
+    // then.
     let node = &ctx.config.node_id;
     if let Some(n) = store::find_node(&ctx.db.conn, node).await?
         && let Some(at) = n.decommissioned_at

@@ -1,6 +1,6 @@
-//! Nodes and instances (issue 39). Every berth process is an instance of a node, the filesystem it
-//! reaches (`BERTH_NODE_ID`). An instance holds a lease it renews a third of `BERTH_NODE_LEASE_SECS`
-//! apart (`lease`); a node is `up` while any of its instances holds one, `down` when none does, and
+//! Nodes and instances. Every berth process is an instance of a node, the filesystem it reaches
+//! (`BERTH_NODE_ID`). An instance holds a lease it renews a third of `BERTH_NODE_LEASE_SECS` apart
+//! (`lease`); a node is `up` while any of its instances holds one, `down` when none does, and
 //! `decommissioned` once an operator gave it up.
 //!
 //! Each process keeps a view of who holds a lease, refreshed at every renewal: an `up` answer from it is
@@ -104,10 +104,10 @@ pub async fn instance_alive(ctx: &Ctx, instance_id: Uuid) -> Result<bool> {
 }
 
 /// Whether the instance that recorded some work of this node still runs it, to decide whether this
-/// instance may end or relaunch that work (issue 39 item 5). Alive: it holds its lease, and when it ran
-/// on this host its process is still there. At this instance's start (`starting`), an instance recorded
-/// by this very process is an earlier one, gone (one process is one instance at a time; a test's restart
-/// makes such a pair). An instance never recorded (work from before instances were) holds no lease.
+/// instance may end or relaunch that work. Alive: it holds its lease, and when it ran on this host its
+/// process is still there. At this instance's start (`starting`), an instance recorded by this very
+/// process is an earlier one, gone (one process is one instance at a time; a test's restart makes such a
+/// pair). An instance never recorded (work from before instances were) holds no lease.
 pub async fn sibling_alive(ctx: &Ctx, instance_id: Uuid, starting: bool) -> Result<bool> {
     if instance_id == ctx.instance_id {
         return Ok(true);

@@ -1,6 +1,6 @@
-//! Where a task's work happens (issue 39 item 4): on the node whose disk holds it. A task's repositories
-//! share a node (the one that registered them); its environment is made there, its agents run there, and
-//! every request that touches that disk or those agents is carried out there, whichever replica took it
+//! Where a task's work happens: on the node whose disk holds it. A task's repositories share a node (the
+//! one that registered them); its environment is made there, its agents run there, and every request
+//! that touches that disk or those agents is carried out there, whichever replica took it
 //! (`api::forward`).
 use uuid::Uuid;
 
@@ -71,7 +71,7 @@ pub async fn elsewhere(ctx: &Ctx, node: Option<&str>) -> Result<Option<String>> 
     match live.into_iter().next() {
         Some(i) => Ok(Some(i.url)),
         None => match super::state(ctx, node).await? {
-            // Given up (issue 39 item 3): what it held is lost; the work is carried out here afresh.
+            // Given up: what it held is lost; the work is carried out here afresh.
             super::NodeState::Decommissioned => Ok(None),
             state => Err(super::unavailable(ctx, node, state)),
         },

@@ -15,7 +15,7 @@ use crate::store::sessions as store;
 pub struct SessionView {
     pub session: session::Model,
     pub workspace_path: Option<String>,
-    /// The node whose disk holds the session's environment, and whether it is up (issue 39).
+    /// The node whose disk holds the session's environment, and whether it is up.
     pub node: Option<SessionNode>,
 }
 
@@ -71,7 +71,7 @@ pub(crate) async fn visible_with_task<C: ConnectionTrait>(
     Ok((s, task))
 }
 
-/// I19/I20: the session shows its environment's effective workspace path, and its node (issue 39).
+/// I19/I20: the session shows its environment's effective workspace path, and its node.
 pub(crate) async fn project(ctx: &super::Ctx, s: session::Model) -> Result<SessionView> {
     let env = match s.task_environment_id {
         Some(env_id) => env_store::find(&ctx.db.conn, env_id).await?,

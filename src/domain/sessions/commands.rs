@@ -1,7 +1,7 @@
-//! The owner's side of routing (issue 15, item 4): a background loop on every node carries out the
-//! commands other replicas stored for the agents this node runs (`routing`), with the same rules as a
-//! request made here, records each result, and delivers what other replicas put in those agents' inboxes.
-//! It is woken by PostgreSQL `NOTIFY` and otherwise polls (`BERTH_ROUTING_POLL_MS`).
+//! The owner's side of routing: a background loop on every node carries out the commands other replicas
+//! stored for the agents this node runs (`routing`), with the same rules as a request made here, records
+//! each result, and delivers what other replicas put in those agents' inboxes. It is woken by PostgreSQL
+//! `NOTIFY` and otherwise polls (`BERTH_ROUTING_POLL_MS`).
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -15,7 +15,7 @@ use crate::store::tasks as task_store;
 /// I28: clear `desired_open` first, then stop the process with escalation; the transcript stays.
 pub async fn stop(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionView> {
     let s = visible(&ctx.db.conn, p, session_id).await?;
-    // Issue 15, item 4: another node runs the agent: it stops it there, by the rule below.
+    // Another node runs the agent: it stops it there, by the rule below.
     if !super::routing::forward(ctx, &s, super::routing::Command::Stop).await? {
         stop_session(ctx, &s).await?;
     }
@@ -109,7 +109,7 @@ pub async fn answer_attention(
     answer: Answer,
 ) -> Result<SessionView> {
     let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
-    // Issue 15, item 4: another node runs the agent: the answer is checked and given there.
+    // Another node runs the agent: the answer is checked and given there.
     let routed = super::routing::Command::Answer {
         request_id,
         response: response(&answer),

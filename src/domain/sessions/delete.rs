@@ -2,11 +2,11 @@
 //! (I4, `409 session_busy`); an idle or attention session has its agent stopped first, wherever it runs.
 //! The primary passes to another session (I4).
 //!
-//! Issue 39 item 2: a session whose node is down is deleted all the same. Its agent cannot be asked to stop
-//! and its conversation is on that node's disk, so what the delete owes the node waits as a
-//! `session_delete` cleanup job for it (visible in `GET /cleanup-jobs`, `node_id` set): once the node is
-//! back the job ends the agent the row named (only if its process group is proven to be that agent's)
-//! and removes the conversation. A decommission ends the job instead.
+//! A session whose node is down is deleted all the same. Its agent cannot be asked to stop and its
+//! conversation is on that node's disk, so what the delete owes the node waits as a `session_delete`
+//! cleanup job for it (visible in `GET /cleanup-jobs`, `node_id` set): once the node is back the job ends
+//! the agent the row named (only if its process group is proven to be that agent's) and removes the
+//! conversation. A decommission ends the job instead.
 use sea_orm::DatabaseTransaction;
 use serde_json::json;
 use uuid::Uuid;

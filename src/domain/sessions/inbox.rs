@@ -1,8 +1,8 @@
-//! A session's inbox (issue 15): a message is stored before anything is sent, and only then handed to the
-//! agent, by the node that runs it, one at a time. While the agent works, `auto` and `follow_up` messages
-//! wait in berth and go as the next prompt when the turn settles (Pi's RPC cannot take back a follow-up it
-//! was given, so berth keeps them until then); a `steer` is forwarded at once. Every change of a
-//! message's state is an event; none is ever dropped silently.
+//! A session's inbox: a message is stored before anything is sent, and only then handed to the agent, by
+//! the node that runs it, one at a time. While the agent works, `auto` and `follow_up` messages wait in
+//! berth and go as the next prompt when the turn settles (Pi's RPC cannot take back a follow-up it was
+//! given, so berth keeps them until then); a `steer` is forwarded at once. Every change of a message's
+//! state is an event; none is ever dropped silently.
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -113,7 +113,7 @@ pub async fn cancel(ctx: &Ctx, p: &Principal, session_id: Uuid, message_id: Uuid
 /// cancelled, the agent is told to abort, and the session goes back to `idle` with its agent running.
 pub async fn abort(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionView> {
     let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
-    // Issue 15, item 4: another node runs the agent: it aborts there, by the rule below.
+    // Another node runs the agent: it aborts there, by the rule below.
     if !super::routing::forward(ctx, &s, super::routing::Command::Abort).await? {
         abort_session(ctx, &task, &s).await?;
     }
@@ -174,7 +174,7 @@ pub(super) async fn cancel_queued(ctx: &Ctx, task: &task::Model, s: &session::Mo
 /// Delivers in the background (the caller does not wait for the agent to accept).
 pub(crate) fn wake(ctx: &Ctx, session_id: Uuid) {
     if !ctx.runtime.is_live(session_id) {
-        // Issue 15, item 4: the node that runs it (if another one) delivers.
+        // The node that runs it (if another one) delivers.
         super::routing::nudge(ctx, session_id);
         return;
     }
@@ -203,8 +203,8 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
             // Held until the turn settles.
             (Delivery::Auto | Delivery::FollowUp, true) => continue,
         };
-        // Issue 40 item 2: a prompt starts a turn, recorded before the agent can finish it (taken back if
-        // the agent does not take the prompt); the worktree as the agent finds it is its checkpoint.
+        // A prompt starts a turn, recorded before the agent can finish it (taken back if the agent does
+        // not take the prompt); the worktree as the agent finds it is its checkpoint.
         let turn = match command {
             Command::Prompt(_) => Some(super::turns::start(ctx, &s, &m.text).await?),
             _ => None,

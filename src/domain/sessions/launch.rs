@@ -36,7 +36,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     let prompt = prompt.filter(|t| !t.trim().is_empty());
     // I27 across replicas: an agent another node runs is returned as it is too (the prompt reaches it
     // through the inbox); a launch racing that node's is refused by the database (`record_handle`). One
-    // whose node is down is refused at once (`503 node_unavailable`, issue 39), its prompt not queued.
+    // whose node is down is refused at once (`503 node_unavailable`), its prompt not queued.
     if ctx.runtime.is_live(s.id) || super::routing::runs_reachably_elsewhere(ctx, &s).await? {
         if let Some(text) = prompt {
             let task = task_store::find(&ctx.db.conn, s.task_id)
@@ -201,7 +201,7 @@ async fn admit_for_launch(
     requested: ExecutorType,
 ) -> Result<std::result::Result<(AdmittedWorkspace, Option<Transition>), ReuseCategory>> {
     let current = match environments::current(&ctx.db.conn, owner.id).await? {
-        // Issue 17 item 6: a broken environment is proven again at every launch; a reset replaces it.
+        // A broken environment is proven again at every launch; a reset replaces it.
         Some(e)
             if matches!(
                 e.status,
@@ -210,9 +210,9 @@ async fn admit_for_launch(
         {
             e
         }
-        // Issue 17 item 5: after a reset or an archive cleanup (or a failed or abandoned attempt) an old
-        // session gets a fresh environment through the normal election (I14): materialized here, or `409
-        // workspace_preparing` while another request materializes it.
+        // After a reset or an archive cleanup (or a failed or abandoned attempt) an old session gets a
+        // fresh environment through the normal election (I14): materialized here, or
+        // `409 workspace_preparing` while another request materializes it.
         _ => environments::ensure_ready(ctx, task, requested).await?,
     };
     match environments::admit(ctx, owner, &current, requested, false).await? {
@@ -242,7 +242,7 @@ async fn admit_for_launch(
             }
         }
         Err(refusal) => {
-            // Issue 17 item 6: the current environment is unsafe to work in; it says so until a reset.
+            // The current environment is unsafe to work in; it says so until a reset.
             let category = ReuseCategory::from(refusal);
             environments::mark_broken(ctx, task.id, owner, current.id, category).await?;
             Ok(Err(category))
@@ -290,7 +290,7 @@ impl Launch<'_> {
         self.admitted.path().to_string_lossy().into_owned()
     }
 
-    /// The durable handle first: a crash after this leaves a record to reap (issue 5: agent_executions).
+    /// The durable handle first: a crash after this leaves a record to reap (agent_executions).
     /// `Some(session)`: another launch is under way, answer with it.
     async fn record_handle(&self) -> Result<Option<session::Model>> {
         let (ctx, task, owner) = (self.ctx, self.task, self.owner);
@@ -352,7 +352,7 @@ impl Launch<'_> {
         {
             return Err(Error::Stale("the session changed meanwhile; retry".into()));
         }
-        // Issue 40 item 4: a started session moves its task on the board where the workspace says so.
+        // A started session moves its task on the board where the workspace says so.
         crate::domain::columns::on_session_started(&txn, ctx, task).await?;
         ctx.commit(txn).await?;
         Ok(None)
@@ -405,7 +405,7 @@ impl Launch<'_> {
 }
 
 /// A launch or an agent failed: the session is `failed` with `last_error`; nothing else changes.
-/// Issue 39 item 3: a session whose node was decommissioned is failed with `node_lost`.
+/// A session whose node was decommissioned is failed with `node_lost`.
 pub(crate) async fn fail_node_lost(ctx: &Ctx, session_id: Uuid, node_id: &str) -> Result<()> {
     let Some(s) = crate::store::sessions::find(&ctx.db.conn, session_id).await? else {
         return Ok(());

@@ -161,11 +161,11 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSe
 }
 
 /// The first session of a task whose environment this request makes is recorded in the environment's
-/// publish transaction (issue 19 item 3: one durable commit fewer), under the rules of
-/// [`record_attached`]: the owner is locked and the barriers of both are checked by the publish; a
-/// subtask is locked after its owner and checked again. A task archived, deleted or under cleanup
-/// meanwhile leaves the session to [`record_attached`], which refuses it with the usual error, and the
-/// environment is published all the same (it is the owner's).
+/// publish transaction (one durable commit fewer), under the rules of [`record_attached`]: the owner
+/// is locked and the barriers of both are checked by the publish; a subtask is locked after its owner
+/// and checked again. A task archived, deleted or under cleanup meanwhile leaves the session to
+/// [`record_attached`], which refuses it with the usual error, and the environment is published all
+/// the same (it is the owner's).
 fn record_on_publish(ctx: &Ctx, task: &crate::entity::task::Model, draft: session::Model) -> environments::OnPublish {
     let (ctx, task_id) = (ctx.clone(), task.id);
     Box::new(move |txn, owner, environment| {

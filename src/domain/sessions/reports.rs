@@ -194,7 +194,7 @@ async fn on_output(ctx: &Ctx, w: Write) -> Result<()> {
         // Seed 004: a finished turn is captured as a completion observation of the environment.
         let c = ctx.clone();
         crate::actor::spawn(async move { crate::domain::git_status::capture_completion(&c, session_id).await });
-        // Issue 40 item 2: the turn's end checkpoint, after its answer (never holding it up).
+        // The turn's end checkpoint, after its answer (never holding it up).
         let c = ctx.clone();
         crate::actor::spawn(async move { super::turns::settled(&c, session_id).await });
         // An agent that is asked tells who it is (Pi: its conversation file exists from the first turn on).

@@ -1,5 +1,5 @@
 //! Bringing open sessions back: after a restart of berth (I29), after their agent crashed (I30), and
-//! after the instance of this node that ran them died while another runs on (issue 39 item 5).
+//! after the instance of this node that ran them died while another runs on.
 //!
 //! Instances of one node never fight: an agent is ended or relaunched only when the instance that
 //! recorded it is gone (`nodes::sibling_alive`: its lease lapsed, or its process is no longer on this
@@ -80,8 +80,7 @@ async fn end_orphan(ctx: &Ctx, e: &execution::Model) -> Result<bool> {
     transition_execution(&ctx.db.conn, e.id, ExecutionEvent::Orphaned, patch).await
 }
 
-/// Issue 39 item 3: an agent of a decommissioned node is over as far as berth knows (its process went
-/// with the node).
+/// An agent of a decommissioned node is over as far as berth knows (its process went with the node).
 pub(crate) async fn end_lost_execution(txn: &sea_orm::DatabaseTransaction, id: Uuid) -> Result<bool> {
     let patch = ExecutionPatch {
         exit_code: Some(None),
@@ -107,9 +106,9 @@ pub async fn restore(ctx: &Ctx) -> Result<usize> {
     Ok(relaunch(ctx, to_open).await)
 }
 
-/// Issue 39 item 5, while serving (each lease renewal): the sessions whose agent an instance of this
-/// node ran and that instance is gone (it died, or shut down cleanly and gave its lease back) are taken
-/// over here: a live agent it left is ended, and each open session relaunched through admission.
+/// While serving (each lease renewal): the sessions whose agent an instance of this node ran and that
+/// instance is gone (it died, or shut down cleanly and gave its lease back) are taken over here: a live
+/// agent it left is ended, and each open session relaunched through admission.
 pub async fn take_over(ctx: &Ctx) -> Result<usize> {
     let claimed = crate::store::executions::claimed_on_node_by_others(
         &ctx.db.conn,
@@ -161,7 +160,7 @@ async fn relaunch(ctx: &Ctx, to_open: Vec<session::Model>) -> usize {
                 let id = s.id;
                 let ok = match launch_session(ctx, s, None).await {
                     Ok(_) => true,
-                    // Another instance launched it first (issue 39 item 5): it is that one's now.
+                    // Another instance launched it first: it is that one's now.
                     Err(Error::SessionBusy) => false,
                     Err(e) => {
                         tracing::warn!(session = %id, error = %e, "could not restore a session");
@@ -235,7 +234,7 @@ pub(super) fn restart_after_crash(ctx: &Ctx, session_id: Uuid, execution_id: Uui
 }
 
 /// Whether the session's agent is another node's (its current execution was recorded there: that node
-/// restores it), or a live sibling's on this node (issue 39 item 5): this instance leaves it alone.
+/// restores it), or a live sibling's on this node: this instance leaves it alone.
 async fn runs_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<bool> {
     let Some(execution_id) = s.execution_id else {
         return Ok(false);

@@ -1,8 +1,8 @@
-//! Any replica reaches the agent (issue 15, item 4): a request for a session whose agent another node
-//! runs is stored as a command (`session_commands`), that node is woken (PostgreSQL `NOTIFY`; on SQLite its
-//! poll finds it), carries it out (`commands`) and records the result, which the caller waits for and
-//! answers with, errors included, as if the agent ran here. A message needs no command: it is in the inbox
-//! already, and the owner delivers it once woken.
+//! Any replica reaches the agent: a request for a session whose agent another node runs is stored as a
+//! command (`session_commands`), that node is woken (PostgreSQL `NOTIFY`; on SQLite its poll finds it),
+//! carries it out (`commands`) and records the result, which the caller waits for and answers with, errors
+//! included, as if the agent ran here. A message needs no command: it is in the inbox already, and the
+//! owner delivers it once woken.
 //!
 //! Stop and launch of one session are serialized across replicas by the database, not by this module: a
 //! launch's `record_handle` and a stop's transition both take the session row (`FOR UPDATE` on
@@ -42,12 +42,12 @@ pub(super) enum Command<'a> {
 }
 
 /// The execution of the session's agent when another instance runs it (it is `starting` or `running`
-/// there, and not here): another node's, or a sibling instance's of this node (issue 39 item 5).
+/// there, and not here): another node's, or a sibling instance's of this node.
 pub(super) async fn owner_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<Option<Uuid>> {
     Ok(owning_execution(ctx, s).await?.map(|e| e.id))
 }
 
-/// Whether another instance runs the session's agent and can be reached (`503` when it cannot: issue 39).
+/// Whether another instance runs the session's agent and can be reached (`503` when it cannot).
 pub(super) async fn runs_reachably_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<bool> {
     match owning_execution(ctx, s).await? {
         Some(e) => reachable(ctx, &e).await.map(|()| true),
@@ -69,9 +69,9 @@ async fn owning_execution(ctx: &Ctx, s: &session::Model) -> Result<Option<crate:
         }))
 }
 
-/// Issue 39 item 2: a request for an agent whose node is down answers at once (`503 node_unavailable`),
-/// never after the routing deadline; one whose instance is gone while its node is up waits for a live
-/// instance of that node to take the agent over (`503 unavailable`, retryable).
+/// A request for an agent whose node is down answers at once (`503 node_unavailable`), never after the
+/// routing deadline; one whose instance is gone while its node is up waits for a live instance of that
+/// node to take the agent over (`503 unavailable`, retryable).
 async fn reachable(ctx: &Ctx, e: &crate::entity::agent_execution::Model) -> Result<()> {
     crate::domain::nodes::require_up(ctx, &e.node_id).await?;
     if !crate::domain::nodes::instance_alive(ctx, e.instance_id).await? {
@@ -123,7 +123,7 @@ pub(super) async fn forward(ctx: &Ctx, s: &session::Model, command: Command<'_>)
             let now = super::access::reload(conn, s.id).await?;
             owner_elsewhere(ctx, &now).await? != Some(execution_id)
         };
-        // Its node went down meanwhile (issue 39 item 2): answered now, not at the deadline.
+        // Its node went down meanwhile: answered now, not at the deadline.
         if checks.is_multiple_of(OWNER_CHECK_EVERY)
             && ctx.nodes.cached(&owner.node_id) != crate::domain::nodes::NodeState::Up
             && let Err(e) = crate::domain::nodes::require_up(ctx, &owner.node_id).await

@@ -15,7 +15,7 @@ pub struct SessionSnapshot {
     pub transcript: Vec<message::Model>,
     pub turns: u64,
     pub messages: u64,
-    /// Summed from the agent's usage reports (issue 42), when it makes them; `cost` is in US dollars.
+    /// Summed from the agent's usage reports, when it makes them; `cost` is in US dollars.
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cost: f64,
@@ -55,7 +55,7 @@ pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Sess
             .unwrap_or_else(|| "New session".into())
     };
     let turns = transcript.iter().filter(|m| m.role == MessageRole::Assistant).count() as u64;
-    // Issue 42: the recorded reports, not the transcript (ACP's usage is not in its messages).
+    // The recorded reports, not the transcript (ACP's usage is not in its messages).
     let usage = crate::domain::usage::of_session(ctx, s.id).await?;
     let (input_tokens, output_tokens) = (usage.input_tokens, usage.output_tokens);
     let cost = usage.cost_nanos.get("USD").copied().unwrap_or(0) as f64 / 1e9;

@@ -1,7 +1,7 @@
-//! Streamed deltas, coalesced (issue 15, item 7): an agent streams one delta per token, and each would be
-//! a write transaction and an event. Deltas are held per session and written as one `runtime.output`
-//! event per session per `BERTH_STREAM_INTERVAL_MS`, in order, so an SSE subscriber still sees the text
-//! grow about ten times a second and rebuilds it exactly.
+//! Streamed deltas, coalesced: an agent streams one delta per token, and each would be a write
+//! transaction and an event. Deltas are held per session and written as one `runtime.output` event per
+//! session per `BERTH_STREAM_INTERVAL_MS`, in order, so an SSE subscriber still sees the text grow about
+//! ten times a second and rebuilds it exactly.
 //!
 //! What a delta is, and the one line that stands for a run of them, is the agent protocol's
 //! (`crate::agent`: `Delta`, `Run::render`); consecutive deltas of one run merge, the line keeping the

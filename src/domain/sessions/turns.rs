@@ -1,7 +1,7 @@
-//! A session's turns (issue 40 item 2): each prompt delivered to the agent starts one, its settling ends
-//! it, and a checkpoint of the environment is taken at both ends (the start one before the agent has the
-//! prompt, so it holds the worktree as the agent found it; the end one after the turn's answer, never
-//! holding it up). A turn's diff is what changed between its two checkpoints.
+//! A session's turns: each prompt delivered to the agent starts one, its settling ends it, and a
+//! checkpoint of the environment is taken at both ends (the start one before the agent has the prompt,
+//! so it holds the worktree as the agent found it; the end one after the turn's answer, never holding it
+//! up). A turn's diff is what changed between its two checkpoints.
 use uuid::Uuid;
 
 use super::Ctx;

@@ -75,7 +75,7 @@ pub async fn archive(
         let now = crate::clock::now();
         let leaving: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
         for (t, j) in tasks.iter().zip(jobs.iter_mut()) {
-            // Issue 17 item 4: live inheritors keep working; the environment passes to the nearest one.
+            // Live inheritors keep working; the environment passes to the nearest one.
             let t = &lock_task(&txn, t.id).await?;
             if keep_whole(&txn, ctx, t, j.task_environment_id, &leaving, Leaving::Archive).await? {
                 let mut snap = snapshot_of(j)?;
@@ -131,7 +131,7 @@ pub async fn unarchive(
     loop {
         let txn = ctx.db.begin_write().await?;
         let locked = lock_task(&txn, task_id).await?;
-        // Issue 17 item 4: before anything changes.
+        // Before anything changes.
         ensure_owner_live(&txn, &locked).await?;
         let jobs = jobs_store::of_task(
             &txn,

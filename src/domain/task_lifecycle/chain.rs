@@ -1,5 +1,5 @@
-//! Inherit chains stay whole (issue 17 item 4, I8): when a task leaves its chain (deleted, or archived
-//! while inheritors live on), every task that worked in its environment keeps resolving to an owner.
+//! Inherit chains stay whole (I8): when a task leaves its chain (deleted, or archived while inheritors
+//! live on), every task that worked in its environment keeps resolving to an owner.
 use std::collections::HashSet;
 
 use sea_orm::DatabaseTransaction;
@@ -87,7 +87,7 @@ pub(super) async fn keep_whole(
     };
     let moved =
         task_store::transfer_environment(txn, env.as_ref(), from, &heir, heir_parent, all_children, now).await?;
-    // The branches berth made for the environment go with it (issue 17, item 3: the heir deletes them).
+    // The branches berth made for the environment go with it (the heir deletes them).
     crate::store::branches::transfer(txn, from.id, heir.id).await?;
     let subject = Subject {
         task_environment_id: env.as_ref().map(|e| e.id),

@@ -30,8 +30,8 @@ use crate::store::tasks::{self as task_store, live_inheritors, lock_in_order, lo
 pub(super) enum Checked {
     /// The current one (a reset: only it is removed).
     Current,
-    /// The current one and every earlier one still naming worktrees (a delete removes them all; issue 38
-    /// item 2: no dirty work is left without an owner).
+    /// The current one and every earlier one still naming worktrees (a delete removes them all, so no
+    /// dirty work is left without an owner).
     All,
 }
 
@@ -135,7 +135,7 @@ pub(crate) async fn delete_tasks(
         let t = lock_task(&txn, t.id).await?;
         let mut j = prepare(&txn, ctx, &t, trigger(&t), consent).await?;
         if let Some(branch_consent) = branch_consent {
-            // Issue 17: consent to delete unmerged berth-created branches, recorded with the job.
+            // Consent to delete unmerged berth-created branches, recorded with the job.
             let mut snap = snapshot_of(&j)?;
             snap.delete_branches = Some(branch_consent.clone());
             j.resource_snapshot = serde_json::to_value(&snap).map_err(|e| Error::Internal(e.into()))?;
@@ -164,8 +164,8 @@ pub(crate) async fn delete_tasks(
         let txn = ctx.db.begin_write().await?;
         lock_in_order(&txn, tasks).await?;
         for (t, j) in tasks.iter().zip(jobs.iter_mut()) {
-            // I8, issue 17 item 4: the chain through the task stays whole; an environment that a surviving
-            // inheritor uses is transferred, not destroyed.
+            // I8: the chain through the task stays whole; an environment that a surviving inheritor uses
+            // is transferred, not destroyed.
             let t = &lock_task(&txn, t.id).await?;
             if keep_whole(&txn, ctx, t, j.task_environment_id, &doomed, Leaving::Delete).await? {
                 let mut snap = snapshot_of(j)?;

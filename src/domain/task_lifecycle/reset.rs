@@ -32,8 +32,8 @@ pub async fn reset_environment(
     }
     let owner = owner_of(&ctx.db.conn, &t).await?;
     if consent.is_none() {
-        // I11 for a reset (issue 17 item 5), before anything changes (outside the write transaction: git
-        // runs). A worktree that turns dirty after this ends the job `failed` without removing it.
+        // I11 for a reset, before anything changes (outside the write transaction: git runs). A worktree
+        // that turns dirty after this ends the job `failed` without removing it.
         let dirty = dirty_worktrees(ctx, std::slice::from_ref(&owner), Checked::Current).await?;
         if !dirty.is_empty() {
             return Err(Error::TaskDeleteDirtyWorktree(dirty));

@@ -1,5 +1,5 @@
-//! The agents of the Agent Client Protocol, each, through the real berth server on both databases: a permission question
-//! before the agent's own tool writes a file (allowed: the file is in the worktree; rejected: it is not),
+//! The agents of the Agent Client Protocol, each, through the real berth server on both databases: a
+//! permission question before the agent's own tool writes a file (allowed: the file is in the worktree; rejected: it is not),
 //! a streamed answer rebuilt exactly from the events, a second turn whose model request carries the
 //! first, a berth restart after which the next model request carries both, an abort mid-stream that ends
 //! the turn `cancelled` with the agent alive, a message sent mid-turn delivered after it, and the agent's

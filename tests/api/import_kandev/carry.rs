@@ -1,7 +1,7 @@
-//! Issue 38 item 4: the cleanup kandev still owed becomes berth's. An archived task's pending archive job
-//! and a deleted task's delete job become pending berth cleanup jobs with complete snapshots; a job kandev
-//! gave up on is a failed berth job an operator may retry; finished and uncommitted ones are history. And
-//! the worker then really does the work on the adopted worktrees, where kandev made them (outside
+//! The cleanup kandev still owed becomes berth's. An archived task's pending archive job and a deleted
+//! task's delete job become pending berth cleanup jobs with complete snapshots; a job kandev gave up on is
+//! a failed berth job an operator may retry; finished and uncommitted ones are history. And the worker
+//! then really does the work on the adopted worktrees, where kandev made them (outside
 //! `BERTH_WORKTREE_ROOT`). An imported task's archive, delete and reset work on them as on berth's own.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -255,11 +255,11 @@ pub(crate) async fn the_worker_does_the_cleanup_kandev_owed(app: TestApp) {
     assert!(active.is_empty(), "{active:?}");
 }
 
-// Issue 38 item 4: an imported task lives like a native one. Its adopted worktrees (kandev's task
-// directories, outside BERTH_WORKTREE_ROOT) are managed in the directory the import found them in: a delete
-// refuses a dirty one (naming its environment) and removes it with consent, a reset removes a clean one and
-// the next session materializes under the worktree root, an archive removes one. Registrations go with
-// them; the source repository and kandev's other directories stay.
+// An imported task lives like a native one. Its adopted worktrees (kandev's task directories, outside
+// BERTH_WORKTREE_ROOT) are managed in the directory the import found them in: a delete refuses a dirty one
+// (naming its environment) and removes it with consent, a reset removes a clean one and the next session
+// materializes under the worktree root, an archive removes one. Registrations go with them; the source
+// repository and kandev's other directories stay.
 pub(crate) async fn an_imported_task_is_archived_deleted_and_reset_like_a_native_one(app: TestApp) {
     let w = World::new(&app);
     let wts: Vec<PathBuf> = ["del", "reset", "arch"]

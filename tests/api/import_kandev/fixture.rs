@@ -1,8 +1,8 @@
-//! kandev databases built from `design/kandev-schema.md` (both generations) by the same SQL on SQLite and on
-//! PostgreSQL (a fresh database per fixture, dropped with it; kandev renders TIMESTAMP as TIMESTAMPTZ
-//! there, as its `dialect.RenderSchema` does), real git repositories and worktrees made with the git CLI,
-//! the `berth import kandev` runner, and a dump of berth's database to prove that a refused or failed
-//! import changed nothing.
+//! kandev databases built from `docs/kandev-schema.md` (both generations) by the same SQL on SQLite and on
+//! PostgreSQL (a fresh database per fixture, dropped with it; kandev renders TIMESTAMP as TIMESTAMPTZ there,
+//! as its `dialect.RenderSchema` does), real git repositories and worktrees made with the git CLI, the
+//! `berth import kandev` runner, and a dump of berth's database to prove that a refused or failed import
+//! changed nothing.
 use std::path::{Path, PathBuf};
 
 use sea_orm::sqlx::sqlite::SqliteConnectOptions;

@@ -1,5 +1,5 @@
-//! A scripted model server for the tests that run real agents offline: Pi (issue 15) and the Agent Client
-//! Protocol agents (opencode, Claude Code, Codex, Gemini CLI). Plain tokio and hand-written HTTP/1.1 on
+//! A scripted model server for the tests that run real agents offline: Pi and the Agent Client Protocol
+//! agents (opencode, Claude Code, Codex, Gemini CLI). Plain tokio and hand-written HTTP/1.1 on
 //! 127.0.0.1:0, one request per connection. One listener speaks four dialects, chosen by path:
 //!
 //! - OpenAI Chat Completions, `POST /v1/chat/completions` (Pi, opencode): [`openai`];
