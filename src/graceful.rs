@@ -64,6 +64,7 @@ pub async fn serve(app: Application, mut signals: Signals) -> anyhow::Result<()>
     ctx.runtime.stop_all_by(plan.agents_until).await;
     // The lease goes back at once; a live instance of this node takes over the open sessions.
     crate::domain::nodes::lease::give_back(&ctx).await;
+    crate::domain::webhooks::deliver::give_back(&ctx).await;
     let left = plan.exit_by.saturating_duration_since(Instant::now());
     tracing::info!(left_ms = left.as_millis() as u64, "shut down");
     match served {

@@ -61,7 +61,7 @@ async fn open_database_with(config: &Config, connections: u32) -> anyhow::Result
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Application> {
-        // Issue 39 item 7: one bound on this process's connections, whatever the core count.
+        // One bound on this process's connections, whatever the core count.
         let workers = http_workers();
         let pools = crate::store::PoolPlan::new(
             config.db_max_connections,
@@ -111,7 +111,7 @@ impl Application {
         background.push(tokio::spawn(crate::domain::sessions::consume(ctx.clone(), runtime_reports)).abort_handle());
         background.push(tokio::spawn(observe_events(ctx.metrics.clone(), published)).abort_handle());
         background.push(tokio::spawn(count_cleanup_jobs(ctx.clone())).abort_handle());
-        // Issue 39: this process is an instance of its node, holding a lease, before it judges any other
+        // This process is an instance of its node, holding a lease, before it judges any other
         // instance's work (restore leaves a live sibling's agents alone).
         crate::domain::nodes::lease::register(&ctx, port)
             .await
@@ -119,9 +119,9 @@ impl Application {
         background.push(tokio::spawn(crate::domain::nodes::lease::hold(ctx.clone())).abort_handle());
         background.push(tokio::spawn(crate::domain::landing::pull_requests::poll(ctx.clone())).abort_handle());
         background.push(tokio::spawn(crate::domain::webhooks::deliver::run(ctx.clone())).abort_handle());
-        // Issue 15, item 4: what other replicas route to the agents this node runs.
+        // What other replicas route to the agents this node runs.
         background.push(tokio::spawn(crate::domain::sessions::serve_routed(ctx.clone())).abort_handle());
-        // Issue 39: agents a gone instance of this node left are ended before any job may touch a worktree.
+        // Agents a gone instance of this node left are ended before any job may touch a worktree.
         crate::domain::sessions::end_orphans(&ctx)
             .await
             .map_err(|e| anyhow::anyhow!("ending agents a previous instance left: {e}"))?;
@@ -155,7 +155,7 @@ impl Application {
             background.push(
                 tokio::spawn(crate::events::listen_postgres(ctx.events.clone(), ctx.db.conn.clone())).abort_handle(),
             );
-            // Issue 19: events are stamped by whichever replica leads (this one, or another).
+            // Events are stamped by whichever replica leads (this one, or another).
             background.push(
                 tokio::spawn(crate::events::sequencer::run(
                     ctx.events.clone(),
@@ -200,7 +200,7 @@ impl Application {
                         .config(utoipa_swagger_ui::Config::default().validator_url("none")),
                 )
                 .default_service(web::to(api::not_found))
-                // Issue 39 item 4: innermost, so the replica that took the request keeps its idempotency.
+                // Innermost, so the replica that took the request keeps its idempotency.
                 .wrap(from_fn(crate::api::forward::forward))
                 .wrap(from_fn(follow_point))
                 .wrap(from_fn(crate::api::idempotency::idempotency))
@@ -211,7 +211,7 @@ impl Application {
         })
         .workers(workers)
         .listen(listener)?
-        // Issue 20 item 3: berth's own shutdown (`graceful`) stops the server, within its budget.
+        // Berth's own shutdown (`graceful`) stops the server, within its budget.
         .shutdown_signal(ctx.shutdown.begun_owned())
         .shutdown_timeout(crate::shutdown::drain_secs(ctx.config.shutdown_budget))
         .run();

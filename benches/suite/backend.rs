@@ -144,6 +144,8 @@ pub(crate) async fn run_backend(
 
     if only == Some("claims") {
         claims(&b, table).await;
+    } else if only == Some("webhooks") {
+        webhooks(&b, table).await;
     } else if only == Some("materialize") {
         materialize(&mut b, table, &source).await;
     } else if only == Some("reads") {
@@ -173,6 +175,7 @@ pub(crate) async fn run_backend(
         load(&b, table, &format!("{big} tasks"), false).await;
         claims(&b, table).await;
         git_status(&b, table).await;
+        webhooks(&b, table).await;
     }
 
     drop(b);

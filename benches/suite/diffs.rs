@@ -1,4 +1,4 @@
-//! What the agent did, fast enough to click (issue 40 item 6): berth's diff of a 1,000-file change and
+//! What the agent did, fast enough to click: berth's diff of a 1,000-file change and
 //! of a 10 MiB file (`git::diff::changes`, scope `all`: a temporary index, the listing, the patches and
 //! the untracked paths) and its checkpoint of a 10,000-file worktree (`git::diff::snapshot`), each
 //! against the bare git work done by hand: copy the index, `git add --all` into it, then `git diff

@@ -18,7 +18,7 @@ pub(crate) async fn replay(b: &Bench, table: &mut Table) {
         .unwrap();
         b.ctx.commit(txn).await.unwrap();
     }
-    // On PostgreSQL the sequencer stamps them after their commits (issue 19): the write is done when
+    // On PostgreSQL the sequencer stamps them after their commits: the write is done when
     // the last one is readable.
     while b.get("/api/v1/events?limit=1").await["latest_seq"].as_i64().unwrap() < latest + REPLAY_EVENTS as i64 {
         tokio::time::sleep(Duration::from_millis(5)).await;

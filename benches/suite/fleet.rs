@@ -1,4 +1,4 @@
-//! Issue 39 item 8: what it costs to send a request to a node that does not hold the work. Two release
+//! What it costs to send a request to a node that does not hold the work. Two release
 //! berth processes (nodes `fleet-a` and `fleet-b`) on one PostgreSQL database; a task whose repository
 //! node a registered; sessions created (`start: false`, attaching to the task's ready environment) through
 //! a, which carries them out itself, and through b, which forwards each to a over HTTP and answers with

@@ -12,7 +12,7 @@ pub(crate) async fn load(b: &Bench, table: &mut Table, size: &str, events: bool)
         ("GET /api/v1/tasks/{id}", format!("/api/v1/tasks/{}", b.task)),
         ("GET /api/v1/sessions/{id}", format!("/api/v1/sessions/{}", b.session)),
     ] {
-        // Where each side's CPU goes (issue 19 item 3): the server's and wrk's per request, and this
+        // Where each side's CPU goes: the server's and wrk's per request, and this
         // process's per bare read (its SQLite threads included; the server idles meanwhile), summed
         // over the windows.
         let server = b.server.child.id().to_string();

@@ -1,4 +1,4 @@
-//! berth against the bare work it wraps (issue 9), measured side by side in one run on SQLite and, when
+//! Berth against the bare work it wraps, measured side by side in one run on SQLite and, when
 //! `BERTH_BENCH_POSTGRES_URL` is set, on PostgreSQL (a fresh database there, dropped afterwards).
 //!
 //! `benches/run.sh` is the one command (it installs `wrk`, then runs `cargo bench --bench suite`). The
@@ -18,7 +18,8 @@
 //! 16 real Pi and opencode agents streaming; fails when they are not installed), `fleet` (PostgreSQL:
 //! create-session latency through a node that forwards it against the owning node), `streaming` (`cargo bench
 //! --bench suite -- streaming`), `diffs` (a diff of 1,000 files and of a 10 MiB file, a checkpoint of
-//! 10,000 files, against bare git).
+//! 10,000 files, against bare git), `webhooks` (PATCH throughput with 10 subscriptions delivering against
+//! none, and the delivery lag).
 mod admission;
 mod agents;
 mod backend;
@@ -32,6 +33,7 @@ mod materialize;
 mod sequencing;
 mod streaming;
 mod util;
+mod webhooks;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -61,6 +63,7 @@ use materialize::*;
 use sequencing::*;
 use streaming::*;
 use util::*;
+use webhooks::*;
 
 pub(crate) const SECRET: &str = "bench-secret-bench-secret-bench-secret-0123";
 pub(crate) const READ_CONNECTIONS: usize = 64;
@@ -187,7 +190,10 @@ pub(crate) fn main() {
         for (backend, url) in backends {
             if wants("backend") {
                 run_backend(&mut table, backend, url.clone(), None).await;
-            } else if let Some(only) = ["claims", "materialize", "reads"].into_iter().find(|g| wants(g)) {
+            } else if let Some(only) = ["claims", "materialize", "reads", "webhooks"]
+                .into_iter()
+                .find(|g| wants(g))
+            {
                 run_backend(&mut table, backend, url.clone(), Some(only)).await;
             }
             if let Some(url) = &url

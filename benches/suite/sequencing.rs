@@ -1,4 +1,4 @@
-//! Issue 19: event sequencing on PostgreSQL with one replica and with three on one database.
+//! Event sequencing on PostgreSQL with one replica and with three on one database.
 //!
 //! - Stamping latency at idle: one PATCH at a time (a pause between them) through a random replica,
 //!   timed from sending the request to its `task.updated` frame on a stream held open on another

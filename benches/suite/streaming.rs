@@ -1,4 +1,4 @@
-//! Streaming (issue 15, item 7): 16 sessions each streaming 2,000 deltas at 200/s through the release
+//! Streaming: 16 sessions each streaming 2,000 deltas at 200/s through the release
 //! server (the test agent as their profile), watched by 16 SSE subscribers; then a flooding agent.
 use std::collections::HashMap;
 

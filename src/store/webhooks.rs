@@ -91,6 +91,21 @@ pub async fn release<C: ConnectionTrait>(conn: &C, id: Uuid, owner: Uuid) -> Res
     Ok(())
 }
 
+/// Gives up every lease `owner` holds (a process shutting down): another replica, or this node started
+/// again, delivers them at once instead of after the lease runs out.
+pub async fn release_all<C: ConnectionTrait>(conn: &C, owner: Uuid) -> Result<u64> {
+    let done = webhook::Entity::update_many()
+        .col_expr(webhook::Column::LeaseOwner, Expr::value(Option::<Uuid>::None))
+        .col_expr(
+            webhook::Column::LeaseExpiresAt,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
+        .filter(webhook::Column::LeaseOwner.eq(owner))
+        .exec(conn)
+        .await?;
+    Ok(done.rows_affected)
+}
+
 /// Where the deliverer stands: its cursor and the retry state of the event after it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Position {

@@ -58,5 +58,6 @@ mod tickets;
 mod turns;
 mod ui;
 mod usage;
+mod vocabulary;
 mod webhooks;
 mod workspaces;

@@ -1,4 +1,4 @@
-//! Issue 42 item 3: what agents spend, recorded where it happens. The real Pi against the suite's model
+//! What agents spend, recorded where it happens. The real Pi against the suite's model
 //! server, which reports known token counts, with prices in Pi's model table so that Pi reports a cost:
 //! the totals berth shows must be exactly what those figures make. The records outlive their session and
 //! task in the workspace's rollups. A report that claims what no call can (a negative count) is refused.

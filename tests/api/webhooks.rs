@@ -1,4 +1,4 @@
-//! Issue 42 items 1, 2 and 5: signed webhooks that never lose an event. Every delivery is checked by a
+//! Signed webhooks that never lose an event. Every delivery is checked by a
 //! receiver that verifies it with the Standard Webhooks library from PyPI (tests/webhooks/receiver.py,
 //! installed by .ci/webhooks), not with berth's own code. What must hold: every delivery verifies, also
 //! across a secret's rotation; a receiver that fails for a while gets every event, once after
@@ -25,6 +25,7 @@ both_backends!(
     a_receiver_failing_past_the_horizon_is_disabled_with_an_event,
     two_replicas_deliver_each_event_once,
     a_berth_killed_mid_delivery_is_followed_without_a_gap,
+    a_berth_stopped_gracefully_gives_its_subscriptions_back_at_once,
     bad_subscriptions_are_refused_and_secrets_never_shown_again,
 );
 
@@ -466,6 +467,66 @@ async fn a_berth_killed_mid_delivery_is_followed_without_a_gap(app: TestApp) {
         .collect();
     assert_eq!(events.len(), 8);
     assert_exactly(&taken, &events);
+}
+
+/// A berth stopped with SIGTERM gives up the leases of the subscriptions it delivered: the next process
+/// delivers at once, though the leases are set to outlast the test (without the give-back, the second
+/// process would wait ten minutes and the test fail at its deadline).
+async fn a_berth_stopped_gracefully_gives_its_subscriptions_back_at_once(app: TestApp) {
+    let Some(rx) = Receiver::start() else { return };
+    let dir = tempfile::TempDir::new().unwrap();
+    let data = dir.path().join("data");
+    let log = dir.path().join("berth.log");
+    let mut env = crate::faults::process_env(&app, &data);
+    for (k, v) in SETTINGS {
+        env.insert(k.into(), v.into());
+    }
+    env.insert("BERTH_WEBHOOK_LEASE_SECS".into(), "600".into());
+    app.stop_background();
+    let client = crate::helpers::client();
+    let token = app.admin.clone();
+    let call = |base: String, path: &str, body: Value| {
+        let req = client.post(format!("{base}{path}")).bearer_auth(&token).json(&body);
+        let path = path.to_string();
+        async move {
+            let r = req.send().await.unwrap();
+            assert!(r.status().is_success(), "{path}: {}", r.status());
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let mut first = crate::faults::start(&env, None, &log);
+    crate::faults::wait_ready(&client, &mut first).await;
+    let ws = id_of(&call(first.base.clone(), "/api/v1/workspaces", json!({"name": "stopped"})).await);
+    let w = call(
+        first.base.clone(),
+        "/api/v1/webhooks",
+        json!({"url": rx.url, "types": ["task."], "workspace_id": ws}),
+    )
+    .await;
+    rx.trust(&[w["secret"].as_str().unwrap()]);
+    let tasks = format!("/api/v1/workspaces/{ws}/tasks");
+    call(
+        first.base.clone(),
+        &tasks,
+        json!({"title": "before", "repositories": []}),
+    )
+    .await;
+    rx.wait_taken(1).await;
+    unsafe {
+        libc::kill(first.child.id() as i32, libc::SIGTERM);
+    }
+    assert!(first.child.wait().unwrap().success(), "berth stopped cleanly");
+    let mut second = crate::faults::start(&env, None, &log);
+    crate::faults::wait_ready(&client, &mut second).await;
+    call(
+        second.base.clone(),
+        &tasks,
+        json!({"title": "after", "repositories": []}),
+    )
+    .await;
+    let taken = rx.wait_taken(2).await;
+    all_verified(&rx.log().await);
+    assert_eq!(taken.len(), 2, "{taken:?}");
 }
 
 async fn bad_subscriptions_are_refused_and_secrets_never_shown_again(app: TestApp) {

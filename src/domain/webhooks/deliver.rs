@@ -1,4 +1,4 @@
-//! Delivery (issue 42 item 2): each enabled subscription is a durable cursor over the event log, delivered
+//! Delivery: each enabled subscription is a durable cursor over the event log, delivered
 //! by exactly one process at a time (a lease on its row, renewed between attempts), in `seq` order, at
 //! least once. The cursor moves only past an event its receiver took (a 2xx) or one the subscription does
 //! not take, so a process killed mid-attempt is followed by one that sends that event again, with the
@@ -186,6 +186,9 @@ pub async fn run(ctx: Ctx) {
     let tick = (ctx.config.webhook_lease / 4).clamp(Duration::from_millis(200), Duration::from_secs(1));
     let mut running: HashMap<Uuid, tokio::task::JoinHandle<()>> = HashMap::new();
     loop {
+        if ctx.shutdown.is_begun() {
+            return; // `give_back` releases what this process held
+        }
         running.retain(|_, task| !task.is_finished());
         let now = crate::clock::now();
         match store::unleased(&ctx.db.conn, now).await {
@@ -211,6 +214,17 @@ pub async fn run(ctx: Ctx) {
     }
 }
 
+/// A process shutting down gives its subscriptions back, so that another replica (or this node started
+/// again) delivers them at once rather than after `BERTH_WEBHOOK_LEASE_SECS`. A delivery still in flight
+/// may then be sent twice: its `webhook-id` lets the receiver see that.
+pub async fn give_back(ctx: &Ctx) {
+    match store::release_all(&ctx.db.conn, ctx.instance_id).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(webhooks = n, "gave the webhook subscriptions back"),
+        Err(e) => tracing::warn!(error = %e, "could not give the webhook subscriptions back; their leases run out"),
+    }
+}
+
 /// Delivers one subscription while this process holds its lease.
 async fn serve(ctx: Ctx, id: Uuid) {
     match deliver(&ctx, id).await {
@@ -228,6 +242,9 @@ async fn deliver(ctx: &Ctx, id: Uuid) -> Result<()> {
     let mut live = ctx.events.subscribe();
     let mut since_trim = 0u32;
     loop {
+        if ctx.shutdown.is_begun() {
+            return Ok(());
+        }
         let now = crate::clock::now();
         if !store::lease(conn, id, me, now, now + lease).await? {
             return Ok(()); // another process holds it, or it was disabled or deleted

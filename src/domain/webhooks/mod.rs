@@ -1,4 +1,4 @@
-//! Webhook subscriptions (issue 42 items 1 and 2): who may make and see them, what a valid one is, and
+//! Webhook subscriptions: who may make and see them, what a valid one is, and
 //! the secret that signs its deliveries. Delivery itself is `deliver`; the signature `sign`.
 pub mod deliver;
 pub mod sign;

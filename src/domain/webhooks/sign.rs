@@ -1,4 +1,4 @@
-//! Standard Webhooks signatures (issue 42 item 1): `webhook-signature: v1,<base64 HMAC-SHA256 of
+//! Standard Webhooks signatures: `webhook-signature: v1,<base64 HMAC-SHA256 of
 //! "<webhook-id>.<webhook-timestamp>.<body>">`, keyed with the secret's bytes (`whsec_<base64>`). While a
 //! rotated-out secret still signs, the header carries both signatures, space-separated, as the
 //! specification allows, so a receiver holding either secret verifies.

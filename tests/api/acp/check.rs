@@ -1,4 +1,4 @@
-//! Issue 37 item 7: `berth agents check` starts every configured profile's agent as a launch would, asks
+//! `berth agents check` starts every configured profile's agent as a launch would, asks
 //! it who it is and prints the answer: for a real agent (opencode) its name, version, capabilities and
 //! auth methods; an agent wanting a login still introduces itself with its methods; a command that does
 //! not start, or an agent that quits without answering, fails the check and the exit code says so.

@@ -1,4 +1,4 @@
-//! Issue 37 item 6: berth's side of the protocol is safe against a hostile ACP agent (our own,
+//! Berth's side of the protocol is safe against a hostile ACP agent (our own,
 //! `tests/acp/hostile/agent.py`: no real agent asks for files outside its worktree). It serves files
 //! only inside the admitted worktree, never through `..`, an absolute path elsewhere, a symbolic link or
 //! the worktree's `.git`; and an agent that wants authentication fails the launch with a typed reason

@@ -1,4 +1,4 @@
-//! The real Agent Client Protocol agents (issue 37), pinned in `tests/acp/<agent>` and installed by
+//! The real Agent Client Protocol agents, pinned in `tests/acp/<agent>` and installed by
 //! `.ci/acp`, run fully offline against the suite's scripted model server, each with its own HOME: opencode
 //! (OpenAI Chat Completions), Claude Code through claude-agent-acp (Anthropic Messages), Codex through
 //! codex-acp (OpenAI Responses) and Gemini CLI (Gemini `streamGenerateContent`). Everything goes through
