@@ -1,6 +1,6 @@
 //! The one error enum, usable by every layer (auth and domain alike). `api::problem` maps each variant
 //! to problem+json exactly once.
-use crate::auth::scope::Scope;
+use crate::scope::Scope;
 
 /// A field-level complaint, returned under `errors` in a `validation_failed` problem.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
@@ -209,7 +209,7 @@ impl From<sea_orm::DbErr> for Error {
             return Error::invalid("body", "text must not contain NUL (\\u0000) characters");
         }
         if is_unavailable(&e) {
-            crate::store::outage::note();
+            crate::outage::note();
             return Error::Unavailable(e.to_string());
         }
         Error::Internal(anyhow::Error::new(e))

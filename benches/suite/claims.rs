@@ -191,7 +191,7 @@ pub(crate) async fn bare_claim(ctx: &Ctx, how: Bare) -> Option<Uuid> {
     if how != Bare::Flushed {
         berth::store::Db::unflushed(&txn).await.unwrap();
     }
-    let found = berth::worker::cleanup::next_claimable(&txn, "bench-bare", now)
+    let found = berth::store::cleanup_jobs::next_claimable(&txn, "bench-bare", now)
         .await
         .unwrap()?;
     let update = job::Entity::update_many()

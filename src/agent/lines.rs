@@ -4,6 +4,14 @@ use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
 
+/// The longest stdout line kept; longer lines are dropped (an agent must not grow berth's memory).
+pub const MAX_LINE: usize = 8 * 1024 * 1024;
+/// The bytes of agent output parsed or waiting to be recorded, all agents together. A reader takes a
+/// line's share before parsing it (an upper bound of its parsed size, `parsed_bound`), keeps what the
+/// line holds once stripped, and the domain gives it back when the line is recorded; past this, agents'
+/// output waits in their pipes. A line whose parsed form could exceed the whole budget is dropped.
+pub const REPORT_BYTES: usize = 64 * 1024 * 1024;
+
 /// What one parsed JSON value may cost beyond its strings (the `Value`, its slot in a growing `Vec` or a
 /// `BTreeMap` node, allocator overhead), for `parsed_bound` and `held_bytes`.
 const VALUE_COST: usize = 160;
@@ -183,7 +191,6 @@ impl<'de> Visitor<'de> for Skipping {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::{MAX_LINE, REPORT_BYTES};
     use serde_json::json;
     use tokio::io::{AsyncBufReadExt, BufReader};
 

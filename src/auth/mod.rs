@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 mod claims;
 pub mod jwks;
-pub mod scope;
+pub use crate::scope;
 pub use scope::Scope;
 
 use std::sync::Arc;

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod remotes;
 mod secrets;
 pub mod settings;
+pub mod signature;
 use secrets::{load_jwt_key, read_or_create, secret_from_file};
 use settings::{SETTINGS, Source};
 
@@ -228,7 +229,7 @@ pub struct Config {
     /// Credentials and API endpoints per remote host (`[remotes."<host>"]`).
     pub remotes: BTreeMap<String, remotes::RemoteHost>,
     /// The author of what berth commits when the token names nobody (`Name <email>`).
-    pub git_author: Option<crate::git::signature::Signature>,
+    pub git_author: Option<signature::Signature>,
     /// How often open pull requests' states are read again.
     pub pull_request_poll: Duration,
     /// Webhook delivery. How long a receiver may take to answer; how long one event is retried before its
@@ -571,11 +572,11 @@ fn check_origin(origin: &str) -> Result<(), &'static str> {
 }
 
 /// `Name <email>`.
-fn parse_author(s: &str) -> Option<crate::git::signature::Signature> {
+fn parse_author(s: &str) -> Option<signature::Signature> {
     let (name, rest) = s.split_once('<')?;
     let email = rest.strip_suffix('>')?.trim();
     let name = name.trim();
-    (!name.is_empty() && email.contains('@')).then(|| crate::git::signature::Signature {
+    (!name.is_empty() && email.contains('@')).then(|| signature::Signature {
         name: name.into(),
         email: email.into(),
     })

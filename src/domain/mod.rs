@@ -12,6 +12,7 @@ pub mod nodes;
 pub mod pagination;
 pub mod precondition;
 pub mod repositories;
+pub mod retention;
 pub mod reviews;
 pub mod sessions;
 pub mod task_lifecycle;

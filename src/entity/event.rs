@@ -7,7 +7,7 @@ pub struct Model {
     pub seq: i64,
     pub instance_id: Uuid,
     #[sea_orm(column_name = "type")]
-    pub event_type: crate::events::types::EventType,
+    pub event_type: crate::event_type::EventType,
     pub workspace_id: Option<Uuid>,
     pub task_id: Option<Uuid>,
     pub session_id: Option<Uuid>,

@@ -30,7 +30,7 @@ use crate::entity::event;
 
 pub mod sequencer;
 pub mod stream;
-pub mod types;
+pub use crate::event_type as types;
 pub mod wire;
 pub mod written;
 

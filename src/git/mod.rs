@@ -8,7 +8,7 @@ pub mod land;
 mod lock_retry;
 pub mod merge;
 pub mod patch;
-pub mod signature;
+pub use crate::config::signature;
 pub mod status;
 
 use std::path::{Path, PathBuf};

@@ -3,10 +3,7 @@
 //! nothing. Any error, an injected one included, drops the transaction: berth's database is unchanged.
 use std::collections::{HashMap, HashSet};
 
-use sea_orm::{
-    ActiveValue::{NotSet, Set},
-    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QuerySelect,
-};
+use sea_orm::ActiveValue::{NotSet, Set};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -18,6 +15,7 @@ use crate::entity::{
 };
 use crate::events::{self, EventType, Subject};
 use crate::store::Db;
+use crate::store::import as store;
 
 use super::plan::{Plan, RepoProbe};
 use super::report::{CarriedJob, Counts, Entry};
@@ -44,36 +42,6 @@ fn failpoint(step: &str) -> anyhow::Result<()> {
         anyhow::bail!("injected failure at {step} (BERTH_IMPORT_FAIL_AT)");
     }
     let _ = step;
-    Ok(())
-}
-
-/// `imported_from` → berth id, for the rows of a table that already came from kandev.
-async fn imported<E: EntityTrait>(
-    txn: &DatabaseTransaction,
-    imported_from: E::Column,
-    id: E::Column,
-) -> anyhow::Result<HashMap<String, Uuid>> {
-    let rows: Vec<(Option<String>, Uuid)> = E::find()
-        .select_only()
-        .column(imported_from)
-        .column(id)
-        .filter(imported_from.is_not_null())
-        .into_tuple()
-        .all(txn)
-        .await?;
-    Ok(rows.into_iter().filter_map(|(k, v)| k.map(|k| (k, v))).collect())
-}
-
-async fn insert_chunked<A, C>(conn: &C, rows: Vec<A>) -> anyhow::Result<()>
-where
-    A: sea_orm::ActiveModelTrait,
-    C: ConnectionTrait,
-{
-    let mut rows = rows.into_iter().peekable();
-    while rows.peek().is_some() {
-        let chunk: Vec<A> = rows.by_ref().take(200).collect();
-        A::Entity::insert_many(chunk).exec_without_returning(conn).await?;
-    }
     Ok(())
 }
 
@@ -109,11 +77,7 @@ pub async fn write(
     let mut seen_before = false;
     let mut created_workspace = false;
 
-    let ws = match workspace::Entity::find()
-        .filter(workspace::Column::Name.eq(workspace_name))
-        .one(&txn)
-        .await?
-    {
+    let ws = match store::workspace_named(&txn, workspace_name).await? {
         Some(ws) if ws.status != WorkspaceStatus::Active => {
             anyhow::bail!("workspace {workspace_name:?} is being deleted; nothing was imported")
         }
@@ -140,13 +104,9 @@ pub async fn write(
 
     // Repositories: by their local path (one berth repository per path), else kandev's id.
     let mut repo_ids =
-        imported::<repository::Entity>(&txn, repository::Column::ImportedFrom, repository::Column::Id).await?;
+        store::imported::<repository::Entity>(&txn, repository::Column::ImportedFrom, repository::Column::Id).await?;
     seen_before |= plan.repositories.iter().any(|r| repo_ids.contains_key(&r.id));
-    let live: Vec<repository::Model> = repository::Entity::find()
-        .filter(repository::Column::WorkspaceId.eq(ws.id))
-        .filter(repository::Column::DeletedAt.is_null())
-        .all(&txn)
-        .await?;
+    let live = store::live_repositories(&txn, ws.id).await?;
     let mut by_path: HashMap<String, Uuid> = live.iter().map(|r| (r.path.clone(), r.id)).collect();
     let mut names: HashSet<String> = live.iter().map(|r| r.name.clone()).collect();
     let mut new_repos = Vec::new();
@@ -209,11 +169,11 @@ pub async fn write(
         )
         .await?;
     }
-    insert_chunked(&txn, new_repos).await?;
+    store::insert_chunked(&txn, new_repos).await?;
     failpoint("after_repositories")?;
 
     // Tasks, parents first (the parent link is a foreign key).
-    let mut task_ids = imported::<task::Entity>(&txn, task::Column::ImportedFrom, task::Column::Id).await?;
+    let mut task_ids = store::imported::<task::Entity>(&txn, task::Column::ImportedFrom, task::Column::Id).await?;
     seen_before |= plan.tasks.iter().any(|t| task_ids.contains_key(&t.id));
     let mut new_tasks: HashSet<String> = HashSet::new();
     let mut pending: Vec<&super::plan::PlannedTask> =
@@ -284,15 +244,16 @@ pub async fn write(
             .await?;
         }
         counts.tasks += batch.len() as u64;
-        insert_chunked(&txn, batch).await?;
-        insert_chunked(&txn, slots).await?;
+        store::insert_chunked(&txn, batch).await?;
+        store::insert_chunked(&txn, slots).await?;
     }
     failpoint("after_tasks")?;
 
     // Environments and their inventory, only with a new environment (an existing one keeps its rows).
-    let mut env_ids = imported::<env::Entity>(&txn, env::Column::ImportedFrom, env::Column::Id).await?;
+    let mut env_ids = store::imported::<env::Entity>(&txn, env::Column::ImportedFrom, env::Column::Id).await?;
     seen_before |= plan.environments.iter().any(|e| env_ids.contains_key(&e.key));
-    let known_rows = imported::<env_repo::Entity>(&txn, env_repo::Column::ImportedFrom, env_repo::Column::Id).await?;
+    let known_rows =
+        store::imported::<env_repo::Entity>(&txn, env_repo::Column::ImportedFrom, env_repo::Column::Id).await?;
     let mut new_envs: HashSet<String> = HashSet::new();
     let (mut envs, mut rows) = (Vec::new(), Vec::new());
     let fresh: Vec<_> = plan
@@ -353,12 +314,13 @@ pub async fn write(
         }
     }
     counts.environments = envs.len() as u64;
-    insert_chunked(&txn, envs).await?;
+    store::insert_chunked(&txn, envs).await?;
     failpoint("after_environments")?;
-    insert_chunked(&txn, rows).await?;
+    store::insert_chunked(&txn, rows).await?;
     failpoint("after_environment_repos")?;
 
-    let mut session_ids = imported::<session::Entity>(&txn, session::Column::ImportedFrom, session::Column::Id).await?;
+    let mut session_ids =
+        store::imported::<session::Entity>(&txn, session::Column::ImportedFrom, session::Column::Id).await?;
     seen_before |= plan.sessions.iter().any(|s| session_ids.contains_key(&s.id));
     let mut sessions = Vec::new();
     let fresh: Vec<_> = plan
@@ -395,10 +357,10 @@ pub async fn write(
         });
     }
     counts.sessions = sessions.len() as u64;
-    insert_chunked(&txn, sessions).await?;
+    store::insert_chunked(&txn, sessions).await?;
     failpoint("after_sessions")?;
 
-    let known = imported::<session_message::Entity>(
+    let known = store::imported::<session_message::Entity>(
         &txn,
         session_message::Column::ImportedFrom,
         session_message::Column::SessionId,
@@ -421,11 +383,11 @@ pub async fn write(
         })
         .collect();
     let message_count = messages.len() as u64;
-    insert_chunked(&txn, messages).await?;
+    store::insert_chunked(&txn, messages).await?;
     failpoint("after_messages")?;
 
     // Current git status, only for environments this import creates (an existing one has its own).
-    let known = imported::<obs::Entity>(&txn, obs::Column::ImportedFrom, obs::Column::Id).await?;
+    let known = store::imported::<obs::Entity>(&txn, obs::Column::ImportedFrom, obs::Column::Id).await?;
     seen_before |= plan.observations.iter().any(|o| known.contains_key(&o.id));
     let observations: Vec<obs::ActiveModel> = plan
         .observations
@@ -451,7 +413,7 @@ pub async fn write(
         })
         .collect();
     counts.observations = observations.len() as u64;
-    insert_chunked(&txn, observations).await?;
+    store::insert_chunked(&txn, observations).await?;
     failpoint("after_observations")?;
 
     // What kandev still owed, once the rows its jobs name are written.

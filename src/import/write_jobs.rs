@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use anyhow::Context;
-use sea_orm::{ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter};
+use sea_orm::DatabaseTransaction;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -56,11 +56,7 @@ pub async fn write_jobs(
     let mut carried = Vec::new();
     for p in planned {
         let operation_id = operation_id(&p.ids);
-        let known = job::Entity::find()
-            .filter(job::Column::OperationId.eq(operation_id))
-            .one(txn)
-            .await?;
-        if known.is_some() {
+        if crate::store::import::job_of_operation(txn, operation_id).await? {
             continue;
         }
         let entry = |rule: &'static str, message: &str| Entry {

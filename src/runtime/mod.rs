@@ -19,18 +19,12 @@ pub mod check;
 mod commands;
 mod orphans;
 mod stop;
+pub use crate::agent::lines::{MAX_LINE, REPORT_BYTES};
 use crate::executor::admission::AdmittedWorkspace;
 pub use orphans::{Orphan, end_orphan};
-/// The longest stdout line kept; longer lines are dropped (an agent must not grow berth's memory).
-pub const MAX_LINE: usize = 8 * 1024 * 1024;
 const STDERR_TAIL: usize = 16 * 1024;
 /// Agent reports waiting to be recorded; past this, agents' output waits in their pipes.
 const REPORT_BUFFER: usize = 1024;
-/// The bytes of agent output parsed or waiting to be recorded, all agents together. A reader takes a
-/// line's share before parsing it (an upper bound of its parsed size, `parsed_bound`), keeps what the
-/// line holds once stripped, and the domain gives it back when the line is recorded; past this, agents'
-/// output waits in their pipes. A line whose parsed form could exceed the whole budget is dropped.
-pub const REPORT_BYTES: usize = 64 * 1024 * 1024;
 /// An agent's line buffer goes back to this capacity after a long line.
 const LINE_KEEP: usize = 64 * 1024;
 

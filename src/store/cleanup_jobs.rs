@@ -2,12 +2,14 @@
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
+    ColumnTrait, ConnectionTrait, DatabaseTransaction, DbBackend, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    QueryTrait,
 };
 use uuid::Uuid;
 
 use crate::entity::cleanup_job::{self as job, CleanupJobState, CleanupTrigger};
 use crate::error::Result;
+use crate::events::{self, EventType, Subject};
 
 pub async fn insert(txn: &DatabaseTransaction, j: &job::Model) -> Result<()> {
     let am: job::ActiveModel = j.clone().into();
@@ -147,11 +149,40 @@ pub struct LeaseGuard<'a> {
     pub attempts: i32,
 }
 
-/// `UPDATE .. SET state = to, .. WHERE id = ? AND state = from [AND lease_owner = ? AND attempts = ?]`:
-/// the compare-and-set every job state write uses (it changed the row when it affected one). Only
-/// `domain::cleanup::state::transition` runs it: on PostgreSQL with the job's event in the same statement
-/// (`events::append_on_change`), on SQLite on its own.
-pub(crate) fn compare_and_set_update(
+/// A job's move as `domain::cleanup::state::transition` decided it: from the state the caller read, to
+/// the next, with its patch, and the event that says so.
+pub struct Move<'a> {
+    pub id: Uuid,
+    pub from: CleanupJobState,
+    pub to: CleanupJobState,
+    pub lease: Option<LeaseGuard<'a>>,
+    pub patch: &'a JobPatch,
+    pub now: DateTime<Utc>,
+}
+
+/// The compare-and-set every job state write uses, and its event in the same transaction: `UPDATE ..
+/// SET state = to, .. WHERE id = ? AND state = from [AND lease_owner = ? AND attempts = ?]`. On
+/// PostgreSQL the update and its event are one statement (one round trip). `false`: the row had moved
+/// on, and nothing was written.
+pub async fn compare_and_set(
+    txn: &DatabaseTransaction,
+    m: Move<'_>,
+    instance_id: Uuid,
+    (event_type, subject, data): (EventType, Subject, serde_json::Value),
+) -> Result<bool> {
+    let update = compare_and_set_update(m.id, m.from, m.lease, m.to, m.patch, m.now);
+    if txn.get_database_backend() == DbBackend::Postgres {
+        let update = update.build(DbBackend::Postgres);
+        return Ok(events::append_on_change(txn, update, instance_id, event_type, subject, data).await?);
+    }
+    if update.exec(txn).await?.rows_affected != 1 {
+        return Ok(false);
+    }
+    events::append(txn, instance_id, event_type, subject, data).await?;
+    Ok(true)
+}
+
+fn compare_and_set_update(
     id: Uuid,
     from: CleanupJobState,
     lease: Option<LeaseGuard<'_>>,

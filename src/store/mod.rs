@@ -10,13 +10,13 @@ pub mod environments;
 pub mod event_tickets;
 pub mod executions;
 pub mod idempotency;
+pub mod import;
 pub mod inbox;
 pub mod leftovers;
 pub mod messages;
 pub mod migrate;
 pub mod nodes;
 pub mod observations;
-pub mod outage;
 pub mod pull_requests;
 pub mod repositories;
 pub mod reviews;
@@ -140,7 +140,7 @@ impl Db {
         // connection that predates it is pinged too; a dead one is replaced.
         opts.map_sqlx_postgres_before_acquire(|conn, meta| {
             Box::pin(async move {
-                if outage::predates_last(meta.idle_for) {
+                if crate::outage::predates_last(meta.idle_for) {
                     return Ok(sea_orm::sqlx::Connection::ping(conn).await.is_ok());
                 }
                 Ok(true)
@@ -228,7 +228,7 @@ impl Db {
     pub async fn ping(&self) -> bool {
         let ok = self.conn.ping().await.is_ok();
         if !ok {
-            outage::note();
+            crate::outage::note();
         }
         ok
     }

@@ -4,7 +4,6 @@ pub mod cleanup;
 use std::time::Duration;
 
 use crate::domain::Ctx;
-use crate::events;
 use cleanup::chain;
 
 /// Trims events by count and age, expires idle quick chats, purges expired idempotency keys and takes
@@ -14,7 +13,7 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     loop {
         ticker.tick().await;
-        match trim_events(&ctx).await {
+        match crate::domain::retention::trim_events(&ctx).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(trimmed = n, "event retention"),
             Err(e) => tracing::warn!(error = %chain(e), "event retention failed"),
@@ -22,7 +21,7 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
         if let Err(e) = crate::domain::task_lifecycle::expire_quick_chats(&ctx).await {
             tracing::warn!(error = %chain(e), "quick-chat expiry failed");
         }
-        match crate::store::idempotency::purge_expired(&ctx.db.conn, crate::clock::now()).await {
+        match crate::domain::retention::purge_idempotency_keys(&ctx).await {
             Ok(0) => {}
             Ok(n) => tracing::debug!(purged = n, "expired idempotency keys"),
             Err(e) => tracing::warn!(error = %chain(e), "purging idempotency keys failed"),
@@ -33,16 +32,4 @@ pub async fn sweep(ctx: Ctx, interval: Duration) {
             Err(e) => tracing::warn!(error = %chain(e), "recovering abandoned materializations failed"),
         }
     }
-}
-
-/// Retention, keeping what an enabled webhook subscription has yet to deliver.
-async fn trim_events(ctx: &Ctx) -> crate::error::Result<u64> {
-    let undelivered = crate::store::webhooks::lowest_enabled_cursor(&ctx.db.conn).await?;
-    Ok(events::trim(
-        &ctx.db.conn,
-        ctx.config.event_retention_count,
-        ctx.config.event_retention_age,
-        undelivered,
-    )
-    .await?)
 }

@@ -1,27 +1,56 @@
-//! The shape of the house: no file under `src/` passes 600 lines, nothing below `domain` imports
-//! upward, and no two files of `src/` import each other through any chain.
+//! The shape of the house: no file under `src/` passes 600 lines, every top-level module has a rank and
+//! imports only modules ranked below it, the worker reaches the database only through the domain, and no
+//! two files of `src/` import each other through any chain.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 const MAX_LINES: usize = 600;
 
-/// Modules below the domain: they may not name `domain`, `api`, `worker` or `startup`.
-const LOWER: [&str; 12] = [
-    "agent",
-    "auth",
-    "clock",
-    "config",
-    "entity",
-    "error",
-    "events",
-    "executor",
-    "git",
-    "managed_path",
-    "runtime",
-    "store",
+/// Every top-level module of `src/` and its rank: a module may import only modules of a lower rank
+/// (ARCHITECTURE.md draws the same order). A new module gets a rank here, or the build fails.
+const RANKS: &[(&str, u8)] = &[
+    // Leaves: they name nothing of berth's.
+    ("actor", 0),
+    ("clock", 0),
+    ("event_type", 0),
+    ("healthcheck", 0),
+    ("outage", 0),
+    ("scope", 0),
+    ("shutdown", 0),
+    ("version", 0),
+    // What everything below the domain shares: settings, the error type, the rows.
+    ("config", 1),
+    ("entity", 1),
+    ("error", 1),
+    ("agent", 2),
+    ("auth", 2),
+    ("managed_path", 2),
+    ("metrics", 2),
+    ("telemetry", 2),
+    ("ui", 2),
+    ("events", 3),
+    ("git", 3),
+    ("executor", 4),
+    ("store", 4),
+    ("runtime", 5),
+    // The rules.
+    ("domain", 6),
+    // What calls the rules: the HTTP handlers and the background workers.
+    ("api", 7),
+    ("worker", 7),
+    ("startup", 8),
+    ("graceful", 9),
+    ("import", 9),
 ];
-const UPPER: [&str; 4] = ["domain", "api", "worker", "startup"];
+
+/// Modules that reach the database only through the domain (its transactions, its rules).
+const THROUGH_DOMAIN: [&str; 1] = ["worker"];
+const STORAGE: [&str; 3] = ["store", "entity", "events"];
+
+fn rank(module: &str) -> Option<u8> {
+    RANKS.iter().find(|(m, _)| *m == module).map(|(_, r)| *r)
+}
 
 /// A source file and the module path it defines (`src/domain/sessions/launch.rs` → `domain::sessions::launch`).
 struct SourceFile {
@@ -348,24 +377,55 @@ fn agent_protocols_live_behind_the_seam() {
 }
 
 #[test]
-fn lower_layers_never_import_upward() {
+fn every_module_has_a_rank_and_imports_only_below_it() {
     let (files, edges) = imports();
-    let mut upward = Vec::new();
-    for (i, f) in files.iter().enumerate() {
-        if !f.module.first().is_some_and(|m| LOWER.contains(&m.as_str())) {
-            continue;
+    let mut wrong = Vec::new();
+    let top = |f: &SourceFile| f.module.first().cloned();
+    for f in &files {
+        if let Some(m) = top(f)
+            && rank(&m).is_none()
+        {
+            wrong.push(format!("src/{} is in `{m}`, which has no rank in RANKS", rel(f)));
         }
+    }
+    for (i, f) in files.iter().enumerate() {
+        let Some(from) = top(f) else { continue };
         for &j in &edges[i] {
-            if files[j].module.first().is_some_and(|m| UPPER.contains(&m.as_str())) {
-                upward.push(format!("src/{} imports src/{}", rel(f), rel(&files[j])));
+            let Some(to) = top(&files[j]) else { continue };
+            if to == from {
+                continue;
+            }
+            let (Some(a), Some(b)) = (rank(&from), rank(&to)) else {
+                continue;
+            };
+            if b >= a {
+                wrong.push(format!(
+                    "src/{} (`{from}`, rank {a}) imports src/{} (`{to}`, rank {b})",
+                    rel(f),
+                    rel(&files[j])
+                ));
+            }
+            if THROUGH_DOMAIN.contains(&from.as_str()) && STORAGE.contains(&to.as_str()) {
+                wrong.push(format!(
+                    "src/{} reaches `{to}` itself; it goes through `domain`",
+                    rel(f)
+                ));
             }
         }
     }
     assert!(
-        upward.is_empty(),
-        "data flows api → domain → lower layers:\n{}",
-        upward.join("\n")
+        wrong.is_empty(),
+        "each module imports only modules of a lower rank:\n{}",
+        wrong.join("\n")
     );
+}
+
+#[test]
+fn the_rank_table_names_each_module_once() {
+    let mut seen = BTreeSet::new();
+    for (m, _) in RANKS {
+        assert!(seen.insert(*m), "{m} is ranked twice");
+    }
 }
 
 #[test]

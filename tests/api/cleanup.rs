@@ -350,7 +350,7 @@ async fn claims_never_hand_a_job_out_twice(app: TestApp) {
         let ctx = app.app_state.ctx.clone();
         tokio::spawn(async move {
             let mut got = Vec::new();
-            while let Some(j) = berth::worker::cleanup::claim(&ctx, &format!("claimer-{w}"))
+            while let Some(j) = berth::domain::cleanup::claim::claim(&ctx, &format!("claimer-{w}"))
                 .await
                 .unwrap()
             {

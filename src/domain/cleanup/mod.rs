@@ -7,6 +7,7 @@
 //! one transition of `state`'s table; operators list, retry and cancel through `jobs`.
 pub mod barrier;
 pub mod branch_report;
+pub mod claim;
 pub mod disposal;
 pub mod execute;
 pub mod jobs;

@@ -1,7 +1,7 @@
 //! The cleanup job's state machine: one transition table (`CleanupJobState::on`) and one helper
 //! (`transition`) that performs a transition, a compare-and-set on the current state then its
 //! `cleanup_job.updated` event, in the caller's transaction. Every job state write goes through it.
-use sea_orm::{ActiveEnum, ConnectionTrait, DatabaseTransaction, DbBackend, Iterable, QueryTrait};
+use sea_orm::{ActiveEnum, DatabaseTransaction, Iterable};
 use serde_json::json;
 
 use crate::domain::Ctx;
@@ -92,9 +92,9 @@ impl From<InvalidTransition> for Error {
     }
 }
 
-/// Performs `event` on the job as `j` read it: `UPDATE .. SET state = next, patch.. WHERE id = ? AND
-/// state = j.state [AND lease_owner = ? AND attempts = ?]`, then, if the row changed, the job's event in
-/// the same transaction. `Ok(None)`: the row had moved on (nothing written); the caller decides.
+/// Performs `event` on the job as `j` read it: the state table says where it goes, and the store's
+/// compare-and-set (`UPDATE .. WHERE id = ? AND state = j.state [AND lease_owner = ? AND attempts = ?]`)
+/// writes it with the job's event in the same transaction. `Ok(None)`: the row had moved on (nothing written); the caller decides.
 pub(crate) async fn transition(
     txn: &DatabaseTransaction,
     ctx: &Ctx,
@@ -111,19 +111,16 @@ pub(crate) async fn transition(
         ..j.clone()
     };
     patch.apply(&mut updated);
-    let update = store::compare_and_set_update(j.id, j.state, lease, next, &patch, now);
-    if txn.get_database_backend() == DbBackend::Postgres {
-        // The compare-and-set and its event in one statement (one round trip).
-        let (event_type, subject, data) = job_event_parts(&updated);
-        let update = update.build(DbBackend::Postgres);
-        if !events::append_on_change(txn, update, ctx.instance_id, event_type, subject, data).await? {
-            return Ok(None);
-        }
-    } else {
-        if update.exec(txn).await?.rows_affected != 1 {
-            return Ok(None);
-        }
-        job_event(txn, ctx, &updated).await?;
+    let m = store::Move {
+        id: j.id,
+        from: j.state,
+        to: next,
+        lease,
+        patch: &patch,
+        now,
+    };
+    if !store::compare_and_set(txn, m, ctx.instance_id, job_event_parts(&updated)).await? {
+        return Ok(None);
     }
     ctx.metrics.cleanup_job_moved(Some(j.state), next);
     Ok(Some(updated))
