@@ -199,7 +199,7 @@ async fn list_jobs(
     params(("id" = Uuid, Path, description = "Cleanup job id")),
     responses(
         (status = 200, description = "The job", body = CleanupJob),
-        (status = 404, description = "No such job (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job (`not_found`)", body = Problem),
     )
 )]
 #[get("/cleanup-jobs/{id}")]
@@ -222,8 +222,8 @@ async fn get_job(
     params(("id" = Uuid, Path, description = "Cleanup job id")),
     responses(
         (status = 200, description = "A failed job, pending again with a fresh attempt budget", body = CleanupJob),
-        (status = 404, description = "No such job (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The job is not failed (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job (`not_found`)", body = Problem),
+        (status = 409, description = "The job is not failed (`conflict`)", body = Problem),
     )
 )]
 #[post("/cleanup-jobs/{id}/retry")]
@@ -246,8 +246,8 @@ async fn retry_job(
     params(("id" = Uuid, Path, description = "Cleanup job id")),
     responses(
         (status = 200, description = "Cancelled", body = CleanupJob),
-        (status = 404, description = "No such job (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Only a prepared, pending or retry_wait job can be cancelled (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job (`not_found`)", body = Problem),
+        (status = 409, description = "Only a prepared, pending or retry_wait job can be cancelled (`conflict`)", body = Problem),
     )
 )]
 #[post("/cleanup-jobs/{id}/cancel")]

@@ -88,7 +88,7 @@ pub struct UpdateColumn {
     params(("id" = Uuid, Path, description = "Workspace id")),
     responses(
         (status = 200, description = "The columns, first to last", body = WorkspaceColumnList),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
     )
 )]
 #[get("/workspaces/{id}/columns")]
@@ -114,9 +114,9 @@ async fn list_columns(
     request_body = CreateColumn,
     responses(
         (status = 201, description = "Added", body = WorkspaceColumn),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A column with this name exists (`conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An empty or long name, a negative position, the 21st column (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
+        (status = 409, description = "A column with this name exists (`conflict`)", body = Problem),
+        (status = 422, description = "An empty or long name, a negative position, the 21st column (`validation_failed`)", body = Problem),
     )
 )]
 #[post("/workspaces/{id}/columns")]
@@ -151,9 +151,9 @@ async fn create_column(
     request_body = UpdateColumn,
     responses(
         (status = 200, description = "The column as it is now", body = WorkspaceColumn),
-        (status = 404, description = "No such workspace or column (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A column with this name exists (`conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An empty or long name, a negative position (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace or column (`not_found`)", body = Problem),
+        (status = 409, description = "A column with this name exists (`conflict`)", body = Problem),
+        (status = 422, description = "An empty or long name, a negative position (`validation_failed`)", body = Problem),
     )
 )]
 #[patch("/workspaces/{id}/columns/{column_id}")]
@@ -186,8 +186,8 @@ async fn update_column(
     params(("id" = Uuid, Path, description = "Workspace id"), ("column_id" = Uuid, Path, description = "Column id")),
     responses(
         (status = 204, description = "Removed"),
-        (status = 404, description = "No such workspace or column (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Tasks are in it, or it is the last column (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace or column (`not_found`)", body = Problem),
+        (status = 409, description = "Tasks are in it, or it is the last column (`conflict`)", body = Problem),
     )
 )]
 #[delete("/workspaces/{id}/columns/{column_id}")]

@@ -91,10 +91,10 @@ pub(super) fn answer(req: &HttpRequest, (diff, etag): (Diff, String)) -> HttpRes
     responses(
         (status = 200, description = "The diff, per repository slot", body = Diff, headers(("ETag" = String, description = "The answer's content hash"))),
         (status = 304, description = "Unchanged since the `If-None-Match` ETag"),
-        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The environment is not ready (`conflict`), or a worktree is gone or no longer a git worktree (`workspace_reuse_unsafe`: reset the environment)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An unknown scope, too much context, a repository not in the environment, a cursor this diff did not give (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem),
+        (status = 409, description = "The environment is not ready (`conflict`), or a worktree is gone or no longer a git worktree (`workspace_reuse_unsafe`: reset the environment)", body = Problem),
+        (status = 422, description = "An unknown scope, too much context, a repository not in the environment, a cursor this diff did not give (`validation_failed`)", body = Problem),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )
 )]
 #[get("/environments/{id}/diff")]
@@ -120,10 +120,10 @@ async fn environment_diff(
     responses(
         (status = 200, description = "The diff of the session's environment, per repository slot", body = Diff, headers(("ETag" = String, description = "The answer's content hash"))),
         (status = 304, description = "Unchanged since the `If-None-Match` ETag"),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The session has no environment yet, or it is not ready (`conflict`), or a worktree is gone (`workspace_reuse_unsafe`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An unknown scope, too much context, a repository not in the environment, a cursor this diff did not give (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
+        (status = 409, description = "The session has no environment yet, or it is not ready (`conflict`), or a worktree is gone (`workspace_reuse_unsafe`)", body = Problem),
+        (status = 422, description = "An unknown scope, too much context, a repository not in the environment, a cursor this diff did not give (`validation_failed`)", body = Problem),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )
 )]
 #[get("/sessions/{id}/diff")]

@@ -102,7 +102,7 @@ impl From<EnvironmentView> for Environment {
     params(("id" = Uuid, Path, description = "Task id")),
     responses(
         (status = 200, description = "The task's current environment (its parent's for an inherit_parent subtask)", body = Environment, headers(("ETag" = String, description = "The environment's version, inventory included"))),
-        (status = 404, description = "No such task, or it has no environment yet (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task, or it has no environment yet (`not_found`)", body = Problem),
     )
 )]
 #[get("/tasks/{id}/environment")]
@@ -126,7 +126,7 @@ async fn get_task_environment(
     params(("id" = Uuid, Path, description = "Environment id")),
     responses(
         (status = 200, description = "The environment, current or superseded", body = Environment, headers(("ETag" = String, description = "The environment's version, inventory included"))),
-        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem),
     )
 )]
 #[get("/environments/{id}")]

@@ -112,7 +112,7 @@ fn list(current: git_status::Current, seq: FollowPoint) -> web::Json<GitStatusLi
     params(("id" = Uuid, Path, description = "Environment id")),
     responses(
         (status = 200, description = "The current status per repository: the newest observation, whatever its kind; a fresh inspection while an agent works there", body = GitStatusList),
-        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem),
     )
 )]
 #[get("/environments/{id}/git-status")]
@@ -140,9 +140,9 @@ async fn environment_status(
     request_body = ReportObservation,
     responses(
         (status = 201, description = "Recorded (an observation older than the current one is kept as history or ignored, and changes nothing)", body = GitStatus),
-        (status = 404, description = "No such environment, or not the token's session's (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Only a ready environment takes observations (`conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A repository or session of another environment, a future observed_at, too many files (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment, or not the token's session's (`not_found`)", body = Problem),
+        (status = 409, description = "Only a ready environment takes observations (`conflict`)", body = Problem),
+        (status = 422, description = "A repository or session of another environment, a future observed_at, too many files (`validation_failed`)", body = Problem),
     )
 )]
 #[post("/environments/{id}/git-status/observations")]
@@ -181,8 +181,8 @@ async fn report_observation(
     params(("id" = Uuid, Path, description = "Environment id")),
     responses(
         (status = 200, description = "berth inspected the worktrees itself (read-only) and recorded live observations", body = GitStatusList),
-        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The environment is not ready (`conflict`), or a worktree is gone or no longer a git worktree (`workspace_reuse_unsafe` with `category` `workspace_missing` or `not_a_git_worktree`: reset the environment)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem),
+        (status = 409, description = "The environment is not ready (`conflict`), or a worktree is gone or no longer a git worktree (`workspace_reuse_unsafe` with `category` `workspace_missing` or `not_a_git_worktree`: reset the environment)", body = Problem),
     )
 )]
 #[post("/environments/{id}/git-status/refresh")]
@@ -206,7 +206,7 @@ async fn refresh_status(
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 200, description = "The session's environment's current status (the same for every session of it)", body = GitStatusList),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
     )
 )]
 #[get("/sessions/{id}/git-status")]

@@ -46,10 +46,10 @@ pub struct CreateCommit {
     request_body = CreateCommit,
     responses(
         (status = 201, description = "Committed: one commit per repository that had changes", body = Committed),
-        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "An agent works there (`session_busy`), nothing to commit (`nothing_to_commit`), the environment is not ready or is local (`conflict`), or it is broken (`workspace_reuse_unsafe`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An empty message, a path outside the worktree, a repository not in the environment (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem),
+        (status = 409, description = "An agent works there (`session_busy`), nothing to commit (`nothing_to_commit`), the environment is not ready or is local (`conflict`), or it is broken (`workspace_reuse_unsafe`)", body = Problem),
+        (status = 422, description = "An empty message, a path outside the worktree, a repository not in the environment (`validation_failed`)", body = Problem),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )
 )]
 #[post("/environments/{id}/commits")]
@@ -102,10 +102,10 @@ pub struct MergeEnvironment {
     request_body = MergeEnvironment,
     responses(
         (status = 200, description = "Merged: where the target points now", body = Merged),
-        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Conflicts (`merge_conflict`), the target moved (`branch_moved`, retryable), the target is checked out with changes (`target_checked_out`), nothing to merge or not a fast-forward (`conflict`), a broken environment (`workspace_reuse_unsafe`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A repository not in the environment, a target branch that does not exist (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem),
+        (status = 409, description = "Conflicts (`merge_conflict`), the target moved (`branch_moved`, retryable), the target is checked out with changes (`target_checked_out`), nothing to merge or not a fast-forward (`conflict`), a broken environment (`workspace_reuse_unsafe`)", body = Problem),
+        (status = 422, description = "A repository not in the environment, a target branch that does not exist (`validation_failed`)", body = Problem),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )
 )]
 #[post("/environments/{id}/merge")]
@@ -151,11 +151,11 @@ pub struct PushEnvironment {
     request_body = PushEnvironment,
     responses(
         (status = 200, description = "Pushed", body = Pushed),
-        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The remote rejected the push (`push_rejected`), or the environment is not ready (`conflict`, `workspace_reuse_unsafe`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "No such remote, a repository not in the environment (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
-        (status = 502, description = "The remote refused the credentials (`remote_auth_failed`) or could not be reached (`remote_unreachable`, retryable)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem),
+        (status = 409, description = "The remote rejected the push (`push_rejected`), or the environment is not ready (`conflict`, `workspace_reuse_unsafe`)", body = Problem),
+        (status = 422, description = "No such remote, a repository not in the environment (`validation_failed`)", body = Problem),
+        (status = 502, description = "The remote refused the credentials (`remote_auth_failed`) or could not be reached (`remote_unreachable`, retryable)", body = Problem),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )
 )]
 #[post("/environments/{id}/push")]
@@ -199,11 +199,11 @@ pub struct CreatePullRequest {
     request_body = CreatePullRequest,
     responses(
         (status = 201, description = "Opened", body = PullRequest),
-        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The push was rejected (`push_rejected`), the host refused the pull request or the environment is not ready (`conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An empty title, a repository not in the environment or whose origin is not a GitHub repository (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
-        (status = 502, description = "No token or a refused one (`remote_auth_failed`), the remote or its API unreachable (`remote_unreachable`, retryable)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem),
+        (status = 409, description = "The push was rejected (`push_rejected`), the host refused the pull request or the environment is not ready (`conflict`)", body = Problem),
+        (status = 422, description = "An empty title, a repository not in the environment or whose origin is not a GitHub repository (`validation_failed`)", body = Problem),
+        (status = 502, description = "No token or a refused one (`remote_auth_failed`), the remote or its API unreachable (`remote_unreachable`, retryable)", body = Problem),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )
 )]
 #[post("/environments/{id}/pull-requests")]

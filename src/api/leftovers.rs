@@ -37,7 +37,7 @@ pub struct LeftoverList {
     params(("id" = Uuid, Path, description = "Workspace id")),
     responses(
         (status = 200, description = "What berth kept, oldest first", body = LeftoverList),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
     )
 )]
 #[get("/workspaces/{id}/leftovers")]
@@ -74,9 +74,9 @@ pub struct DisposeQuery {
     ),
     responses(
         (status = 204, description = "Removed"),
-        (status = 404, description = "No such workspace or leftover (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "An environment works in it again (`conflict`); nothing changed", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "No consent (`validation_failed`); nothing changed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace or leftover (`not_found`)", body = Problem),
+        (status = 409, description = "An environment works in it again (`conflict`); nothing changed", body = Problem),
+        (status = 422, description = "No consent (`validation_failed`); nothing changed", body = Problem),
     )
 )]
 #[delete("/workspaces/{id}/leftovers/{leftover_id}")]

@@ -245,10 +245,40 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub fn finish_spec(spec: &mut utoipa::openapi::OpenApi) {
     spec.info.version = env!("CARGO_PKG_VERSION").to_string();
     mark_public_operations(spec);
+    problems_as_problem_json(spec);
     add_common_responses(spec);
     add_follow_point_header(spec);
     add_idempotency_key(spec);
     examples::add(spec);
+}
+
+/// Every error answer is problem+json: a handler declares `(status = 4xx, description = "...", body =
+/// Problem)`, and this says its media type once, for all of them.
+fn problems_as_problem_json(spec: &mut utoipa::openapi::OpenApi) {
+    let problem = utoipa::openapi::Ref::from_schema_name("Problem");
+    for item in spec.paths.paths.values_mut() {
+        for op in [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            for response in op.responses.responses.values_mut() {
+                let RefOr::T(response) = response else { continue };
+                let is_problem = response.content.get("application/json").is_some_and(
+                    |c| matches!(c, RefOr::T(c) if matches!(&c.schema, Some(RefOr::Ref(r)) if r == &problem)),
+                );
+                if is_problem && response.content.len() == 1 {
+                    let content = response.content.shift_remove("application/json").unwrap();
+                    response.content.insert("application/problem+json".to_string(), content);
+                }
+            }
+        }
+    }
 }
 
 /// `security: []` on every operation under PUBLIC_PATHS: the spec says in so many words that they need

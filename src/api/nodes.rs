@@ -36,7 +36,7 @@ pub struct NodeList {
     security(("bearer" = ["admin"])),
     responses(
         (status = 200, description = "The nodes, by id", body = NodeList),
-        (status = 403, description = "The token lacks `admin` (`insufficient_scope`)", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The token lacks `admin` (`insufficient_scope`)", body = Problem),
     )
 )]
 #[get("/nodes")]
@@ -72,9 +72,9 @@ pub struct DecommissionNode {
     request_body = DecommissionNode,
     responses(
         (status = 200, description = "Decommissioned: what it ended", body = Decommissioned),
-        (status = 404, description = "No such node (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The node is up, or decommissioned already (`conflict`); nothing changed", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The body does not repeat the node id (`validation_failed`); nothing changed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such node (`not_found`)", body = Problem),
+        (status = 409, description = "The node is up, or decommissioned already (`conflict`); nothing changed", body = Problem),
+        (status = 422, description = "The body does not repeat the node id (`validation_failed`); nothing changed", body = Problem),
     )
 )]
 #[post("/nodes/{id}/decommission")]

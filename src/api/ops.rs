@@ -41,7 +41,7 @@ pub async fn healthz() -> web::Json<Health> {
     tag = "operations",
     responses(
         (status = 200, description = "Database reachable and migrations applied", body = Health),
-        (status = 503, description = "Not ready", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Not ready", body = Problem),
     )
 )]
 #[get("/readyz")]

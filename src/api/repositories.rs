@@ -102,9 +102,9 @@ pub struct RegisterRepository {
     request_body = RegisterRepository,
     responses(
         (status = 201, description = "Registered", body = Repository, headers(("Location" = String))),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Already registered (`conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`not_a_git_repository`, `path_not_allowed` or `validation_failed`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
+        (status = 409, description = "Already registered (`conflict`)", body = Problem),
+        (status = 422, description = "`not_a_git_repository`, `path_not_allowed` or `validation_failed`", body = Problem),
     )
 )]
 #[post("/workspaces/{id}/repositories")]
@@ -147,7 +147,7 @@ async fn register_repository(
     params(("id" = Uuid, Path, description = "Workspace id"), PageQuery),
     responses(
         (status = 200, description = "Registered repositories, newest first", body = RepositoryList),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
     )
 )]
 #[get("/workspaces/{id}/repositories")]
@@ -176,7 +176,7 @@ async fn list_repositories(
     params(("id" = Uuid, Path, description = "Repository id")),
     responses(
         (status = 200, description = "The repository", body = Repository),
-        (status = 404, description = "No such repository (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such repository (`not_found`)", body = Problem),
     )
 )]
 #[get("/repositories/{id}")]
@@ -200,8 +200,8 @@ async fn get_repository(
     params(("id" = Uuid, Path, description = "Repository id")),
     responses(
         (status = 204, description = "Deregistered; nothing on disk is touched"),
-        (status = 404, description = "No such repository (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A live task uses it (`repository_in_use`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such repository (`not_found`)", body = Problem),
+        (status = 409, description = "A live task uses it (`repository_in_use`)", body = Problem),
     )
 )]
 #[delete("/repositories/{id}")]

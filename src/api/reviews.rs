@@ -85,10 +85,10 @@ pub struct ReviewList {
     request_body = CreateReview,
     responses(
         (status = 201, description = "Stored (and queued for the session's agent when one was named)", body = Review),
-        (status = 404, description = "No such environment or session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The session has no running agent, or the environment is not ready (`conflict`), or a worktree is gone (`workspace_reuse_unsafe`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An empty review, a comment on a line, file or repository the diff does not show, a session of another environment (`validation_failed`, with the field)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment or session (`not_found`)", body = Problem),
+        (status = 409, description = "The session has no running agent, or the environment is not ready (`conflict`), or a worktree is gone (`workspace_reuse_unsafe`)", body = Problem),
+        (status = 422, description = "An empty review, a comment on a line, file or repository the diff does not show, a session of another environment (`validation_failed`, with the field)", body = Problem),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )
 )]
 #[post("/environments/{id}/reviews")]
@@ -121,7 +121,7 @@ async fn create_review(
     params(("id" = Uuid, Path, description = "Environment id")),
     responses(
         (status = 200, description = "The reviews, oldest first", body = ReviewList),
-        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem),
     )
 )]
 #[get("/environments/{id}/reviews")]
@@ -150,7 +150,7 @@ async fn list_reviews(
     ),
     responses(
         (status = 200, description = "The review", body = Review),
-        (status = 404, description = "No such environment or review (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment or review (`not_found`)", body = Problem),
     )
 )]
 #[get("/environments/{id}/reviews/{review_id}")]

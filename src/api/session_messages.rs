@@ -76,9 +76,9 @@ pub struct MessageList {
     request_body = SendMessage,
     responses(
         (status = 202, description = "Stored, then delivered as soon as the agent can take it; each change of its state is a `session.message_updated` event", body = Message),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The session has no running agent (`conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Empty or too long (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
+        (status = 409, description = "The session has no running agent (`conflict`)", body = Problem),
+        (status = 422, description = "Empty or too long (`validation_failed`)", body = Problem),
     )
 )]
 #[post("/sessions/{id}/messages")]
@@ -103,7 +103,7 @@ async fn send_message(
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 200, description = "The session's messages, oldest first", body = MessageList),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
     )
 )]
 #[get("/sessions/{id}/messages")]
@@ -134,8 +134,8 @@ async fn list_messages(
     ),
     responses(
         (status = 200, description = "Cancelled before it reached the agent", body = Message),
-        (status = 404, description = "No such session or message (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Already delivered, refused or cancelled (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session or message (`not_found`)", body = Problem),
+        (status = 409, description = "Already delivered, refused or cancelled (`conflict`)", body = Problem),
     )
 )]
 #[delete("/sessions/{id}/messages/{message_id}")]

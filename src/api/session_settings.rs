@@ -44,10 +44,10 @@ pub struct OptionValue {
     request_body = ModeChoice,
     responses(
         (status = 200, description = "The agent took the mode", body = Session),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "No running agent, or one that offers no modes (`conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The agent refused the mode (`validation_failed`, its reason in `errors`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Another replica runs the agent and did not carry the request out in time (`unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
+        (status = 409, description = "No running agent, or one that offers no modes (`conflict`)", body = Problem),
+        (status = 422, description = "The agent refused the mode (`validation_failed`, its reason in `errors`)", body = Problem),
+        (status = 503, description = "Another replica runs the agent and did not carry the request out in time (`unavailable`, retryable)", body = Problem),
     )
 )]
 #[put("/sessions/{id}/mode")]
@@ -78,10 +78,10 @@ async fn set_mode(
     request_body = OptionValue,
     responses(
         (status = 200, description = "The agent took the value", body = Session),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "No running agent, or one that offers no options (`conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The agent refused the value (`validation_failed`, its reason in `errors`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Another replica runs the agent and did not carry the request out in time (`unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
+        (status = 409, description = "No running agent, or one that offers no options (`conflict`)", body = Problem),
+        (status = 422, description = "The agent refused the value (`validation_failed`, its reason in `errors`)", body = Problem),
+        (status = 503, description = "Another replica runs the agent and did not carry the request out in time (`unavailable`, retryable)", body = Problem),
     )
 )]
 #[put("/sessions/{id}/config-options/{option_id}")]

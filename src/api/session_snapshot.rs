@@ -161,7 +161,7 @@ impl From<Option<serde_json::Value>> for AgentInfo {
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 200, description = "Everything a client loads before following the stream from latest_seq", body = SessionSnapshot),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
     )
 )]
 #[get("/sessions/{id}/snapshot")]

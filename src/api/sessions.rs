@@ -65,9 +65,9 @@ fn optional_body<T: serde::de::DeserializeOwned + Default>(bytes: &web::Bytes) -
     request_body(content = Option<LaunchSession>, description = "Optional"),
     responses(
         (status = 200, description = "The session with its agent running (or the running one, if it already was)", body = Session),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`workspace_reuse_unsafe` (admission refused; nothing started or changed), `session_busy`, `task_archived`, `task_cleanup_in_progress`, or `conflict` when the agent command could not start (the session is `failed`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The session has no agent profile (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
+        (status = 409, description = "`workspace_reuse_unsafe` (admission refused; nothing started or changed), `session_busy`, `task_archived`, `task_cleanup_in_progress`, or `conflict` when the agent command could not start (the session is `failed`)", body = Problem),
+        (status = 422, description = "The session has no agent profile (`validation_failed`)", body = Problem),
     )
 )]
 #[post("/sessions/{id}/launch")]
@@ -77,9 +77,20 @@ async fn launch_session(
     id: web::Path<Uuid>,
     body: web::Bytes,
 ) -> Result<web::Json<Session>, Error> {
+    start(auth, state, *id, body).await
+}
+
+/// Launch and resume are one act: the agent started (again) in the session's environment, through
+/// admission, with an optional first prompt.
+async fn start(
+    auth: Authorized<SessionsWrite>,
+    state: web::Data<AppState>,
+    id: Uuid,
+    body: web::Bytes,
+) -> Result<web::Json<Session>, Error> {
     let body: LaunchSession = optional_body(&body)?;
     Ok(web::Json(
-        sessions::launch(&state.ctx, &auth, *id, body.prompt).await?.into(),
+        sessions::launch(&state.ctx, &auth, id, body.prompt).await?.into(),
     ))
 }
 
@@ -95,8 +106,8 @@ async fn launch_session(
     request_body(content = Option<LaunchSession>, description = "Optional"),
     responses(
         (status = 200, description = "The session with its agent running again, in the same workspace, through admission", body = Session),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "As for launch", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
+        (status = 409, description = "As for launch", body = Problem),
     )
 )]
 #[post("/sessions/{id}/resume")]
@@ -106,10 +117,7 @@ async fn resume_session(
     id: web::Path<Uuid>,
     body: web::Bytes,
 ) -> Result<web::Json<Session>, Error> {
-    let body: LaunchSession = optional_body(&body)?;
-    Ok(web::Json(
-        sessions::launch(&state.ctx, &auth, *id, body.prompt).await?.into(),
-    ))
+    start(auth, state, *id, body).await
 }
 
 /// Stop a session's agent
@@ -125,8 +133,8 @@ async fn resume_session(
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 200, description = "Stopped: desired_open cleared, a working agent aborted, then terminated with escalation; the transcript is kept", body = Session),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Another replica runs the agent and did not carry the request out in time; nothing was done (`unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
+        (status = 503, description = "Another replica runs the agent and did not carry the request out in time; nothing was done (`unavailable`, retryable)", body = Problem),
     )
 )]
 #[post("/sessions/{id}/stop")]
@@ -150,9 +158,9 @@ async fn stop_session(
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 200, description = "The current turn is aborted ahead of anything queued: berth's queued messages are cancelled, and the session goes back to idle with its agent running", body = Session),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Another replica runs the agent and did not carry the request out in time; nothing was done (`unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The session has no running agent (`conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
+        (status = 503, description = "Another replica runs the agent and did not carry the request out in time; nothing was done (`unavailable`, retryable)", body = Problem),
+        (status = 409, description = "The session has no running agent (`conflict`)", body = Problem),
     )
 )]
 #[post("/sessions/{id}/abort")]
@@ -290,9 +298,9 @@ fn prefers_async(req: &actix_web::HttpRequest) -> bool {
     responses(
         (status = 201, description = "Attached to the task's ready environment, materializing it first if needed", body = Session, headers(("Location" = String), ("ETag" = String, description = "The session's version"))),
         (status = 202, description = "With `Prefer: respond-async`: recorded `preparing`; the task's environment is being prepared. It then becomes `created` (or is launched when `start`), or `failed` with `last_error`", body = Session, headers(("Location" = String), ("Preference-Applied" = String, description = "`respond-async`"))),
-        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`workspace_preparing` (retry), `task_archived`, `task_cleanup_in_progress`, `workspace_reuse_unsafe`, `workspace_reuse_unsupported`, or `conflict` when preparing the workspace failed", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid request (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (`not_found`)", body = Problem),
+        (status = 409, description = "`workspace_preparing` (retry), `task_archived`, `task_cleanup_in_progress`, `workspace_reuse_unsafe`, `workspace_reuse_unsupported`, or `conflict` when preparing the workspace failed", body = Problem),
+        (status = 422, description = "Invalid request (`validation_failed`)", body = Problem),
     )
 )]
 #[post("/tasks/{id}/sessions")]
@@ -341,7 +349,7 @@ async fn create_session(
     params(("id" = Uuid, Path, description = "Task id"), PageQuery),
     responses(
         (status = 200, description = "The task's sessions, newest first", body = SessionList),
-        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (`not_found`)", body = Problem),
     )
 )]
 #[get("/tasks/{id}/sessions")]
@@ -372,7 +380,7 @@ async fn list_sessions(
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 200, description = "The session", body = Session, headers(("ETag" = String, description = "The session's version"))),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
     )
 )]
 #[get("/sessions/{id}")]
@@ -403,9 +411,9 @@ async fn get_session(
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 204, description = "The session and its conversation are deleted. The task's workspace, files, worktrees and branches remain."),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The session is starting, running, recovering or stopping (`session_busy`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The session's agent runs on an instance that could not be reached in time (`unavailable`, retryable); nothing changed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
+        (status = 409, description = "The session is starting, running, recovering or stopping (`session_busy`)", body = Problem),
+        (status = 503, description = "The session's agent runs on an instance that could not be reached in time (`unavailable`, retryable); nothing changed", body = Problem),
     )
 )]
 #[delete("/sessions/{id}")]
@@ -429,7 +437,7 @@ async fn delete_session(
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 200, description = "The session, now its task's primary", body = Session),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
     )
 )]
 #[post("/sessions/{id}/primary")]
@@ -466,9 +474,9 @@ pub struct AttentionAnswer {
     request_body = AttentionAnswer,
     responses(
         (status = 200, description = "Answered; the agent goes on", body = Session),
-        (status = 404, description = "That request is not pending on this session (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Another replica runs the agent and did not carry the request out in time; nothing was done (`unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Not the shape the question takes: `value` (select, input, editor), `confirmed` (confirm), `option_id` (one of a permission request's options) or `cancelled: true` (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "That request is not pending on this session (`not_found`)", body = Problem),
+        (status = 503, description = "Another replica runs the agent and did not carry the request out in time; nothing was done (`unavailable`, retryable)", body = Problem),
+        (status = 422, description = "Not the shape the question takes: `value` (select, input, editor), `confirmed` (confirm), `option_id` (one of a permission request's options) or `cancelled: true` (`validation_failed`)", body = Problem),
     )
 )]
 #[post("/sessions/{id}/attention/{request_id}")]

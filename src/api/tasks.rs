@@ -173,9 +173,9 @@ pub struct TaskListQuery {
     request_body = CreateTask,
     responses(
         (status = 201, description = "Created", body = Task, headers(("Location" = String), ("ETag" = String, description = "The task's version, for `If-Match`"))),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The parent task is archived (`task_archived`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid task (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
+        (status = 409, description = "The parent task is archived (`task_archived`)", body = Problem),
+        (status = 422, description = "Invalid task (`validation_failed`)", body = Problem),
     )
 )]
 #[post("/workspaces/{id}/tasks")]
@@ -223,7 +223,7 @@ async fn create_task(
     params(("id" = Uuid, Path, description = "Workspace id"), TaskListQuery),
     responses(
         (status = 200, description = "Tasks, newest first", body = TaskList),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
     )
 )]
 #[get("/workspaces/{id}/tasks")]
@@ -263,7 +263,7 @@ async fn list_tasks(
     params(("id" = Uuid, Path, description = "Task id")),
     responses(
         (status = 200, description = "The task", body = Task, headers(("ETag" = String, description = "The task's version, for `If-Match`"))),
-        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (`not_found`)", body = Problem),
     )
 )]
 #[get("/tasks/{id}")]
@@ -291,10 +291,10 @@ async fn get_task(
     request_body = UpdateTask,
     responses(
         (status = 200, description = "The updated task", body = Task, headers(("ETag" = String, description = "The task's new version"))),
-        (status = 412, description = "The task changed since the `If-Match` version (`precondition_failed`); nothing changed", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The task is archived (`task_archived`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid field (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "The task changed since the `If-Match` version (`precondition_failed`); nothing changed", body = Problem),
+        (status = 404, description = "No such task (`not_found`)", body = Problem),
+        (status = 409, description = "The task is archived (`task_archived`)", body = Problem),
+        (status = 422, description = "Invalid field (`validation_failed`)", body = Problem),
     )
 )]
 #[patch("/tasks/{id}")]
@@ -383,8 +383,8 @@ pub struct ResetResult {
     params(("id" = Uuid, Path, description = "Task id"), CascadeQuery),
     responses(
         (status = 202, description = "Archived: agents stopped, sessions cancelled; a durable job removes the clean worktrees (branches are kept)", body = ArchiveResult),
-        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Already archived (`task_archived`), or a cleanup is in progress (`task_cleanup_in_progress`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (`not_found`)", body = Problem),
+        (status = 409, description = "Already archived (`task_archived`), or a cleanup is in progress (`task_cleanup_in_progress`)", body = Problem),
     )
 )]
 #[post("/tasks/{id}/archive")]
@@ -416,8 +416,8 @@ async fn archive_task(
     params(("id" = Uuid, Path, description = "Task id")),
     responses(
         (status = 200, description = "Unarchived: a pending archive cleanup is cancelled, a running one waited for", body = UnarchiveResult),
-        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The task is not archived (`conflict`), or it inherits the environment of an archived task (`task_archived`); nothing changed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (`not_found`)", body = Problem),
+        (status = 409, description = "The task is not archived (`conflict`), or it inherits the environment of an archived task (`task_archived`); nothing changed", body = Problem),
     )
 )]
 #[post("/tasks/{id}/unarchive")]
@@ -453,8 +453,8 @@ async fn unarchive_task(
     params(("id" = Uuid, Path, description = "Task id"), DeleteQuery),
     responses(
         (status = 202, description = "The task is deleted; durable jobs remove its worktrees and registrations", body = CleanupJobs),
-        (status = 404, description = "No such task (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`task_delete_dirty_worktree` (with `repositories: [{repository_id, dirty_file_count}]`; nothing changed) or `task_cleanup_in_progress`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (`not_found`)", body = Problem),
+        (status = 409, description = "`task_delete_dirty_worktree` (with `repositories: [{repository_id, dirty_file_count}]`; nothing changed) or `task_cleanup_in_progress`", body = Problem),
     )
 )]
 #[delete("/tasks/{id}")]
@@ -491,8 +491,8 @@ async fn delete_task(
     params(("id" = Uuid, Path, description = "Task id"), ResetQuery),
     responses(
         (status = 202, description = "The environment is superseded; a durable job removes its resources; the next session, launch or resume materializes afresh", body = ResetResult),
-        (status = 404, description = "No such task or environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`task_delete_dirty_worktree` (with `repositories: [{repository_id, dirty_file_count}]`; nothing changed), a session runs (`session_busy`), or a cleanup is in progress (`task_cleanup_in_progress`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task or environment (`not_found`)", body = Problem),
+        (status = 409, description = "`task_delete_dirty_worktree` (with `repositories: [{repository_id, dirty_file_count}]`; nothing changed), a session runs (`session_busy`), or a cleanup is in progress (`task_cleanup_in_progress`)", body = Problem),
     )
 )]
 #[post("/tasks/{id}/environment/reset")]

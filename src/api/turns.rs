@@ -53,10 +53,10 @@ pub struct Restored {
     request_body = RestoreEnvironment,
     responses(
         (status = 200, description = "Restored; the state after it is a new checkpoint", body = Restored),
-        (status = 404, description = "No such environment (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "An agent works there (`session_busy`), the worktrees changed since the last checkpoint and no consent was given (`conflict`), or the environment is broken (`workspace_reuse_unsafe`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Not a checkpoint of this environment (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such environment (`not_found`)", body = Problem),
+        (status = 409, description = "An agent works there (`session_busy`), the worktrees changed since the last checkpoint and no consent was given (`conflict`), or the environment is broken (`workspace_reuse_unsafe`)", body = Problem),
+        (status = 422, description = "Not a checkpoint of this environment (`validation_failed`)", body = Problem),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )
 )]
 #[post("/environments/{id}/restore")]
@@ -133,7 +133,7 @@ pub struct TurnDiffQuery {
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 200, description = "The turns, first to last", body = TurnList),
-        (status = 404, description = "No such session (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (`not_found`)", body = Problem),
     )
 )]
 #[get("/sessions/{id}/turns")]
@@ -160,10 +160,10 @@ async fn list_turns(
     responses(
         (status = 200, description = "What the turn changed, per repository slot", body = Diff, headers(("ETag" = String, description = "The answer's content hash"))),
         (status = 304, description = "Unchanged since the `If-None-Match` ETag"),
-        (status = 404, description = "No such session or turn (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The turn has not settled, or has no checkpoint at one end (`conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Too much context (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session or turn (`not_found`)", body = Problem),
+        (status = 409, description = "The turn has not settled, or has no checkpoint at one end (`conflict`)", body = Problem),
+        (status = 422, description = "Too much context (`validation_failed`)", body = Problem),
+        (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )
 )]
 #[get("/sessions/{id}/turns/{number}/diff")]

@@ -110,9 +110,9 @@ pub struct WorkspaceUsage {
     params(("id" = Uuid, Path, description = "Workspace id"), UsageQuery),
     responses(
         (status = 200, description = "The rollup", body = WorkspaceUsage),
-        (status = 400, description = "A malformed time or an unknown `group_by` (`bad_request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`from` not before `to`, or a span over 366 days (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A malformed time or an unknown `group_by` (`bad_request`)", body = Problem),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
+        (status = 422, description = "`from` not before `to`, or a span over 366 days (`validation_failed`)", body = Problem),
     )
 )]
 #[get("/workspaces/{id}/usage")]

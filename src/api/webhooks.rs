@@ -185,9 +185,9 @@ pub struct WebhookDeliveryList {
     request_body = CreateWebhook,
     responses(
         (status = 201, description = "Subscribed; the secret is shown only here", body = WebhookWithSecret),
-        (status = 403, description = "A token limited to workspaces, without one of them (`forbidden`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A URL that is not https (or loopback http), or an unknown type (`validation_failed`, with the field)", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A token limited to workspaces, without one of them (`forbidden`)", body = Problem),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
+        (status = 422, description = "A URL that is not https (or loopback http), or an unknown type (`validation_failed`, with the field)", body = Problem),
     )
 )]
 #[post("/webhooks")]
@@ -243,7 +243,7 @@ async fn list_webhooks(
     params(("id" = Uuid, Path, description = "Webhook id")),
     responses(
         (status = 200, description = "The subscription", body = Webhook),
-        (status = 404, description = "No such subscription (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such subscription (`not_found`)", body = Problem),
     )
 )]
 #[get("/webhooks/{id}")]
@@ -267,8 +267,8 @@ async fn get_webhook(
     request_body = UpdateWebhook,
     responses(
         (status = 200, description = "The subscription as it is now", body = Webhook),
-        (status = 404, description = "No such subscription (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A URL or type refused (`validation_failed`, with the field)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such subscription (`not_found`)", body = Problem),
+        (status = 422, description = "A URL or type refused (`validation_failed`, with the field)", body = Problem),
     )
 )]
 #[patch("/webhooks/{id}")]
@@ -301,7 +301,7 @@ async fn update_webhook(
     params(("id" = Uuid, Path, description = "Webhook id")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 404, description = "No such subscription (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such subscription (`not_found`)", body = Problem),
     )
 )]
 #[delete("/webhooks/{id}")]
@@ -326,7 +326,7 @@ async fn delete_webhook(
     params(("id" = Uuid, Path, description = "Webhook id")),
     responses(
         (status = 200, description = "The new secret, shown only here", body = WebhookWithSecret),
-        (status = 404, description = "No such subscription (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such subscription (`not_found`)", body = Problem),
     )
 )]
 #[post("/webhooks/{id}/secret")]
@@ -349,7 +349,7 @@ async fn rotate_webhook_secret(
     params(("id" = Uuid, Path, description = "Webhook id")),
     responses(
         (status = 200, description = "The attempts", body = WebhookDeliveryList),
-        (status = 404, description = "No such subscription (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such subscription (`not_found`)", body = Problem),
     )
 )]
 #[get("/webhooks/{id}/deliveries")]
@@ -376,7 +376,7 @@ async fn list_webhook_deliveries(
     params(("id" = Uuid, Path, description = "Webhook id")),
     responses(
         (status = 200, description = "The attempt (see `succeeded`)", body = WebhookDelivery),
-        (status = 404, description = "No such subscription (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such subscription (`not_found`)", body = Problem),
     )
 )]
 #[post("/webhooks/{id}/test")]

@@ -74,8 +74,8 @@ pub struct CreateWorkspace {
     request_body = CreateWorkspace,
     responses(
         (status = 201, description = "Created", body = Workspace, headers(("Location" = String))),
-        (status = 409, description = "A workspace with this name exists (`conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid name (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A workspace with this name exists (`conflict`)", body = Problem),
+        (status = 422, description = "Invalid name (`validation_failed`)", body = Problem),
     )
 )]
 #[post("/workspaces")]
@@ -128,7 +128,7 @@ async fn list_workspaces(
     params(("id" = Uuid, Path, description = "Workspace id")),
     responses(
         (status = 200, description = "The workspace", body = Workspace),
-        (status = 404, description = "No such workspace, or not the token's (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace, or not the token's (`not_found`)", body = Problem),
     )
 )]
 #[get("/workspaces/{id}")]
@@ -162,9 +162,9 @@ pub struct DeleteWorkspaceQuery {
     params(("id" = Uuid, Path, description = "Workspace id"), DeleteWorkspaceQuery),
     responses(
         (status = 202, description = "Deleted with its tasks and repositories; a durable job per task removes its worktrees", body = super::tasks::CleanupJobs),
-        (status = 400, description = "confirm_name does not match (`validation_failed`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A task's cleanup is already in progress (`task_cleanup_in_progress`)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "confirm_name does not match (`validation_failed`)", body = Problem),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
+        (status = 409, description = "A task's cleanup is already in progress (`task_cleanup_in_progress`)", body = Problem),
     )
 )]
 #[delete("/workspaces/{id}")]
@@ -195,7 +195,7 @@ async fn delete_workspace(
     params(("id" = Uuid, Path, description = "Workspace id")),
     responses(
         (status = 200, description = "Tasks by state; sessions open, working, recovering, asking for attention and in error, in total and per environment directory (six or more open in one directory add a warning)", body = crate::domain::workspaces::WorkspaceSummary),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
     )
 )]
 #[get("/workspaces/{id}/summary")]
@@ -229,7 +229,7 @@ pub struct WorkspaceBranchList {
     params(("id" = Uuid, Path, description = "Workspace id")),
     responses(
         (status = 200, description = "The berth-created branches still present, oldest first", body = WorkspaceBranchList),
-        (status = 404, description = "No such workspace (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such workspace (`not_found`)", body = Problem),
     )
 )]
 #[get("/workspaces/{id}/branches")]
