@@ -2,7 +2,9 @@
 //! names its lease (`lease_owner`), so a process that lost the lease changes nothing.
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+};
 use uuid::Uuid;
 
 use crate::entity::{webhook, webhook_delivery as delivery};
@@ -115,7 +117,7 @@ pub struct Position {
     pub next_attempt_at: Option<DateTime<Utc>>,
 }
 
-/// Records the deliverer's position, while it holds the lease; whether it did.
+/// Records the deliverer's position, while it holds the lease of the enabled subscription; whether it did.
 pub async fn set_position<C: ConnectionTrait>(conn: &C, id: Uuid, owner: Uuid, p: &Position) -> Result<bool> {
     Ok(webhook::Entity::update_many()
         .col_expr(webhook::Column::Cursor, Expr::value(p.cursor))
@@ -124,10 +126,31 @@ pub async fn set_position<C: ConnectionTrait>(conn: &C, id: Uuid, owner: Uuid, p
         .col_expr(webhook::Column::NextAttemptAt, Expr::value(p.next_attempt_at))
         .filter(webhook::Column::Id.eq(id))
         .filter(webhook::Column::LeaseOwner.eq(owner))
+        .filter(webhook::Column::Enabled.eq(true))
         .exec(conn)
         .await?
         .rows_affected
         == 1)
+}
+
+/// The attempts since the last record and the position they reached, in the caller's transaction;
+/// whether this process still delivers the subscription (it holds the lease, and the subscription is
+/// still there and enabled).
+pub async fn record(
+    txn: &DatabaseTransaction,
+    id: Uuid,
+    owner: Uuid,
+    attempts: Vec<delivery::Model>,
+    p: &Position,
+) -> Result<bool> {
+    if !set_position(txn, id, owner, p).await? {
+        return Ok(false);
+    }
+    if !attempts.is_empty() {
+        let rows: Vec<delivery::ActiveModel> = attempts.into_iter().map(Into::into).collect();
+        delivery::Entity::insert_many(rows).exec_without_returning(txn).await?;
+    }
+    Ok(true)
 }
 
 /// Disables a subscription its receiver failed for too long (while this process holds its lease).

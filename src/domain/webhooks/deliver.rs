@@ -1,12 +1,12 @@
 //! Delivery: each enabled subscription is a durable cursor over the event log, delivered
-//! by exactly one process at a time (a lease on its row, renewed between attempts), in `seq` order, at
+//! by exactly one process at a time (a lease on its row, renewed every third of it), in `seq` order, at
 //! least once. The cursor moves only past an event its receiver took (a 2xx) or one the subscription does
-//! not take, so a process killed mid-attempt is followed by one that sends that event again, with the
-//! same `webhook-id`. A failing receiver holds its own subscription back (with backoff and jitter) and
+//! not take, recorded with the attempts in batches, so a process killed mid-batch is followed by one that
+//! sends those events again, with the same `webhook-id`. A failing receiver holds its own subscription back (with backoff and jitter) and
 //! nothing else: every subscription has its own task, and no request waits for a receiver. One event
 //! failing for longer than the retry horizon disables the subscription with its reason and a
 //! `webhook.disabled` event.
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,12 @@ const ANSWER_READ: usize = 64 * 1024;
 /// The longest wait between two attempts at one event.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// Old attempts are trimmed after this many new ones.
-const TRIM_EVERY: u32 = 50;
+const TRIM_EVERY: usize = 50;
+/// Successful attempts and the cursor they moved are recorded together, at most this many at once or
+/// this long after the first: one write for many deliveries. A process killed in between sends those
+/// events again, with the same `webhook-id` (at least once).
+const RECORD_EVERY: usize = 32;
+const RECORD_AFTER: Duration = Duration::from_millis(250);
 
 /// What one attempt came to.
 #[derive(Debug, Clone)]
@@ -234,24 +239,43 @@ async fn serve(ctx: Ctx, id: Uuid) {
     let _ = store::release(&ctx.db.conn, id, ctx.instance_id).await;
 }
 
+/// What a deliverer sent since it last recorded: its attempts, and since when.
+struct Unrecorded {
+    attempts: Vec<webhook_delivery::Model>,
+    since: Instant,
+    /// The position last written: with no attempt since, an unchanged position is not written again.
+    written: Option<Position>,
+}
+
 async fn deliver(ctx: &Ctx, id: Uuid) -> Result<()> {
     let me = ctx.instance_id;
     let conn = &ctx.db.conn;
     let lease = chrono::Duration::from_std(ctx.config.webhook_lease).unwrap_or_default();
     let idle = ctx.config.webhook_lease / 3;
     let mut live = ctx.events.subscribe();
-    let mut since_trim = 0u32;
+    let Some(mut w) = store::find(conn, id).await? else {
+        return Ok(());
+    };
+    let mut renewed: Option<Instant> = None;
+    let mut queue: VecDeque<event::Model> = VecDeque::new();
+    let mut unrecorded = Unrecorded {
+        attempts: Vec::new(),
+        since: Instant::now(),
+        written: None,
+    };
+    let mut since_trim = 0usize;
     loop {
         if ctx.shutdown.is_begun() {
+            record(ctx, &mut w, &mut unrecorded).await?;
             return Ok(());
         }
         let now = crate::clock::now();
-        if !store::lease(conn, id, me, now, now + lease).await? {
-            return Ok(()); // another process holds it, or it was disabled or deleted
+        if renewed.is_none_or(|at| at.elapsed() >= idle) {
+            if !store::lease(conn, id, me, now, now + lease).await? {
+                return Ok(()); // another process holds it, or it was disabled or deleted
+            }
+            renewed = Some(Instant::now());
         }
-        let Some(w) = store::find(conn, id).await? else {
-            return Ok(());
-        };
         if let Some(at) = w.next_attempt_at
             && at > now
         {
@@ -259,54 +283,48 @@ async fn deliver(ctx: &Ctx, id: Uuid) -> Result<()> {
             tokio::time::sleep(wait).await;
             continue;
         }
-        let page = events::after(conn, w.cursor, PAGE, &Filter::default()).await?;
-        let filter = filter_of(&w);
-        let Some(next) = page.iter().find(|e| filter.admits(e)) else {
-            match page.last() {
+        if queue.is_empty() {
+            let page = events::after(conn, w.cursor, PAGE, &Filter::default()).await?;
+            let filter = filter_of(&w);
+            let Some(last) = page.last().map(|e| e.seq) else {
+                // Caught up: record, then wait for the next event (or the lease's renewal).
+                if !record(ctx, &mut w, &mut unrecorded).await? {
+                    return Ok(());
+                }
+                let _ = tokio::time::timeout(idle, live.recv()).await;
+                continue;
+            };
+            queue = page.into_iter().filter(|e| filter.admits(e)).collect();
+            if queue.is_empty() {
                 // Nothing of this subscription's in the page: pass it.
-                Some(last) => {
-                    let passed = Position {
-                        cursor: last.seq,
-                        attempts: 0,
-                        failing_since: None,
-                        next_attempt_at: None,
-                    };
-                    if !store::set_position(conn, id, me, &passed).await? {
-                        return Ok(());
-                    }
+                w.cursor = last;
+                if !record(ctx, &mut w, &mut unrecorded).await? {
+                    return Ok(());
                 }
-                // Caught up: wait for the next event (or renew the lease).
-                None => {
-                    let _ = tokio::time::timeout(idle, live.recv()).await;
-                }
+                continue;
             }
-            continue;
-        };
-        let outcome = post(ctx, &w, &message_id(&w, next.seq), &body(next)).await;
+        }
+        let next = queue.front().expect("a queued event");
+        let message = message_id(&w, next.seq);
+        let outcome = post(ctx, &w, &message, &body(next)).await;
         let attempt = w.attempts + 1;
         let row = attempt_row(
             &w,
-            &message_id(&w, next.seq),
+            &message,
             Some(next.seq),
             next.event_type.as_str(),
             attempt,
             &outcome,
         );
-        store::insert_delivery(conn, row).await?;
-        since_trim += 1;
-        if since_trim >= TRIM_EVERY {
-            since_trim = 0;
-            store::trim_deliveries(conn, id, super::DELIVERIES_KEPT).await?;
-        }
+        unrecorded.attempts.push(row);
         ctx.metrics.webhook_attempt(outcome.succeeded());
         let now = crate::clock::now();
-        let position = if outcome.succeeded() {
-            Position {
-                cursor: next.seq,
-                attempts: 0,
-                failing_since: None,
-                next_attempt_at: None,
-            }
+        if outcome.succeeded() {
+            w.cursor = next.seq;
+            w.attempts = 0;
+            w.failing_since = None;
+            w.next_attempt_at = None;
+            queue.pop_front();
         } else {
             let failing_since = w.failing_since.unwrap_or(now);
             let failing_for = (now - failing_since).to_std().unwrap_or_default();
@@ -318,20 +336,66 @@ async fn deliver(ctx: &Ctx, id: Uuid) -> Result<()> {
                     failing_for.as_secs(),
                     outcome.error.as_deref().unwrap_or("")
                 );
-                disable(ctx, &w, next.seq, &reason).await?;
+                let seq = next.seq;
+                record(ctx, &mut w, &mut unrecorded).await?;
+                disable(ctx, &w, seq, &reason).await?;
                 return Ok(());
             }
-            Position {
-                // Past what it does not take, up to the event it failed.
-                cursor: next.seq - 1,
-                attempts: attempt,
-                failing_since: Some(failing_since),
-                next_attempt_at: Some(now + chrono::Duration::from_std(backoff(attempt)).unwrap_or_default()),
-            }
-        };
-        if !store::set_position(conn, id, me, &position).await? {
-            return Ok(());
+            // Past what it does not take, up to the event it failed.
+            w.cursor = next.seq - 1;
+            w.attempts = attempt;
+            w.failing_since = Some(failing_since);
+            w.next_attempt_at = Some(now + chrono::Duration::from_std(backoff(attempt)).unwrap_or_default());
         }
+        // A failure is recorded at once (its backoff is the subscription's state); successes in batches.
+        if !outcome.succeeded()
+            || unrecorded.attempts.len() >= RECORD_EVERY
+            || unrecorded.since.elapsed() >= RECORD_AFTER
+        {
+            let cursor = w.cursor;
+            since_trim += unrecorded.attempts.len();
+            if !record(ctx, &mut w, &mut unrecorded).await? {
+                return Ok(());
+            }
+            if w.cursor != cursor {
+                queue.clear(); // moved by someone else (enabled again): read from where it is now
+            }
+            if since_trim >= TRIM_EVERY {
+                since_trim = 0;
+                store::trim_deliveries(conn, id, super::DELIVERIES_KEPT).await?;
+            }
+        }
+    }
+}
+
+/// Writes the unrecorded attempts and `w`'s position in one transaction, then reads the subscription
+/// again (its secrets, URL and types as edited since). `false`: this process no longer delivers it
+/// (the lease was lost, or it was disabled or deleted).
+async fn record(ctx: &Ctx, w: &mut webhook::Model, unrecorded: &mut Unrecorded) -> Result<bool> {
+    let position = Position {
+        cursor: w.cursor,
+        attempts: w.attempts,
+        failing_since: w.failing_since,
+        next_attempt_at: w.next_attempt_at,
+    };
+    if unrecorded.attempts.is_empty() && unrecorded.written.as_ref() == Some(&position) {
+        return Ok(true); // nothing new; the lease's renewal notices a disable or a delete
+    }
+    let attempts = std::mem::take(&mut unrecorded.attempts);
+    unrecorded.since = Instant::now();
+    let txn = ctx.db.begin_write().await?;
+    if !store::record(&txn, w.id, ctx.instance_id, attempts, &position).await? {
+        txn.rollback().await?;
+        return Ok(false);
+    }
+    ctx.commit(txn).await?;
+    unrecorded.written = Some(position);
+    match store::find(&ctx.db.conn, w.id).await? {
+        Some(fresh) => {
+            *w = fresh;
+            Ok(true)
+        }
+        None => Ok(false),
     }
 }
 
