@@ -113,6 +113,46 @@ async fn patch_window(b: &Bench, tasks: &[Uuid], window: Duration) -> (u64, f64)
     (total, total as f64 / start.elapsed().as_secs_f64())
 }
 
+/// The floor: the same PATCH load while this process posts `per_second` requests in all to the
+/// receivers (a real event's body, no berth in between): what the HTTP of the deliveries costs this
+/// machine by itself, receivers included.
+async fn bare_window(b: &Bench, tasks: &[Uuid], window: Duration, urls: &[String], per_second: f64) -> f64 {
+    let event = b.get("/api/v1/events?limit=1").await["events"][0].clone();
+    let body = serde_json::to_vec(&event).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let every = Duration::from_secs_f64(urls.len() as f64 / per_second.max(1.0));
+    let senders: Vec<_> = urls
+        .iter()
+        .map(|url| {
+            let (http, url, body, stop) = (reqwest::Client::new(), url.clone(), body.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    let r = http
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .header("webhook-id", format!("msg_bare_{n}"))
+                        .body(body.clone())
+                        .send()
+                        .await
+                        .unwrap();
+                    assert!(r.status().is_success());
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let (_, rate) = patch_window(b, tasks, window).await;
+    stop.store(true, Ordering::Relaxed);
+    for s in senders {
+        s.await.unwrap();
+    }
+    rate
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -132,7 +172,8 @@ pub(crate) async fn webhooks(b: &Bench, table: &mut Table) {
         tasks.push(id_of(&t));
     }
     let receivers: Vec<_> = (0..SUBSCRIPTIONS).map(|_| receiver()).collect();
-    let (mut none, mut with, mut lags) = (Vec::new(), Vec::new(), Vec::new());
+    let urls: Vec<String> = receivers.iter().map(|(u, _)| u.clone()).collect();
+    let (mut none, mut with, mut bare, mut lags) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut faults = Vec::new();
     for round in 0..rounds {
         none.push(patch_window(b, &tasks, window).await.1);
@@ -148,6 +189,7 @@ pub(crate) async fn webhooks(b: &Bench, table: &mut Table) {
         let from = b.get("/api/v1/events?limit=1").await["latest_seq"].as_i64().unwrap();
         let (sent, rate) = patch_window(b, &tasks, window).await;
         with.push(rate);
+        let delivered_per_second = (sent * SUBSCRIPTIONS as u64) as f64 / window.as_secs_f64();
         // Every receiver gets every PATCH's event of the window: wait for them, then check once and in order.
         let deadline = Instant::now() + DRAIN;
         for (i, (_, heard)) in receivers.iter().enumerate() {
@@ -178,6 +220,10 @@ pub(crate) async fn webhooks(b: &Bench, table: &mut Table) {
                 .await
                 .unwrap();
             assert_eq!(r.status().as_u16(), 204, "DELETE /webhooks/{id}");
+        }
+        bare.push(bare_window(b, &tasks, window, &urls, delivered_per_second).await);
+        for (_, heard) in &receivers {
+            heard.lock().unwrap().clear();
         }
     }
     let (none, with) = (*median_by(&mut none, |r| *r), *median_by(&mut with, |r| *r));

@@ -32,6 +32,9 @@ const TRIM_EVERY: usize = 50;
 /// events again, with the same `webhook-id` (at least once).
 const RECORD_EVERY: usize = 32;
 const RECORD_AFTER: Duration = Duration::from_millis(250);
+/// A caught-up deliverer woken by a new event waits this long before reading: under load, every
+/// subscription reads the log tens of times a second instead of once per event.
+const COALESCE: Duration = Duration::from_millis(25);
 
 /// What one attempt came to.
 #[derive(Debug, Clone)]
@@ -291,7 +294,10 @@ async fn deliver(ctx: &Ctx, id: Uuid) -> Result<()> {
                 if !record(ctx, &mut w, &mut unrecorded).await? {
                     return Ok(());
                 }
-                let _ = tokio::time::timeout(idle, live.recv()).await;
+                if tokio::time::timeout(idle, live.recv()).await.is_ok() {
+                    // Let the burst the event belongs to arrive: one read for many events, not one each.
+                    tokio::time::sleep(COALESCE).await;
+                }
                 continue;
             };
             queue = page.into_iter().filter(|e| filter.admits(e)).collect();
