@@ -2,7 +2,7 @@
 //! recovery restarts with its exact leased session path ... The bridge never substitutes a different
 //! session."), with the project's test agent keeping a conversation file as Pi does (`fakepi` profile:
 //! `--session <file>`, a header line with the conversation's id, one line per prompt; `history`
-//! replies with how many prompts the file holds). The real Pi runs in `pi.rs`.
+//! replies with how many prompts the file holds). The real Pi runs in `pi/`.
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -457,6 +457,36 @@ pub fn uuid(v: &Value) -> Uuid {
         .unwrap()
 }
 
+/// Calls `probe` every 50 ms until it answers `Ok`, and returns what it answered; once `within` has passed
+/// without it, panics naming `what` (what was awaited) and what the probe last saw (its `Err`). A probe
+/// may panic itself on a state that can never turn good.
+pub async fn wait_until<T, F>(what: &str, within: std::time::Duration, mut probe: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match probe().await {
+            Ok(found) => return found,
+            Err(seen) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {within:?} waiting for {what}; last seen: {seen}"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// For a `wait_until` probe: `found` when `done`, else what it shows (as debug text).
+pub fn seen<T: std::fmt::Debug>(done: bool, found: T) -> Result<T, String> {
+    if done { Ok(found) } else { Err(format!("{found:?}")) }
+}
+
+/// For a `wait_until` probe: the JSON `found` when `done`, else the JSON as text.
+pub fn seen_json(done: bool, found: Value) -> Result<Value, String> {
+    if done { Ok(found) } else { Err(found.to_string()) }
+}
+
 /// Waits (with a deadline) until the cleanup job is settled (`succeeded`, `failed` or `cancelled`).
 pub async fn wait_job_settled(app: &TestApp, id: Uuid) -> Value {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
