@@ -129,19 +129,25 @@ fn problem(description: &str) -> RefOr<Response> {
     )
 }
 
+/// The operations of a path, whatever their method.
+fn operations(
+    item: &mut utoipa::openapi::path::PathItem,
+) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    [
+        &mut item.get,
+        &mut item.post,
+        &mut item.put,
+        &mut item.patch,
+        &mut item.delete,
+    ]
+    .into_iter()
+    .flatten()
+}
+
 /// Adds the answers every authenticated operation can give, so each handler lists only its own.
 fn add_common_responses(openapi: &mut utoipa::openapi::OpenApi) {
     for item in openapi.paths.paths.values_mut() {
-        for op in [
-            &mut item.get,
-            &mut item.post,
-            &mut item.put,
-            &mut item.patch,
-            &mut item.delete,
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for op in operations(item) {
             if op.security.as_ref().is_none_or(|s| s.is_empty()) {
                 continue;
             }
@@ -257,16 +263,7 @@ pub fn finish_spec(spec: &mut utoipa::openapi::OpenApi) {
 fn problems_as_problem_json(spec: &mut utoipa::openapi::OpenApi) {
     let problem = utoipa::openapi::Ref::from_schema_name("Problem");
     for item in spec.paths.paths.values_mut() {
-        for op in [
-            &mut item.get,
-            &mut item.post,
-            &mut item.put,
-            &mut item.patch,
-            &mut item.delete,
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for op in operations(item) {
             for response in op.responses.responses.values_mut() {
                 let RefOr::T(response) = response else { continue };
                 let is_problem = response.content.get("application/json").is_some_and(
@@ -288,16 +285,7 @@ fn mark_public_operations(spec: &mut utoipa::openapi::OpenApi) {
         if !PUBLIC_PATHS.contains(&path.as_str()) {
             continue;
         }
-        for op in [
-            &mut item.get,
-            &mut item.post,
-            &mut item.put,
-            &mut item.patch,
-            &mut item.delete,
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for op in operations(item) {
             op.security = Some(Vec::new());
         }
     }
