@@ -1,8 +1,37 @@
-//! Stamps the git commit into the binary for `GET /version` and `berth_build_info`: `BERTH_GIT_COMMIT`
-//! when the builder sets it (an image build has no `.git`), else `git rev-parse HEAD`, else nothing
-//! (the code then says "unknown").
+//! Two things for the build:
+//! - stamps the git commit into the binary for `GET /version` and `berth_build_info`: `BERTH_GIT_COMMIT`
+//!   when the builder sets it (an image build has no `.git`), else `git rev-parse HEAD`, else nothing
+//!   (the code then says "unknown");
+//! - tells utoipa that each typed id of `src/ids.rs` is a `Uuid` in the OpenAPI document (its alias
+//!   config), so `TaskId` is documented as `type: string, format: uuid` like the bare UUID it wraps.
 use std::path::PathBuf;
 use std::process::Command;
+
+/// The names `typed_ids!` declares in `src/ids.rs`: each line of its list that is a bare `Name,`.
+fn typed_ids() -> Vec<String> {
+    let text = std::fs::read_to_string("src/ids.rs").expect("src/ids.rs");
+    let list = text
+        .split("typed_ids! {")
+        .nth(1)
+        .expect("the typed_ids! list in src/ids.rs");
+    list.lines()
+        .map(str::trim)
+        .take_while(|line| *line != "}")
+        .filter_map(|line| line.strip_suffix(','))
+        .filter(|name| !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric()))
+        .map(str::to_string)
+        .collect()
+}
+
+fn utoipa_aliases() {
+    println!("cargo:rerun-if-changed=src/ids.rs");
+    let names = typed_ids();
+    let mut config = utoipa_config::Config::new();
+    for name in &names {
+        config = config.alias_for(name, "Uuid");
+    }
+    config.write_to_file();
+}
 
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).output().ok()?;
@@ -14,6 +43,7 @@ fn git(args: &[&str]) -> Option<String> {
 }
 
 fn main() {
+    utoipa_aliases();
     println!("cargo:rerun-if-env-changed=BERTH_GIT_COMMIT");
     let commit = std::env::var("BERTH_GIT_COMMIT")
         .ok()

@@ -7,21 +7,20 @@
 //! `actor::spawn`. Work berth starts itself (a worker, a reconcile pass, crash recovery) has no actor:
 //! `None`, which the API shows as `actor: null`. A cleanup job runs on behalf of whoever asked for it:
 //! the worker runs it `within` the job's recorded actor.
+use crate::ids::SessionId;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
-
-use uuid::Uuid;
 
 /// The caller as its token proved it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Actor {
     pub sub: String,
     /// An agent's session-bound token: the session it acts for.
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
 }
 
 impl Actor {
-    pub fn of(sub: Option<String>, session_id: Option<Uuid>) -> Option<Actor> {
+    pub fn of(sub: Option<String>, session_id: Option<SessionId>) -> Option<Actor> {
         sub.map(|sub| Actor { sub, session_id })
     }
 }

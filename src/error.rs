@@ -1,5 +1,6 @@
 //! The one error enum, usable by every layer (auth and domain alike). `api::problem` maps each variant
 //! to problem+json exactly once.
+use crate::ids::{EnvironmentId, RepositoryId};
 use crate::scope::Scope;
 
 /// A field-level complaint, returned under `errors` in a `validation_failed` problem.
@@ -85,7 +86,7 @@ pub enum Error {
     /// Preparing the workspace failed; the environment is `failed` and its repos say why.
     #[error("preparing the workspace failed for repository {repository_name}")]
     MaterializationFailed {
-        environment_id: uuid::Uuid,
+        environment_id: EnvironmentId,
         repository_name: String,
     },
     /// 422: an `Idempotency-Key` already used by this caller for another method, path, query or body.
@@ -180,10 +181,10 @@ pub enum ConversationCategory {
 /// A repository whose worktree holds changes (for `task_delete_dirty_worktree`; no paths).
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct DirtyRepository {
-    pub repository_id: uuid::Uuid,
+    pub repository_id: RepositoryId,
     /// The environment the worktree belongs to: the task's current one, or an earlier one a delete also
     /// removes (issue 38 item 2).
-    pub task_environment_id: uuid::Uuid,
+    pub task_environment_id: EnvironmentId,
     pub dirty_file_count: usize,
 }
 

@@ -17,6 +17,7 @@ pub mod executor;
 pub mod git;
 pub mod graceful;
 pub mod healthcheck;
+pub mod ids;
 pub mod import;
 pub mod managed_path;
 pub mod metrics;

@@ -3,10 +3,10 @@ use std::process::ExitCode;
 use berth::auth::{JwtVerifier, Scope, parse_ttl};
 use berth::config::cli::SettingsArgs;
 use berth::config::{Config, Env, JwtKey, ProcessEnv};
+use berth::ids::{SessionId, WorkspaceId};
 use berth::startup::{Application, open_database};
 use berth::store::migrate::MigrateOutcome;
 use clap::{Parser, Subcommand};
-use uuid::Uuid;
 
 #[derive(Parser)]
 #[command(
@@ -37,10 +37,10 @@ enum Command {
         scope: String,
         /// Limit the token to a workspace (repeatable); all workspaces when absent.
         #[arg(long = "workspace")]
-        workspaces: Vec<Uuid>,
+        workspaces: Vec<WorkspaceId>,
         /// Bind the token to one session (an agent's token).
         #[arg(long)]
-        session: Option<Uuid>,
+        session: Option<SessionId>,
         /// Lifetime: 90s, 30m, 1h, 7d.
         #[arg(long, default_value = "1h")]
         ttl: String,
@@ -297,8 +297,8 @@ fn token(
     config: &Config,
     sub: &str,
     scope: &str,
-    workspaces: Vec<Uuid>,
-    session: Option<Uuid>,
+    workspaces: Vec<WorkspaceId>,
+    session: Option<SessionId>,
     ttl: &str,
     new_secret: bool,
 ) -> anyhow::Result<()> {

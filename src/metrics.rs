@@ -2,6 +2,7 @@
 //! one process each see their own) and served as OpenMetrics text. Every value is kept current by the
 //! code that changes it, through the one-line calls below; a scrape reads memory and `/proc`, no SQL.
 //! A scraper that does not ask for OpenMetrics gets the Prometheus text format ([`prometheus_text`]).
+use crate::ids::InstanceId;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -125,7 +126,7 @@ type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 impl Metrics {
     /// The metrics of one berth process, naming its node and instance (`berth_instance_info`).
-    pub fn for_instance(node_id: &str, instance_id: uuid::Uuid) -> Metrics {
+    pub fn for_instance(node_id: &str, instance_id: InstanceId) -> Metrics {
         let mut m = Metrics::new();
         m.registry.register(
             "berth_instance",

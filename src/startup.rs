@@ -77,7 +77,7 @@ impl Application {
         let port = listener.local_addr()?.port();
         let max_body = config.max_body_bytes;
         let (runtime, runtime_reports) = crate::runtime::Runtime::new(config.agent_stop_grace, config.agent_term_grace);
-        let instance_id = uuid::Uuid::now_v7();
+        let instance_id = crate::ids::InstanceId::now_v7();
         let metrics = Arc::new(Metrics::for_instance(&config.node_id, instance_id));
         let state = api::data(AppState {
             ctx: Ctx {

@@ -26,7 +26,7 @@ pub(crate) fn admission(table: &mut Table) {
         );
         let repo_info = berth::git::inspect_worktree(&source).unwrap();
         let wt_info = berth::git::inspect_worktree(&wt).unwrap();
-        let id = Uuid::now_v7();
+        let id = berth::ids::RepositoryId::now_v7();
         slots.push(Slot {
             repository_id: id,
             branch_slug: name.into(),
@@ -41,7 +41,7 @@ pub(crate) fn admission(table: &mut Table) {
         });
     }
     let candidate = Candidate {
-        environment_id: Uuid::now_v7(),
+        environment_id: berth::ids::EnvironmentId::now_v7(),
         executor: ExecutorType::Worktree,
         ready: true,
         task_root: &task_root,

@@ -33,11 +33,11 @@ pub(crate) struct Bench {
     pub(crate) ctx: Ctx,
     pub(crate) principal: UnboundPrincipal,
     pub(crate) scratch: PathBuf,
-    pub(crate) workspace: Uuid,
-    pub(crate) repository: Uuid,
+    pub(crate) workspace: WorkspaceId,
+    pub(crate) repository: RepositoryId,
     /// A task with a ready environment and one session: what the reads and cycles use.
-    pub(crate) task: Uuid,
-    pub(crate) session: Uuid,
+    pub(crate) task: TaskId,
+    pub(crate) session: SessionId,
 }
 
 /// `claims_only`: set up, then only the claim rows (`cargo bench --bench suite -- claims`).
@@ -127,12 +127,12 @@ pub(crate) async fn run_backend(
         ctx,
         principal,
         scratch: scratch.clone(),
-        workspace: Uuid::nil(),
-        repository: Uuid::nil(),
-        task: Uuid::nil(),
-        session: Uuid::nil(),
+        workspace: Uuid::nil().into(),
+        repository: Uuid::nil().into(),
+        task: Uuid::nil().into(),
+        session: Uuid::nil().into(),
     };
-    b.workspace = id_of(&b.post("/api/v1/workspaces", json!({"name": "bench"}), 201).await);
+    b.workspace = id_of(&b.post("/api/v1/workspaces", json!({"name": "bench"}), 201).await).into();
     b.repository = id_of(
         &b.post(
             &format!("/api/v1/workspaces/{}/repositories", b.workspace),
@@ -140,7 +140,8 @@ pub(crate) async fn run_backend(
             201,
         )
         .await,
-    );
+    )
+    .into();
 
     if only == Some("claims") {
         claims(&b, table).await;

@@ -110,9 +110,9 @@ pub(crate) async fn insert_jobs(b: &Bench, n: usize) {
     while i < n {
         let end = (i + 500).min(n);
         let rows = (i..end).map(|_| job::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            operation_id: Set(Uuid::now_v7()),
-            task_id: Set(Uuid::now_v7()),
+            id: Set(CleanupJobId::now_v7()),
+            operation_id: Set(OperationId::now_v7()),
+            task_id: Set(TaskId::now_v7()),
             workspace_id: Set(b.workspace),
             task_environment_id: Set(None),
             trigger: Set(job::CleanupTrigger::Delete),
@@ -153,7 +153,7 @@ pub(crate) enum Bare {
 }
 
 /// `workers` bare claim loops over `n` fresh jobs: how long they took, and the ids they claimed.
-async fn bare_loop(b: &Bench, n: usize, workers: usize, how: Bare) -> (Duration, Vec<Uuid>) {
+async fn bare_loop(b: &Bench, n: usize, workers: usize, how: Bare) -> (Duration, Vec<CleanupJobId>) {
     insert_jobs(b, n).await;
     let t = Instant::now();
     let loops: Vec<_> = (0..workers)
@@ -185,7 +185,7 @@ async fn bare_loop(b: &Bench, n: usize, workers: usize, how: Bare) -> (Duration,
 
 /// The claim's SQL (the same `next_claimable` queries and update as `worker::cleanup::claim`, and like it
 /// without waiting for the log flush unless `Bare::Flushed`), nothing else.
-pub(crate) async fn bare_claim(ctx: &Ctx, how: Bare) -> Option<Uuid> {
+pub(crate) async fn bare_claim(ctx: &Ctx, how: Bare) -> Option<CleanupJobId> {
     let now = chrono::Utc::now();
     let txn = ctx.db.begin_write().await.unwrap();
     if how != Bare::Flushed {

@@ -3,7 +3,7 @@ use super::*;
 
 pub(crate) async fn git_status(b: &Bench, table: &mut Table) {
     let env: Value = b.get(&format!("/api/v1/tasks/{}/environment", b.task)).await;
-    let env_id: Uuid = env["id"].as_str().unwrap().parse().unwrap();
+    let env_id: EnvironmentId = env["id"].as_str().unwrap().parse().unwrap();
     let conn = &b.ctx.db.conn;
     let mut stored = 0;
     let mut base = None;
@@ -36,14 +36,20 @@ pub(crate) async fn git_status(b: &Bench, table: &mut Table) {
     }
 }
 
-pub(crate) async fn insert_observations(conn: &DatabaseConnection, env_id: Uuid, repo: Uuid, from: usize, to: usize) {
+pub(crate) async fn insert_observations(
+    conn: &DatabaseConnection,
+    env_id: EnvironmentId,
+    repo: RepositoryId,
+    from: usize,
+    to: usize,
+) {
     let start = chrono::Utc::now() - chrono::Duration::days(30);
     let files = json!([{"path": "src/main.rs", "index_status": "unmodified", "worktree_status": "modified"}]);
     let mut i = from;
     while i < to {
         let end = (i + 1000).min(to);
         let rows = (i..end).map(|n| obs::ActiveModel {
-            id: Set(Uuid::now_v7()),
+            id: Set(berth::ids::ObservationId::now_v7()),
             task_environment_id: Set(env_id),
             repository_id: Set(repo),
             session_id: Set(None),

@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use berth::auth::UnboundPrincipal;
 use berth::domain::Ctx;
 use berth::entity::{cleanup_job as job, git_status_observation as obs, task};
+use berth::ids::{CleanupJobId, EnvironmentId, OperationId, RepositoryId, SessionId, TaskId, WorkspaceId};
 use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait, Statement};
 use serde_json::{Value, json};
 use uuid::Uuid;

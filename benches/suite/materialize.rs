@@ -23,8 +23,8 @@ pub(crate) async fn materialize(b: &mut Bench, table: &mut Table, source: &Path)
             .await;
         api.push(t.elapsed());
         if i == 0 {
-            b.task = task;
-            b.session = id_of(&s);
+            b.task = task.into();
+            b.session = id_of(&s).into();
         }
         let path = b.scratch.join(format!("bare/{i}"));
         let t = Instant::now();
@@ -60,7 +60,7 @@ pub(crate) async fn fill_tasks(b: &Bench, n: usize) {
     while i < n {
         let end = (i + 1000).min(n);
         let rows = (i..end).map(|k| task::ActiveModel {
-            id: Set(Uuid::now_v7()),
+            id: Set(berth::ids::TaskId::now_v7()),
             workspace_id: Set(b.workspace),
             parent_task_id: Set(None),
             title: Set(format!("filler {k}")),

@@ -1,10 +1,10 @@
 //! HTTP for cleanup jobs: what operators watch, retry and cancel.
+use crate::ids::{CleanupJobId, EnvironmentId, OperationId, TaskId, WorkspaceId};
 use actix_web::{get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{CleanupAdmin, CleanupRead, FollowPoint, Unbound};
@@ -23,11 +23,11 @@ pub fn routes(cfg: &mut ServiceConfig) {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CleanupJob {
-    pub id: Uuid,
-    pub operation_id: Uuid,
-    pub task_id: Uuid,
-    pub workspace_id: Uuid,
-    pub task_environment_id: Option<Uuid>,
+    pub id: CleanupJobId,
+    pub operation_id: OperationId,
+    pub task_id: TaskId,
+    pub workspace_id: WorkspaceId,
+    pub task_environment_id: Option<EnvironmentId>,
     /// `archive`, `delete`, `cascade_archive`, `cascade_delete`, `workspace_delete`, `quick_chat_expire`,
     /// `environment_reset`, `superseded_cleanup`, `session_delete` (what a session delete accepted while
     /// the session's node was down owes that node: its agent ended, its conversation removed).
@@ -146,7 +146,7 @@ pub struct CleanupJobList {
 pub struct JobQuery {
     #[param(value_type = Option<CleanupJobState>)]
     pub state: Option<String>,
-    pub task_id: Option<Uuid>,
+    pub task_id: Option<TaskId>,
     #[param(value_type = Option<CleanupTrigger>)]
     pub trigger: Option<String>,
     /// Page size, 1 to 500 (default 50).
@@ -206,7 +206,7 @@ async fn list_jobs(
 async fn get_job(
     auth: Unbound<CleanupRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<CleanupJobId>,
 ) -> Result<web::Json<CleanupJob>, Error> {
     Ok(web::Json(cleanup::get(&state.ctx, &auth, *id).await?.into()))
 }
@@ -230,7 +230,7 @@ async fn get_job(
 async fn retry_job(
     auth: Unbound<CleanupAdmin>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<CleanupJobId>,
 ) -> Result<web::Json<CleanupJob>, Error> {
     Ok(web::Json(cleanup::retry(&state.ctx, &auth, *id).await?.into()))
 }
@@ -254,7 +254,7 @@ async fn retry_job(
 async fn cancel_job(
     auth: Unbound<CleanupAdmin>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<CleanupJobId>,
 ) -> Result<web::Json<CleanupJob>, Error> {
     Ok(web::Json(cleanup::cancel(&state.ctx, &auth, *id).await?.into()))
 }

@@ -1,10 +1,10 @@
 //! HTTP for a workspace's board columns.
+use crate::ids::{ColumnId, WorkspaceId};
 use actix_web::{HttpResponse, delete, get, patch, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{TasksRead, TasksWrite, Unbound};
@@ -22,8 +22,8 @@ pub fn routes(cfg: &mut ServiceConfig) {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WorkspaceColumn {
-    pub id: Uuid,
-    pub workspace_id: Uuid,
+    pub id: ColumnId,
+    pub workspace_id: WorkspaceId,
     pub name: String,
     /// 0 is the first column.
     pub position: i32,
@@ -95,7 +95,7 @@ pub struct UpdateColumn {
 async fn list_columns(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
 ) -> Result<web::Json<WorkspaceColumnList>, Error> {
     let items = columns::list(&state.ctx, &auth, *id).await?;
     Ok(web::Json(WorkspaceColumnList {
@@ -123,7 +123,7 @@ async fn list_columns(
 async fn create_column(
     auth: Unbound<TasksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
     body: web::Json<CreateColumn>,
 ) -> Result<HttpResponse, Error> {
     let b = body.into_inner();
@@ -160,7 +160,7 @@ async fn create_column(
 async fn update_column(
     auth: Unbound<TasksWrite>,
     state: web::Data<AppState>,
-    path: web::Path<(Uuid, Uuid)>,
+    path: web::Path<(WorkspaceId, ColumnId)>,
     body: web::Json<UpdateColumn>,
 ) -> Result<web::Json<WorkspaceColumn>, Error> {
     let (ws, id) = path.into_inner();
@@ -194,7 +194,7 @@ async fn update_column(
 async fn delete_column(
     auth: Unbound<TasksWrite>,
     state: web::Data<AppState>,
-    path: web::Path<(Uuid, Uuid)>,
+    path: web::Path<(WorkspaceId, ColumnId)>,
 ) -> Result<HttpResponse, Error> {
     let (ws, id) = path.into_inner();
     columns::remove(&state.ctx, &auth, ws, id).await?;

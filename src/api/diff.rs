@@ -1,10 +1,10 @@
 //! HTTP for diffs: what changed in an environment's worktrees, through the environment or a session.
+use crate::ids::{EnvironmentId, RepositoryId, SessionId};
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, get, web};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, SessionsRead, TasksRead};
@@ -29,7 +29,7 @@ pub struct DiffQuery {
     /// Only these paths, comma-separated (each taken literally: a file, or a directory and what is in it).
     pub paths: Option<String>,
     /// Only this repository of the environment.
-    pub repository_id: Option<Uuid>,
+    pub repository_id: Option<RepositoryId>,
     /// The page after the one that gave this `next_cursor`.
     pub cursor: Option<String>,
 }
@@ -102,7 +102,7 @@ async fn environment_diff(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
     req: HttpRequest,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
     query: web::Query<DiffQuery>,
 ) -> Result<HttpResponse, Error> {
     let q = query.into_inner().parse()?;
@@ -131,7 +131,7 @@ async fn session_diff(
     auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
     req: HttpRequest,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
     query: web::Query<DiffQuery>,
 ) -> Result<HttpResponse, Error> {
     let q = query.into_inner().parse()?;

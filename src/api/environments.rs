@@ -1,10 +1,10 @@
 //! HTTP for environments: the task-owned workspace and its worktree inventory.
+use crate::ids::{EnvironmentId, EnvironmentRepoId, RepositoryId, TaskId};
 use actix_web::{HttpResponse, get, web};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, TasksRead};
@@ -20,8 +20,8 @@ pub fn routes(cfg: &mut ServiceConfig) {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EnvironmentRepo {
-    pub id: Uuid,
-    pub repository_id: Uuid,
+    pub id: EnvironmentRepoId,
+    pub repository_id: RepositoryId,
     /// The repository slot: the task's branch for it, or empty.
     pub branch_slug: String,
     /// The linked worktree's git id; null for the local executor.
@@ -36,9 +36,9 @@ pub struct EnvironmentRepo {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Environment {
-    pub id: Uuid,
+    pub id: EnvironmentId,
     /// The owning task (for an `inherit_parent` subtask, its ancestor's id).
-    pub task_id: Uuid,
+    pub task_id: TaskId,
     pub executor_type: ExecutorType,
     pub status: EnvironmentStatus,
     /// The effective workspace: the worktree for one repository, the task root for several.
@@ -109,7 +109,7 @@ impl From<EnvironmentView> for Environment {
 async fn get_task_environment(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
 ) -> Result<HttpResponse, Error> {
     let view = environments::of_task(&state.ctx, &auth, *id).await?;
     Ok(super::ok_tagged(&view.etag(), &Environment::from(view)))
@@ -133,7 +133,7 @@ async fn get_task_environment(
 async fn get_environment(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
 ) -> Result<HttpResponse, Error> {
     let view = environments::get(&state.ctx, &auth, *id).await?;
     Ok(super::ok_tagged(&view.etag(), &Environment::from(view)))

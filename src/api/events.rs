@@ -1,4 +1,5 @@
 //! HTTP for the event log: replay, and the server-sent event stream.
+use crate::ids::{InstanceId, SessionId, TaskId, WorkspaceId};
 use actix_web::http::header;
 use actix_web::web::Bytes;
 use actix_web::{FromRequest, HttpRequest, HttpResponse, get, post, web};
@@ -7,7 +8,6 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, EventsRead};
@@ -27,7 +27,7 @@ pub use crate::events::wire::{Actor, Event};
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventPage {
     /// This server generation; a client holding another must reload snapshots.
-    pub instance_id: Uuid,
+    pub instance_id: InstanceId,
     /// The oldest retained seq.
     pub first_available_seq: i64,
     pub latest_seq: i64,
@@ -56,16 +56,16 @@ pub struct ReplayQuery {
     #[param(value_type = Option<i64>, minimum = 0)]
     pub after: Option<String>,
     /// The instance the client's state came from.
-    pub instance_id: Option<Uuid>,
+    pub instance_id: Option<InstanceId>,
     /// 1 to 1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u64>,
     /// Only events about this workspace (narrows what the token sees; never widens it).
-    pub workspace_id: Option<Uuid>,
+    pub workspace_id: Option<WorkspaceId>,
     /// Only events about this task.
-    pub task_id: Option<Uuid>,
+    pub task_id: Option<TaskId>,
     /// Only events about this session.
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
     /// Comma-separated event types, each exact (`session.state_changed`) or a prefix ending in `.`
     /// (`session.`). An entry that matches no type is `400 validation_failed`.
     pub types: Option<String>,
@@ -96,16 +96,16 @@ pub struct StreamQuery {
     #[param(value_type = Option<i64>, minimum = 0)]
     pub after: Option<String>,
     /// The instance the client's state came from.
-    pub instance_id: Option<Uuid>,
+    pub instance_id: Option<InstanceId>,
     /// A stream ticket (`POST /events/tickets`) instead of the `Authorization` header, for clients that
     /// cannot send headers (a browser's `EventSource`). Single use.
     pub ticket: Option<String>,
     /// Only events about this workspace (narrows what the token sees; never widens it).
-    pub workspace_id: Option<Uuid>,
+    pub workspace_id: Option<WorkspaceId>,
     /// Only events about this task.
-    pub task_id: Option<Uuid>,
+    pub task_id: Option<TaskId>,
     /// Only events about this session.
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
     /// Comma-separated event types, each exact (`session.state_changed`) or a prefix ending in `.`
     /// (`session.`). An entry that matches no type is `400 validation_failed`.
     pub types: Option<String>,
@@ -265,9 +265,9 @@ async fn stream_events(
 }
 
 fn narrowing(
-    workspace_id: Option<Uuid>,
-    task_id: Option<Uuid>,
-    session_id: Option<Uuid>,
+    workspace_id: Option<WorkspaceId>,
+    task_id: Option<TaskId>,
+    session_id: Option<SessionId>,
     types: Option<&str>,
     actor: Option<String>,
 ) -> Result<Narrowing, Error> {
@@ -282,7 +282,7 @@ fn narrowing(
 
 /// The last frame of every stream at shutdown: no `id` (the client's `Last-Event-ID` stays its last
 /// event's), and a `retry` for its reconnection.
-fn shutdown_frame(instance_id: Uuid) -> String {
+fn shutdown_frame(instance_id: InstanceId) -> String {
     format!(
         "event: shutdown\nretry: {SHUTDOWN_RETRY_MS}\ndata: {}\n\n",
         serde_json::json!({ "reason": "shutdown", "reconnect": true, "instance_id": instance_id })
@@ -292,7 +292,7 @@ fn shutdown_frame(instance_id: Uuid) -> String {
 /// How long a client waits before reconnecting after `event: shutdown` (a restart takes seconds).
 const SHUTDOWN_RETRY_MS: u64 = 2000;
 
-fn encode(frame: &Frame, instance_id: Uuid) -> String {
+fn encode(frame: &Frame, instance_id: InstanceId) -> String {
     match frame {
         Frame::Event(e) => {
             let json = serde_json::to_string(&Event::from(e.as_ref())).unwrap_or_default();

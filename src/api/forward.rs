@@ -20,6 +20,8 @@ use actix_web::middleware::Next;
 use actix_web::{HttpResponse, ResponseError, web};
 use uuid::Uuid;
 
+use crate::ids::{EnvironmentId, LeftoverId, SessionId, TaskId};
+
 use super::AppState;
 use crate::domain::nodes::placement;
 use crate::error::Error;
@@ -29,13 +31,13 @@ pub const FORWARDED_BY: &str = "x-berth-forwarded-by";
 
 /// What a request's work belongs to.
 enum Owner {
-    Task(Uuid),
-    Session(Uuid),
-    Environment(Uuid),
+    Task(TaskId),
+    Session(SessionId),
+    Environment(EnvironmentId),
     /// A repository registration naming its node in the body (`node_id`).
     Registration,
     /// What berth kept on a node's disk.
-    Leftover(Uuid),
+    Leftover(LeftoverId),
 }
 
 /// Whether a request for a down node is carried out here anyway (its disk work waits as jobs).
@@ -45,22 +47,26 @@ enum WhenDown {
     HandleHere,
 }
 
+/// The id at position `i` of the path, typed as the route says it is.
+fn id<T: From<Uuid>>(parts: &[&str], i: usize) -> Option<T> {
+    parts.get(i).and_then(|p| p.parse::<Uuid>().ok()).map(T::from)
+}
+
 fn route(method: &Method, path: &str) -> Option<(Owner, WhenDown)> {
     let rest = path.strip_prefix("/api/v1/")?;
     let parts: Vec<&str> = rest.split('/').collect();
-    let id = |i: usize| parts.get(i).and_then(|p| p.parse::<Uuid>().ok());
     let m = method.as_str();
     match (m, parts.as_slice()) {
         ("POST", ["tasks", _, "sessions"]) | ("POST", ["tasks", _, "environment", "reset"]) => {
-            Some((Owner::Task(id(1)?), WhenDown::Refuse))
+            Some((Owner::Task(id(&parts, 1)?), WhenDown::Refuse))
         }
         ("DELETE", ["tasks", _]) | ("POST", ["tasks", _, "archive"]) => {
-            Some((Owner::Task(id(1)?), WhenDown::HandleHere))
+            Some((Owner::Task(id(&parts, 1)?), WhenDown::HandleHere))
         }
-        ("DELETE", ["sessions", _]) => Some((Owner::Session(id(1)?), WhenDown::HandleHere)),
-        ("GET", ["sessions", _, "turns", _, "diff"]) => Some((Owner::Session(id(1)?), WhenDown::Refuse)),
+        ("DELETE", ["sessions", _]) => Some((Owner::Session(id(&parts, 1)?), WhenDown::HandleHere)),
+        ("GET", ["sessions", _, "turns", _, "diff"]) => Some((Owner::Session(id(&parts, 1)?), WhenDown::Refuse)),
         ("POST", ["sessions", _, "launch" | "resume"]) | ("GET", ["sessions", _, "git-status" | "diff"]) => {
-            Some((Owner::Session(id(1)?), WhenDown::Refuse))
+            Some((Owner::Session(id(&parts, 1)?), WhenDown::Refuse))
         }
         ("POST", ["environments", _, "git-status", "refresh"])
         | ("GET", ["environments", _, "git-status" | "diff"])
@@ -71,9 +77,9 @@ fn route(method: &Method, path: &str) -> Option<(Owner, WhenDown)> {
                 _,
                 "restore" | "reviews" | "commits" | "merge" | "push" | "pull-requests",
             ],
-        ) => Some((Owner::Environment(id(1)?), WhenDown::Refuse)),
+        ) => Some((Owner::Environment(id(&parts, 1)?), WhenDown::Refuse)),
         ("POST", ["workspaces", _, "repositories"]) => Some((Owner::Registration, WhenDown::Refuse)),
-        ("DELETE", ["workspaces", _, "leftovers", _]) => Some((Owner::Leftover(id(3)?), WhenDown::Refuse)),
+        ("DELETE", ["workspaces", _, "leftovers", _]) => Some((Owner::Leftover(id(&parts, 3)?), WhenDown::Refuse)),
         _ => None,
     }
 }

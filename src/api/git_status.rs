@@ -1,10 +1,10 @@
 //! HTTP for git status: the environment's, read through the environment or a session.
+use crate::ids::{EnvironmentId, RepositoryId, SessionId};
 use actix_web::{HttpResponse, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, FollowPoint, SessionsRead, SessionsWrite, TasksRead};
@@ -24,10 +24,10 @@ pub fn routes(cfg: &mut ServiceConfig) {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct GitStatus {
     /// The identity of a status is its environment and repository (I24).
-    pub task_environment_id: Uuid,
-    pub repository_id: Uuid,
+    pub task_environment_id: EnvironmentId,
+    pub repository_id: RepositoryId,
     /// Provenance only: which session captured it (null once that session is deleted).
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
     /// `live`, `completion` or `archive`.
     pub kind: ObservationKind,
     pub observed_at: DateTime<Utc>,
@@ -72,13 +72,13 @@ pub struct GitStatusList {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReportObservation {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     // Parsed by the domain after the environment is found, so an unknown kind stays a 422 after a 404.
     /// `live` or `completion`.
     #[schema(value_type = ReportedKind)]
     pub kind: String,
     pub observed_at: DateTime<Utc>,
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
     pub branch: Option<String>,
     pub head_commit: Option<String>,
     pub upstream: Option<String>,
@@ -120,7 +120,7 @@ async fn environment_status(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
     seq: FollowPoint,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
 ) -> Result<web::Json<GitStatusList>, Error> {
     Ok(list(git_status::current(&state.ctx, &auth, *id).await?, seq))
 }
@@ -149,7 +149,7 @@ async fn environment_status(
 async fn report_observation(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
     body: web::Json<ReportObservation>,
 ) -> Result<HttpResponse, Error> {
     let b = body.into_inner();
@@ -190,7 +190,7 @@ async fn refresh_status(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
     seq: FollowPoint,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
 ) -> Result<web::Json<GitStatusList>, Error> {
     Ok(list(git_status::refresh(&state.ctx, &auth, *id).await?, seq))
 }
@@ -214,7 +214,7 @@ async fn session_status(
     auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
     seq: FollowPoint,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<web::Json<GitStatusList>, Error> {
     Ok(list(git_status::of_session(&state.ctx, &auth, *id).await?, seq))
 }

@@ -1,9 +1,9 @@
 //! HTTP for landing an environment's work: commit, merge, push, pull requests.
+use crate::ids::{EnvironmentId, RepositoryId};
 use actix_web::{HttpResponse, post, web};
 use serde::Deserialize;
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, TasksWrite};
@@ -24,7 +24,7 @@ pub fn routes(cfg: &mut ServiceConfig) {
 pub struct CreateCommit {
     pub message: String,
     /// Only these repositories of the environment (default: every one with something to commit).
-    pub repository_ids: Option<Vec<Uuid>>,
+    pub repository_ids: Option<Vec<RepositoryId>>,
     /// Only these paths, relative to each worktree (default: every change, untracked files included).
     #[serde(default)]
     pub paths: Vec<String>,
@@ -56,7 +56,7 @@ pub struct CreateCommit {
 async fn commit_environment(
     auth: Authorized<TasksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
     body: web::Json<CreateCommit>,
 ) -> Result<HttpResponse, Error> {
     let b = body.into_inner();
@@ -75,7 +75,7 @@ async fn commit_environment(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MergeEnvironment {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     /// The branch to merge into (default: the slot's base branch).
     pub into: Option<String>,
     pub strategy: Strategy,
@@ -112,7 +112,7 @@ pub struct MergeEnvironment {
 async fn merge_environment(
     auth: Authorized<TasksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
     body: web::Json<MergeEnvironment>,
 ) -> Result<web::Json<Merged>, Error> {
     let b = body.into_inner();
@@ -129,7 +129,7 @@ async fn merge_environment(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PushEnvironment {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     /// A remote of the repository (default `origin`).
     pub remote: Option<String>,
     /// Replace the remote branch if it is where berth last saw it (`--force-with-lease`).
@@ -162,7 +162,7 @@ pub struct PushEnvironment {
 async fn push_environment(
     auth: Authorized<TasksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
     body: web::Json<PushEnvironment>,
 ) -> Result<web::Json<Pushed>, Error> {
     let b = body.into_inner();
@@ -175,7 +175,7 @@ async fn push_environment(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreatePullRequest {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub title: String,
     pub body: Option<String>,
     /// The branch it merges into (default: the slot's base branch).
@@ -210,7 +210,7 @@ pub struct CreatePullRequest {
 async fn create_pull_request(
     auth: Authorized<TasksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
     body: web::Json<CreatePullRequest>,
 ) -> Result<HttpResponse, Error> {
     let b = body.into_inner();

@@ -1,9 +1,9 @@
 //! HTTP for what berth kept on disk: listed, and disposed of with consent.
+use crate::ids::{LeftoverId, WorkspaceId};
 use actix_web::{HttpResponse, delete, get, web};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{TasksDelete, TasksRead, Unbound};
@@ -44,7 +44,7 @@ pub struct LeftoverList {
 async fn list_leftovers(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
 ) -> Result<web::Json<LeftoverList>, Error> {
     let items = disposal::list(&state.ctx, &auth, *id).await?;
     Ok(web::Json(LeftoverList { items }))
@@ -83,7 +83,7 @@ pub struct DisposeQuery {
 async fn dispose_leftover(
     auth: Unbound<TasksDelete>,
     state: web::Data<AppState>,
-    path: web::Path<(Uuid, Uuid)>,
+    path: web::Path<(WorkspaceId, LeftoverId)>,
     query: web::Query<DisposeQuery>,
 ) -> Result<HttpResponse, Error> {
     let (workspace_id, id) = *path;

@@ -20,7 +20,7 @@ pub struct NodeList {
     pub items: Vec<NodeView>,
     /// The node and instance that answered.
     pub node_id: String,
-    pub instance_id: uuid::Uuid,
+    pub instance_id: crate::ids::InstanceId,
 }
 
 /// List nodes and their instances

@@ -15,7 +15,7 @@ pub struct Health {
     pub node_id: Option<String>,
     /// For readiness: the instance (process) that answered.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub instance_id: Option<uuid::Uuid>,
+    pub instance_id: Option<crate::ids::InstanceId>,
 }
 
 /// Check that the process is up

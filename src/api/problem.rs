@@ -1,4 +1,5 @@
 //! RFC 9457 problem+json: the one place where domain errors become HTTP responses.
+use crate::ids::EnvironmentId;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
@@ -123,7 +124,7 @@ pub struct Problem {
     pub dirty_repositories: Option<Vec<crate::error::DirtyRepository>>,
     /// The environment concerned, when there is one (for example a failed preparation).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_environment_id: Option<uuid::Uuid>,
+    pub task_environment_id: Option<EnvironmentId>,
     /// For `node_unavailable`: the node whose agents or disk the request needs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,

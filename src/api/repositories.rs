@@ -1,10 +1,10 @@
 //! HTTP for source repositories.
+use crate::ids::{RepositoryId, WorkspaceId};
 use actix_web::{HttpResponse, delete, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::extract::{FollowPoint, TasksRead, Unbound, WorkspacesAdmin};
 use super::problem::Problem;
@@ -22,8 +22,8 @@ pub fn routes(cfg: &mut ServiceConfig) {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Repository {
-    pub id: Uuid,
-    pub workspace_id: Uuid,
+    pub id: RepositoryId,
+    pub workspace_id: WorkspaceId,
     /// Names the repository's worktree directory inside a task root.
     pub name: String,
     /// The canonical work tree root.
@@ -111,7 +111,7 @@ pub struct RegisterRepository {
 async fn register_repository(
     auth: Unbound<WorkspacesAdmin>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
     body: web::Json<RegisterRepository>,
 ) -> Result<HttpResponse, Error> {
     let body = body.into_inner();
@@ -155,7 +155,7 @@ async fn list_repositories(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
     seq: FollowPoint,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
     query: web::Query<PageQuery>,
 ) -> Result<web::Json<RepositoryList>, Error> {
     let page = repositories::list(&state.ctx, &auth, *id, query.page()?).await?;
@@ -183,7 +183,7 @@ async fn list_repositories(
 async fn get_repository(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<RepositoryId>,
 ) -> Result<web::Json<Repository>, Error> {
     Ok(web::Json(repositories::get(&state.ctx, &auth, *id).await?.into()))
 }
@@ -208,7 +208,7 @@ async fn get_repository(
 async fn delete_repository(
     auth: Unbound<WorkspacesAdmin>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<RepositoryId>,
 ) -> Result<HttpResponse, Error> {
     repositories::delete(&state.ctx, &auth, *id).await?;
     Ok(HttpResponse::NoContent().finish())

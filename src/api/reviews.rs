@@ -1,10 +1,10 @@
 //! HTTP for reviews of an environment's diff, sent back to a session's agent.
+use crate::ids::{EnvironmentId, InboxItemId, ReviewId, SessionId, TaskId};
 use actix_web::{HttpResponse, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, TasksRead, TasksWrite};
@@ -27,21 +27,21 @@ pub struct CreateReview {
     #[serde(default)]
     pub comments: Vec<NewComment>,
     /// A session of this environment to send the review to, as one message in its inbox.
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Review {
-    pub id: Uuid,
-    pub task_id: Uuid,
-    pub task_environment_id: Uuid,
+    pub id: ReviewId,
+    pub task_id: TaskId,
+    pub task_environment_id: EnvironmentId,
     pub body: String,
     /// Each with the text of the line it quotes.
     pub comments: Vec<Comment>,
     /// The session it was sent to.
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
     /// The inbox message that carries it (`GET /sessions/{session_id}/messages`).
-    pub message_id: Option<Uuid>,
+    pub message_id: Option<InboxItemId>,
     /// The token subject that wrote it.
     pub created_by: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -95,7 +95,7 @@ pub struct ReviewList {
 async fn create_review(
     auth: Authorized<TasksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
     body: web::Json<CreateReview>,
 ) -> Result<HttpResponse, Error> {
     let b = body.into_inner();
@@ -128,7 +128,7 @@ async fn create_review(
 async fn list_reviews(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
 ) -> Result<web::Json<ReviewList>, Error> {
     let items = reviews::list(&state.ctx, &auth, *id).await?;
     Ok(web::Json(ReviewList {
@@ -157,7 +157,7 @@ async fn list_reviews(
 async fn get_review(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
-    path: web::Path<(Uuid, Uuid)>,
+    path: web::Path<(EnvironmentId, ReviewId)>,
 ) -> Result<web::Json<Review>, Error> {
     let (id, review_id) = path.into_inner();
     Ok(web::Json(reviews::get(&state.ctx, &auth, id, review_id).await?.into()))

@@ -1,10 +1,10 @@
 //! HTTP for a session's inbox: messages are stored first, then delivered by the node running the agent.
+use crate::ids::{InboxItemId, SessionId};
 use actix_web::{HttpResponse, delete, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, FollowPoint, SessionsRead, SessionsWrite};
@@ -30,8 +30,8 @@ pub struct SendMessage {
 /// A message for the session's agent and where it is.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Message {
-    pub id: Uuid,
-    pub session_id: Uuid,
+    pub id: InboxItemId,
+    pub session_id: SessionId,
     pub text: String,
     pub delivery: Delivery,
     pub state: InboxState,
@@ -85,7 +85,7 @@ pub struct MessageList {
 async fn send_message(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
     body: web::Json<SendMessage>,
 ) -> Result<HttpResponse, Error> {
     let body = body.into_inner();
@@ -111,7 +111,7 @@ async fn list_messages(
     auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
     seq: FollowPoint,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<web::Json<MessageList>, Error> {
     let items = sessions::list_messages(&state.ctx, &auth, *id).await?;
     Ok(web::Json(MessageList {
@@ -142,7 +142,7 @@ async fn list_messages(
 async fn cancel_message(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    path: web::Path<(Uuid, Uuid)>,
+    path: web::Path<(SessionId, InboxItemId)>,
 ) -> Result<web::Json<Message>, Error> {
     let (id, message_id) = path.into_inner();
     Ok(web::Json(

@@ -1,10 +1,10 @@
 //! HTTP for the agent's own settings in a running session: its mode, and the configuration options it
 //! offers (ACP agents list them in the snapshot's `agent.modes` and `agent.config_options`).
+use crate::ids::SessionId;
 use actix_web::{put, web};
 use serde::Deserialize;
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, SessionsWrite};
@@ -54,7 +54,7 @@ pub struct OptionValue {
 async fn set_mode(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
     body: web::Json<ModeChoice>,
 ) -> Result<web::Json<Session>, Error> {
     let mode = body.into_inner().mode_id;
@@ -88,7 +88,7 @@ async fn set_mode(
 async fn set_config_option(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    path: web::Path<(Uuid, String)>,
+    path: web::Path<(SessionId, String)>,
     body: web::Json<OptionValue>,
 ) -> Result<web::Json<Session>, Error> {
     let (id, option_id) = path.into_inner();

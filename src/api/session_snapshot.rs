@@ -1,10 +1,10 @@
 //! HTTP for a session's snapshot: everything a client loads before following the stream.
+use crate::ids::{InstanceId, SessionId};
 use actix_web::{get, web};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, SessionsRead};
@@ -82,7 +82,7 @@ pub struct SessionSnapshot {
     pub last_activity_at: DateTime<Utc>,
     /// Pending requests: `{id, method, title, message, options}` as the agent sent them.
     pub attention_requests: Vec<AttentionRequest>,
-    pub instance_id: Uuid,
+    pub instance_id: InstanceId,
     /// Follow the event stream from here: nothing after it is missing from this snapshot's sources.
     pub latest_seq: i64,
 }
@@ -168,7 +168,7 @@ impl From<Option<serde_json::Value>> for AgentInfo {
 async fn session_snapshot(
     auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<web::Json<SessionSnapshot>, Error> {
     let snap = sessions::snapshot(&state.ctx, &auth, *id).await?;
     let attention_requests = snap.attention_requests.into_iter().map(Into::into).collect();

@@ -1,10 +1,10 @@
 //! HTTP for sessions.
+use crate::ids::{EnvironmentId, ExecutionId, SessionId, TaskId};
 use actix_web::{HttpResponse, delete, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::extract::{Authorized, FollowPoint, SessionsDelete, SessionsRead, SessionsWrite, Unbound};
 use super::problem::Problem;
@@ -74,7 +74,7 @@ fn optional_body<T: serde::de::DeserializeOwned + Default>(bytes: &web::Bytes) -
 async fn launch_session(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
     body: web::Bytes,
 ) -> Result<web::Json<Session>, Error> {
     start(auth, state, *id, body).await
@@ -85,7 +85,7 @@ async fn launch_session(
 async fn start(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    id: Uuid,
+    id: SessionId,
     body: web::Bytes,
 ) -> Result<web::Json<Session>, Error> {
     let body: LaunchSession = optional_body(&body)?;
@@ -114,7 +114,7 @@ async fn start(
 async fn resume_session(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
     body: web::Bytes,
 ) -> Result<web::Json<Session>, Error> {
     start(auth, state, *id, body).await
@@ -141,7 +141,7 @@ async fn resume_session(
 async fn stop_session(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<web::Json<Session>, Error> {
     Ok(web::Json(sessions::stop(&state.ctx, &auth, *id).await?.into()))
 }
@@ -167,7 +167,7 @@ async fn stop_session(
 async fn abort_session(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<web::Json<Session>, Error> {
     Ok(web::Json(sessions::abort(&state.ctx, &auth, *id).await?.into()))
 }
@@ -180,9 +180,9 @@ pub struct SessionError {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Session {
-    pub id: Uuid,
-    pub task_id: Uuid,
-    pub task_environment_id: Option<Uuid>,
+    pub id: SessionId,
+    pub task_id: TaskId,
+    pub task_environment_id: Option<EnvironmentId>,
     pub name: String,
     pub executor_type: ExecutorType,
     pub agent_profile: Option<String>,
@@ -194,7 +194,7 @@ pub struct Session {
     /// The node whose disk holds the environment (and where its agent runs), and whether it is up;
     /// absent before the environment exists.
     pub node: Option<crate::domain::sessions::SessionNode>,
-    pub execution_id: Option<Uuid>,
+    pub execution_id: Option<ExecutionId>,
     /// The agent's own identity of the conversation this session continues (Pi: its `sessionId`), once
     /// recorded; every relaunch continues exactly that conversation.
     pub agent_session_ref: Option<String>,
@@ -307,7 +307,7 @@ fn prefers_async(req: &actix_web::HttpRequest) -> bool {
 async fn create_session(
     auth: Unbound<SessionsWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
     req: actix_web::HttpRequest,
     body: web::Json<CreateSession>,
 ) -> Result<HttpResponse, Error> {
@@ -357,7 +357,7 @@ async fn list_sessions(
     auth: Unbound<SessionsRead>,
     state: web::Data<AppState>,
     seq: FollowPoint,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
     query: web::Query<PageQuery>,
 ) -> Result<web::Json<SessionList>, Error> {
     let page = sessions::list(&state.ctx, &auth, *id, query.page()?).await?;
@@ -387,7 +387,7 @@ async fn list_sessions(
 async fn get_session(
     auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<HttpResponse, Error> {
     let view = sessions::get(&state.ctx, &auth, *id).await?;
     let totals = crate::domain::usage::of_session(&state.ctx, view.session.id).await?;
@@ -420,7 +420,7 @@ async fn get_session(
 async fn delete_session(
     auth: Authorized<SessionsDelete>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<HttpResponse, Error> {
     sessions::delete(&state.ctx, &auth, *id).await?;
     Ok(HttpResponse::NoContent().finish())
@@ -444,7 +444,7 @@ async fn delete_session(
 async fn make_primary(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<web::Json<Session>, Error> {
     Ok(web::Json(sessions::make_primary(&state.ctx, &auth, *id).await?.into()))
 }
@@ -483,7 +483,7 @@ pub struct AttentionAnswer {
 async fn answer_attention(
     auth: Authorized<SessionsWrite>,
     state: web::Data<AppState>,
-    path: web::Path<(Uuid, String)>,
+    path: web::Path<(SessionId, String)>,
     body: web::Json<AttentionAnswer>,
 ) -> Result<web::Json<Session>, Error> {
     let (id, request_id) = path.into_inner();

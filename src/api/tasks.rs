@@ -1,10 +1,10 @@
 //! HTTP for tasks.
+use crate::ids::{CleanupJobId, ColumnId, RepositoryId, SessionId, TaskId, WorkspaceId};
 use actix_web::{HttpResponse, delete, get, patch, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::cleanup_jobs::CleanupJob;
 use super::extract::{
@@ -33,7 +33,7 @@ pub fn routes(cfg: &mut ServiceConfig) {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TaskRepository {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     /// The branch the worktree starts from; the repository's default branch when null.
     pub base_branch: Option<String>,
     /// The branch the task works on; berth names one when null.
@@ -45,19 +45,19 @@ pub struct TaskRepository {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Task {
-    pub id: Uuid,
-    pub workspace_id: Uuid,
-    pub parent_task_id: Option<Uuid>,
+    pub id: TaskId,
+    pub workspace_id: WorkspaceId,
+    pub parent_task_id: Option<TaskId>,
     pub title: String,
     pub description: String,
     pub kind: TaskKind,
     pub workspace_mode: WorkspaceMode,
     pub repositories: Vec<TaskRepository>,
     pub archived_at: Option<DateTime<Utc>>,
-    pub primary_session_id: Option<Uuid>,
+    pub primary_session_id: Option<SessionId>,
     pub session_count: u64,
     /// The column of the workspace's board the task is in (`GET /workspaces/{id}/columns`).
-    pub column_id: Option<Uuid>,
+    pub column_id: Option<ColumnId>,
     /// The pull requests berth opened for it, with their state as last read from their host.
     pub pull_requests: Vec<crate::domain::landing::pull_requests::PullRequest>,
     /// What its sessions' agents reported their model calls used and cost, deleted sessions included.
@@ -112,7 +112,7 @@ pub struct TaskList {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskRepositoryInput {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub base_branch: Option<String>,
     pub branch: Option<String>,
 }
@@ -124,13 +124,13 @@ pub struct CreateTask {
     pub description: Option<String>,
     /// Default `standard`.
     pub kind: Option<TaskKind>,
-    pub parent_task_id: Option<Uuid>,
+    pub parent_task_id: Option<TaskId>,
     /// Default `new_workspace`. `inherit_parent` uses the parent's environment and repositories.
     pub workspace_mode: Option<WorkspaceMode>,
     #[serde(default)]
     pub repositories: Vec<TaskRepositoryInput>,
     /// The board column it starts in: one of the workspace's; default its first.
-    pub column_id: Option<Uuid>,
+    pub column_id: Option<ColumnId>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -139,7 +139,7 @@ pub struct UpdateTask {
     pub title: Option<String>,
     pub description: Option<String>,
     /// Moves the task to this column of its workspace's board.
-    pub column_id: Option<Uuid>,
+    pub column_id: Option<ColumnId>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -148,9 +148,9 @@ pub struct TaskListQuery {
     /// `false` (default): live tasks; `true`: archived ones.
     pub archived: Option<bool>,
     /// Only the subtasks of this task.
-    pub parent_task_id: Option<Uuid>,
+    pub parent_task_id: Option<TaskId>,
     /// Only the tasks in this column of the workspace's board (newest first, as every listing).
-    pub column: Option<Uuid>,
+    pub column: Option<ColumnId>,
     /// Page size, 1 to 500 (default 50).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u64>,
@@ -182,7 +182,7 @@ pub struct TaskListQuery {
 async fn create_task(
     auth: Unbound<TasksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
     body: web::Json<CreateTask>,
 ) -> Result<HttpResponse, Error> {
     let body = body.into_inner();
@@ -231,7 +231,7 @@ async fn list_tasks(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
     seq: FollowPoint,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
     query: web::Query<TaskListQuery>,
 ) -> Result<web::Json<TaskList>, Error> {
     let page = PageQuery {
@@ -270,7 +270,7 @@ async fn list_tasks(
 async fn get_task(
     auth: Authorized<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
 ) -> Result<HttpResponse, Error> {
     let task = tasks::get(&state.ctx, &auth, *id).await?;
     Ok(super::ok_tagged(&task.etag(), &Task::from(task)))
@@ -301,7 +301,7 @@ async fn get_task(
 async fn update_task(
     auth: Unbound<TasksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
     body: web::Json<UpdateTask>,
     if_match: IfMatchHeader,
 ) -> Result<HttpResponse, Error> {
@@ -351,7 +351,7 @@ pub struct ArchiveResult {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct UnarchiveResult {
     pub task: Task,
-    pub cancelled_cleanup_jobs: Vec<Uuid>,
+    pub cancelled_cleanup_jobs: Vec<CleanupJobId>,
     /// Per repository: whether the task's branch is still there to re-materialize from.
     pub recovery: Vec<BranchRecovery>,
 }
@@ -391,7 +391,7 @@ pub struct ResetResult {
 async fn archive_task(
     auth: Unbound<TasksArchive>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
     query: web::Query<CascadeQuery>,
 ) -> Result<HttpResponse, Error> {
     let (task, jobs) = lifecycle::archive(&state.ctx, &auth, *id, query.cascade.unwrap_or(false)).await?;
@@ -424,7 +424,7 @@ async fn archive_task(
 async fn unarchive_task(
     auth: Unbound<TasksArchive>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
 ) -> Result<web::Json<UnarchiveResult>, Error> {
     let (task, cancelled, recovery) = lifecycle::unarchive(&state.ctx, &auth, *id).await?;
     Ok(web::Json(UnarchiveResult {
@@ -461,7 +461,7 @@ async fn unarchive_task(
 async fn delete_task(
     auth: Unbound<TasksDelete>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
     query: web::Query<DeleteQuery>,
 ) -> Result<HttpResponse, Error> {
     let consent = Consent::from_discard_flag(query.discard_worktree_changes);
@@ -499,7 +499,7 @@ async fn delete_task(
 async fn reset_environment(
     auth: Unbound<TasksDelete>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
     query: web::Query<ResetQuery>,
 ) -> Result<HttpResponse, Error> {
     let consent = Consent::from_discard_flag(query.discard_worktree_changes);

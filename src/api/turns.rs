@@ -1,10 +1,10 @@
 //! HTTP for a session's turns and what each changed.
+use crate::ids::{CheckpointId, EnvironmentId, SessionId};
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Authorized, SessionsRead, TasksWrite};
@@ -22,7 +22,7 @@ pub fn routes(cfg: &mut ServiceConfig) {
 #[serde(deny_unknown_fields)]
 pub struct RestoreEnvironment {
     /// A checkpoint of this environment (a turn's `start_checkpoint_id` or `end_checkpoint_id`).
-    pub checkpoint_id: Uuid,
+    pub checkpoint_id: CheckpointId,
     /// Consent to discard what changed since the environment's last checkpoint (refused without it
     /// when something did).
     #[serde(default)]
@@ -31,11 +31,11 @@ pub struct RestoreEnvironment {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Restored {
-    pub task_environment_id: Uuid,
+    pub task_environment_id: EnvironmentId,
     /// The checkpoint restored.
-    pub checkpoint_id: Uuid,
+    pub checkpoint_id: CheckpointId,
     /// The checkpoint of the worktrees as they are now.
-    pub new_checkpoint_id: Uuid,
+    pub new_checkpoint_id: CheckpointId,
 }
 
 /// Restore an environment to a checkpoint
@@ -63,7 +63,7 @@ pub struct Restored {
 async fn restore_environment(
     auth: Authorized<TasksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<EnvironmentId>,
     body: web::Json<RestoreEnvironment>,
 ) -> Result<web::Json<Restored>, Error> {
     let b = body.into_inner();
@@ -87,9 +87,9 @@ pub struct Turn {
     /// Null while the turn runs.
     pub settled_at: Option<DateTime<Utc>>,
     /// The environment's state before the agent had the prompt (null when none could be taken).
-    pub start_checkpoint_id: Option<Uuid>,
+    pub start_checkpoint_id: Option<CheckpointId>,
     /// Its state once the turn settled.
-    pub end_checkpoint_id: Option<Uuid>,
+    pub end_checkpoint_id: Option<CheckpointId>,
     /// Files that differ between the two checkpoints.
     pub files_changed: Option<i32>,
 }
@@ -140,7 +140,7 @@ pub struct TurnDiffQuery {
 async fn list_turns(
     auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<web::Json<TurnList>, Error> {
     let items = turns::list(&state.ctx, &auth, *id).await?;
     Ok(web::Json(TurnList {
@@ -171,7 +171,7 @@ async fn turn_diff(
     auth: Authorized<SessionsRead>,
     state: web::Data<AppState>,
     req: HttpRequest,
-    path: web::Path<(Uuid, i32)>,
+    path: web::Path<(SessionId, i32)>,
     query: web::Query<TurnDiffQuery>,
 ) -> Result<HttpResponse, Error> {
     let (id, number) = path.into_inner();

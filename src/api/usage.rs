@@ -1,10 +1,10 @@
 //! HTTP for what agents spent: the totals sessions and tasks carry, and a workspace's rollups.
+use crate::ids::WorkspaceId;
 use actix_web::{get, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{TasksRead, Unbound};
@@ -88,7 +88,7 @@ pub struct UsageGroup {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WorkspaceUsage {
-    pub workspace_id: Uuid,
+    pub workspace_id: WorkspaceId,
     pub from: DateTime<Utc>,
     pub to: DateTime<Utc>,
     pub group_by: UsageGroupBy,
@@ -119,7 +119,7 @@ pub struct WorkspaceUsage {
 async fn get_workspace_usage(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
     query: web::Query<UsageQuery>,
 ) -> Result<web::Json<WorkspaceUsage>, Error> {
     crate::domain::workspaces::get(&state.ctx, &auth, *id).await?;

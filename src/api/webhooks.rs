@@ -1,10 +1,10 @@
 //! HTTP for webhook subscriptions. The rules and the delivery are `domain::webhooks`.
+use crate::ids::{DeliveryId, WebhookId, WorkspaceId};
 use actix_web::{HttpResponse, delete, get, patch, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::AppState;
 use super::extract::{Unbound, WebhooksWrite};
@@ -33,7 +33,7 @@ pub struct CreateWebhook {
     /// absent: every type.
     pub types: Option<Vec<String>>,
     /// Only this workspace's events (required for a token limited to workspaces); absent: every event.
-    pub workspace_id: Option<Uuid>,
+    pub workspace_id: Option<WorkspaceId>,
     #[serde(default)]
     pub description: String,
     /// Default `true`.
@@ -56,11 +56,11 @@ pub struct UpdateWebhook {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Webhook {
-    pub id: Uuid,
+    pub id: WebhookId,
     pub url: String,
     /// As given; `null`: every type.
     pub types: Option<Vec<String>>,
-    pub workspace_id: Option<Uuid>,
+    pub workspace_id: Option<WorkspaceId>,
     pub description: String,
     pub enabled: bool,
     /// Why berth disabled it (its receiver failed past the retry horizon); `null` otherwise.
@@ -127,8 +127,8 @@ pub struct WebhookList {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookDelivery {
-    pub id: Uuid,
-    pub webhook_id: Uuid,
+    pub id: DeliveryId,
+    pub webhook_id: WebhookId,
     /// The `webhook-id` header: the same for every attempt of one event.
     pub message_id: String,
     /// `null` for a ping.
@@ -250,7 +250,7 @@ async fn list_webhooks(
 async fn get_webhook(
     auth: Unbound<WebhooksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WebhookId>,
 ) -> Result<web::Json<Webhook>, Error> {
     Ok(web::Json(Webhook::from(&webhooks::get(&state.ctx, &auth, *id).await?)))
 }
@@ -275,7 +275,7 @@ async fn get_webhook(
 async fn update_webhook(
     auth: Unbound<WebhooksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WebhookId>,
     body: web::Json<UpdateWebhook>,
 ) -> Result<web::Json<Webhook>, Error> {
     let b = body.into_inner();
@@ -308,7 +308,7 @@ async fn update_webhook(
 async fn delete_webhook(
     auth: Unbound<WebhooksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WebhookId>,
 ) -> Result<HttpResponse, Error> {
     webhooks::delete(&state.ctx, &auth, *id).await?;
     Ok(HttpResponse::NoContent().finish())
@@ -333,7 +333,7 @@ async fn delete_webhook(
 async fn rotate_webhook_secret(
     auth: Unbound<WebhooksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WebhookId>,
 ) -> Result<web::Json<WebhookWithSecret>, Error> {
     Ok(web::Json(webhooks::rotate_secret(&state.ctx, &auth, *id).await?.into()))
 }
@@ -356,7 +356,7 @@ async fn rotate_webhook_secret(
 async fn list_webhook_deliveries(
     auth: Unbound<WebhooksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WebhookId>,
 ) -> Result<web::Json<WebhookDeliveryList>, Error> {
     let items = webhooks::deliveries(&state.ctx, &auth, *id).await?;
     Ok(web::Json(WebhookDeliveryList {
@@ -383,7 +383,7 @@ async fn list_webhook_deliveries(
 async fn test_webhook(
     auth: Unbound<WebhooksWrite>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WebhookId>,
 ) -> Result<web::Json<WebhookDelivery>, Error> {
     Ok(web::Json(webhooks::ping(&state.ctx, &auth, *id).await?.into()))
 }

@@ -1,10 +1,10 @@
 //! HTTP for workspaces.
+use crate::ids::WorkspaceId;
 use actix_web::{HttpResponse, delete, get, post, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
-use uuid::Uuid;
 
 use super::extract::{FollowPoint, TasksRead, Unbound, WorkspacesAdmin};
 use super::problem::Problem;
@@ -25,7 +25,7 @@ pub fn routes(cfg: &mut ServiceConfig) {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Workspace {
-    pub id: Uuid,
+    pub id: WorkspaceId,
     pub name: String,
     /// `active`, or `deleting` while its cleanup runs.
     pub status: WorkspaceStatus,
@@ -135,7 +135,7 @@ async fn list_workspaces(
 async fn get_workspace(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
 ) -> Result<web::Json<Workspace>, Error> {
     Ok(web::Json(workspaces::get(&state.ctx, &auth, *id).await?.into()))
 }
@@ -171,7 +171,7 @@ pub struct DeleteWorkspaceQuery {
 async fn delete_workspace(
     auth: Unbound<WorkspacesAdmin>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
     query: web::Query<DeleteWorkspaceQuery>,
 ) -> Result<HttpResponse, Error> {
     let jobs =
@@ -202,7 +202,7 @@ async fn delete_workspace(
 async fn workspace_summary(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
 ) -> Result<web::Json<crate::domain::workspaces::WorkspaceSummary>, Error> {
     Ok(web::Json(
         crate::domain::workspaces::summary(&state.ctx, &auth, *id).await?,
@@ -236,7 +236,7 @@ pub struct WorkspaceBranchList {
 async fn list_workspace_branches(
     auth: Unbound<TasksRead>,
     state: web::Data<AppState>,
-    id: web::Path<Uuid>,
+    id: web::Path<WorkspaceId>,
 ) -> Result<web::Json<WorkspaceBranchList>, Error> {
     let items = crate::domain::branches::leftovers(&state.ctx, &auth, *id).await?;
     Ok(web::Json(WorkspaceBranchList { items }))

@@ -1,6 +1,6 @@
 //! From a verified token's claims to a `Principal`, with the claim names an identity provider uses.
+use crate::ids::{SessionId, WorkspaceId};
 use serde_json::{Map, Value};
-use uuid::Uuid;
 
 use super::{Principal, Scope};
 use crate::error::{Error, Result};
@@ -32,14 +32,14 @@ pub(super) fn principal(claims: Map<String, Value>, scope_claim: &str, workspace
             items
                 .iter()
                 .filter_map(Value::as_str)
-                .filter_map(|s| s.parse::<Uuid>().ok())
+                .filter_map(|s| s.parse::<WorkspaceId>().ok())
                 .collect(),
         ),
         Some(_) => return Err(refuse("the workspaces claim is not a list")),
     };
     let session_id = match claims.get("session_id") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.parse::<Uuid>().map_err(|_| refuse("session_id is not an id"))?),
+        Some(Value::String(s)) => Some(s.parse::<SessionId>().map_err(|_| refuse("session_id is not an id"))?),
         Some(_) => return Err(refuse("session_id is not an id")),
     };
     let text = |claim: &str| {

@@ -1,8 +1,8 @@
 //! Authentication: JWT verification with a pinned algorithm, the `Principal` it yields (scopes,
 //! workspace tenancy, optional session binding) and token minting for `berth token`.
+use crate::ids::{SessionId, WorkspaceId};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
 mod claims;
 pub mod jwks;
@@ -22,9 +22,9 @@ pub struct Principal {
     pub sub: String,
     scopes: Vec<Scope>,
     /// `None`: every workspace.
-    workspaces: Option<Vec<Uuid>>,
+    workspaces: Option<Vec<WorkspaceId>>,
     /// An agent's token: it may act only on this session (and read its task and environment).
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
     /// The token's `name` and `email` claims, when it has them (the author of what berth commits for it).
     pub name: Option<String>,
     pub email: Option<String>,
@@ -32,7 +32,12 @@ pub struct Principal {
 
 impl Principal {
     /// A principal carried by something other than a token (a stream ticket records its minting token's).
-    pub fn new(sub: String, scopes: Vec<Scope>, workspaces: Option<Vec<Uuid>>, session_id: Option<Uuid>) -> Principal {
+    pub fn new(
+        sub: String,
+        scopes: Vec<Scope>,
+        workspaces: Option<Vec<WorkspaceId>>,
+        session_id: Option<SessionId>,
+    ) -> Principal {
         Principal {
             sub,
             scopes,
@@ -61,12 +66,12 @@ impl Principal {
     }
 
     /// I33: a resource in a workspace outside the token's list is reported missing, never forbidden.
-    pub fn sees_workspace(&self, workspace_id: Uuid) -> bool {
+    pub fn sees_workspace(&self, workspace_id: WorkspaceId) -> bool {
         self.workspaces.as_ref().is_none_or(|ids| ids.contains(&workspace_id))
     }
 
     /// The workspaces this token is limited to, if any (for list filters).
-    pub fn workspace_filter(&self) -> Option<&[Uuid]> {
+    pub fn workspace_filter(&self) -> Option<&[WorkspaceId]> {
         self.workspaces.as_deref()
     }
 
@@ -105,9 +110,9 @@ pub struct Claims {
     #[serde(default)]
     pub scope: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workspaces: Option<Vec<Uuid>>,
+    pub workspaces: Option<Vec<WorkspaceId>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
     pub exp: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iat: Option<i64>,
@@ -254,8 +259,8 @@ impl JwtVerifier {
         &self,
         sub: &str,
         scopes: &[Scope],
-        workspaces: Option<Vec<Uuid>>,
-        session_id: Option<Uuid>,
+        workspaces: Option<Vec<WorkspaceId>>,
+        session_id: Option<SessionId>,
         ttl: std::time::Duration,
     ) -> anyhow::Result<String> {
         let key = self.encoding.as_ref().ok_or_else(|| {

@@ -6,11 +6,11 @@
 //! a default branch that existed before the task, is never deleted, consent or not; neither is one whose
 //! origin is unknown (inventory rows from before the record existed). Every decision is reported with its
 //! reason.
+use crate::ids::{RepositoryId, TaskId, WorkspaceId};
 use std::path::Path;
 
 use serde::Serialize;
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::Ctx;
 use super::cleanup::branch_report::{BranchAction, BranchDecision, BranchReason};
@@ -160,7 +160,7 @@ pub(crate) async fn delete_after_worktree(
 /// worktrees are already gone (an archive, a reset, a superseded environment's cleanup removed them),
 /// and a delete still owes them the policy. As branch-only entries (no worktree path).
 pub(crate) async fn ledger_only(ctx: &Ctx, snap: &super::cleanup::Snapshot) -> Result<Vec<WorktreeSnapshot>> {
-    let named = |repository_id: Uuid, branch: &str| {
+    let named = |repository_id: RepositoryId, branch: &str| {
         snap.environment
             .iter()
             .chain(snap.superseded.iter())
@@ -227,16 +227,16 @@ pub async fn predict(ctx: &Ctx, jobs: &[job::Model]) -> Vec<BranchDecision> {
 /// A branch berth created that is still in its repository.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct LeftoverBranch {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub branch: String,
     /// The task it was created for; null when that task is gone.
-    pub task_id: Option<Uuid>,
+    pub task_id: Option<TaskId>,
     /// Every commit is in its base branch, or its upstream has them all.
     pub merged: bool,
 }
 
 /// The berth-created branches still present in the workspace's repositories (scope `tasks:read`).
-pub async fn leftovers(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid) -> Result<Vec<LeftoverBranch>> {
+pub async fn leftovers(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: WorkspaceId) -> Result<Vec<LeftoverBranch>> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let mut out = Vec::new();
     for l in store::of_workspace(&ctx.db.conn, workspace_id).await? {

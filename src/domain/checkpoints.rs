@@ -4,6 +4,7 @@
 //! (`refs/berth/checkpoints/<environment>/<checkpoint>-<position>`), which the environment's cleanup
 //! removes. Only the node whose disk holds the worktrees takes one, and only of berth's worktrees (a
 //! `local` session's checkout is the user's own: no checkpoint, no ref of berth's in it).
+use crate::ids::{CheckpointId, EnvironmentId, RepositoryId, SessionId};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -18,7 +19,7 @@ use crate::git::diff as git_diff;
 /// One slot's tree in a checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SlotTree {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub position: i32,
     pub tree: String,
 }
@@ -31,13 +32,13 @@ pub(crate) fn scratch_dir(ctx: &Ctx) -> Result<PathBuf> {
 }
 
 /// The prefix of an environment's checkpoint refs.
-pub fn ref_prefix(env_id: Uuid) -> String {
+pub fn ref_prefix(env_id: EnvironmentId) -> String {
     format!("refs/berth/checkpoints/{env_id}/")
 }
 
 /// A repository slot of an environment, where its files are.
 pub(crate) struct SlotPath {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub position: i32,
     /// The worktree (the repository's own checkout for a `local` environment).
     pub worktree: PathBuf,
@@ -71,7 +72,11 @@ pub(crate) async fn worktrees(ctx: &Ctx, e: &env::Model) -> Result<Vec<SlotPath>
 
 /// Takes a checkpoint of the environment now; `None` when there is nothing to take it of here (another
 /// node's disk, an environment that is not ready).
-pub(crate) async fn take(ctx: &Ctx, e: &env::Model, session_id: Option<Uuid>) -> Result<Option<checkpoint::Model>> {
+pub(crate) async fn take(
+    ctx: &Ctx,
+    e: &env::Model,
+    session_id: Option<SessionId>,
+) -> Result<Option<checkpoint::Model>> {
     // Only berth's worktrees: a `local` session works in the user's own checkout, where berth keeps no
     // refs of its own.
     if e.node_id != ctx.config.node_id
@@ -81,7 +86,7 @@ pub(crate) async fn take(ctx: &Ctx, e: &env::Model, session_id: Option<Uuid>) ->
         return Ok(None);
     }
     let scratch = scratch_dir(ctx)?;
-    let id = Uuid::now_v7();
+    let id = CheckpointId::now_v7();
     let mut trees = Vec::new();
     for SlotPath {
         repository_id,
@@ -129,7 +134,7 @@ pub(crate) async fn changes_between(
     to: &checkpoint::Model,
     context: u32,
     paths: &[String],
-) -> Result<Vec<(Uuid, i32, String, String, Vec<git_diff::FileChange>)>> {
+) -> Result<Vec<(RepositoryId, i32, String, String, Vec<git_diff::FileChange>)>> {
     let worktrees = worktrees(ctx, e).await?;
     let before = trees_of(from);
     let mut out = Vec::new();
@@ -161,7 +166,7 @@ pub(crate) async fn changes_between(
 }
 
 /// Removes the environment's checkpoint refs from its repositories (its cleanup); the rows go too.
-pub(crate) async fn forget(ctx: &Ctx, env_id: Uuid, repositories: &[String]) -> Result<()> {
+pub(crate) async fn forget(ctx: &Ctx, env_id: EnvironmentId, repositories: &[String]) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
     for repo in repositories.iter().filter(|r| seen.insert(r.as_str())) {
         let path = std::path::Path::new(repo);
@@ -184,8 +189,8 @@ pub(crate) async fn forget(ctx: &Ctx, env_id: Uuid, repositories: &[String]) -> 
 pub async fn restore(
     ctx: &Ctx,
     p: &crate::auth::Principal,
-    env_id: Uuid,
-    checkpoint_id: Uuid,
+    env_id: EnvironmentId,
+    checkpoint_id: CheckpointId,
     discard: bool,
 ) -> Result<checkpoint::Model> {
     let view = super::environments::get(ctx, p, env_id).await?;

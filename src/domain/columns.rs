@@ -4,9 +4,9 @@
 //! otherwise. It moves on its own only where a column says so (`moves_in_on`): by default a started
 //! session moves a task into `In progress` and a merge into `Done`, and only ever forward (a task in
 //! review does not go back to in progress because another session started).
+use crate::ids::{ColumnId, WorkspaceId};
 use sea_orm::{ConnectionTrait, DatabaseTransaction};
 use serde_json::json;
-use uuid::Uuid;
 
 use super::Ctx;
 use crate::auth::UnboundPrincipal;
@@ -33,12 +33,17 @@ pub struct ColumnPatch {
     pub moves_in_on: Option<Option<MovesInOn>>,
 }
 
-pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid) -> Result<Vec<column::Model>> {
+pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: WorkspaceId) -> Result<Vec<column::Model>> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     store::of_workspace(&ctx.db.conn, workspace_id).await
 }
 
-pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: NewColumn) -> Result<column::Model> {
+pub async fn create(
+    ctx: &Ctx,
+    p: &UnboundPrincipal,
+    workspace_id: WorkspaceId,
+    input: NewColumn,
+) -> Result<column::Model> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let name = super::required_text("name", &input.name, 100)?;
     let txn = ctx.db.begin_write().await?;
@@ -48,7 +53,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
     }
     let now = crate::clock::now();
     let c = column::Model {
-        id: Uuid::now_v7(),
+        id: ColumnId::now_v7(),
         workspace_id,
         name,
         position: columns.len() as i32,
@@ -71,8 +76,8 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
 pub async fn update(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    workspace_id: Uuid,
-    id: Uuid,
+    workspace_id: WorkspaceId,
+    id: ColumnId,
     patch: ColumnPatch,
 ) -> Result<column::Model> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
@@ -109,7 +114,7 @@ pub async fn update(
 }
 
 /// Removes an empty column (one no task, archived or not, is in); never the last one.
-pub async fn remove(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, id: Uuid) -> Result<()> {
+pub async fn remove(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: WorkspaceId, id: ColumnId) -> Result<()> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let txn = ctx.db.begin_write().await?;
     let columns = locked(&txn, workspace_id).await?;
@@ -136,10 +141,10 @@ pub async fn remove(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, id: Uui
 /// none is asked for.
 pub(crate) async fn resolve<C: ConnectionTrait>(
     conn: &C,
-    workspace_id: Uuid,
-    asked: Option<Uuid>,
+    workspace_id: WorkspaceId,
+    asked: Option<ColumnId>,
     field: &str,
-) -> Result<Option<Uuid>> {
+) -> Result<Option<ColumnId>> {
     let columns = store::of_workspace(conn, workspace_id).await?;
     match asked {
         Some(id) if columns.iter().any(|c| c.id == id) => Ok(Some(id)),
@@ -191,7 +196,7 @@ async fn move_forward(
 }
 
 /// The workspace's columns with the workspace row locked (column writes of one workspace take turns).
-async fn locked(txn: &DatabaseTransaction, workspace_id: Uuid) -> Result<Vec<column::Model>> {
+async fn locked(txn: &DatabaseTransaction, workspace_id: WorkspaceId) -> Result<Vec<column::Model>> {
     crate::store::workspaces::lock(txn, workspace_id)
         .await?
         .ok_or(Error::NotFound("workspace"))?;
@@ -202,7 +207,7 @@ async fn locked(txn: &DatabaseTransaction, workspace_id: Uuid) -> Result<Vec<col
 async fn place(
     txn: &DatabaseTransaction,
     mut columns: Vec<column::Model>,
-    id: Uuid,
+    id: ColumnId,
     at: i32,
 ) -> Result<Vec<column::Model>> {
     if at < 0 {
@@ -228,7 +233,12 @@ async fn renumber(txn: &DatabaseTransaction, mut columns: Vec<column::Model>) ->
     Ok(columns)
 }
 
-async fn changed(txn: &DatabaseTransaction, ctx: &Ctx, workspace_id: Uuid, columns: &[column::Model]) -> Result<()> {
+async fn changed(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    workspace_id: WorkspaceId,
+    columns: &[column::Model],
+) -> Result<()> {
     events::append(
         txn,
         ctx.instance_id,

@@ -4,11 +4,11 @@
 //! patch longer than `BERTH_DIFF_MAX_FILE_BYTES` is cut at a line and says so (`truncated`); more files
 //! than `BERTH_DIFF_MAX_FILES` are paged by file (`next_cursor`). The ETag is the answer's content hash.
 
+use crate::ids::{EnvironmentId, RepositoryId, SessionId};
 use base64::Engine;
 use serde::Serialize;
 use sha2::Digest;
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::Ctx;
 use crate::auth::Principal;
@@ -21,7 +21,7 @@ pub struct Query {
     pub scope: Scope,
     pub context: u32,
     pub paths: Vec<String>,
-    pub repository_id: Option<Uuid>,
+    pub repository_id: Option<RepositoryId>,
     pub cursor: Option<String>,
 }
 
@@ -30,7 +30,7 @@ pub const MAX_CONTEXT: u32 = 1_000;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Diff {
-    pub task_environment_id: Uuid,
+    pub task_environment_id: EnvironmentId,
     /// `all`, `uncommitted` or `committed`.
     pub scope: String,
     /// One entry per repository slot that has files on this page (every slot on the first page).
@@ -43,7 +43,7 @@ pub struct Diff {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RepositoryDiff {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     /// The slot's base branch.
     pub base_branch: String,
     /// The commit compared against: the merge base of the task branch with the base branch (`all`,
@@ -75,13 +75,13 @@ pub struct FileDiff {
 }
 
 /// The diff of an environment, and its ETag.
-pub async fn of_environment(ctx: &Ctx, p: &Principal, env_id: Uuid, q: Query) -> Result<(Diff, String)> {
+pub async fn of_environment(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, q: Query) -> Result<(Diff, String)> {
     let view = super::environments::get(ctx, p, env_id).await?;
     diff(ctx, &view.env, q).await
 }
 
 /// The diff of the session's environment (the route is the session's; the identity the environment's).
-pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid, q: Query) -> Result<(Diff, String)> {
+pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: SessionId, q: Query) -> Result<(Diff, String)> {
     let s = super::sessions::visible(&ctx.db.conn, p, session_id).await?;
     let env_id = s
         .task_environment_id
@@ -94,7 +94,7 @@ pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid, q: Query) ->
 
 /// One slot's changes, whole (before paging).
 pub(crate) struct SlotChanges {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub base_branch: String,
     pub changes: git_diff::Changes,
 }

@@ -1,5 +1,5 @@
 //! Who may read which events, and what a cursor means.
-use uuid::Uuid;
+use crate::ids::{InstanceId, WorkspaceId};
 
 use super::Ctx;
 use crate::auth::Principal;
@@ -11,7 +11,7 @@ pub const DEFAULT_LIMIT: u64 = 100;
 pub const MAX_LIMIT: u64 = 1000;
 
 pub struct ReplayPage {
-    pub instance_id: Uuid,
+    pub instance_id: InstanceId,
     pub first_available_seq: i64,
     pub latest_seq: i64,
     pub truncated: bool,
@@ -34,7 +34,7 @@ async fn view_of(ctx: &Ctx, p: &Principal) -> Result<Filter> {
         None => None,
     };
     Ok(Filter {
-        workspaces: p.workspace_filter().map(<[Uuid]>::to_vec),
+        workspaces: p.workspace_filter().map(<[WorkspaceId]>::to_vec),
         session_id: p.session_id,
         environment_id,
         narrow: Narrowing::default(),
@@ -82,7 +82,7 @@ pub fn parse_cursor(raw: Option<&str>) -> Result<i64> {
 
 /// True when the client must reload snapshots: its instance is not this one, or events after its
 /// cursor were already trimmed.
-pub fn is_truncated(ctx: &Ctx, after: i64, instance_id: Option<Uuid>, first_available: i64) -> bool {
+pub fn is_truncated(ctx: &Ctx, after: i64, instance_id: Option<InstanceId>, first_available: i64) -> bool {
     instance_id.is_some_and(|i| i != ctx.instance_id) || after + 1 < first_available
 }
 
@@ -91,7 +91,7 @@ pub async fn replay(
     p: &Principal,
     narrow: Narrowing,
     after: i64,
-    instance_id: Option<Uuid>,
+    instance_id: Option<InstanceId>,
     limit: Option<u64>,
 ) -> Result<ReplayPage> {
     let limit = limit.unwrap_or(DEFAULT_LIMIT);
@@ -171,7 +171,7 @@ pub async fn redeem_ticket(ctx: &Ctx, ticket: &str) -> Result<Principal> {
         .ok_or(REFUSED)?;
     let workspaces = match row.workspaces {
         None => None,
-        Some(v) => Some(serde_json::from_value::<Vec<Uuid>>(v).map_err(|_| REFUSED)?),
+        Some(v) => Some(serde_json::from_value::<Vec<WorkspaceId>>(v).map_err(|_| REFUSED)?),
     };
     let scopes = row.scopes.split_whitespace().filter_map(|s| s.parse().ok()).collect();
     Ok(Principal::new(row.sub, scopes, workspaces, row.session_id))

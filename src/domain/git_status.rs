@@ -1,12 +1,12 @@
 //! Current git status belongs to the environment (seed 004, I21-I25): one authority per (environment,
 //! repository), the newest observation wins whatever its kind, a completion capture supersedes earlier
 //! live and completion rows, and a live report keeps exactly one live row per pair.
+use crate::ids::{EnvironmentId, ObservationId, RepositoryId, SessionId};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use serde_json::json;
-use uuid::Uuid;
 
 use super::Ctx;
 use crate::auth::Principal;
@@ -25,8 +25,8 @@ pub const MAX_SKEW_SECS: i64 = 300;
 
 #[derive(Debug, Clone)]
 pub struct Observation {
-    pub repository_id: Uuid,
-    pub session_id: Option<Uuid>,
+    pub repository_id: RepositoryId,
+    pub session_id: Option<SessionId>,
     pub kind: ObservationKind,
     pub observed_at: chrono::DateTime<chrono::Utc>,
     pub branch: Option<String>,
@@ -41,8 +41,8 @@ pub struct Observation {
 /// environment is found, as they always were.
 #[derive(Debug, Clone)]
 pub struct Report {
-    pub repository_id: Uuid,
-    pub session_id: Option<Uuid>,
+    pub repository_id: RepositoryId,
+    pub session_id: Option<SessionId>,
     pub kind: String,
     pub observed_at: chrono::DateTime<chrono::Utc>,
     pub branch: Option<String>,
@@ -93,7 +93,7 @@ fn is_stale(e: &env::Model) -> bool {
 }
 
 /// The environment's current status, one per repository that has an observation (I22).
-pub async fn current(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Current> {
+pub async fn current(ctx: &Ctx, p: &Principal, env_id: EnvironmentId) -> Result<Current> {
     let view = super::environments::get(ctx, p, env_id).await?;
     let stale = is_stale(&view.env);
     if !stale && agent_live(ctx, env_id).await? {
@@ -104,7 +104,7 @@ pub async fn current(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Current> 
     Ok(Current { items, stale })
 }
 
-pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Current> {
+pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: SessionId) -> Result<Current> {
     let s = super::sessions::visible(&ctx.db.conn, p, session_id).await?;
     // The task's current environment: every session of the task sees the same status, also one still
     // pointing at an environment an executor transition superseded.
@@ -123,14 +123,14 @@ pub async fn of_session(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Cu
 
 /// The newest observation per repository: one index probe per repository, whatever the history (the
 /// read the benchmark measures).
-pub async fn read_current(ctx: &Ctx, env_id: Uuid, repos: Vec<Uuid>) -> Result<Vec<obs::Model>> {
+pub async fn read_current(ctx: &Ctx, env_id: EnvironmentId, repos: Vec<RepositoryId>) -> Result<Vec<obs::Model>> {
     read_current_on(&ctx.db.conn, env_id, repos).await
 }
 
 pub async fn read_current_on<C: sea_orm::ConnectionTrait>(
     conn: &C,
-    env_id: Uuid,
-    mut repos: Vec<Uuid>,
+    env_id: EnvironmentId,
+    mut repos: Vec<RepositoryId>,
 ) -> Result<Vec<obs::Model>> {
     repos.sort();
     repos.dedup();
@@ -143,13 +143,13 @@ pub async fn read_current_on<C: sea_orm::ConnectionTrait>(
     Ok(out)
 }
 
-async fn agent_live(ctx: &Ctx, env_id: Uuid) -> Result<bool> {
+async fn agent_live(ctx: &Ctx, env_id: EnvironmentId) -> Result<bool> {
     let ids = sessions_store::ids_in_environment(&ctx.db.conn, env_id).await?;
     Ok(ids.into_iter().any(|id| ctx.runtime.is_live(id)))
 }
 
 /// Refresh: berth inspects the environment's worktrees itself and records live observations.
-pub async fn refresh(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Current> {
+pub async fn refresh(ctx: &Ctx, p: &Principal, env_id: EnvironmentId) -> Result<Current> {
     let view = super::environments::get(ctx, p, env_id).await?;
     if view.env.status == EnvironmentStatus::Broken {
         // What admission found stands until a reset.
@@ -170,7 +170,7 @@ pub(crate) async fn inspect_and_record(
     ctx: &Ctx,
     e: &env::Model,
     kind: ObservationKind,
-    session_id: Option<Uuid>,
+    session_id: Option<SessionId>,
     rate_limited: bool,
 ) -> Result<()> {
     if !matches!(e.status, EnvironmentStatus::Ready | EnvironmentStatus::Stopped) {
@@ -249,7 +249,7 @@ pub(crate) async fn prove(ctx: &Ctx, e: &env::Model) -> Result<()> {
     }
 }
 
-fn due(ctx: &Ctx, env_id: Uuid, repo: Uuid) -> bool {
+fn due(ctx: &Ctx, env_id: EnvironmentId, repo: RepositoryId) -> bool {
     let mut last = ctx.git_status_inspected.lock().unwrap();
     let now = Instant::now();
     match last.get(&(env_id, repo)) {
@@ -262,7 +262,7 @@ fn due(ctx: &Ctx, env_id: Uuid, repo: Uuid) -> bool {
 }
 
 /// An observation reported by an agent-side monitor.
-pub async fn report(ctx: &Ctx, p: &Principal, env_id: Uuid, r: Report) -> Result<obs::Model> {
+pub async fn report(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, r: Report) -> Result<obs::Model> {
     let view = super::environments::get(ctx, p, env_id).await?;
     let kind = ReportedKind::parse(&r.kind).ok_or_else(|| Error::invalid("kind", "must be live or completion"))?;
     let files = r
@@ -372,7 +372,7 @@ async fn record(ctx: &Ctx, e: &env::Model, o: &Observation) -> Result<obs::Model
 fn row(e: &env::Model, o: &Observation) -> Result<obs::Model> {
     let files = serde_json::to_value(&o.files).map_err(|e| Error::Internal(e.into()))?;
     Ok(obs::Model {
-        id: Uuid::now_v7(),
+        id: ObservationId::now_v7(),
         task_environment_id: e.id,
         repository_id: o.repository_id,
         session_id: o.session_id,
@@ -416,7 +416,7 @@ async fn write(
 }
 
 /// After an agent finishes a turn: berth captures a completion observation itself (seed 004).
-pub(crate) async fn capture_completion(ctx: &Ctx, session_id: Uuid) {
+pub(crate) async fn capture_completion(ctx: &Ctx, session_id: SessionId) {
     let result: Result<()> = async {
         let Some(env_id) = sessions_store::environment_of(&ctx.db.conn, session_id).await? else {
             return Ok(());
@@ -435,4 +435,4 @@ pub(crate) async fn capture_completion(ctx: &Ctx, session_id: Uuid) {
     }
 }
 
-pub type InspectionClock = std::sync::Mutex<HashMap<(Uuid, Uuid), Instant>>;
+pub type InspectionClock = std::sync::Mutex<HashMap<(EnvironmentId, RepositoryId), Instant>>;

@@ -22,9 +22,8 @@ pub mod usage;
 pub mod webhooks;
 pub mod workspaces;
 
+use crate::ids::InstanceId;
 use std::sync::Arc;
-
-use uuid::Uuid;
 
 use crate::config::Config;
 use crate::git::cli::GitMutations;
@@ -36,7 +35,7 @@ pub struct Ctx {
     pub db: Db,
     pub config: Arc<Config>,
     /// Changes with every server start (I26); stamped on every event.
-    pub instance_id: Uuid,
+    pub instance_id: InstanceId,
     /// The one way berth mutates git: timeouts and a process-wide concurrency cap.
     pub git: Arc<dyn GitMutations>,
     /// Live fan-out of committed events.

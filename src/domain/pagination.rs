@@ -40,11 +40,11 @@ pub struct Page<T> {
 
 impl<T> Page<T> {
     /// Cuts `rows` (fetched with `req.fetch()`, ordered by id descending) into a page.
-    pub fn from_rows(mut rows: Vec<T>, req: &PageRequest, id: impl Fn(&T) -> Uuid) -> Page<T> {
+    pub fn from_rows<I: Into<Uuid>>(mut rows: Vec<T>, req: &PageRequest, id: impl Fn(&T) -> I) -> Page<T> {
         let more = rows.len() as u64 > req.limit;
         rows.truncate(req.limit as usize);
         let next_cursor = if more {
-            rows.last().map(|r| encode_cursor(id(r)))
+            rows.last().map(|r| encode_cursor(id(r).into()))
         } else {
             None
         };

@@ -1,11 +1,11 @@
 //! Source repositories a workspace may use. Registration proves, read-only, that the path is a canonical,
 //! allowed, non-bare git work tree and records its identity; deregistration is refused while a live task
 //! uses it and otherwise only hides the row (archived tasks keep their slots).
+use crate::ids::{RepositoryId, WorkspaceId};
 use std::path::{Component, Path, PathBuf};
 
 use sea_orm::ConnectionTrait;
 use serde_json::json;
-use uuid::Uuid;
 
 use super::Ctx;
 use super::pagination::{Page, PageRequest};
@@ -26,7 +26,7 @@ pub struct NewRepository {
 pub async fn register(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    workspace_id: Uuid,
+    workspace_id: WorkspaceId,
     input: NewRepository,
 ) -> Result<repository::Model> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
@@ -49,7 +49,7 @@ pub async fn register(
 
     let now = crate::clock::now();
     let model = repository::Model {
-        id: Uuid::now_v7(),
+        id: RepositoryId::now_v7(),
         workspace_id,
         name: name.0,
         path: identity.workdir.to_string_lossy().into_owned(),
@@ -91,7 +91,7 @@ pub async fn register(
 pub async fn list(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    workspace_id: Uuid,
+    workspace_id: WorkspaceId,
     page: PageRequest,
 ) -> Result<Page<repository::Model>> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
@@ -99,11 +99,11 @@ pub async fn list(
     Ok(Page::from_rows(rows, &page, |r| r.id))
 }
 
-pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<repository::Model> {
+pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: RepositoryId) -> Result<repository::Model> {
     visible(&ctx.db.conn, p, id).await
 }
 
-pub async fn delete(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<()> {
+pub async fn delete(ctx: &Ctx, p: &UnboundPrincipal, id: RepositoryId) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     // The row lock (PostgreSQL) orders this against task creation, which share-locks the repository.
     let repo = store::lock_registered(&txn, id)
@@ -153,7 +153,11 @@ async fn identity(ctx: &Ctx, path: PathBuf) -> Result<git::RepositoryIdentity> {
 }
 
 /// A registered repository the token may see; otherwise `not_found`.
-pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<repository::Model> {
+pub(crate) async fn visible<C: ConnectionTrait>(
+    conn: &C,
+    p: &Principal,
+    id: RepositoryId,
+) -> Result<repository::Model> {
     store::find_registered(conn, id)
         .await?
         .filter(|r| p.sees_workspace(r.workspace_id))

@@ -4,10 +4,10 @@
 //! such line. It is stored with the text of each line it quotes; sent to a session, it goes through that
 //! session's inbox as one message, in the same transaction as the review, so neither is ever there without
 //! the other. `review.created` records it.
+use crate::ids::{EnvironmentId, RepositoryId, ReviewId, SessionId};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::Ctx;
 use super::diff::{Query, SlotChanges};
@@ -36,7 +36,7 @@ pub enum LineSide {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewComment {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     /// The file's path in the diff (its new path, for a rename).
     pub path: String,
     /// The line's number on `side`, as the diff's hunks number it.
@@ -49,7 +49,7 @@ pub struct NewComment {
 /// A comment as stored: what was written, and the line it quotes.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Comment {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub path: String,
     pub line: u32,
     pub side: LineSide,
@@ -62,12 +62,12 @@ pub struct Comment {
 pub struct NewReview {
     pub body: String,
     pub comments: Vec<NewComment>,
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
 }
 
 /// Stores a review of the environment's diff and, when a session is named, sends it to that session's
 /// agent as one message.
-pub async fn create(ctx: &Ctx, p: &Principal, env_id: Uuid, new: NewReview) -> Result<review::Model> {
+pub async fn create(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, new: NewReview) -> Result<review::Model> {
     let view = super::environments::get(ctx, p, env_id).await?;
     let e = view.env;
     if new.body.len() > MAX_BODY {
@@ -114,7 +114,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, env_id: Uuid, new: NewReview) -> R
     let task = crate::store::tasks::find(&ctx.db.conn, e.task_id)
         .await?
         .ok_or(Error::NotFound("environment"))?;
-    let id = Uuid::now_v7();
+    let id = ReviewId::now_v7();
     let txn = ctx.db.begin_write().await?;
     let message = match &target {
         Some((s, task)) => {
@@ -155,13 +155,13 @@ pub async fn create(ctx: &Ctx, p: &Principal, env_id: Uuid, new: NewReview) -> R
 }
 
 /// An environment's reviews, oldest first.
-pub async fn list(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<Vec<review::Model>> {
+pub async fn list(ctx: &Ctx, p: &Principal, env_id: EnvironmentId) -> Result<Vec<review::Model>> {
     super::environments::get(ctx, p, env_id).await?;
     crate::store::reviews::of_environment(&ctx.db.conn, env_id).await
 }
 
 /// One review of the environment.
-pub async fn get(ctx: &Ctx, p: &Principal, env_id: Uuid, review_id: Uuid) -> Result<review::Model> {
+pub async fn get(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, review_id: ReviewId) -> Result<review::Model> {
     super::environments::get(ctx, p, env_id).await?;
     crate::store::reviews::find(&ctx.db.conn, review_id)
         .await?
@@ -216,7 +216,7 @@ fn quote(slots: &[SlotChanges], comments: Vec<NewComment>) -> Result<Vec<Comment
 
 /// The message the agent reads: the review's body, then each comment under the line it quotes, with
 /// its file and line number, and where the review is.
-fn message_text(review_id: Uuid, env_id: Uuid, body: &str, comments: &[Comment]) -> String {
+fn message_text(review_id: ReviewId, env_id: EnvironmentId, body: &str, comments: &[Comment]) -> String {
     let mut text = String::from("A review of your changes");
     text.push_str(&format!(
         " (review {review_id}, /api/v1/environments/{env_id}/reviews/{review_id}):\n"
@@ -245,18 +245,24 @@ fn message_text(review_id: Uuid, env_id: Uuid, body: &str, comments: &[Comment])
 #[cfg(test)]
 mod tests {
     use super::*;
+    use uuid::Uuid;
 
     #[test]
     fn the_message_quotes_each_line_with_its_file_and_number() {
         let c = Comment {
-            repository_id: Uuid::nil(),
+            repository_id: RepositoryId::from(Uuid::nil()),
             path: "src/a.rs".into(),
             line: 7,
             side: LineSide::New,
             body: "use a constant".into(),
             quote: "let x = 42;".into(),
         };
-        let t = message_text(Uuid::nil(), Uuid::nil(), "Nearly there.", &[c]);
+        let t = message_text(
+            ReviewId::from(Uuid::nil()),
+            EnvironmentId::from(Uuid::nil()),
+            "Nearly there.",
+            &[c],
+        );
         assert!(t.contains("Nearly there.\n"));
         assert!(t.contains("\nsrc/a.rs line 7:\n> let x = 42;\nuse a constant\n"), "{t}");
         assert!(t.contains("/reviews/00000000-0000-0000-0000-000000000000"));

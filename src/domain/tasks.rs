@@ -1,10 +1,10 @@
 //! Tasks: the owners of environments and worktrees. This file holds creation, reads and updates; the
 //! lifecycle (archive, delete, cleanup) arrives with its own issue.
+use crate::ids::{ColumnId, RepositoryId, SessionId, TaskId, TaskRepositoryId, WorkspaceId};
 use std::collections::{HashMap, HashSet};
 
 use sea_orm::ConnectionTrait;
 use serde_json::json;
-use uuid::Uuid;
 
 use super::Ctx;
 use super::pagination::{Page, PageRequest};
@@ -26,15 +26,15 @@ pub struct NewTask {
     pub title: String,
     pub description: Option<String>,
     pub kind: TaskKind,
-    pub parent_task_id: Option<Uuid>,
+    pub parent_task_id: Option<TaskId>,
     pub workspace_mode: WorkspaceMode,
     pub repositories: Vec<NewSlot>,
     /// The board column it starts in; the workspace's first when absent.
-    pub column_id: Option<Uuid>,
+    pub column_id: Option<ColumnId>,
 }
 
 pub struct NewSlot {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub base_branch: Option<String>,
     pub branch: Option<String>,
 }
@@ -43,7 +43,7 @@ pub struct TaskPatch {
     pub title: Option<String>,
     pub description: Option<String>,
     /// Moves the task to this column of its workspace.
-    pub column_id: Option<Uuid>,
+    pub column_id: Option<ColumnId>,
 }
 
 /// A task with what its readers need alongside it.
@@ -51,7 +51,7 @@ pub struct TaskPatch {
 pub struct TaskView {
     pub task: task::Model,
     pub repositories: Vec<task_repository::Model>,
-    pub primary_session_id: Option<Uuid>,
+    pub primary_session_id: Option<SessionId>,
     pub session_count: u64,
     /// The pull requests berth opened for it.
     pub pull_requests: Vec<crate::entity::pull_request::Model>,
@@ -70,15 +70,15 @@ impl TaskView {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TaskFilter {
     pub archived: bool,
-    pub parent_task_id: Option<Uuid>,
+    pub parent_task_id: Option<TaskId>,
     /// Only the tasks in this column.
-    pub column_id: Option<Uuid>,
+    pub column_id: Option<ColumnId>,
 }
 
 /// A requested slot, parsed: (repository, branch slug, base branch, branch).
-type Slot = (Uuid, String, Option<String>, Option<String>);
+type Slot = (RepositoryId, String, Option<String>, Option<String>);
 
-pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: NewTask) -> Result<TaskView> {
+pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: WorkspaceId, input: NewTask) -> Result<TaskView> {
     super::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let title = super::required_text("title", &input.title, 500)?;
     let description = description(input.description.as_deref())?;
@@ -95,7 +95,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
     let slots = resolve_slots(&txn, workspace_id, &input, slots).await?;
     let column_id = super::columns::resolve(&txn, workspace_id, input.column_id, "column_id").await?;
     let now = crate::clock::now();
-    let id = Uuid::now_v7();
+    let id = TaskId::now_v7();
     let model = task::Model {
         id,
         workspace_id,
@@ -118,7 +118,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid, input: 
         .enumerate()
         .map(
             |(position, (repository_id, branch_slug, base_branch, branch))| task_repository::Model {
-                id: Uuid::now_v7(),
+                id: TaskRepositoryId::now_v7(),
                 task_id: model.id,
                 repository_id,
                 branch_slug,
@@ -187,7 +187,7 @@ fn parse_slots(input: &NewTask) -> Result<Vec<Slot>> {
 /// and share-locks the slots' repositories (PostgreSQL) so a concurrent deregistration waits for this task.
 async fn resolve_slots(
     txn: &sea_orm::DatabaseTransaction,
-    workspace_id: Uuid,
+    workspace_id: WorkspaceId,
     input: &NewTask,
     mut slots: Vec<Slot>,
 ) -> Result<Vec<Slot>> {
@@ -207,9 +207,9 @@ async fn resolve_slots(
                 .collect();
         }
     }
-    let ids: Vec<Uuid> = slots.iter().map(|s| s.0).collect();
+    let ids: Vec<RepositoryId> = slots.iter().map(|s| s.0).collect();
     let repos = crate::store::repositories::lock_shared_registered_in(txn, workspace_id, &ids).await?;
-    let live: HashSet<Uuid> = repos.iter().map(|r| r.id).collect();
+    let live: HashSet<RepositoryId> = repos.iter().map(|r| r.id).collect();
     if let Some(i) = ids.iter().position(|id| !live.contains(id)) {
         return Err(Error::invalid(
             &format!("repositories[{i}].repository_id"),
@@ -224,7 +224,7 @@ async fn resolve_slots(
 pub async fn list(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    workspace_id: Uuid,
+    workspace_id: WorkspaceId,
     filter: TaskFilter,
     page: PageRequest,
 ) -> Result<Page<TaskView>> {
@@ -246,7 +246,7 @@ pub async fn list(
     })
 }
 
-pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<TaskView> {
+pub async fn get(ctx: &Ctx, p: &Principal, id: TaskId) -> Result<TaskView> {
     let task = readable(&ctx.db.conn, p, id).await?;
     Ok(views(&ctx.db.conn, vec![task]).await?.remove(0))
 }
@@ -255,7 +255,7 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<TaskView> {
 pub async fn update(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    id: Uuid,
+    id: TaskId,
     patch: TaskPatch,
     if_match: &IfMatch,
 ) -> Result<TaskView> {
@@ -320,7 +320,7 @@ pub async fn update(
 
 /// A task the principal may read: in a visible workspace and, for a session-bound token, the task of
 /// its session. Anything else is `not_found` (I33).
-pub(crate) async fn readable<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<task::Model> {
+pub(crate) async fn readable<C: ConnectionTrait>(conn: &C, p: &Principal, id: TaskId) -> Result<task::Model> {
     let task = store::find(conn, id)
         .await?
         .filter(|t| p.sees_workspace(t.workspace_id))
@@ -338,16 +338,16 @@ async fn views<C: ConnectionTrait>(conn: &C, tasks: Vec<task::Model>) -> Result<
     if tasks.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<Uuid> = tasks.iter().map(|t| t.id).collect();
+    let ids: Vec<TaskId> = tasks.iter().map(|t| t.id).collect();
     let slots = store::slots_of_each(conn, &tasks).await?;
     let sessions = sessions_store::facts_of_tasks(conn, &ids).await?;
-    let mut prs: HashMap<Uuid, Vec<crate::entity::pull_request::Model>> = HashMap::new();
+    let mut prs: HashMap<TaskId, Vec<crate::entity::pull_request::Model>> = HashMap::new();
     for p in crate::store::pull_requests::of_tasks(conn, &ids).await? {
         prs.entry(p.task_id).or_default().push(p);
     }
     let mut usage = super::usage::of_tasks(conn, &ids).await?;
-    let mut counts: HashMap<Uuid, u64> = HashMap::new();
-    let mut primaries: HashMap<Uuid, Uuid> = HashMap::new();
+    let mut counts: HashMap<TaskId, u64> = HashMap::new();
+    let mut primaries: HashMap<TaskId, SessionId> = HashMap::new();
     for (task_id, session_id, is_primary) in sessions {
         *counts.entry(task_id).or_default() += 1;
         if is_primary {

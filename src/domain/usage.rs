@@ -1,12 +1,12 @@
 //! What agents spend: every usage report an agent makes is checked and recorded per session turn, and
 //! summed for a session, a task and a workspace. A record names its workspace, task and session without
 //! depending on them: deleting a session or a task deletes its conversation, not the money it spent.
+use crate::ids::{SessionId, TaskId, UsageRecordId, WorkspaceId};
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use sea_orm::DatabaseTransaction;
 use serde_json::Value;
-use uuid::Uuid;
 
 use super::Ctx;
 use crate::agent::UsageReport;
@@ -152,7 +152,7 @@ pub async fn record(
         .map(|m| m.chars().take(200).collect())
         .unwrap_or_else(|| "unknown".to_string());
     let record = usage_record::Model {
-        id: Uuid::now_v7(),
+        id: UsageRecordId::now_v7(),
         workspace_id: task.workspace_id,
         task_id: task.id,
         session_id: s.id,
@@ -188,13 +188,13 @@ pub fn counted(ctx: &Ctx, r: &usage_record::Model) {
     ctx.metrics.usage_recorded(&r.model, &r.agent_profile, tokens, cost);
 }
 
-pub async fn of_session(ctx: &Ctx, session_id: Uuid) -> Result<Totals> {
+pub async fn of_session(ctx: &Ctx, session_id: SessionId) -> Result<Totals> {
     Ok(Totals::of(&store::of_session(&ctx.db.conn, session_id).await?))
 }
 
 /// Each task's totals (a task without records is absent).
-pub async fn of_tasks<C: sea_orm::ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<BTreeMap<Uuid, Totals>> {
-    let mut all: BTreeMap<Uuid, Totals> = BTreeMap::new();
+pub async fn of_tasks<C: sea_orm::ConnectionTrait>(conn: &C, task_ids: &[TaskId]) -> Result<BTreeMap<TaskId, Totals>> {
+    let mut all: BTreeMap<TaskId, Totals> = BTreeMap::new();
     for (task, sums) in store::of_tasks(conn, task_ids).await? {
         all.entry(task).or_default().add(&sums);
     }
@@ -214,7 +214,7 @@ const MAX_SPAN_DAYS: i64 = 366;
 
 pub async fn rollup(
     ctx: &Ctx,
-    workspace_id: Uuid,
+    workspace_id: WorkspaceId,
     from: Option<DateTime<Utc>>,
     to: Option<DateTime<Utc>>,
     group_by: GroupBy,

@@ -1,7 +1,7 @@
 //! Workspaces: the tenancy boundary. Deletion arrives with the cleanup issue (it is a cleanup job).
+use crate::ids::{EnvironmentId, WorkspaceId};
 use sea_orm::ConnectionTrait;
 use serde_json::json;
-use uuid::Uuid;
 
 use super::Ctx;
 use super::pagination::{Page, PageRequest};
@@ -23,7 +23,7 @@ pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, name: &str) -> Result<works
     let name = super::required_text("name", name, 100)?;
     let now = crate::clock::now();
     let model = workspace::Model {
-        id: Uuid::now_v7(),
+        id: WorkspaceId::now_v7(),
         name,
         status: WorkspaceStatus::Active,
         created_at: now,
@@ -55,12 +55,12 @@ pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, page: PageRequest) -> Result<
     Ok(Page::from_rows(rows, &page, |w| w.id))
 }
 
-pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<workspace::Model> {
+pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: WorkspaceId) -> Result<workspace::Model> {
     visible(&ctx.db.conn, p, id).await
 }
 
 /// The workspace, if it exists and the token may see it; otherwise `not_found` (I33).
-pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<workspace::Model> {
+pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: WorkspaceId) -> Result<workspace::Model> {
     if !p.sees_workspace(id) {
         return Err(Error::NotFound("workspace"));
     }
@@ -79,7 +79,7 @@ pub struct SessionCounts {
 
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct DirectorySummary {
-    pub task_environment_id: Uuid,
+    pub task_environment_id: EnvironmentId,
     pub workspace_path: Option<String>,
     #[serde(flatten)]
     pub sessions: SessionCounts,
@@ -96,14 +96,14 @@ pub struct WorkspaceSummary {
 }
 
 /// The workspace's summary, from stored state only (it is polled): no per-session process queries.
-pub async fn summary(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<WorkspaceSummary> {
+pub async fn summary(ctx: &Ctx, p: &UnboundPrincipal, id: WorkspaceId) -> Result<WorkspaceSummary> {
     use crate::entity::task_session::SessionState;
     visible(&ctx.db.conn, p, id).await?;
     let tasks = task_store::archival_of_workspace(&ctx.db.conn, id).await?;
     let archived = tasks.iter().filter(|t| t.1.is_some()).count() as u64;
     let sessions = sessions_store::of_workspace(&ctx.db.conn, id).await?;
     let mut total = SessionCounts::default();
-    let mut dirs: std::collections::BTreeMap<Uuid, SessionCounts> = Default::default();
+    let mut dirs: std::collections::BTreeMap<EnvironmentId, SessionCounts> = Default::default();
     for s in &sessions {
         let count = |c: &mut SessionCounts| {
             if s.desired_open && !s.state.is_terminal() {
@@ -122,7 +122,7 @@ pub async fn summary(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<Worksp
             count(dirs.entry(env_id).or_default());
         }
     }
-    let paths: std::collections::HashMap<Uuid, Option<String>> =
+    let paths: std::collections::HashMap<EnvironmentId, Option<String>> =
         crate::store::environments::workspace_paths(&ctx.db.conn, dirs.keys().copied())
             .await?
             .into_iter()

@@ -1,3 +1,4 @@
+use crate::ids::{EnvironmentId, ExecutionId, InstanceId, SessionId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -25,10 +26,10 @@ pub enum ExecutionState {
 #[sea_orm(table_name = "agent_executions")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub session_id: Uuid,
-    pub task_environment_id: Option<Uuid>,
-    pub instance_id: Uuid,
+    pub id: ExecutionId,
+    pub session_id: SessionId,
+    pub task_environment_id: Option<EnvironmentId>,
+    pub instance_id: InstanceId,
     pub node_id: String,
     pub pid: Option<i32>,
     pub state: ExecutionState,

@@ -1,3 +1,4 @@
+use crate::ids::{CleanupJobId, EnvironmentId, OperationId, SessionId, TaskId, WorkspaceId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -76,11 +77,11 @@ impl CleanupTrigger {
 #[sea_orm(table_name = "task_resource_cleanup_jobs")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub operation_id: Uuid,
-    pub task_id: Uuid,
-    pub workspace_id: Uuid,
-    pub task_environment_id: Option<Uuid>,
+    pub id: CleanupJobId,
+    pub operation_id: OperationId,
+    pub task_id: TaskId,
+    pub workspace_id: WorkspaceId,
+    pub task_environment_id: Option<EnvironmentId>,
     pub trigger: CleanupTrigger,
     pub state: CleanupJobState,
     pub attempts: i32,
@@ -96,7 +97,7 @@ pub struct Model {
     pub completed_at: Option<DateTimeUtc>,
     /// Who asked for it: the token's `sub`; null when berth did on its own.
     pub actor_sub: Option<String>,
-    pub actor_session_id: Option<Uuid>,
+    pub actor_session_id: Option<SessionId>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -1,3 +1,4 @@
+use crate::ids::SessionId;
 use sea_orm::entity::prelude::*;
 
 /// A stream ticket: the principal a `GET /events/stream?ticket=` stands for. Only the ticket's SHA-256
@@ -13,7 +14,7 @@ pub struct Model {
     pub scopes: String,
     /// The minting token's workspaces (a JSON list of ids), or none for every workspace.
     pub workspaces: Option<Json>,
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
     pub created_at: DateTimeUtc,
     pub expires_at: DateTimeUtc,
     pub used_at: Option<DateTimeUtc>,

@@ -1,3 +1,4 @@
+use crate::ids::{EnvironmentId, ObservationId, RepositoryId, SessionId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -48,10 +49,10 @@ impl From<ReportedKind> for ObservationKind {
 #[sea_orm(table_name = "git_status_observations")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub task_environment_id: Uuid,
-    pub repository_id: Uuid,
-    pub session_id: Option<Uuid>,
+    pub id: ObservationId,
+    pub task_environment_id: EnvironmentId,
+    pub repository_id: RepositoryId,
+    pub session_id: Option<SessionId>,
     pub kind: ObservationKind,
     pub observed_at: DateTimeUtc,
     pub branch: Option<String>,

@@ -1,3 +1,4 @@
+use crate::ids::InstanceId;
 use sea_orm::entity::prelude::*;
 
 /// One berth process of a node, holding a lease it renews while it runs.
@@ -5,7 +6,7 @@ use sea_orm::entity::prelude::*;
 #[sea_orm(table_name = "instances")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
+    pub id: InstanceId,
     pub node_id: String,
     pub pid: i32,
     pub host: String,

@@ -1,3 +1,4 @@
+use crate::ids::{EnvironmentId, LeftoverId, RepositoryId, TaskId, WorkspaceId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -22,11 +23,11 @@ pub enum LeftoverReason {
 #[sea_orm(table_name = "leftovers")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub workspace_id: Uuid,
-    pub task_id: Option<Uuid>,
-    pub task_environment_id: Option<Uuid>,
-    pub repository_id: Option<Uuid>,
+    pub id: LeftoverId,
+    pub workspace_id: WorkspaceId,
+    pub task_id: Option<TaskId>,
+    pub task_environment_id: Option<EnvironmentId>,
+    pub repository_id: Option<RepositoryId>,
     pub path: String,
     pub original_path: String,
     pub reason: LeftoverReason,

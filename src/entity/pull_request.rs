@@ -1,3 +1,4 @@
+use crate::ids::{EnvironmentId, PullRequestId, RepositoryId, TaskId};
 use sea_orm::entity::prelude::*;
 
 /// A pull request berth opened for a task, with its state as last read from its host.
@@ -5,10 +6,10 @@ use sea_orm::entity::prelude::*;
 #[sea_orm(table_name = "pull_requests")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub task_id: Uuid,
-    pub task_environment_id: Uuid,
-    pub repository_id: Uuid,
+    pub id: PullRequestId,
+    pub task_id: TaskId,
+    pub task_environment_id: EnvironmentId,
+    pub repository_id: RepositoryId,
     /// The API it was opened through (GitHub's, or a GitHub Enterprise's).
     pub api_url: String,
     pub owner: String,

@@ -1,3 +1,4 @@
+use crate::ids::{RepositoryId, WorkspaceId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -18,8 +19,8 @@ pub enum RepositoryStatus {
 #[sea_orm(table_name = "repositories")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub workspace_id: Uuid,
+    pub id: RepositoryId,
+    pub workspace_id: WorkspaceId,
     pub name: String,
     pub path: String,
     pub common_git_dir: String,

@@ -1,3 +1,4 @@
+use crate::ids::{CommandId, ExecutionId, SessionId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -37,10 +38,10 @@ pub enum CommandState {
 #[sea_orm(table_name = "session_commands")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub session_id: Uuid,
+    pub id: CommandId,
+    pub session_id: SessionId,
     /// The execution the command is for: another execution (a relaunch) does not carry it out.
-    pub execution_id: Uuid,
+    pub execution_id: ExecutionId,
     pub kind: CommandKind,
     pub payload: Json,
     pub state: CommandState,
@@ -50,7 +51,7 @@ pub struct Model {
     /// Who asked (the caller's token `sub`, and its session for an agent's token): the events the command
     /// causes on the owning node name them.
     pub actor_sub: Option<String>,
-    pub actor_session_id: Option<Uuid>,
+    pub actor_session_id: Option<SessionId>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -1,3 +1,4 @@
+use crate::ids::{InboxItemId, SessionId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -42,8 +43,8 @@ pub enum InboxState {
 #[sea_orm(table_name = "session_inbox")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub session_id: Uuid,
+    pub id: InboxItemId,
+    pub session_id: SessionId,
     pub text: String,
     pub delivery: Delivery,
     pub state: InboxState,

@@ -1,3 +1,4 @@
+use crate::ids::SessionId;
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -21,7 +22,7 @@ pub enum MessageRole {
 pub struct Model {
     #[sea_orm(primary_key)]
     pub id: i64,
-    pub session_id: Uuid,
+    pub session_id: SessionId,
     pub role: MessageRole,
     pub content: Json,
     pub created_at: DateTimeUtc,

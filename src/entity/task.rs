@@ -1,3 +1,4 @@
+use crate::ids::{ColumnId, TaskId, WorkspaceId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -26,9 +27,9 @@ pub enum WorkspaceMode {
 #[sea_orm(table_name = "tasks")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub workspace_id: Uuid,
-    pub parent_task_id: Option<Uuid>,
+    pub id: TaskId,
+    pub workspace_id: WorkspaceId,
+    pub parent_task_id: Option<TaskId>,
     pub title: String,
     /// Fixed at creation; names the worktree directory and default branch.
     pub slug: String,
@@ -44,7 +45,7 @@ pub struct Model {
     /// The kandev id this row was imported from (`berth import kandev`); null for rows berth made.
     pub imported_from: Option<String>,
     /// The workspace column the task is in.
-    pub column_id: Option<Uuid>,
+    pub column_id: Option<ColumnId>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -1,3 +1,4 @@
+use crate::ids::{RepositoryId, TaskBranchId, TaskId, WorkspaceId};
 use sea_orm::entity::prelude::*;
 
 /// A branch berth created for a task: the ledger behind `GET /workspaces/{id}/branches`. It outlives the
@@ -6,12 +7,12 @@ use sea_orm::entity::prelude::*;
 #[sea_orm(table_name = "task_branches")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub workspace_id: Uuid,
-    pub repository_id: Uuid,
+    pub id: TaskBranchId,
+    pub workspace_id: WorkspaceId,
+    pub repository_id: RepositoryId,
     pub branch: String,
     pub base_branch: String,
-    pub task_id: Option<Uuid>,
+    pub task_id: Option<TaskId>,
     pub created_at: DateTimeUtc,
 }
 

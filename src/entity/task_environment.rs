@@ -1,3 +1,4 @@
+use crate::ids::{EnvironmentId, InstanceId, TaskId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -44,15 +45,15 @@ pub enum EnvironmentStatus {
 #[sea_orm(table_name = "task_environments")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub task_id: Uuid,
+    pub id: EnvironmentId,
+    pub task_id: TaskId,
     pub executor_type: ExecutorType,
     pub status: EnvironmentStatus,
     pub workspace_path: Option<String>,
     pub node_id: String,
     pub ownership_generation: i64,
     /// Who is materializing a `creating` environment (I14: exactly one).
-    pub materializer_id: Option<Uuid>,
+    pub materializer_id: Option<InstanceId>,
     pub error_message: Option<String>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,

@@ -1,3 +1,4 @@
+use crate::ids::{EnvironmentId, EnvironmentRepoId, RepositoryId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -39,9 +40,9 @@ pub enum BranchOrigin {
 #[sea_orm(table_name = "task_environment_repos")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub task_environment_id: Uuid,
-    pub repository_id: Uuid,
+    pub id: EnvironmentRepoId,
+    pub task_environment_id: EnvironmentId,
+    pub repository_id: RepositoryId,
     pub branch_slug: String,
     pub worktree_id: Option<String>,
     pub worktree_path: Option<String>,

@@ -1,3 +1,4 @@
+use crate::ids::{RepositoryId, TaskId, TaskRepositoryId};
 use sea_orm::entity::prelude::*;
 
 /// A repository slot a task asks for. The physical inventory lives in `task_environment_repos`.
@@ -5,9 +6,9 @@ use sea_orm::entity::prelude::*;
 #[sea_orm(table_name = "task_repositories")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub task_id: Uuid,
-    pub repository_id: Uuid,
+    pub id: TaskRepositoryId,
+    pub task_id: TaskId,
+    pub repository_id: RepositoryId,
     pub branch_slug: String,
     pub base_branch: Option<String>,
     pub branch: Option<String>,

@@ -1,3 +1,4 @@
+use crate::ids::{EnvironmentId, ExecutionId, SessionId, TaskId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -42,16 +43,16 @@ pub enum SessionState {
 #[sea_orm(table_name = "task_sessions")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub task_id: Uuid,
-    pub task_environment_id: Option<Uuid>,
+    pub id: SessionId,
+    pub task_id: TaskId,
+    pub task_environment_id: Option<EnvironmentId>,
     pub name: String,
     pub executor_type: ExecutorType,
     pub agent_profile: Option<String>,
     pub state: SessionState,
     pub is_primary: bool,
     pub desired_open: bool,
-    pub execution_id: Option<Uuid>,
+    pub execution_id: Option<ExecutionId>,
     pub agent_session_ref: Option<String>,
     /// What the agent last told berth about itself (model, commands, status lines...), for snapshots.
     pub agent_state: Option<Json>,

@@ -1,3 +1,4 @@
+use crate::ids::{SessionId, TaskId, UsageRecordId, WorkspaceId};
 use sea_orm::entity::prelude::*;
 
 /// What one assistant message (or one running total's step) cost, as its agent reported it. It
@@ -6,10 +7,10 @@ use sea_orm::entity::prelude::*;
 #[sea_orm(table_name = "usage_records")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub workspace_id: Uuid,
-    pub task_id: Uuid,
-    pub session_id: Uuid,
+    pub id: UsageRecordId,
+    pub workspace_id: WorkspaceId,
+    pub task_id: TaskId,
+    pub session_id: SessionId,
     /// The session's turn it belongs to, when one had started.
     pub turn: Option<i32>,
     pub agent_profile: String,

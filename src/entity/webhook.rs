@@ -1,3 +1,4 @@
+use crate::ids::{InstanceId, WebhookId, WorkspaceId};
 use sea_orm::entity::prelude::*;
 
 /// A webhook subscription: where berth posts the events it takes, signed with its secret, and its
@@ -6,12 +7,12 @@ use sea_orm::entity::prelude::*;
 #[sea_orm(table_name = "webhooks")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
+    pub id: WebhookId,
     pub url: String,
     /// The type entries as given (exact types and `prefix.`); `None`: every type.
     pub types: Option<Json>,
     /// Only this workspace's events; `None`: every workspace's, and events about no workspace.
-    pub workspace_id: Option<Uuid>,
+    pub workspace_id: Option<WorkspaceId>,
     pub description: String,
     pub enabled: bool,
     /// Why berth disabled it (its receiver failed past the retry horizon); `None` when a person did.
@@ -28,7 +29,7 @@ pub struct Model {
     pub failing_since: Option<DateTimeUtc>,
     pub next_attempt_at: Option<DateTimeUtc>,
     /// The process (its instance id) that delivers it until `lease_expires_at`.
-    pub lease_owner: Option<Uuid>,
+    pub lease_owner: Option<InstanceId>,
     pub lease_expires_at: Option<DateTimeUtc>,
     pub created_by: Option<String>,
     pub created_at: DateTimeUtc,

@@ -1,3 +1,4 @@
+use crate::ids::{DeliveryId, WebhookId};
 use sea_orm::entity::prelude::*;
 
 /// One attempt to deliver an event (or a ping) to a webhook; the recent ones are kept.
@@ -5,8 +6,8 @@ use sea_orm::entity::prelude::*;
 #[sea_orm(table_name = "webhook_deliveries")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub webhook_id: Uuid,
+    pub id: DeliveryId,
+    pub webhook_id: WebhookId,
     /// The `webhook-id` header, the same for every attempt of one event.
     pub message_id: String,
     /// `None` for a ping.

@@ -1,3 +1,4 @@
+use crate::ids::WorkspaceId;
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -17,7 +18,7 @@ pub enum WorkspaceStatus {
 #[sea_orm(table_name = "workspaces")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
+    pub id: WorkspaceId,
     pub name: String,
     pub status: WorkspaceStatus,
     pub created_at: DateTimeUtc,

@@ -1,3 +1,4 @@
+use crate::ids::{ColumnId, WorkspaceId};
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -20,8 +21,8 @@ pub enum MovesInOn {
 #[sea_orm(table_name = "workspace_columns")]
 pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
-    pub workspace_id: Uuid,
+    pub id: ColumnId,
+    pub workspace_id: WorkspaceId,
     pub name: String,
     /// 0 is the first; positions are dense.
     pub position: i32,

@@ -14,6 +14,7 @@
 //! commit wakes the sequencer (or this replica's herald) instead and the stamp wakes the tailers (the
 //! leader's directly, the others by `NOTIFY`). A slow poll catches anything else. The rows are the
 //! truth; the broadcast is a bounded cache of them.
+use crate::ids::{EnvironmentId, ExecutionId, InstanceId, SessionId, TaskId, WorkspaceId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,7 +25,6 @@ use sea_orm::{
     EntityTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
 };
 use tokio::sync::{Notify, broadcast, oneshot};
-use uuid::Uuid;
 
 use crate::entity::event;
 
@@ -44,21 +44,21 @@ pub const PG_PENDING_CHANNEL: &str = "berth_events_pending";
 /// What an event is about; the ids let streams filter by workspace and session.
 #[derive(Debug, Default, Clone)]
 pub struct Subject {
-    pub workspace_id: Option<Uuid>,
-    pub task_id: Option<Uuid>,
-    pub session_id: Option<Uuid>,
-    pub task_environment_id: Option<Uuid>,
-    pub execution_id: Option<Uuid>,
+    pub workspace_id: Option<WorkspaceId>,
+    pub task_id: Option<TaskId>,
+    pub session_id: Option<SessionId>,
+    pub task_environment_id: Option<EnvironmentId>,
+    pub execution_id: Option<ExecutionId>,
 }
 
 impl Subject {
-    pub fn workspace(id: Uuid) -> Self {
+    pub fn workspace(id: WorkspaceId) -> Self {
         Subject {
             workspace_id: Some(id),
             ..Default::default()
         }
     }
-    pub fn task(workspace_id: Uuid, task_id: Uuid) -> Self {
+    pub fn task(workspace_id: WorkspaceId, task_id: TaskId) -> Self {
         Subject {
             workspace_id: Some(workspace_id),
             task_id: Some(task_id),
@@ -72,7 +72,7 @@ impl Subject {
 /// answered.
 pub async fn append(
     txn: &DatabaseTransaction,
-    instance_id: Uuid,
+    instance_id: InstanceId,
     event_type: EventType,
     subject: Subject,
     data: serde_json::Value,
@@ -131,7 +131,7 @@ pub async fn append(
 pub async fn append_on_change(
     txn: &DatabaseTransaction,
     change: Statement,
-    instance_id: Uuid,
+    instance_id: InstanceId,
     event_type: EventType,
     subject: Subject,
     data: serde_json::Value,
@@ -165,7 +165,7 @@ fn pg_placeholders(n: usize) -> String {
 }
 
 fn pg_values(
-    instance_id: Uuid,
+    instance_id: InstanceId,
     event_type: EventType,
     subject: Subject,
     data: serde_json::Value,
@@ -253,11 +253,11 @@ const ENVIRONMENT_SCOPED: [&str; 2] = ["git_status.", "environment."];
 /// Which events a reader may see: its token's workspaces, and for an agent's token its session only.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
-    pub workspaces: Option<Vec<Uuid>>,
-    pub session_id: Option<Uuid>,
+    pub workspaces: Option<Vec<WorkspaceId>>,
+    pub session_id: Option<SessionId>,
     /// For an agent's token: its session's environment, whose events (git status from siblings or a
     /// refresh) concern it too.
-    pub environment_id: Option<Uuid>,
+    pub environment_id: Option<EnvironmentId>,
     /// What the reader asked for, within what its token sees.
     pub narrow: Narrowing,
 }
@@ -266,9 +266,9 @@ pub struct Filter {
 /// an event must pass both these and the token's view.
 #[derive(Debug, Clone, Default)]
 pub struct Narrowing {
-    pub workspace_id: Option<Uuid>,
-    pub task_id: Option<Uuid>,
-    pub session_id: Option<Uuid>,
+    pub workspace_id: Option<WorkspaceId>,
+    pub task_id: Option<TaskId>,
+    pub session_id: Option<SessionId>,
     /// `None`: every type.
     pub types: Option<Vec<EventType>>,
     /// Only what this token `sub` did.
@@ -277,7 +277,9 @@ pub struct Narrowing {
 
 impl Narrowing {
     pub fn admits(&self, e: &event::Model) -> bool {
-        let exact = |want: Option<Uuid>, got: Option<Uuid>| want.is_none() || want == got;
+        fn exact<T: PartialEq>(want: Option<T>, got: Option<T>) -> bool {
+            want.is_none() || want == got
+        }
         exact(self.workspace_id, e.workspace_id)
             && exact(self.task_id, e.task_id)
             && exact(self.session_id, e.session_id)

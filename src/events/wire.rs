@@ -1,9 +1,9 @@
 //! An event as readers receive it: the stream's `data`, a replay page's item and a webhook's body
 //! are this one shape.
+use crate::ids::{EnvironmentId, ExecutionId, InstanceId, SessionId, TaskId, WorkspaceId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::EventType;
 use crate::entity::event as event_row;
@@ -14,16 +14,16 @@ pub struct Event {
     /// Always `v1`.
     pub version: String,
     /// The server generation that wrote the event.
-    pub instance_id: Uuid,
+    pub instance_id: InstanceId,
     /// Strictly increasing across all events; the SSE `id`.
     pub seq: i64,
     #[serde(rename = "type")]
     pub event_type: EventType,
-    pub workspace_id: Option<Uuid>,
-    pub task_id: Option<Uuid>,
-    pub session_id: Option<Uuid>,
-    pub task_environment_id: Option<Uuid>,
-    pub execution_id: Option<Uuid>,
+    pub workspace_id: Option<WorkspaceId>,
+    pub task_id: Option<TaskId>,
+    pub session_id: Option<SessionId>,
+    pub task_environment_id: Option<EnvironmentId>,
+    pub execution_id: Option<ExecutionId>,
     pub data: serde_json::Value,
     pub created_at: DateTime<Utc>,
     /// Who did it; `null` when berth did it on its own (a worker, a reconcile pass, recovery).
@@ -35,11 +35,11 @@ pub struct Event {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Actor {
     pub sub: String,
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
 }
 
 impl Actor {
-    pub fn of(sub: &Option<String>, session_id: Option<Uuid>) -> Option<Actor> {
+    pub fn of(sub: &Option<String>, session_id: Option<SessionId>) -> Option<Actor> {
         sub.as_ref().map(|sub| Actor {
             sub: sub.clone(),
             session_id,

@@ -1,9 +1,8 @@
 //! Launch admission (I15, I17): read-only proof that a workspace is the one its environment names,
 //! before any agent process exists. `AdmittedWorkspace` can only be built here; the code that spawns
 //! agents accepts nothing else, so a path that was not proven can never become a working directory.
+use crate::ids::{EnvironmentId, RepositoryId};
 use std::path::{Path, PathBuf};
-
-use uuid::Uuid;
 
 use crate::entity::task_environment::ExecutorType;
 use crate::git;
@@ -24,16 +23,16 @@ pub enum Refusal {
 /// outside this module cannot make one, so it cannot start an agent anywhere admission did not prove.
 ///
 /// ```compile_fail
-/// let forged = berth::executor::admission::AdmittedWorkspace { environment_id: uuid::Uuid::nil(), path: "/tmp".into() };
+/// let forged = berth::executor::admission::AdmittedWorkspace { environment_id: berth::ids::EnvironmentId::from(uuid::Uuid::nil()), path: "/tmp".into() };
 /// ```
 #[derive(Debug)]
 pub struct AdmittedWorkspace {
-    environment_id: Uuid,
+    environment_id: EnvironmentId,
     path: PathBuf,
 }
 
 impl AdmittedWorkspace {
-    pub fn environment_id(&self) -> Uuid {
+    pub fn environment_id(&self) -> EnvironmentId {
         self.environment_id
     }
 
@@ -47,7 +46,7 @@ impl AdmittedWorkspace {
 /// A repository slot the task asks for, with the repository's identity.
 #[derive(Debug, Clone)]
 pub struct Slot {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub branch_slug: String,
     pub common_git_dir: PathBuf,
     pub source_path: PathBuf,
@@ -56,7 +55,7 @@ pub struct Slot {
 /// An active inventory row of the environment.
 #[derive(Debug, Clone)]
 pub struct Row {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub branch_slug: String,
     pub worktree_path: Option<PathBuf>,
     /// The linked worktree's git id the inventory recorded: the directory must still be that worktree.
@@ -64,7 +63,7 @@ pub struct Row {
 }
 
 pub struct Candidate<'a> {
-    pub environment_id: Uuid,
+    pub environment_id: EnvironmentId,
     pub executor: ExecutorType,
     pub ready: bool,
     /// Where this environment's worktrees must live: `BERTH_WORKTREE_ROOT/<task dir>`.
@@ -160,13 +159,13 @@ fn check_worktree(
 /// the executor proves, read-only, that they are live and belong to that environment, and names the
 /// working directory inside it. No remote executor exists yet; this is the contract one implements.
 pub trait RemoteInventory: Send + Sync {
-    fn validate(&self, environment_id: Uuid, handles: &[String]) -> Result<PathBuf, Refusal>;
+    fn validate(&self, environment_id: EnvironmentId, handles: &[String]) -> Result<PathBuf, Refusal>;
 }
 
 /// Admission for a remote executor: the proof is still built only here.
 pub fn admit_remote(
     inventory: &dyn RemoteInventory,
-    environment_id: Uuid,
+    environment_id: EnvironmentId,
     handles: &[String],
 ) -> Result<AdmittedWorkspace, Refusal> {
     if handles.is_empty() {
@@ -182,14 +181,14 @@ mod tests {
 
     struct Fake(Result<PathBuf, Refusal>);
     impl RemoteInventory for Fake {
-        fn validate(&self, _: Uuid, _: &[String]) -> Result<PathBuf, Refusal> {
+        fn validate(&self, _: EnvironmentId, _: &[String]) -> Result<PathBuf, Refusal> {
             self.0.clone()
         }
     }
 
     #[test]
     fn remote_admission_goes_through_the_inventory_contract() {
-        let env = Uuid::now_v7();
+        let env = EnvironmentId::now_v7();
         let ok = admit_remote(&Fake(Ok("/workspace".into())), env, &["container-1".into()]).unwrap();
         assert_eq!((ok.environment_id(), ok.path()), (env, Path::new("/workspace")));
         assert_eq!(
@@ -207,7 +206,7 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         let root = dir.path().canonicalize().unwrap();
         let slot = Slot {
-            repository_id: Uuid::now_v7(),
+            repository_id: RepositoryId::now_v7(),
             branch_slug: String::new(),
             common_git_dir: root.join(".git"),
             source_path: root.join("src"),
@@ -215,7 +214,7 @@ mod tests {
         let candidate = |executor, ready, rows: &[Row]| {
             let slots = [slot.clone()];
             let c = Candidate {
-                environment_id: Uuid::now_v7(),
+                environment_id: EnvironmentId::now_v7(),
                 executor,
                 ready,
                 task_root: &root,

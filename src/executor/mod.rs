@@ -4,8 +4,10 @@
 pub mod admission;
 pub mod worktree;
 
+use crate::ids::TaskId;
+
 /// The directory of a task under the root: a readable slug of its title and a unique suffix of its id.
-pub fn task_dir_name(title: &str, task_id: uuid::Uuid) -> String {
+pub fn task_dir_name(title: &str, task_id: TaskId) -> String {
     let mut slug = String::new();
     for c in title.chars().flat_map(char::to_lowercase) {
         if c.is_ascii_alphanumeric() {
@@ -18,7 +20,7 @@ pub fn task_dir_name(title: &str, task_id: uuid::Uuid) -> String {
         }
     }
     let slug = slug.trim_end_matches('-');
-    let hex = task_id.simple().to_string();
+    let hex = task_id.uuid().simple().to_string();
     let suffix = &hex[hex.len() - 12..];
     if slug.is_empty() {
         format!("task-{suffix}")
@@ -33,7 +35,7 @@ mod tests {
 
     #[test]
     fn task_dirs_are_readable_and_unique() {
-        let id = uuid::Uuid::parse_str("0190f0f0-0000-7000-8000-00000000abcd").unwrap();
+        let id: TaskId = "0190f0f0-0000-7000-8000-00000000abcd".parse().unwrap();
         assert_eq!(task_dir_name("Add login: OAuth!", id), "add-login-oauth-00000000abcd");
         assert_eq!(task_dir_name("***", id), "task-00000000abcd");
     }

@@ -1,6 +1,7 @@
 //! Materializing a worktree environment: one `git worktree add` per repository slot, then proof that each
 //! directory is a worktree of the slot's repository. A directory this task already owns (an earlier,
 //! interrupted attempt) is adopted when it is exactly the slot's worktree; anything else fails the slot.
+use crate::ids::RepositoryId;
 use std::path::{Path, PathBuf};
 
 use crate::git::{self, cli::GitMutations};
@@ -9,7 +10,7 @@ use crate::managed_path::{ManagedPath, ManagedRoot};
 /// What to create for one repository slot.
 #[derive(Debug, Clone)]
 pub struct SlotPlan {
-    pub repository_id: uuid::Uuid,
+    pub repository_id: RepositoryId,
     pub repository_name: String,
     pub repository_path: PathBuf,
     pub common_git_dir: PathBuf,
@@ -27,7 +28,7 @@ pub struct SlotPlan {
 /// A slot that exists on disk.
 #[derive(Debug, Clone)]
 pub struct Materialized {
-    pub repository_id: uuid::Uuid,
+    pub repository_id: RepositoryId,
     pub branch_slug: String,
     pub position: i32,
     pub worktree_id: Option<String>,
@@ -43,7 +44,7 @@ pub struct Materialized {
 #[derive(Debug)]
 pub struct SlotFailure {
     pub position: i32,
-    pub repository_id: uuid::Uuid,
+    pub repository_id: RepositoryId,
     pub repository_name: String,
     /// For the inventory row's `error_message` (readers of the environment may see paths).
     pub message: String,
@@ -64,7 +65,8 @@ pub enum Stage {
 /// Told each [`Stage`] as a repository reaches it, in order; what it does (record an event) is at least
 /// queued, in that order, before the materialization goes on, so the stages of a repository are seen in
 /// order.
-pub type Progress<'a> = &'a (dyn Fn(uuid::Uuid, Stage) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync);
+pub type Progress<'a> =
+    &'a (dyn Fn(crate::ids::RepositoryId, Stage) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync);
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f)

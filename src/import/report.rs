@@ -1,6 +1,6 @@
 //! What an import did, would do, or refused: the report printed as text or as one JSON object.
+use crate::ids::{CleanupJobId, WorkspaceId};
 use serde::Serialize;
-use uuid::Uuid;
 
 use crate::entity::cleanup_job::{CleanupJobState, CleanupTrigger};
 
@@ -73,7 +73,7 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kandev_version: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub workspace_id: Option<uuid::Uuid>,
+    pub workspace_id: Option<WorkspaceId>,
     /// Transcript entries imported (not part of `imported`'s fixed shape).
     pub messages: u64,
     pub repositories: u64,
@@ -182,7 +182,7 @@ pub struct CarriedJob {
     pub task_id: String,
     /// berth's job (absent in a dry run, which writes none).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub job_id: Option<Uuid>,
+    pub job_id: Option<CleanupJobId>,
     pub trigger: CleanupTrigger,
     pub state: CleanupJobState,
     /// The worktrees the job removes.

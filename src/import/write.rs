@@ -1,11 +1,14 @@
 //! Writes a plan into berth's database in ONE transaction (`BEGIN IMMEDIATE` on SQLite). A kandev row
 //! whose id is already some row's `imported_from` is not written again, so a second import changes
 //! nothing. Any error, an injected one included, drops the transaction: berth's database is unchanged.
+use crate::ids::{
+    EnvironmentId, EnvironmentRepoId, InstanceId, ObservationId, RepositoryId, SessionId, TaskId, TaskRepositoryId,
+    WorkspaceId,
+};
 use std::collections::{HashMap, HashSet};
 
 use sea_orm::ActiveValue::{NotSet, Set};
 use serde_json::json;
-use uuid::Uuid;
 
 use crate::entity::repository::RepositoryStatus;
 use crate::entity::workspace::WorkspaceStatus;
@@ -22,7 +25,7 @@ use super::report::{CarriedJob, Counts, Entry};
 use super::write_jobs::{Refs, write_jobs};
 
 pub struct Written {
-    pub workspace_id: Uuid,
+    pub workspace_id: WorkspaceId,
     pub counts: Counts,
     pub messages: u64,
     pub repositories: u64,
@@ -70,7 +73,7 @@ pub async fn write(
     commit: bool,
 ) -> anyhow::Result<Written> {
     let txn = db.begin_write().await?;
-    let instance = Uuid::now_v7();
+    let instance = InstanceId::now_v7();
     let now = crate::clock::now();
     failpoint("after_read")?;
     let mut counts = Counts::default();
@@ -84,7 +87,7 @@ pub async fn write(
         Some(ws) => ws,
         None => {
             let ws = workspace::Model {
-                id: Uuid::now_v7(),
+                id: WorkspaceId::now_v7(),
                 name: workspace_name.to_string(),
                 status: WorkspaceStatus::Active,
                 created_at: now,
@@ -103,11 +106,15 @@ pub async fn write(
         .map(|c| c.id);
 
     // Repositories: by their local path (one berth repository per path), else kandev's id.
-    let mut repo_ids =
-        store::imported::<repository::Entity>(&txn, repository::Column::ImportedFrom, repository::Column::Id).await?;
+    let mut repo_ids = store::imported::<repository::Entity, RepositoryId>(
+        &txn,
+        repository::Column::ImportedFrom,
+        repository::Column::Id,
+    )
+    .await?;
     seen_before |= plan.repositories.iter().any(|r| repo_ids.contains_key(&r.id));
     let live = store::live_repositories(&txn, ws.id).await?;
-    let mut by_path: HashMap<String, Uuid> = live.iter().map(|r| (r.path.clone(), r.id)).collect();
+    let mut by_path: HashMap<String, RepositoryId> = live.iter().map(|r| (r.path.clone(), r.id)).collect();
     let mut names: HashSet<String> = live.iter().map(|r| r.name.clone()).collect();
     let mut new_repos = Vec::new();
     for r in &plan.repositories {
@@ -128,7 +135,7 @@ pub async fn write(
             name = format!("{base}-{n}");
             n += 1;
         }
-        let id = Uuid::now_v7();
+        let id = RepositoryId::now_v7();
         repo_ids.insert(r.id.clone(), id);
         if r.deleted_at.is_none() {
             by_path.insert(probe.path.clone(), id);
@@ -173,7 +180,8 @@ pub async fn write(
     failpoint("after_repositories")?;
 
     // Tasks, parents first (the parent link is a foreign key).
-    let mut task_ids = store::imported::<task::Entity>(&txn, task::Column::ImportedFrom, task::Column::Id).await?;
+    let mut task_ids =
+        store::imported::<task::Entity, TaskId>(&txn, task::Column::ImportedFrom, task::Column::Id).await?;
     seen_before |= plan.tasks.iter().any(|t| task_ids.contains_key(&t.id));
     let mut new_tasks: HashSet<String> = HashSet::new();
     let mut pending: Vec<&super::plan::PlannedTask> =
@@ -193,7 +201,7 @@ pub async fn write(
         let mut slots = Vec::new();
         for &i in ready.iter().rev() {
             let t = pending.remove(i);
-            let id = Uuid::now_v7();
+            let id = TaskId::now_v7();
             let parent = t.parent_id.as_ref().and_then(|p| task_ids.get(p)).copied();
             task_ids.insert(t.id.clone(), id);
             new_tasks.insert(t.id.clone());
@@ -224,7 +232,7 @@ pub async fn write(
                     continue;
                 };
                 slots.push(task_repository::ActiveModel {
-                    id: Set(Uuid::now_v7()),
+                    id: Set(TaskRepositoryId::now_v7()),
                     task_id: Set(id),
                     repository_id: Set(*repository_id),
                     branch_slug: Set(s.branch_slug.clone()),
@@ -250,10 +258,15 @@ pub async fn write(
     failpoint("after_tasks")?;
 
     // Environments and their inventory, only with a new environment (an existing one keeps its rows).
-    let mut env_ids = store::imported::<env::Entity>(&txn, env::Column::ImportedFrom, env::Column::Id).await?;
+    let mut env_ids =
+        store::imported::<env::Entity, EnvironmentId>(&txn, env::Column::ImportedFrom, env::Column::Id).await?;
     seen_before |= plan.environments.iter().any(|e| env_ids.contains_key(&e.key));
-    let known_rows =
-        store::imported::<env_repo::Entity>(&txn, env_repo::Column::ImportedFrom, env_repo::Column::Id).await?;
+    let known_rows = store::imported::<env_repo::Entity, EnvironmentRepoId>(
+        &txn,
+        env_repo::Column::ImportedFrom,
+        env_repo::Column::Id,
+    )
+    .await?;
     let mut new_envs: HashSet<String> = HashSet::new();
     let (mut envs, mut rows) = (Vec::new(), Vec::new());
     let fresh: Vec<_> = plan
@@ -262,7 +275,7 @@ pub async fn write(
         .filter(|e| !env_ids.contains_key(&e.key))
         .collect();
     for e in fresh {
-        let id = Uuid::now_v7();
+        let id = EnvironmentId::now_v7();
         env_ids.insert(e.key.clone(), id);
         new_envs.insert(e.key.clone());
         envs.push(env::ActiveModel {
@@ -290,7 +303,7 @@ pub async fn write(
                 counts.worktrees += 1;
             }
             rows.push(env_repo::ActiveModel {
-                id: Set(Uuid::now_v7()),
+                id: Set(EnvironmentRepoId::now_v7()),
                 task_environment_id: Set(id),
                 repository_id: Set(*repository_id),
                 branch_slug: Set(r.branch_slug.clone()),
@@ -320,7 +333,7 @@ pub async fn write(
     failpoint("after_environment_repos")?;
 
     let mut session_ids =
-        store::imported::<session::Entity>(&txn, session::Column::ImportedFrom, session::Column::Id).await?;
+        store::imported::<session::Entity, SessionId>(&txn, session::Column::ImportedFrom, session::Column::Id).await?;
     seen_before |= plan.sessions.iter().any(|s| session_ids.contains_key(&s.id));
     let mut sessions = Vec::new();
     let fresh: Vec<_> = plan
@@ -329,7 +342,7 @@ pub async fn write(
         .filter(|s| !session_ids.contains_key(&s.id))
         .collect();
     for s in fresh {
-        let id = Uuid::now_v7();
+        let id = SessionId::now_v7();
         session_ids.insert(s.id.clone(), id);
         sessions.push(session::ActiveModel {
             id: Set(id),
@@ -360,7 +373,7 @@ pub async fn write(
     store::insert_chunked(&txn, sessions).await?;
     failpoint("after_sessions")?;
 
-    let known = store::imported::<session_message::Entity>(
+    let known = store::imported::<session_message::Entity, SessionId>(
         &txn,
         session_message::Column::ImportedFrom,
         session_message::Column::SessionId,
@@ -387,7 +400,7 @@ pub async fn write(
     failpoint("after_messages")?;
 
     // Current git status, only for environments this import creates (an existing one has its own).
-    let known = store::imported::<obs::Entity>(&txn, obs::Column::ImportedFrom, obs::Column::Id).await?;
+    let known = store::imported::<obs::Entity, ObservationId>(&txn, obs::Column::ImportedFrom, obs::Column::Id).await?;
     seen_before |= plan.observations.iter().any(|o| known.contains_key(&o.id));
     let observations: Vec<obs::ActiveModel> = plan
         .observations
@@ -395,7 +408,7 @@ pub async fn write(
         .filter(|o| !known.contains_key(&o.id) && new_envs.contains(&o.env_key))
         .filter_map(|o| {
             Some(obs::ActiveModel {
-                id: Set(Uuid::now_v7()),
+                id: Set(ObservationId::now_v7()),
                 task_environment_id: Set(env_ids[&o.env_key]),
                 repository_id: Set(*repo_ids.get(&o.repository_id)?),
                 session_id: Set(o.session_id.as_ref().and_then(|s| session_ids.get(s)).copied()),

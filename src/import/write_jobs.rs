@@ -5,6 +5,7 @@
 //! `pending` (its archive or delete committed in kandev already, and the archived task in this very
 //! transaction) or `failed` (kandev gave up; an operator may retry it). Its operation id derives from
 //! kandev's job ids, so a second import finds it and writes nothing.
+use crate::ids::{CleanupJobId, EnvironmentId, InstanceId, OperationId, RepositoryId, TaskId, WorkspaceId};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
@@ -12,7 +13,6 @@ use anyhow::Context;
 use sea_orm::DatabaseTransaction;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use uuid::Uuid;
 
 use crate::config::Config;
 use crate::domain::cleanup::{EnvironmentSnapshot, Snapshot, WorktreeSnapshot};
@@ -29,22 +29,22 @@ use super::report::{CarriedJob, Entry};
 
 /// What the jobs refer to, as the writer resolved it.
 pub struct Refs<'a> {
-    pub workspace_id: Uuid,
-    pub instance: Uuid,
+    pub workspace_id: WorkspaceId,
+    pub instance: InstanceId,
     pub config: &'a Config,
     /// kandev id → berth id, of every task and repository the import knows (written now or before).
-    pub task_ids: &'a HashMap<String, Uuid>,
+    pub task_ids: &'a HashMap<String, TaskId>,
     pub new_tasks: &'a HashSet<String>,
-    pub repo_ids: &'a HashMap<String, Uuid>,
+    pub repo_ids: &'a HashMap<String, RepositoryId>,
     pub probes: &'a HashMap<String, RepoProbe>,
 }
 
 /// The operation id of the berth job that carries these kandev jobs: the same on every import.
-fn operation_id(kandev_ids: &[String]) -> Uuid {
+fn operation_id(kandev_ids: &[String]) -> OperationId {
     let digest = Sha256::digest(format!("berth import kandev: cleanup job {}", kandev_ids.join(",")));
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
-    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+    OperationId::from(uuid::Builder::from_custom_bytes(bytes).into_uuid())
 }
 
 pub async fn write_jobs(
@@ -73,7 +73,7 @@ pub async fn write_jobs(
         }
         let (task_id, env) = match existing {
             Some(id) => (id, current_environment(txn, refs, id).await?),
-            None => (Uuid::now_v7(), None),
+            None => (TaskId::now_v7(), None),
         };
         let mut env_snap = env.as_ref().map(|(_, s)| s.clone());
         let mut extra = Vec::new();
@@ -116,7 +116,7 @@ pub async fn write_jobs(
         if !extra.is_empty() {
             let snap = env_snap.get_or_insert_with(|| EnvironmentSnapshot {
                 // No berth environment: the job's own, which no row has (its task is gone in kandev).
-                id: Uuid::now_v7(),
+                id: EnvironmentId::now_v7(),
                 task_root: common_parent(&extra),
                 worktrees: Vec::new(),
                 in_flight: None,
@@ -177,14 +177,14 @@ pub async fn write_jobs(
 fn job_row(
     refs: &Refs<'_>,
     p: &PlannedJob,
-    operation_id: Uuid,
+    operation_id: OperationId,
     snapshot: Snapshot,
     env: Option<crate::entity::task_environment::Model>,
 ) -> anyhow::Result<job::Model> {
     let now = crate::clock::now();
     let failed = p.state == CleanupJobState::Failed;
     Ok(job::Model {
-        id: Uuid::now_v7(),
+        id: CleanupJobId::now_v7(),
         operation_id,
         task_id: snapshot.task_id,
         workspace_id: refs.workspace_id,
@@ -217,7 +217,7 @@ fn job_row(
 async fn current_environment(
     txn: &DatabaseTransaction,
     refs: &Refs<'_>,
-    task_id: Uuid,
+    task_id: TaskId,
 ) -> anyhow::Result<Option<(crate::entity::task_environment::Model, EnvironmentSnapshot)>> {
     let t = task_store::find(txn, task_id)
         .await?
@@ -238,7 +238,7 @@ async fn current_environment(
         return Ok(Some((e, snap)));
     }
     let slots = task_store::slots_with_repositories(txn, t.id).await?;
-    let base_of = |repository_id: Uuid, slug: &str| {
+    let base_of = |repository_id: RepositoryId, slug: &str| {
         slots
             .iter()
             .find(|(s, _)| s.repository_id == repository_id && s.branch_slug == slug)
@@ -299,6 +299,6 @@ mod tests {
         assert_eq!(a, operation_id(&["j1".into()]));
         assert_ne!(a, operation_id(&["j2".into()]));
         assert_ne!(a, operation_id(&["j1".into(), "j2".into()]));
-        assert_eq!(a.get_version_num(), 8);
+        assert_eq!(a.uuid().get_version_num(), 8);
     }
 }

@@ -2,6 +2,7 @@
 //! protocol (`crate::agent::Wire`), and its answer, where the protocol gives one, comes back to the caller;
 //! the signals keep whether the agent works, its pending questions, its tool and its queue; the files
 //! an ACP agent asks for are served inside the admitted workspace only.
+use crate::ids::{ExecutionId, SessionId};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use crate::agent::{self, Answered, Command, Delivery, Reply, Signal};
 impl Runtime {
     /// Sends a command and, where the protocol answers it, waits up to `within` for the answer. What the
     /// command means at once (an ACP prompt starts a turn) is reported like the agent's own lines.
-    pub async fn call(&self, session_id: Uuid, command: Command, within: Duration) -> Delivery {
+    pub async fn call(&self, session_id: SessionId, command: Command, within: Duration) -> Delivery {
         let Some(agent) = self.agents.lock().unwrap().get(&session_id).cloned() else {
             return Delivery::Gone;
         };
@@ -79,14 +80,14 @@ impl Runtime {
     }
 
     /// What the agent said when its connection opened (ACP's `initialize`).
-    pub fn introduction(&self, session_id: Uuid) -> Option<agent::Introduction> {
+    pub fn introduction(&self, session_id: SessionId) -> Option<agent::Introduction> {
         let agent = self.agents.lock().unwrap().get(&session_id).cloned()?;
         agent.wire.lock().unwrap().introduction().cloned()
     }
 
     /// Answers a pending request of this session (I31): `NotPending` when it is not pending here, `Unfit`
     /// (with the field and why) when the answer does not fit the question, which then stays pending.
-    pub fn answer(&self, session_id: Uuid, request_id: &str, answer: &agent::Answer) -> Answered {
+    pub fn answer(&self, session_id: SessionId, request_id: &str, answer: &agent::Answer) -> Answered {
         let agent = self.agents.lock().unwrap().get(&session_id).cloned();
         let Some(agent) = agent else {
             return Answered::NotPending;
@@ -125,8 +126,8 @@ impl Agent {
     pub(super) fn apply(
         self: &Arc<Agent>,
         events: &mpsc::Sender<RuntimeEvent>,
-        session_id: Uuid,
-        execution_id: Uuid,
+        session_id: SessionId,
+        execution_id: ExecutionId,
         signals: &[Signal],
     ) {
         apply(self, events, session_id, execution_id, signals);
@@ -141,8 +142,8 @@ impl Agent {
 fn apply(
     agent: &Arc<Agent>,
     events: &mpsc::Sender<RuntimeEvent>,
-    session_id: Uuid,
-    execution_id: Uuid,
+    session_id: SessionId,
+    execution_id: ExecutionId,
     signals: &[Signal],
 ) {
     use std::sync::atomic::Ordering;
@@ -198,8 +199,8 @@ fn serve_file(agent: &Arc<Agent>, request: agent::fs::Request) {
 fn expire_after(
     agent: &Arc<Agent>,
     events: &mpsc::Sender<RuntimeEvent>,
-    session_id: Uuid,
-    execution_id: Uuid,
+    session_id: SessionId,
+    execution_id: ExecutionId,
     request: &serde_json::Value,
     ms: u64,
 ) {

@@ -1,6 +1,7 @@
 //! Agent processes (seed 002): one process per session (I27), spawned only in an admitted workspace
 //! (I17), talking JSON lines over stdio, stopped with escalation (I28). The runtime reports what happens
 //! as `RuntimeEvent`s; the domain decides what they mean for sessions.
+use crate::ids::{ExecutionId, SessionId};
 use std::collections::{HashMap, VecDeque};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -9,7 +10,6 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command as Process;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
-use uuid::Uuid;
 
 use crate::agent::lines::{held_bytes, parsed_bound, skip_line};
 use crate::agent::{Delta, Inbound, Reply, Signal, Wire};
@@ -32,8 +32,8 @@ const LINE_KEEP: usize = 64 * 1024;
 pub enum RuntimeEvent {
     /// One line the agent printed, decoded by its protocol (or what berth's own command meant at once).
     Output {
-        session_id: Uuid,
-        execution_id: Uuid,
+        session_id: SessionId,
+        execution_id: ExecutionId,
         /// What the session records of it (`runtime.output`), in the agent's own shape.
         record: Option<serde_json::Value>,
         /// A streamed piece, coalesced with its run.
@@ -44,8 +44,8 @@ pub enum RuntimeEvent {
     },
     /// The process ended; `expected` when berth stopped it.
     Exited {
-        session_id: Uuid,
-        execution_id: Uuid,
+        session_id: SessionId,
+        execution_id: ExecutionId,
         code: Option<i32>,
         expected: bool,
         stderr_tail: String,
@@ -53,7 +53,7 @@ pub enum RuntimeEvent {
 }
 
 struct Agent {
-    execution_id: Uuid,
+    execution_id: ExecutionId,
     /// The agent's protocol: what berth's commands become, what its lines mean.
     wire: Mutex<Wire>,
     /// The admitted workspace (canonical): the only place berth serves the agent files from.
@@ -93,7 +93,7 @@ impl InFlight {
 }
 
 pub struct Runtime {
-    agents: Mutex<HashMap<Uuid, Arc<Agent>>>,
+    agents: Mutex<HashMap<SessionId, Arc<Agent>>>,
     /// Bounded in count and, through `in_flight`, in bytes: a flooding agent waits on its stdout pipe
     /// instead of growing berth's memory.
     events: mpsc::Sender<RuntimeEvent>,
@@ -108,7 +108,7 @@ pub struct Runtime {
     /// Each session's dispatch lock, while an agent or a dispatch holds it: an agent restarted after a
     /// crash takes the lock of the one before, so its first dispatch waits until the dispatch that
     /// handed the crashed agent its message has recorded it delivered (it is not handed over again).
-    dispatch_locks: Mutex<HashMap<Uuid, std::sync::Weak<tokio::sync::Mutex<()>>>>,
+    dispatch_locks: Mutex<HashMap<SessionId, std::sync::Weak<tokio::sync::Mutex<()>>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +136,7 @@ impl Runtime {
         )
     }
 
-    pub fn is_live(&self, session_id: Uuid) -> bool {
+    pub fn is_live(&self, session_id: SessionId) -> bool {
         self.agents.lock().unwrap().contains_key(&session_id)
     }
 
@@ -154,8 +154,8 @@ impl Runtime {
         &self,
         ws: &AdmittedWorkspace,
         profile: &AgentProfile,
-        session_id: Uuid,
-        execution_id: Uuid,
+        session_id: SessionId,
+        execution_id: ExecutionId,
     ) -> Result<u32, SpawnError> {
         // The child, its reaping and every task below belong to the home runtime.
         let _home = self.home.enter();
@@ -339,7 +339,7 @@ impl Runtime {
     }
 
     /// Forgets an agent whose exit was reported (called by the domain when it records the exit).
-    pub fn forget(&self, session_id: Uuid, execution_id: Uuid) {
+    pub fn forget(&self, session_id: SessionId, execution_id: ExecutionId) {
         let mut agents = self.agents.lock().unwrap();
         if agents.get(&session_id).is_some_and(|a| a.execution_id == execution_id) {
             agents.remove(&session_id);
@@ -348,7 +348,7 @@ impl Runtime {
 
     /// The lock that makes deliveries to this session's agent one at a time; `None` without a live agent.
     /// The session's dispatch lock: the previous execution's while anything still holds it, else new.
-    fn session_dispatch_lock(&self, session_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+    fn session_dispatch_lock(&self, session_id: SessionId) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.dispatch_locks.lock().unwrap();
         locks.retain(|_, lock| lock.strong_count() > 0);
         if let Some(lock) = locks.get(&session_id).and_then(std::sync::Weak::upgrade) {
@@ -359,12 +359,12 @@ impl Runtime {
         lock
     }
 
-    pub fn dispatch_lock(&self, session_id: Uuid) -> Option<Arc<tokio::sync::Mutex<()>>> {
+    pub fn dispatch_lock(&self, session_id: SessionId) -> Option<Arc<tokio::sync::Mutex<()>>> {
         self.agents.lock().unwrap().get(&session_id).map(|a| a.dispatch.clone())
     }
 
     /// How many messages the agent holds in its own queue.
-    pub fn agent_queue(&self, session_id: Uuid) -> usize {
+    pub fn agent_queue(&self, session_id: SessionId) -> usize {
         self.agents
             .lock()
             .unwrap()
@@ -373,12 +373,12 @@ impl Runtime {
     }
 
     /// The ids of the sessions whose agents run here.
-    pub fn live_sessions(&self) -> Vec<Uuid> {
+    pub fn live_sessions(&self) -> Vec<SessionId> {
         self.agents.lock().unwrap().keys().copied().collect()
     }
 
     /// The tool the session's agent is running, if any.
-    pub fn active_tool(&self, session_id: Uuid) -> Option<String> {
+    pub fn active_tool(&self, session_id: SessionId) -> Option<String> {
         self.agents
             .lock()
             .unwrap()
@@ -387,7 +387,7 @@ impl Runtime {
     }
 
     /// The attention requests pending on this session.
-    pub fn attention(&self, session_id: Uuid) -> Vec<serde_json::Value> {
+    pub fn attention(&self, session_id: SessionId) -> Vec<serde_json::Value> {
         self.agents
             .lock()
             .unwrap()
@@ -396,7 +396,7 @@ impl Runtime {
             .unwrap_or_default()
     }
 
-    pub fn is_working(&self, session_id: Uuid) -> bool {
+    pub fn is_working(&self, session_id: SessionId) -> bool {
         self.agents
             .lock()
             .unwrap()
@@ -441,13 +441,14 @@ mod tests {
     use std::time::Duration;
 
     use super::Runtime;
+    use crate::ids::SessionId;
 
     /// A restarted agent's dispatch waits for the crashed one's (the message it was handed is recorded
     /// delivered first): the lock is the same while anything holds it, and a fresh one once nothing does.
     #[tokio::test]
     async fn a_restarted_agent_shares_the_dispatch_lock_of_one_still_in_flight() {
         let (rt, _reports) = Runtime::new(Duration::from_millis(10), Duration::from_millis(10));
-        let session = uuid::Uuid::now_v7();
+        let session = SessionId::now_v7();
         let first = rt.session_dispatch_lock(session);
         let in_flight = first.clone().lock_owned().await;
         drop(first); // the crashed agent is gone; its dispatch still holds the lock
@@ -461,7 +462,7 @@ mod tests {
         let weak = Arc::downgrade(&restarted);
         drop(restarted);
         assert!(weak.upgrade().is_none(), "nothing keeps a lock nobody holds");
-        let other = rt.session_dispatch_lock(uuid::Uuid::now_v7());
+        let other = rt.session_dispatch_lock(SessionId::now_v7());
         assert_eq!(
             rt.dispatch_locks.lock().unwrap().len(),
             1,

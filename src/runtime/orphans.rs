@@ -1,8 +1,7 @@
 //! Process groups: signalling an agent's, and ending one a previous berth left behind when it crashed
 //! (or was SIGKILLed) before the session is relaunched (I27, I29). Linux: members are found in `/proc`.
+use crate::ids::ExecutionId;
 use std::time::Duration;
-
-use uuid::Uuid;
 
 /// What `end_orphan` found of an execution's process group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +20,7 @@ pub enum Orphan {
 /// so a recycled pid is left alone. The leader itself may be gone (it ends when its stdin closes) while a
 /// tool it started still runs in the group: that is found too. Returns once no member is left, or after
 /// `within`.
-pub async fn end_orphan(pid: u32, execution_id: Uuid, within: Duration) -> Orphan {
+pub async fn end_orphan(pid: u32, execution_id: ExecutionId, within: Duration) -> Orphan {
     let mark = format!("BERTH_EXECUTION_ID={execution_id}");
     if !members(pid).iter().any(|m| carries(*m, &mark)) {
         return Orphan::Gone;
@@ -102,8 +101,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_group_is_ended_only_with_its_mark_and_also_without_its_leader() {
-        let id = Uuid::now_v7();
-        let mut other = group(&Uuid::now_v7().to_string());
+        let id = ExecutionId::now_v7();
+        let mut other = group(&ExecutionId::now_v7().to_string());
         let pgid = other.id();
         wait_members(pgid, 2).await;
         assert_eq!(end_orphan(pgid, id, Duration::from_secs(5)).await, Orphan::Gone);

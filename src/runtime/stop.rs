@@ -1,8 +1,7 @@
 //! Stopping agents (I28): abort, close stdin, SIGTERM the process group, SIGKILL, each step after a
 //! bounded wait; at server shutdown the waits are cut to fit the budget.
+use crate::ids::{ExecutionId, SessionId};
 use std::time::Duration;
-
-use uuid::Uuid;
 
 use super::orphans::signal_group;
 use super::{Agent, Runtime};
@@ -10,7 +9,7 @@ use super::{Agent, Runtime};
 impl Runtime {
     /// I28: abort a working agent, wait; close stdin, wait; SIGTERM the process group, wait; SIGKILL.
     /// Returns once the process has exited (and is forgotten): which execution it was, and its status.
-    pub async fn stop(&self, session_id: Uuid) -> Option<(Uuid, Option<i32>)> {
+    pub async fn stop(&self, session_id: SessionId) -> Option<(ExecutionId, Option<i32>)> {
         let graces = Graces {
             stop: self.grace,
             term: self.term_grace,
@@ -19,7 +18,7 @@ impl Runtime {
         self.stop_with(session_id, graces).await
     }
 
-    async fn stop_with(&self, session_id: Uuid, graces: Graces) -> Option<(Uuid, Option<i32>)> {
+    async fn stop_with(&self, session_id: SessionId, graces: Graces) -> Option<(ExecutionId, Option<i32>)> {
         let agent = self.agents.lock().unwrap().get(&session_id).cloned()?;
         self.escalate(session_id, &agent, graces).await;
         self.forget(session_id, agent.execution_id);
@@ -27,7 +26,7 @@ impl Runtime {
         Some((agent.execution_id, code))
     }
 
-    async fn escalate(&self, session_id: Uuid, agent: &Agent, graces: Graces) {
+    async fn escalate(&self, session_id: SessionId, agent: &Agent, graces: Graces) {
         agent.stopping.store(true, std::sync::atomic::Ordering::Release);
         let mut exited = agent.exited.clone();
         if *agent.working.borrow() {
@@ -62,7 +61,7 @@ impl Runtime {
 
     /// Stops every live agent (tests; server shutdown uses `stop_all_by`).
     pub async fn stop_all(&self) {
-        let ids: Vec<Uuid> = self.agents.lock().unwrap().keys().copied().collect();
+        let ids: Vec<SessionId> = self.agents.lock().unwrap().keys().copied().collect();
         futures_util::future::join_all(ids.into_iter().map(|id| self.stop(id))).await;
         // (The exits are recorded by their reports.)
     }

@@ -1,8 +1,8 @@
 //! The ledger of branches berth created (`task_branches`): queries only; what may be deleted is
 //! `domain::branches`.
+use crate::ids::{RepositoryId, TaskBranchId, TaskId, WorkspaceId};
 use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
-use uuid::Uuid;
 
 use crate::entity::task_branch as ledger;
 use crate::error::Result;
@@ -11,14 +11,14 @@ use crate::error::Result;
 /// a branch of the same name, since deleted outside berth, is taken over: berth just made this one).
 pub async fn record_created<C: ConnectionTrait>(
     conn: &C,
-    workspace_id: Uuid,
-    repository_id: Uuid,
+    workspace_id: WorkspaceId,
+    repository_id: RepositoryId,
     branch: &str,
     base_branch: &str,
-    task_id: Uuid,
+    task_id: TaskId,
 ) -> Result<()> {
     let row = ledger::ActiveModel {
-        id: Set(Uuid::now_v7()),
+        id: Set(TaskBranchId::now_v7()),
         workspace_id: Set(workspace_id),
         repository_id: Set(repository_id),
         branch: Set(branch.to_string()),
@@ -37,7 +37,11 @@ pub async fn record_created<C: ConnectionTrait>(
     Ok(())
 }
 
-pub async fn find<C: ConnectionTrait>(conn: &C, repository_id: Uuid, branch: &str) -> Result<Option<ledger::Model>> {
+pub async fn find<C: ConnectionTrait>(
+    conn: &C,
+    repository_id: RepositoryId,
+    branch: &str,
+) -> Result<Option<ledger::Model>> {
     Ok(ledger::Entity::find()
         .filter(ledger::Column::RepositoryId.eq(repository_id))
         .filter(ledger::Column::Branch.eq(branch))
@@ -46,7 +50,7 @@ pub async fn find<C: ConnectionTrait>(conn: &C, repository_id: Uuid, branch: &st
 }
 
 /// The branch is gone (berth deleted it, or found it deleted): it leaves the ledger.
-pub async fn forget<C: ConnectionTrait>(conn: &C, repository_id: Uuid, branch: &str) -> Result<()> {
+pub async fn forget<C: ConnectionTrait>(conn: &C, repository_id: RepositoryId, branch: &str) -> Result<()> {
     ledger::Entity::delete_many()
         .filter(ledger::Column::RepositoryId.eq(repository_id))
         .filter(ledger::Column::Branch.eq(branch))
@@ -56,7 +60,7 @@ pub async fn forget<C: ConnectionTrait>(conn: &C, repository_id: Uuid, branch: &
 }
 
 /// An environment passed to an heir: so do the branches berth created for it.
-pub async fn transfer<C: ConnectionTrait>(conn: &C, from: Uuid, to: Uuid) -> Result<()> {
+pub async fn transfer<C: ConnectionTrait>(conn: &C, from: TaskId, to: TaskId) -> Result<()> {
     ledger::Entity::update_many()
         .col_expr(ledger::Column::TaskId, Expr::value(Some(to)))
         .filter(ledger::Column::TaskId.eq(from))
@@ -66,7 +70,7 @@ pub async fn transfer<C: ConnectionTrait>(conn: &C, from: Uuid, to: Uuid) -> Res
 }
 
 /// The branches berth created for a task (the ledger outlives the task row).
-pub async fn of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<ledger::Model>> {
+pub async fn of_task<C: ConnectionTrait>(conn: &C, task_id: TaskId) -> Result<Vec<ledger::Model>> {
     Ok(ledger::Entity::find()
         .filter(ledger::Column::TaskId.eq(task_id))
         .order_by_asc(ledger::Column::Id)
@@ -74,7 +78,7 @@ pub async fn of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<
         .await?)
 }
 
-pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> Result<Vec<ledger::Model>> {
+pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: WorkspaceId) -> Result<Vec<ledger::Model>> {
     Ok(ledger::Entity::find()
         .filter(ledger::Column::WorkspaceId.eq(workspace_id))
         .order_by_asc(ledger::Column::Id)

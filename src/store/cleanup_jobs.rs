@@ -1,4 +1,5 @@
 //! Cleanup-job rows: inserts, reads, the claim query and the compare-and-set that every state write uses.
+use crate::ids::{CleanupJobId, EnvironmentId, InstanceId, TaskId, WorkspaceId};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
@@ -17,20 +18,20 @@ pub async fn insert(txn: &DatabaseTransaction, j: &job::Model) -> Result<()> {
     Ok(())
 }
 
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<job::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: CleanupJobId) -> Result<Option<job::Model>> {
     Ok(super::by_key(job::Entity::find_by_id(id), conn).await?)
 }
 
 /// The job, locked for the rest of the transaction (PostgreSQL; SQLite holds the writer lock already).
-pub async fn find_locked(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<job::Model>> {
+pub async fn find_locked(txn: &DatabaseTransaction, id: CleanupJobId) -> Result<Option<job::Model>> {
     Ok(super::by_key(job::Entity::find_by_id(id).lock_exclusive(), txn).await?)
 }
 
 /// Filters of the operator listing; `None` is "any".
 pub struct ListQuery<'a> {
-    pub workspaces: Option<&'a [Uuid]>,
+    pub workspaces: Option<&'a [WorkspaceId]>,
     pub state: Option<CleanupJobState>,
-    pub task_id: Option<Uuid>,
+    pub task_id: Option<TaskId>,
     pub trigger: Option<CleanupTrigger>,
     pub before: Option<Uuid>,
     pub limit: u64,
@@ -152,7 +153,7 @@ pub struct LeaseGuard<'a> {
 /// A job's move as `domain::cleanup::state::transition` decided it: from the state the caller read, to
 /// the next, with its patch, and the event that says so.
 pub struct Move<'a> {
-    pub id: Uuid,
+    pub id: CleanupJobId,
     pub from: CleanupJobState,
     pub to: CleanupJobState,
     pub lease: Option<LeaseGuard<'a>>,
@@ -167,7 +168,7 @@ pub struct Move<'a> {
 pub async fn compare_and_set(
     txn: &DatabaseTransaction,
     m: Move<'_>,
-    instance_id: Uuid,
+    instance_id: InstanceId,
     (event_type, subject, data): (EventType, Subject, serde_json::Value),
 ) -> Result<bool> {
     let update = compare_and_set_update(m.id, m.from, m.lease, m.to, m.patch, m.now);
@@ -183,7 +184,7 @@ pub async fn compare_and_set(
 }
 
 fn compare_and_set_update(
-    id: Uuid,
+    id: CleanupJobId,
     from: CleanupJobState,
     lease: Option<LeaseGuard<'_>>,
     to: CleanupJobState,
@@ -224,7 +225,7 @@ fn compare_and_set_update(
 /// state, so it is not a transition.
 pub async fn extend_lease<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
+    id: CleanupJobId,
     lease: LeaseGuard<'_>,
     until: DateTime<Utc>,
 ) -> Result<bool> {
@@ -251,7 +252,7 @@ pub async fn prepared_before<C: ConnectionTrait>(conn: &C, created_before: DateT
 /// A task's jobs with one of `triggers` in one of `states`.
 pub async fn of_task<C: ConnectionTrait>(
     conn: &C,
-    task_id: Uuid,
+    task_id: TaskId,
     triggers: &[CleanupTrigger],
     states: &[CleanupJobState],
 ) -> Result<Vec<job::Model>> {
@@ -266,7 +267,7 @@ pub async fn of_task<C: ConnectionTrait>(
 /// The jobs of `trigger` about one environment, in any state.
 pub async fn of_environment<C: ConnectionTrait>(
     conn: &C,
-    env_id: Uuid,
+    env_id: EnvironmentId,
     trigger: CleanupTrigger,
 ) -> Result<Vec<job::Model>> {
     Ok(job::Entity::find()
@@ -277,7 +278,7 @@ pub async fn of_environment<C: ConnectionTrait>(
 }
 
 /// Rewrites a job's snapshot (its environment passed to an heir, I8); not a state change.
-pub async fn set_snapshot(txn: &DatabaseTransaction, id: Uuid, snapshot: serde_json::Value) -> Result<()> {
+pub async fn set_snapshot(txn: &DatabaseTransaction, id: CleanupJobId, snapshot: serde_json::Value) -> Result<()> {
     job::Entity::update_many()
         .col_expr(job::Column::ResourceSnapshot, Expr::value(snapshot))
         .filter(job::Column::Id.eq(id))

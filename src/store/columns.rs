@@ -1,17 +1,17 @@
 //! Workspace columns: queries only.
+use crate::ids::{ColumnId, TaskId, WorkspaceId};
 use chrono::{DateTime, Utc};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter,
     QueryOrder,
 };
-use uuid::Uuid;
 
 use crate::entity::task;
 use crate::entity::workspace_column::{self as column, MovesInOn};
 use crate::error::Result;
 
 /// A workspace's columns, first to last.
-pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> Result<Vec<column::Model>> {
+pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: WorkspaceId) -> Result<Vec<column::Model>> {
     Ok(column::Entity::find()
         .filter(column::Column::WorkspaceId.eq(workspace_id))
         .order_by_asc(column::Column::Position)
@@ -20,10 +20,10 @@ pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> R
 }
 
 /// A new workspace's columns (`Backlog`, `In progress`, `In review`, `Done`).
-pub async fn insert_defaults(txn: &DatabaseTransaction, workspace_id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn insert_defaults(txn: &DatabaseTransaction, workspace_id: WorkspaceId, now: DateTime<Utc>) -> Result<()> {
     for (position, (name, moves)) in migration::m20261206_000016_columns::DEFAULT_COLUMNS.iter().enumerate() {
         let c = column::Model {
-            id: Uuid::now_v7(),
+            id: ColumnId::now_v7(),
             workspace_id,
             name: (*name).to_string(),
             position: position as i32,
@@ -60,13 +60,13 @@ pub async fn save(txn: &DatabaseTransaction, c: &column::Model) -> std::result::
     Ok(())
 }
 
-pub async fn delete(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
+pub async fn delete(txn: &DatabaseTransaction, id: ColumnId) -> Result<()> {
     column::Entity::delete_by_id(id).exec(txn).await?;
     Ok(())
 }
 
 /// How many tasks (archived ones included) are in the column.
-pub async fn task_count<C: ConnectionTrait>(conn: &C, column_id: Uuid) -> Result<u64> {
+pub async fn task_count<C: ConnectionTrait>(conn: &C, column_id: ColumnId) -> Result<u64> {
     Ok(task::Entity::find()
         .filter(task::Column::ColumnId.eq(column_id))
         .count(conn)
@@ -76,7 +76,7 @@ pub async fn task_count<C: ConnectionTrait>(conn: &C, column_id: Uuid) -> Result
 /// The first column of the workspace whose rule is `on`.
 pub async fn moving_in_on<C: ConnectionTrait>(
     conn: &C,
-    workspace_id: Uuid,
+    workspace_id: WorkspaceId,
     on: MovesInOn,
 ) -> Result<Option<column::Model>> {
     Ok(column::Entity::find()
@@ -88,7 +88,12 @@ pub async fn moving_in_on<C: ConnectionTrait>(
 }
 
 /// Puts the task in the column.
-pub async fn move_task(txn: &DatabaseTransaction, task_id: Uuid, column_id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn move_task(
+    txn: &DatabaseTransaction,
+    task_id: TaskId,
+    column_id: ColumnId,
+    now: DateTime<Utc>,
+) -> Result<()> {
     task::Entity::update(task::ActiveModel {
         id: Set(task_id),
         column_id: Set(Some(column_id)),

@@ -1,12 +1,12 @@
 //! Environment rows and their inventory: queries only; which environment is current, and when a
 //! materializer may write, are the domain's rules (`domain::environments`).
+use crate::ids::{EnvironmentId, EnvironmentRepoId, InstanceId, RepositoryId, TaskId};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, JoinType, QueryFilter,
     QueryOrder, QuerySelect, RelationTrait,
 };
-use uuid::Uuid;
 
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
 use crate::entity::task_environment_repo::{self as env_repo, BranchOrigin, EnvironmentRepoStatus};
@@ -16,7 +16,7 @@ use crate::error::Result;
 /// One inventory row to insert.
 #[derive(Debug, Clone)]
 pub struct NewRepoRow {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub branch_slug: String,
     pub position: i32,
     pub worktree_id: Option<String>,
@@ -27,14 +27,14 @@ pub struct NewRepoRow {
     pub branch_origin: Option<BranchOrigin>,
 }
 
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<env::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: EnvironmentId) -> Result<Option<env::Model>> {
     Ok(super::by_key(env::Entity::find_by_id(id), conn).await?)
 }
 
 /// The environment with its owner task, in one query.
 pub async fn find_with_owner<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
+    id: EnvironmentId,
 ) -> Result<Option<(env::Model, Option<task::Model>)>> {
     Ok(env::Entity::find_by_id(id)
         .find_also_related(task::Entity)
@@ -44,7 +44,7 @@ pub async fn find_with_owner<C: ConnectionTrait>(
 }
 
 /// An environment a session may attach to: ready or stopped.
-pub async fn find_attachable(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<env::Model>> {
+pub async fn find_attachable(txn: &DatabaseTransaction, id: EnvironmentId) -> Result<Option<env::Model>> {
     Ok(super::by_key(
         env::Entity::find_by_id(id)
             .filter(env::Column::Status.is_in([EnvironmentStatus::Ready, EnvironmentStatus::Stopped])),
@@ -54,12 +54,12 @@ pub async fn find_attachable(txn: &DatabaseTransaction, id: Uuid) -> Result<Opti
 }
 
 /// Locks an environment row for the rest of the transaction (PostgreSQL).
-pub async fn lock(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<env::Model>> {
+pub async fn lock(txn: &DatabaseTransaction, id: EnvironmentId) -> Result<Option<env::Model>> {
     Ok(super::by_key(env::Entity::find_by_id(id).lock_exclusive(), txn).await?)
 }
 
 /// The owner's environments that are not superseded, newest first.
-pub async fn live_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec<env::Model>> {
+pub async fn live_of<C: ConnectionTrait>(conn: &C, owner_id: TaskId) -> Result<Vec<env::Model>> {
     Ok(env::Entity::find()
         .filter(env::Column::TaskId.eq(owner_id))
         .filter(env::Column::Status.is_not_in([EnvironmentStatus::Superseded, EnvironmentStatus::Lost]))
@@ -69,7 +69,7 @@ pub async fn live_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec
 }
 
 /// Every environment the owner ever had, newest first (superseded ones included).
-pub async fn all_of<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec<env::Model>> {
+pub async fn all_of<C: ConnectionTrait>(conn: &C, owner_id: TaskId) -> Result<Vec<env::Model>> {
     Ok(env::Entity::find()
         .filter(env::Column::TaskId.eq(owner_id))
         .order_by_desc(env::Column::CreatedAt)
@@ -125,7 +125,7 @@ pub async fn insert(txn: &DatabaseTransaction, model: &env::Model) -> std::resul
 }
 
 /// Marks an environment superseded (kept for diagnostics).
-pub async fn mark_superseded(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn mark_superseded(txn: &DatabaseTransaction, id: EnvironmentId, now: DateTime<Utc>) -> Result<()> {
     env::Entity::update(env::ActiveModel {
         id: Set(id),
         status: Set(EnvironmentStatus::Superseded),
@@ -140,7 +140,7 @@ pub async fn mark_superseded(txn: &DatabaseTransaction, id: Uuid, now: DateTime<
 }
 
 /// Sets the effective workspace path of an environment.
-pub async fn set_workspace_path(txn: &DatabaseTransaction, id: Uuid, path: Option<String>) -> Result<()> {
+pub async fn set_workspace_path(txn: &DatabaseTransaction, id: EnvironmentId, path: Option<String>) -> Result<()> {
     env::Entity::update(env::ActiveModel {
         id: Set(id),
         workspace_path: Set(path),
@@ -153,7 +153,7 @@ pub async fn set_workspace_path(txn: &DatabaseTransaction, id: Uuid, path: Optio
 }
 
 /// I19: writes the effective workspace path back if it differs.
-pub async fn heal_workspace_path(txn: &DatabaseTransaction, id: Uuid, path: &str) -> Result<()> {
+pub async fn heal_workspace_path(txn: &DatabaseTransaction, id: EnvironmentId, path: &str) -> Result<()> {
     env::Entity::update_many()
         .col_expr(env::Column::WorkspacePath, Expr::value(Some(path.to_string())))
         .filter(env::Column::Id.eq(id))
@@ -168,7 +168,7 @@ pub async fn heal_workspace_path(txn: &DatabaseTransaction, id: Uuid, path: &str
 }
 
 /// The effective workspace path of an environment, if it exists and has one.
-pub async fn workspace_path<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<String>> {
+pub async fn workspace_path<C: ConnectionTrait>(conn: &C, id: EnvironmentId) -> Result<Option<String>> {
     Ok(super::by_key(env::Entity::find_by_id(id), conn)
         .await?
         .and_then(|e| e.workspace_path))
@@ -176,7 +176,12 @@ pub async fn workspace_path<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Op
 
 /// A `ready`, `stopped` or `broken` environment becomes `broken` with this category. False when
 /// nothing changed (another state, or already broken for this reason).
-pub async fn mark_broken(txn: &DatabaseTransaction, id: Uuid, category: &str, now: DateTime<Utc>) -> Result<bool> {
+pub async fn mark_broken(
+    txn: &DatabaseTransaction,
+    id: EnvironmentId,
+    category: &str,
+    now: DateTime<Utc>,
+) -> Result<bool> {
     let changes = Condition::any()
         .add(env::Column::Status.ne(EnvironmentStatus::Broken))
         .add(env::Column::BrokenCategory.is_null())
@@ -198,7 +203,7 @@ pub async fn mark_broken(txn: &DatabaseTransaction, id: Uuid, category: &str, no
 }
 
 /// A `broken` environment admission proved again becomes `ready`. False when it was not broken.
-pub async fn mark_recovered(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<bool> {
+pub async fn mark_recovered(txn: &DatabaseTransaction, id: EnvironmentId, now: DateTime<Utc>) -> Result<bool> {
     let r = env::Entity::update_many()
         .col_expr(env::Column::Status, Expr::value(EnvironmentStatus::Ready))
         .col_expr(env::Column::BrokenCategory, Expr::value(Option::<String>::None))
@@ -221,14 +226,14 @@ pub struct Settle {
 /// releases the materializer). Returns whether the row was still held.
 pub async fn settle_held(
     txn: &DatabaseTransaction,
-    id: Uuid,
-    materializer_id: Option<Uuid>,
+    id: EnvironmentId,
+    materializer_id: Option<InstanceId>,
     settle: Settle,
     now: DateTime<Utc>,
 ) -> Result<bool> {
     let mut q = env::Entity::update_many()
         .col_expr(env::Column::Status, Expr::value(settle.status))
-        .col_expr(env::Column::MaterializerId, Expr::value(Option::<Uuid>::None))
+        .col_expr(env::Column::MaterializerId, Expr::value(Option::<InstanceId>::None))
         .col_expr(env::Column::UpdatedAt, Expr::value(now));
     if let Some(path) = settle.workspace_path {
         q = q.col_expr(env::Column::WorkspacePath, Expr::value(path));
@@ -246,7 +251,11 @@ pub async fn settle_held(
 }
 
 /// Refreshes the lease of a `creating` row still held by `materializer_id`; false once it is not.
-pub async fn touch_held<C: ConnectionTrait>(conn: &C, id: Uuid, materializer_id: Option<Uuid>) -> Result<bool> {
+pub async fn touch_held<C: ConnectionTrait>(
+    conn: &C,
+    id: EnvironmentId,
+    materializer_id: Option<InstanceId>,
+) -> Result<bool> {
     let res = env::Entity::update_many()
         .col_expr(env::Column::UpdatedAt, Expr::value(crate::clock::now()))
         .filter(env::Column::Id.eq(id))
@@ -258,12 +267,12 @@ pub async fn touch_held<C: ConnectionTrait>(conn: &C, id: Uuid, materializer_id:
 }
 
 /// Inserts inventory rows for an environment.
-pub async fn insert_repo_rows(txn: &DatabaseTransaction, env_id: Uuid, rows: Vec<NewRepoRow>) -> Result<()> {
+pub async fn insert_repo_rows(txn: &DatabaseTransaction, env_id: EnvironmentId, rows: Vec<NewRepoRow>) -> Result<()> {
     let now = crate::clock::now();
     let models: Vec<env_repo::ActiveModel> = rows
         .into_iter()
         .map(|r| env_repo::ActiveModel {
-            id: Set(Uuid::now_v7()),
+            id: Set(EnvironmentRepoId::now_v7()),
             task_environment_id: Set(env_id),
             repository_id: Set(r.repository_id),
             branch_slug: Set(r.branch_slug),
@@ -292,7 +301,7 @@ pub async fn insert_repo_rows(txn: &DatabaseTransaction, env_id: Uuid, rows: Vec
 }
 
 /// An environment's inventory in workspace order.
-pub async fn repos_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<env_repo::Model>> {
+pub async fn repos_of<C: ConnectionTrait>(conn: &C, env_id: EnvironmentId) -> Result<Vec<env_repo::Model>> {
     Ok(env_repo::Entity::find()
         .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
         .order_by_asc(env_repo::Column::Position)
@@ -302,7 +311,7 @@ pub async fn repos_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<
 }
 
 /// The active inventory rows of an environment (the canonical inventory admission reads).
-pub async fn active_repos<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<env_repo::Model>> {
+pub async fn active_repos<C: ConnectionTrait>(conn: &C, env_id: EnvironmentId) -> Result<Vec<env_repo::Model>> {
     Ok(env_repo::Entity::find()
         .filter(env_repo::Column::TaskEnvironmentId.eq(env_id))
         .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
@@ -313,7 +322,7 @@ pub async fn active_repos<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<
 /// An environment's active inventory rows, each with its repository (if still registered).
 pub async fn active_repos_with_repository<C: ConnectionTrait>(
     conn: &C,
-    env_id: Uuid,
+    env_id: EnvironmentId,
 ) -> Result<Vec<(env_repo::Model, Option<repository::Model>)>> {
     Ok(env_repo::Entity::find()
         .find_also_related(repository::Entity)
@@ -324,7 +333,7 @@ pub async fn active_repos_with_repository<C: ConnectionTrait>(
 }
 
 /// The environments, other than `env_id`, whose active inventory names `path`.
-pub async fn others_naming<C: ConnectionTrait>(conn: &C, path: &str, env_id: Uuid) -> Result<Vec<env::Model>> {
+pub async fn others_naming<C: ConnectionTrait>(conn: &C, path: &str, env_id: EnvironmentId) -> Result<Vec<env::Model>> {
     Ok(env_repo::Entity::find()
         .select_also(env::Entity)
         .join(JoinType::InnerJoin, env_repo::Relation::Environment.def())
@@ -339,7 +348,7 @@ pub async fn others_naming<C: ConnectionTrait>(conn: &C, path: &str, env_id: Uui
 }
 
 /// The environment's active inventory rows become `deleted`.
-pub async fn delete_inventory(txn: &DatabaseTransaction, env_id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn delete_inventory(txn: &DatabaseTransaction, env_id: EnvironmentId, now: DateTime<Utc>) -> Result<()> {
     env_repo::Entity::update_many()
         .col_expr(env_repo::Column::Status, Expr::value(EnvironmentRepoStatus::Deleted))
         .col_expr(env_repo::Column::DeletedAt, Expr::value(Some(now)))
@@ -354,7 +363,7 @@ pub async fn delete_inventory(txn: &DatabaseTransaction, env_id: Uuid, now: Date
 /// The inventory rows of the environment naming these worktree paths become `deleted` (the others stay).
 pub async fn delete_inventory_paths(
     txn: &DatabaseTransaction,
-    env_id: Uuid,
+    env_id: EnvironmentId,
     paths: &[String],
     now: DateTime<Utc>,
 ) -> Result<()> {
@@ -376,8 +385,8 @@ pub async fn delete_inventory_paths(
 /// Effective workspace paths of the given environments.
 pub async fn workspace_paths<C: ConnectionTrait>(
     conn: &C,
-    ids: impl IntoIterator<Item = Uuid>,
-) -> Result<Vec<(Uuid, Option<String>)>> {
+    ids: impl IntoIterator<Item = EnvironmentId>,
+) -> Result<Vec<(EnvironmentId, Option<String>)>> {
     Ok(env::Entity::find()
         .select_only()
         .column(env::Column::Id)

@@ -1,8 +1,8 @@
 //! Agent execution rows (`agent_executions`): the durable handle of one agent process.
+use crate::ids::{ExecutionId, InstanceId, SessionId};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter};
-use uuid::Uuid;
 
 use crate::entity::agent_execution::{self as execution, ExecutionState};
 use crate::error::{Error, Result};
@@ -34,7 +34,7 @@ pub struct ExecutionPatch {
 /// `UPDATE agent_executions SET state = next, .. WHERE id = ? AND state IN (from)`: true if it moved.
 pub(crate) async fn compare_and_set_state<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
+    id: ExecutionId,
     from: &[ExecutionState],
     next: ExecutionState,
     patch: ExecutionPatch,
@@ -60,12 +60,12 @@ pub(crate) async fn compare_and_set_state<C: ConnectionTrait>(
     Ok(res.rows_affected == 1)
 }
 
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<execution::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: ExecutionId) -> Result<Option<execution::Model>> {
     Ok(super::by_key(execution::Entity::find_by_id(id), conn).await?)
 }
 
 /// How many of a session's executions failed since `since`.
-pub async fn failures_since<C: ConnectionTrait>(conn: &C, session_id: Uuid, since: DateTime<Utc>) -> Result<u64> {
+pub async fn failures_since<C: ConnectionTrait>(conn: &C, session_id: SessionId, since: DateTime<Utc>) -> Result<u64> {
     Ok(execution::Entity::find()
         .filter(execution::Column::SessionId.eq(session_id))
         .filter(execution::Column::State.eq(ExecutionState::Failed))
@@ -78,7 +78,7 @@ pub async fn failures_since<C: ConnectionTrait>(conn: &C, session_id: Uuid, sinc
 pub async fn live_of_other_instances<C: ConnectionTrait>(
     conn: &C,
     node_id: &str,
-    instance_id: Uuid,
+    instance_id: InstanceId,
 ) -> Result<Vec<execution::Model>> {
     Ok(execution::Entity::find()
         .filter(execution::Column::State.is_in([ExecutionState::Starting, ExecutionState::Running]))
@@ -93,7 +93,7 @@ pub async fn live_of_other_instances<C: ConnectionTrait>(
 pub async fn claimed_on_node_by_others<C: ConnectionTrait>(
     conn: &C,
     node_id: &str,
-    instance_id: Uuid,
+    instance_id: InstanceId,
     states: &[crate::entity::task_session::SessionState],
 ) -> Result<Vec<execution::Model>> {
     use crate::entity::task_session as session;
@@ -113,7 +113,10 @@ pub async fn claimed_on_node_by_others<C: ConnectionTrait>(
 }
 
 /// The executions of these sessions still starting or running.
-pub async fn live_of_sessions<C: ConnectionTrait>(conn: &C, session_ids: &[Uuid]) -> Result<Vec<execution::Model>> {
+pub async fn live_of_sessions<C: ConnectionTrait>(
+    conn: &C,
+    session_ids: &[SessionId],
+) -> Result<Vec<execution::Model>> {
     if session_ids.is_empty() {
         return Ok(Vec::new());
     }

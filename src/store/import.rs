@@ -1,20 +1,20 @@
 //! The rows a kandev import writes, and what it reads of berth's own to avoid writing them twice: all in
 //! the import's one transaction.
+use crate::ids::{OperationId, WorkspaceId};
 use std::collections::HashMap;
 
 use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QuerySelect};
-use uuid::Uuid;
 
 use crate::entity::{cleanup_job as job, repository, workspace};
 use crate::error::Result;
 
 /// `imported_from` → berth id, for the rows of a table that already came from kandev.
-pub async fn imported<E: EntityTrait>(
+pub async fn imported<E: EntityTrait, Id: sea_orm::TryGetable + sea_orm::sea_query::ValueType>(
     txn: &DatabaseTransaction,
     imported_from: E::Column,
     id: E::Column,
-) -> Result<HashMap<String, Uuid>> {
-    let rows: Vec<(Option<String>, Uuid)> = E::find()
+) -> Result<HashMap<String, Id>> {
+    let rows: Vec<(Option<String>, Id)> = E::find()
         .select_only()
         .column(imported_from)
         .column(id)
@@ -48,7 +48,7 @@ pub async fn workspace_named(txn: &DatabaseTransaction, name: &str) -> Result<Op
 }
 
 /// The workspace's repositories not deleted.
-pub async fn live_repositories(txn: &DatabaseTransaction, workspace_id: Uuid) -> Result<Vec<repository::Model>> {
+pub async fn live_repositories(txn: &DatabaseTransaction, workspace_id: WorkspaceId) -> Result<Vec<repository::Model>> {
     Ok(repository::Entity::find()
         .filter(repository::Column::WorkspaceId.eq(workspace_id))
         .filter(repository::Column::DeletedAt.is_null())
@@ -57,7 +57,7 @@ pub async fn live_repositories(txn: &DatabaseTransaction, workspace_id: Uuid) ->
 }
 
 /// Whether a cleanup job of that operation exists (an import carries each kandev job once).
-pub async fn job_of_operation(txn: &DatabaseTransaction, operation_id: Uuid) -> Result<bool> {
+pub async fn job_of_operation(txn: &DatabaseTransaction, operation_id: OperationId) -> Result<bool> {
     Ok(job::Entity::find()
         .filter(job::Column::OperationId.eq(operation_id))
         .one(txn)

@@ -1,21 +1,21 @@
 //! A session's inbox (`session_inbox`): messages stored before they are sent, with their delivery state.
+use crate::ids::{InboxItemId, SessionId};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder};
-use uuid::Uuid;
 
 use crate::entity::session_inbox::{self as inbox, Delivery, InboxState};
 use crate::error::Result;
 
 pub async fn insert<C: ConnectionTrait>(
     conn: &C,
-    session_id: Uuid,
+    session_id: SessionId,
     text: &str,
     delivery: Delivery,
     now: DateTime<Utc>,
 ) -> Result<inbox::Model> {
     let row = inbox::Model {
-        id: Uuid::now_v7(),
+        id: InboxItemId::now_v7(),
         session_id,
         text: text.to_string(),
         delivery,
@@ -39,7 +39,11 @@ pub async fn insert<C: ConnectionTrait>(
     Ok(row)
 }
 
-pub async fn find<C: ConnectionTrait>(conn: &C, session_id: Uuid, id: Uuid) -> Result<Option<inbox::Model>> {
+pub async fn find<C: ConnectionTrait>(
+    conn: &C,
+    session_id: SessionId,
+    id: InboxItemId,
+) -> Result<Option<inbox::Model>> {
     Ok(super::by_key(
         inbox::Entity::find_by_id(id).filter(inbox::Column::SessionId.eq(session_id)),
         conn,
@@ -48,7 +52,7 @@ pub async fn find<C: ConnectionTrait>(conn: &C, session_id: Uuid, id: Uuid) -> R
 }
 
 /// Every message of a session, oldest first (ids are v7: creation order).
-pub async fn of_session<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Vec<inbox::Model>> {
+pub async fn of_session<C: ConnectionTrait>(conn: &C, session_id: SessionId) -> Result<Vec<inbox::Model>> {
     Ok(inbox::Entity::find()
         .filter(inbox::Column::SessionId.eq(session_id))
         .order_by_asc(inbox::Column::Id)
@@ -57,7 +61,7 @@ pub async fn of_session<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Resul
 }
 
 /// The messages still waiting, oldest first.
-pub async fn queued<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Vec<inbox::Model>> {
+pub async fn queued<C: ConnectionTrait>(conn: &C, session_id: SessionId) -> Result<Vec<inbox::Model>> {
     Ok(inbox::Entity::find()
         .filter(inbox::Column::SessionId.eq(session_id))
         .filter(inbox::Column::State.eq(InboxState::Queued))
@@ -66,7 +70,7 @@ pub async fn queued<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Ve
         .await?)
 }
 
-pub async fn count_queued<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<u64> {
+pub async fn count_queued<C: ConnectionTrait>(conn: &C, session_id: SessionId) -> Result<u64> {
     Ok(inbox::Entity::find()
         .filter(inbox::Column::SessionId.eq(session_id))
         .filter(inbox::Column::State.eq(InboxState::Queued))
@@ -75,11 +79,11 @@ pub async fn count_queued<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Res
 }
 
 /// The sessions among `ids` with something queued.
-pub async fn sessions_with_queued<C: ConnectionTrait>(conn: &C, ids: &[Uuid]) -> Result<Vec<Uuid>> {
+pub async fn sessions_with_queued<C: ConnectionTrait>(conn: &C, ids: &[SessionId]) -> Result<Vec<SessionId>> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let mut rows: Vec<Uuid> = inbox::Entity::find()
+    let mut rows: Vec<SessionId> = inbox::Entity::find()
         .filter(inbox::Column::SessionId.is_in(ids.iter().copied()))
         .filter(inbox::Column::State.eq(InboxState::Queued))
         .all(conn)
@@ -95,7 +99,7 @@ pub async fn sessions_with_queued<C: ConnectionTrait>(conn: &C, ids: &[Uuid]) ->
 /// `queued` → `next` (with a reason), only if it is still queued: true when this call moved it.
 pub async fn settle<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
+    id: InboxItemId,
     next: InboxState,
     reason: Option<&str>,
     now: DateTime<Utc>,

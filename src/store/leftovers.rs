@@ -1,8 +1,8 @@
 //! What berth kept on disk (`leftovers`): queries only; what is kept and how it is disposed of is
 //! `domain::cleanup::kept`.
+use crate::ids::{LeftoverId, WorkspaceId};
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
-use uuid::Uuid;
 
 use crate::entity::leftover;
 use crate::error::Result;
@@ -35,7 +35,7 @@ pub async fn record<C: ConnectionTrait>(conn: &C, row: leftover::Model) -> Resul
     Ok(())
 }
 
-pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> Result<Vec<leftover::Model>> {
+pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: WorkspaceId) -> Result<Vec<leftover::Model>> {
     Ok(leftover::Entity::find()
         .filter(leftover::Column::WorkspaceId.eq(workspace_id))
         .order_by_asc(leftover::Column::Id)
@@ -43,12 +43,12 @@ pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> R
         .await?)
 }
 
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<leftover::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: LeftoverId) -> Result<Option<leftover::Model>> {
     Ok(super::by_key(leftover::Entity::find_by_id(id), conn).await?)
 }
 
 /// The directory is gone (disposed of, or found gone): it leaves the list.
-pub async fn forget<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<()> {
+pub async fn forget<C: ConnectionTrait>(conn: &C, id: LeftoverId) -> Result<()> {
     leftover::Entity::delete_by_id(id).exec(conn).await?;
     Ok(())
 }

@@ -1,14 +1,14 @@
 //! Transcript rows (`session_messages`).
+use crate::ids::SessionId;
 use chrono::{DateTime, Utc};
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
-use uuid::Uuid;
 
 use crate::entity::session_message::{self as message, MessageRole};
 use crate::error::Result;
 
 pub async fn append<C: ConnectionTrait>(
     conn: &C,
-    session_id: Uuid,
+    session_id: SessionId,
     role: MessageRole,
     content: serde_json::Value,
     now: DateTime<Utc>,
@@ -32,7 +32,7 @@ pub async fn remove<C: ConnectionTrait>(conn: &C, id: i64) -> Result<()> {
 }
 
 /// A session's transcript, oldest first.
-pub async fn transcript<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Vec<message::Model>> {
+pub async fn transcript<C: ConnectionTrait>(conn: &C, session_id: SessionId) -> Result<Vec<message::Model>> {
     Ok(message::Entity::find()
         .filter(message::Column::SessionId.eq(session_id))
         .order_by_asc(message::Column::Id)

@@ -1,5 +1,6 @@
 //! Nodes and their instances: queries only; what up, down and given up mean is
 //! `domain::nodes`.
+use crate::ids::{EnvironmentId, InstanceId};
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
@@ -7,7 +8,6 @@ use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, FromQueryResult, QueryFilter, QueryOrder, QuerySelect,
 };
-use uuid::Uuid;
 
 use crate::entity::agent_execution::{self as execution, ExecutionState};
 use crate::entity::cleanup_job::{self as job, CleanupJobState};
@@ -45,7 +45,12 @@ pub async fn register<C: ConnectionTrait>(conn: &C, row: instance::Model) -> Res
 }
 
 /// Extends an instance's lease; false when it has none to extend (it ended, or its row went).
-pub async fn renew<C: ConnectionTrait>(conn: &C, id: Uuid, now: DateTime<Utc>, until: DateTime<Utc>) -> Result<bool> {
+pub async fn renew<C: ConnectionTrait>(
+    conn: &C,
+    id: InstanceId,
+    now: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Result<bool> {
     let res = instance::Entity::update_many()
         .col_expr(instance::Column::RenewedAt, Expr::value(now))
         .col_expr(instance::Column::LeaseUntil, Expr::value(until))
@@ -57,7 +62,7 @@ pub async fn renew<C: ConnectionTrait>(conn: &C, id: Uuid, now: DateTime<Utc>, u
 }
 
 /// A clean shutdown gives the lease back.
-pub async fn end<C: ConnectionTrait>(conn: &C, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn end<C: ConnectionTrait>(conn: &C, id: InstanceId, now: DateTime<Utc>) -> Result<()> {
     instance::Entity::update_many()
         .col_expr(instance::Column::EndedAt, Expr::value(now))
         .col_expr(instance::Column::LeaseUntil, Expr::value(now))
@@ -85,7 +90,7 @@ pub async fn instances_since<C: ConnectionTrait>(conn: &C, since: DateTime<Utc>)
         .await?)
 }
 
-pub async fn find_instance<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<instance::Model>> {
+pub async fn find_instance<C: ConnectionTrait>(conn: &C, id: InstanceId) -> Result<Option<instance::Model>> {
     Ok(super::by_key(instance::Entity::find_by_id(id), conn).await?)
 }
 
@@ -224,7 +229,7 @@ pub async fn environments_on(txn: &sea_orm::DatabaseTransaction, node_id: &str) 
         .await?)
 }
 
-pub async fn mark_lost(txn: &sea_orm::DatabaseTransaction, ids: &[Uuid], now: DateTime<Utc>) -> Result<()> {
+pub async fn mark_lost(txn: &sea_orm::DatabaseTransaction, ids: &[EnvironmentId], now: DateTime<Utc>) -> Result<()> {
     if ids.is_empty() {
         return Ok(());
     }

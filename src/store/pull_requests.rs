@@ -1,6 +1,6 @@
 //! Pull requests: queries only.
+use crate::ids::{PullRequestId, TaskId};
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
-use uuid::Uuid;
 
 use crate::entity::pull_request as pr;
 use crate::error::Result;
@@ -12,7 +12,7 @@ pub async fn insert<C: ConnectionTrait>(conn: &C, r: pr::Model) -> Result<()> {
 }
 
 /// The pull requests of these tasks, oldest first.
-pub async fn of_tasks<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<Vec<pr::Model>> {
+pub async fn of_tasks<C: ConnectionTrait>(conn: &C, task_ids: &[TaskId]) -> Result<Vec<pr::Model>> {
     if task_ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -35,7 +35,7 @@ pub async fn open_ones<C: ConnectionTrait>(conn: &C) -> Result<Vec<pr::Model>> {
 /// Records what the host says now; whether anything changed.
 pub async fn record_state<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
+    id: PullRequestId,
     state: &str,
     draft: bool,
     now: chrono::DateTime<chrono::Utc>,
@@ -52,7 +52,11 @@ pub async fn record_state<C: ConnectionTrait>(
 }
 
 /// Only the time it was read (nothing changed).
-pub async fn checked<C: ConnectionTrait>(conn: &C, id: Uuid, now: chrono::DateTime<chrono::Utc>) -> Result<()> {
+pub async fn checked<C: ConnectionTrait>(
+    conn: &C,
+    id: PullRequestId,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<()> {
     let am = pr::ActiveModel {
         id: Set(id),
         checked_at: Set(now),

@@ -1,4 +1,5 @@
 //! Registered repositories: queries only; who may register or deregister is `domain::repositories`.
+use crate::ids::{RepositoryId, WorkspaceId};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, JoinType, PaginatorTrait,
     QueryFilter, QueryOrder, QuerySelect, RelationTrait,
@@ -9,12 +10,12 @@ use crate::entity::{repository, task, task_repository};
 use crate::error::Result;
 
 /// A repository row, registered or not (archived tasks keep referring to a deregistered one).
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<repository::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: RepositoryId) -> Result<Option<repository::Model>> {
     Ok(super::by_key(repository::Entity::find_by_id(id), conn).await?)
 }
 
 /// A registered (not deregistered) repository.
-pub async fn find_registered<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<repository::Model>> {
+pub async fn find_registered<C: ConnectionTrait>(conn: &C, id: RepositoryId) -> Result<Option<repository::Model>> {
     Ok(super::by_key(
         repository::Entity::find_by_id(id).filter(repository::Column::DeletedAt.is_null()),
         conn,
@@ -23,7 +24,7 @@ pub async fn find_registered<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<O
 }
 
 /// A registered repository, locked for the rest of the transaction (PostgreSQL).
-pub async fn lock_registered(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<repository::Model>> {
+pub async fn lock_registered(txn: &DatabaseTransaction, id: RepositoryId) -> Result<Option<repository::Model>> {
     Ok(super::by_key(
         repository::Entity::find_by_id(id)
             .filter(repository::Column::DeletedAt.is_null())
@@ -36,8 +37,8 @@ pub async fn lock_registered(txn: &DatabaseTransaction, id: Uuid) -> Result<Opti
 /// Share-locks (PostgreSQL) the registered repositories of `workspace_id` among `ids`, and returns their ids.
 pub async fn lock_shared_registered_in(
     txn: &DatabaseTransaction,
-    workspace_id: Uuid,
-    ids: &[Uuid],
+    workspace_id: WorkspaceId,
+    ids: &[RepositoryId],
 ) -> Result<Vec<repository::Model>> {
     if ids.is_empty() {
         return Ok(Vec::new());
@@ -61,7 +62,7 @@ pub async fn insert(txn: &DatabaseTransaction, model: &repository::Model) -> std
 /// A page of a workspace's registered repositories, newest first, ids below `before`.
 pub async fn page_of_workspace<C: ConnectionTrait>(
     conn: &C,
-    workspace_id: Uuid,
+    workspace_id: WorkspaceId,
     before: Option<Uuid>,
     limit: u64,
 ) -> Result<Vec<repository::Model>> {
@@ -75,7 +76,7 @@ pub async fn page_of_workspace<C: ConnectionTrait>(
 }
 
 /// How many live (unarchived) tasks have a slot on the repository.
-pub async fn live_task_slots<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<u64> {
+pub async fn live_task_slots<C: ConnectionTrait>(conn: &C, id: RepositoryId) -> Result<u64> {
     Ok(task_repository::Entity::find()
         .join(JoinType::InnerJoin, task_repository::Relation::Task.def())
         .filter(task_repository::Column::RepositoryId.eq(id))
@@ -85,7 +86,11 @@ pub async fn live_task_slots<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<u
 }
 
 /// Soft-deletes a repository: archived tasks keep referring to it.
-pub async fn mark_deleted(txn: &DatabaseTransaction, id: Uuid, now: chrono::DateTime<chrono::Utc>) -> Result<()> {
+pub async fn mark_deleted(
+    txn: &DatabaseTransaction,
+    id: RepositoryId,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<()> {
     repository::Entity::update(repository::ActiveModel {
         id: Set(id),
         deleted_at: Set(Some(now)),

@@ -1,6 +1,6 @@
 //! Reviews: queries only.
+use crate::ids::{EnvironmentId, ReviewId};
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
-use uuid::Uuid;
 
 use crate::entity::review;
 use crate::error::Result;
@@ -11,12 +11,12 @@ pub async fn insert<C: ConnectionTrait>(conn: &C, r: review::Model) -> Result<()
     Ok(())
 }
 
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<review::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: ReviewId) -> Result<Option<review::Model>> {
     Ok(review::Entity::find_by_id(id).one(conn).await?)
 }
 
 /// An environment's reviews, oldest first.
-pub async fn of_environment<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<review::Model>> {
+pub async fn of_environment<C: ConnectionTrait>(conn: &C, env_id: EnvironmentId) -> Result<Vec<review::Model>> {
     Ok(review::Entity::find()
         .filter(review::Column::TaskEnvironmentId.eq(env_id))
         .order_by_asc(review::Column::Id)

@@ -1,12 +1,12 @@
 //! Commands routed to the node that runs a session's agent (`session_commands`), and the wake-up that
 //! tells it (PostgreSQL `NOTIFY`; on SQLite the owner's poll finds them).
+use crate::ids::{CommandId, ExecutionId, SessionId};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, QueryFilter,
     QueryOrder, Statement,
 };
-use uuid::Uuid;
 
 use crate::entity::session_command::{self as command, CommandKind, CommandState};
 use crate::error::Result;
@@ -16,14 +16,14 @@ pub const PG_CHANNEL: &str = "berth_session_commands";
 
 pub async fn insert<C: ConnectionTrait>(
     conn: &C,
-    session_id: Uuid,
-    execution_id: Uuid,
+    session_id: SessionId,
+    execution_id: ExecutionId,
     kind: CommandKind,
     payload: serde_json::Value,
     actor: Option<crate::actor::Actor>,
     now: DateTime<Utc>,
-) -> Result<Uuid> {
-    let id = Uuid::now_v7();
+) -> Result<CommandId> {
+    let id = CommandId::now_v7();
     command::Entity::insert(command::ActiveModel {
         id: Set(id),
         session_id: Set(session_id),
@@ -42,12 +42,12 @@ pub async fn insert<C: ConnectionTrait>(
     Ok(id)
 }
 
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<command::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: CommandId) -> Result<Option<command::Model>> {
     Ok(super::by_key(command::Entity::find_by_id(id), conn).await?)
 }
 
 /// The pending commands of the given sessions, oldest first.
-pub async fn pending_for<C: ConnectionTrait>(conn: &C, session_ids: &[Uuid]) -> Result<Vec<command::Model>> {
+pub async fn pending_for<C: ConnectionTrait>(conn: &C, session_ids: &[SessionId]) -> Result<Vec<command::Model>> {
     if session_ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -62,7 +62,7 @@ pub async fn pending_for<C: ConnectionTrait>(conn: &C, session_ids: &[Uuid]) -> 
 /// `pending` → `next` with its result, only if still pending: true when this call moved it.
 pub async fn finish<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
+    id: CommandId,
     next: CommandState,
     result: serde_json::Value,
     now: DateTime<Utc>,
@@ -89,7 +89,7 @@ pub async fn delete_finished_before<C: ConnectionTrait>(conn: &C, before: DateTi
 }
 
 /// Wakes the nodes listening for routed work about this session (PostgreSQL only; a no-op on SQLite).
-pub async fn notify(conn: &DatabaseConnection, session_id: Uuid) -> Result<()> {
+pub async fn notify(conn: &DatabaseConnection, session_id: SessionId) -> Result<()> {
     if conn.get_database_backend() != DbBackend::Postgres {
         return Ok(());
     }

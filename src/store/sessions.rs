@@ -1,5 +1,6 @@
 //! Session rows (`task_sessions`), with the task and environment rows a session is read with: the
 //! sessions of a task, of an environment and of a workspace, and a session's state compare-and-set.
+use crate::ids::{EnvironmentId, ExecutionId, SessionId, TaskId, WorkspaceId};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, LockType};
 use sea_orm::{
@@ -16,19 +17,19 @@ use crate::error::Result;
 /// The states a session does not leave.
 const ENDED: [SessionState; 3] = [SessionState::Stopped, SessionState::Failed, SessionState::Cancelled];
 
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<session::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: SessionId) -> Result<Option<session::Model>> {
     Ok(super::by_key(session::Entity::find_by_id(id), conn).await?)
 }
 
 /// A session, its row locked for the rest of the transaction as an UPDATE would (PostgreSQL).
-pub async fn find_locked(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<session::Model>> {
+pub async fn find_locked(txn: &DatabaseTransaction, id: SessionId) -> Result<Option<session::Model>> {
     Ok(super::by_key(session::Entity::find_by_id(id).lock(LockType::NoKeyUpdate), txn).await?)
 }
 
 /// A session with its task, in one query.
 pub async fn find_with_task<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
+    id: SessionId,
 ) -> Result<Option<(session::Model, Option<task::Model>)>> {
     Ok(session::Entity::find_by_id(id)
         .find_also_related(task::Entity)
@@ -40,7 +41,7 @@ pub async fn find_with_task<C: ConnectionTrait>(
 /// One page of a task's sessions, newest first, each with its environment.
 pub async fn page_of_task<C: ConnectionTrait>(
     conn: &C,
-    task_id: Uuid,
+    task_id: TaskId,
     before: Option<Uuid>,
     limit: u64,
 ) -> Result<Vec<(session::Model, Option<env::Model>)>> {
@@ -55,7 +56,7 @@ pub async fn page_of_task<C: ConnectionTrait>(
         .await?)
 }
 
-pub async fn primary_of<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Option<session::Model>> {
+pub async fn primary_of<C: ConnectionTrait>(conn: &C, task_id: TaskId) -> Result<Option<session::Model>> {
     Ok(session::Entity::find()
         .filter(session::Column::TaskId.eq(task_id))
         .filter(session::Column::IsPrimary.eq(true))
@@ -64,7 +65,7 @@ pub async fn primary_of<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<O
 }
 
 /// A task's sessions, most recently active first.
-pub async fn by_activity(txn: &DatabaseTransaction, task_id: Uuid) -> Result<Vec<session::Model>> {
+pub async fn by_activity(txn: &DatabaseTransaction, task_id: TaskId) -> Result<Vec<session::Model>> {
     Ok(session::Entity::find()
         .filter(session::Column::TaskId.eq(task_id))
         .order_by_desc(session::Column::LastActivityAt)
@@ -84,7 +85,7 @@ pub async fn in_states<C: ConnectionTrait>(conn: &C, states: &[SessionState]) ->
 /// A task's sessions that are not stopped, failed or cancelled.
 /// Locked for the rest of the transaction, so a concurrent report cannot move one between the read and the
 /// write (PostgreSQL; SQLite holds the writer lock already).
-pub async fn not_over_of_task_locked(txn: &DatabaseTransaction, task_id: Uuid) -> Result<Vec<session::Model>> {
+pub async fn not_over_of_task_locked(txn: &DatabaseTransaction, task_id: TaskId) -> Result<Vec<session::Model>> {
     Ok(session::Entity::find()
         .filter(session::Column::TaskId.eq(task_id))
         .filter(session::Column::State.is_not_in(ENDED))
@@ -95,7 +96,7 @@ pub async fn not_over_of_task_locked(txn: &DatabaseTransaction, task_id: Uuid) -
 }
 
 /// Every session of a task.
-pub async fn of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<session::Model>> {
+pub async fn of_task<C: ConnectionTrait>(conn: &C, task_id: TaskId) -> Result<Vec<session::Model>> {
     Ok(session::Entity::find()
         .filter(session::Column::TaskId.eq(task_id))
         .all(conn)
@@ -103,7 +104,7 @@ pub async fn of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<
 }
 
 /// The ids of a task's sessions.
-pub async fn ids_of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<Uuid>> {
+pub async fn ids_of_task<C: ConnectionTrait>(conn: &C, task_id: TaskId) -> Result<Vec<SessionId>> {
     Ok(session::Entity::find()
         .select_only()
         .column(session::Column::Id)
@@ -114,7 +115,10 @@ pub async fn ids_of_task<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<
 }
 
 /// (task id, session id, is primary) of every session of the given tasks.
-pub async fn facts_of_tasks<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<Vec<(Uuid, Uuid, bool)>> {
+pub async fn facts_of_tasks<C: ConnectionTrait>(
+    conn: &C,
+    task_ids: &[TaskId],
+) -> Result<Vec<(TaskId, SessionId, bool)>> {
     Ok(session::Entity::find()
         .select_only()
         .column(session::Column::TaskId)
@@ -127,7 +131,7 @@ pub async fn facts_of_tasks<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> 
 }
 
 /// Whether the session belongs to the task (a session-bound token's reach).
-pub async fn belongs_to_task<C: ConnectionTrait>(conn: &C, session_id: Uuid, task_id: Uuid) -> Result<bool> {
+pub async fn belongs_to_task<C: ConnectionTrait>(conn: &C, session_id: SessionId, task_id: TaskId) -> Result<bool> {
     Ok(session::Entity::find_by_id(session_id)
         .filter(session::Column::TaskId.eq(task_id))
         .count(conn)
@@ -136,7 +140,7 @@ pub async fn belongs_to_task<C: ConnectionTrait>(conn: &C, session_id: Uuid, tas
 }
 
 /// Every session of the workspace's tasks, in one join.
-pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> Result<Vec<session::Model>> {
+pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: WorkspaceId) -> Result<Vec<session::Model>> {
     Ok(session::Entity::find()
         .join(JoinType::InnerJoin, session::Relation::Task.def())
         .filter(task::Column::WorkspaceId.eq(workspace_id))
@@ -145,7 +149,7 @@ pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> R
 }
 
 /// Every session attached to an environment.
-pub async fn in_environment<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<session::Model>> {
+pub async fn in_environment<C: ConnectionTrait>(conn: &C, env_id: EnvironmentId) -> Result<Vec<session::Model>> {
     Ok(session::Entity::find()
         .filter(session::Column::TaskEnvironmentId.eq(env_id))
         .all(conn)
@@ -153,7 +157,7 @@ pub async fn in_environment<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Resul
 }
 
 /// The ids of the sessions attached to an environment.
-pub async fn ids_in_environment<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Vec<Uuid>> {
+pub async fn ids_in_environment<C: ConnectionTrait>(conn: &C, env_id: EnvironmentId) -> Result<Vec<SessionId>> {
     Ok(session::Entity::find()
         .select_only()
         .column(session::Column::Id)
@@ -164,7 +168,11 @@ pub async fn ids_in_environment<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> R
 }
 
 /// Sessions of other tasks, not ended, that borrow this environment.
-pub async fn live_borrowers<C: ConnectionTrait>(conn: &C, env_id: Uuid, owner_id: Uuid) -> Result<Vec<session::Model>> {
+pub async fn live_borrowers<C: ConnectionTrait>(
+    conn: &C,
+    env_id: EnvironmentId,
+    owner_id: TaskId,
+) -> Result<Vec<session::Model>> {
     Ok(session::Entity::find()
         .filter(session::Column::TaskEnvironmentId.eq(env_id))
         .filter(session::Column::TaskId.ne(owner_id))
@@ -174,7 +182,7 @@ pub async fn live_borrowers<C: ConnectionTrait>(conn: &C, env_id: Uuid, owner_id
 }
 
 /// Whether the session is attached to the environment (a session-bound token's reach).
-pub async fn is_attached<C: ConnectionTrait>(conn: &C, session_id: Uuid, env_id: Uuid) -> Result<bool> {
+pub async fn is_attached<C: ConnectionTrait>(conn: &C, session_id: SessionId, env_id: EnvironmentId) -> Result<bool> {
     Ok(session::Entity::find_by_id(session_id)
         .filter(session::Column::TaskEnvironmentId.eq(env_id))
         .count(conn)
@@ -183,8 +191,8 @@ pub async fn is_attached<C: ConnectionTrait>(conn: &C, session_id: Uuid, env_id:
 }
 
 /// The environment a session is attached to, if it exists and is attached.
-pub async fn environment_of<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Option<Uuid>> {
-    let env: Option<Option<Uuid>> = session::Entity::find_by_id(session_id)
+pub async fn environment_of<C: ConnectionTrait>(conn: &C, session_id: SessionId) -> Result<Option<EnvironmentId>> {
+    let env: Option<Option<EnvironmentId>> = session::Entity::find_by_id(session_id)
         .select_only()
         .column(session::Column::TaskEnvironmentId)
         .into_tuple()
@@ -200,13 +208,13 @@ pub async fn insert(txn: &DatabaseTransaction, model: session::Model) -> Result<
     Ok(())
 }
 
-pub async fn delete(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
+pub async fn delete(txn: &DatabaseTransaction, id: SessionId) -> Result<()> {
     session::Entity::delete_by_id(id).exec(txn).await?;
     Ok(())
 }
 
 /// Clears the task's primary flag, wherever it is.
-pub async fn clear_primary(txn: &DatabaseTransaction, task_id: Uuid) -> Result<()> {
+pub async fn clear_primary(txn: &DatabaseTransaction, task_id: TaskId) -> Result<()> {
     session::Entity::update_many()
         .col_expr(session::Column::IsPrimary, Expr::value(false))
         .filter(session::Column::TaskId.eq(task_id))
@@ -216,7 +224,7 @@ pub async fn clear_primary(txn: &DatabaseTransaction, task_id: Uuid) -> Result<(
     Ok(())
 }
 
-pub async fn set_primary(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn set_primary(txn: &DatabaseTransaction, id: SessionId, now: DateTime<Utc>) -> Result<()> {
     session::Entity::update(session::ActiveModel {
         id: Set(id),
         is_primary: Set(true),
@@ -228,7 +236,7 @@ pub async fn set_primary(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>
     Ok(())
 }
 
-pub async fn clear_desired_open(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn clear_desired_open(txn: &DatabaseTransaction, id: SessionId, now: DateTime<Utc>) -> Result<()> {
     session::Entity::update(session::ActiveModel {
         id: Set(id),
         desired_open: Set(false),
@@ -240,14 +248,14 @@ pub async fn clear_desired_open(txn: &DatabaseTransaction, id: Uuid, now: DateTi
     Ok(())
 }
 
-pub async fn touch(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn touch(txn: &DatabaseTransaction, id: SessionId, now: DateTime<Utc>) -> Result<()> {
     touch_with(txn, id, now, None).await
 }
 
 /// `touch`, writing what the agent told about itself in the same single UPDATE of the row.
 pub async fn touch_with(
     txn: &DatabaseTransaction,
-    id: Uuid,
+    id: SessionId,
     now: DateTime<Utc>,
     agent_state: Option<serde_json::Value>,
 ) -> Result<()> {
@@ -268,7 +276,7 @@ pub async fn touch_with(
 /// Records the agent's own conversation identity and what it told about itself.
 pub async fn record_agent<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
+    id: SessionId,
     agent_session_ref: Option<&str>,
     agent_state: serde_json::Value,
 ) -> Result<()> {
@@ -281,7 +289,7 @@ pub async fn record_agent<C: ConnectionTrait>(
 }
 
 /// Other sessions, in a state that claims a process, recorded as continuing the conversation `r`.
-pub async fn holding_conversation<C: ConnectionTrait>(conn: &C, id: Uuid, r: &str) -> Result<u64> {
+pub async fn holding_conversation<C: ConnectionTrait>(conn: &C, id: SessionId, r: &str) -> Result<u64> {
     Ok(session::Entity::find()
         .filter(session::Column::AgentSessionRef.eq(r))
         .filter(session::Column::Id.ne(id))
@@ -301,8 +309,8 @@ pub async fn holding_conversation<C: ConnectionTrait>(conn: &C, id: Uuid, r: &st
 #[derive(Debug, Default, Clone)]
 pub struct StatePatch {
     pub desired_open: Option<bool>,
-    pub execution_id: Option<Option<Uuid>>,
-    pub task_environment_id: Option<Option<Uuid>>,
+    pub execution_id: Option<Option<ExecutionId>>,
+    pub task_environment_id: Option<Option<EnvironmentId>>,
     /// `(code, message)`, or `Some(None)` to clear it.
     pub last_error: Option<Option<(String, String)>>,
     pub last_activity_at: Option<DateTime<Utc>>,
@@ -316,9 +324,9 @@ pub struct StatePatch {
 /// DISTINCT FROM ?`: true if the row was still as read.
 pub(crate) async fn compare_and_set_state(
     txn: &DatabaseTransaction,
-    id: Uuid,
+    id: SessionId,
     from: SessionState,
-    from_execution: Option<Uuid>,
+    from_execution: Option<ExecutionId>,
     next: SessionState,
     patch: &StatePatch,
     now: DateTime<Utc>,

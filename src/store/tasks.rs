@@ -1,5 +1,6 @@
 //! Task rows and their slots: locks, ownership walks, listings, archival and deletion, the transfer of
 //! an environment between tasks, and the cleanup barrier's check.
+use crate::ids::{ColumnId, TaskId, WorkspaceId};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
@@ -36,18 +37,18 @@ pub async fn owner_of<C: ConnectionTrait>(conn: &C, task: &task::Model) -> Resul
 /// accepts no new session, environment or inventory row. A `superseded_cleanup` job does not count: it
 /// removes only what superseded environments left, never the current one, so a new session never waits
 /// for it.
-pub async fn ensure_no_cleanup<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<()> {
+pub async fn ensure_no_cleanup<C: ConnectionTrait>(conn: &C, task_ids: &[TaskId]) -> Result<()> {
     active_jobs(conn, task_ids, true).await
 }
 
 /// No active cleanup job of any kind, `superseded_cleanup` included: before another job is written for
 /// these tasks (two jobs never remove the same environment's worktrees at once). A `session_delete` job
 /// counts for neither: it touches no environment, and the task's lifecycle never waits for it.
-pub async fn ensure_no_cleanup_job<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<()> {
+pub async fn ensure_no_cleanup_job<C: ConnectionTrait>(conn: &C, task_ids: &[TaskId]) -> Result<()> {
     active_jobs(conn, task_ids, false).await
 }
 
-async fn active_jobs<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid], lifecycle_only: bool) -> Result<()> {
+async fn active_jobs<C: ConnectionTrait>(conn: &C, task_ids: &[TaskId], lifecycle_only: bool) -> Result<()> {
     let mut query = cleanup_job::Entity::find()
         .filter(cleanup_job::Column::TaskId.is_in(task_ids.iter().copied()))
         .filter(cleanup_job::Column::State.is_in(cleanup_job::ACTIVE_STATES))
@@ -64,7 +65,7 @@ async fn active_jobs<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid], lifecycle_
 
 /// I7 for a launch: none of these tasks is archived or has an active cleanup job (a launch admitted
 /// before an archive must not start, or go on running, once the archive committed).
-pub async fn ensure_not_archived_or_cleaning<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<()> {
+pub async fn ensure_not_archived_or_cleaning<C: ConnectionTrait>(conn: &C, task_ids: &[TaskId]) -> Result<()> {
     let archived = task::Entity::find()
         .filter(task::Column::Id.is_in(task_ids.iter().copied()))
         .filter(task::Column::ArchivedAt.is_not_null())
@@ -77,7 +78,7 @@ pub async fn ensure_not_archived_or_cleaning<C: ConnectionTrait>(conn: &C, task_
 }
 
 /// Locks a task row for the rest of the transaction (PostgreSQL; SQLite holds the writer lock already).
-pub async fn lock_task(txn: &DatabaseTransaction, id: Uuid) -> Result<task::Model> {
+pub async fn lock_task(txn: &DatabaseTransaction, id: TaskId) -> Result<task::Model> {
     super::by_key(task::Entity::find_by_id(id).lock_exclusive(), txn)
         .await?
         .ok_or(Error::NotFound("task"))
@@ -86,7 +87,7 @@ pub async fn lock_task(txn: &DatabaseTransaction, id: Uuid) -> Result<task::Mode
 /// Locks tasks in ascending id order, the order every writer uses (an owner is older than its
 /// subtasks), so cascades and session creation cannot deadlock on PostgreSQL.
 pub async fn lock_in_order(txn: &DatabaseTransaction, tasks: &[task::Model]) -> Result<()> {
-    let mut ids: Vec<Uuid> = tasks.iter().map(|t| t.id).collect();
+    let mut ids: Vec<TaskId> = tasks.iter().map(|t| t.id).collect();
     ids.sort();
     for id in ids {
         lock_task(txn, id).await?;
@@ -121,7 +122,7 @@ pub async fn subtree<C: ConnectionTrait>(
 
 /// Every live task that works in `owner_id`'s environment through a chain of `inherit_parent` links (an
 /// archived link in the chain does not cut it), nearest first.
-pub async fn live_inheritors<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Result<Vec<task::Model>> {
+pub async fn live_inheritors<C: ConnectionTrait>(conn: &C, owner_id: TaskId) -> Result<Vec<task::Model>> {
     let mut out = Vec::new();
     let mut frontier = vec![owner_id];
     while !frontier.is_empty() {
@@ -137,12 +138,12 @@ pub async fn live_inheritors<C: ConnectionTrait>(conn: &C, owner_id: Uuid) -> Re
     Ok(out)
 }
 
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<task::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: TaskId) -> Result<Option<task::Model>> {
     Ok(super::by_key(task::Entity::find_by_id(id), conn).await?)
 }
 
 /// Share-locks a task row (PostgreSQL) for the rest of the transaction.
-pub async fn lock_shared(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<task::Model>> {
+pub async fn lock_shared(txn: &DatabaseTransaction, id: TaskId) -> Result<Option<task::Model>> {
     Ok(super::by_key(task::Entity::find_by_id(id).lock_shared(), txn).await?)
 }
 
@@ -165,7 +166,7 @@ pub async fn insert_with_slots(
 /// Writes a task's title and description, each only when given.
 pub async fn update_text(
     txn: &DatabaseTransaction,
-    id: Uuid,
+    id: TaskId,
     title: Option<String>,
     description: Option<String>,
     now: DateTime<Utc>,
@@ -187,10 +188,10 @@ pub async fn update_text(
 
 /// Which tasks of a workspace a listing selects.
 pub struct TaskQuery {
-    pub workspace_id: Uuid,
+    pub workspace_id: WorkspaceId,
     pub archived: bool,
-    pub parent_task_id: Option<Uuid>,
-    pub column_id: Option<Uuid>,
+    pub parent_task_id: Option<TaskId>,
+    pub column_id: Option<ColumnId>,
     pub before: Option<Uuid>,
     pub limit: u64,
 }
@@ -216,7 +217,7 @@ pub async fn page<C: ConnectionTrait>(conn: &C, q: TaskQuery) -> Result<Vec<task
 }
 
 /// A task's repository slots in workspace order.
-pub async fn slots_of<C: ConnectionTrait>(conn: &C, task_id: Uuid) -> Result<Vec<task_repository::Model>> {
+pub async fn slots_of<C: ConnectionTrait>(conn: &C, task_id: TaskId) -> Result<Vec<task_repository::Model>> {
     Ok(task_repository::Entity::find()
         .filter(task_repository::Column::TaskId.eq(task_id))
         .order_by_asc(task_repository::Column::Position)
@@ -240,7 +241,7 @@ pub async fn slots_of_each<C: ConnectionTrait>(
 /// A task's repository slots in workspace order, each with its repository (if still registered).
 pub async fn slots_with_repositories<C: ConnectionTrait>(
     conn: &C,
-    task_id: Uuid,
+    task_id: TaskId,
 ) -> Result<Vec<(task_repository::Model, Option<repository::Model>)>> {
     Ok(task_repository::Entity::find()
         .find_also_related(repository::Entity)
@@ -253,7 +254,7 @@ pub async fn slots_with_repositories<C: ConnectionTrait>(
 /// A task's slot at `position`.
 pub async fn slot_at<C: ConnectionTrait>(
     conn: &C,
-    task_id: Uuid,
+    task_id: TaskId,
     position: i32,
 ) -> Result<Option<task_repository::Model>> {
     Ok(task_repository::Entity::find()
@@ -264,7 +265,7 @@ pub async fn slot_at<C: ConnectionTrait>(
 }
 
 /// Every task of the workspace, in id order.
-pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> Result<Vec<task::Model>> {
+pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: WorkspaceId) -> Result<Vec<task::Model>> {
     Ok(task::Entity::find()
         .filter(task::Column::WorkspaceId.eq(workspace_id))
         .order_by_asc(task::Column::Id)
@@ -275,8 +276,8 @@ pub async fn of_workspace<C: ConnectionTrait>(conn: &C, workspace_id: Uuid) -> R
 /// Each task of the workspace with when it was archived.
 pub async fn archival_of_workspace<C: ConnectionTrait>(
     conn: &C,
-    workspace_id: Uuid,
-) -> Result<Vec<(Uuid, Option<DateTime<Utc>>)>> {
+    workspace_id: WorkspaceId,
+) -> Result<Vec<(TaskId, Option<DateTime<Utc>>)>> {
     Ok(task::Entity::find()
         .select_only()
         .column(task::Column::Id)
@@ -298,7 +299,7 @@ pub async fn idle_quick_chats<C: ConnectionTrait>(conn: &C, cutoff: DateTime<Utc
 }
 
 /// A new session is activity on its task.
-pub async fn touch(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn touch(txn: &DatabaseTransaction, id: TaskId, now: DateTime<Utc>) -> Result<()> {
     task::Entity::update(task::ActiveModel {
         id: Set(id),
         last_activity_at: Set(now),
@@ -312,7 +313,7 @@ pub async fn touch(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> R
 /// Sets or clears `archived_at`.
 pub async fn set_archived(
     txn: &DatabaseTransaction,
-    id: Uuid,
+    id: TaskId,
     at: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Result<()> {
@@ -327,7 +328,7 @@ pub async fn set_archived(
     Ok(())
 }
 
-pub async fn delete(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
+pub async fn delete(txn: &DatabaseTransaction, id: TaskId) -> Result<()> {
     task::Entity::delete_by_id(id).exec(txn).await?;
     Ok(())
 }
@@ -343,7 +344,7 @@ pub async fn transfer_environment(
     e: Option<&env::Model>,
     from: &task::Model,
     heir: &task::Model,
-    heir_parent: Option<Uuid>,
+    heir_parent: Option<TaskId>,
     all_children: bool,
     now: DateTime<Utc>,
 ) -> Result<Vec<task::Model>> {
@@ -390,7 +391,7 @@ pub async fn transfer_environment(
 pub async fn reparent(
     txn: &DatabaseTransaction,
     tasks: &[task::Model],
-    parent: Option<Uuid>,
+    parent: Option<TaskId>,
     now: DateTime<Utc>,
 ) -> Result<()> {
     if tasks.is_empty() {
@@ -407,7 +408,7 @@ pub async fn reparent(
 
 /// Makes an `inherit_parent` task one of its own (no environment yet) under `parent`: the root of what
 /// is left of a chain whose owner went away with no live inheritor.
-pub async fn reroot(txn: &DatabaseTransaction, id: Uuid, parent: Option<Uuid>, now: DateTime<Utc>) -> Result<()> {
+pub async fn reroot(txn: &DatabaseTransaction, id: TaskId, parent: Option<TaskId>, now: DateTime<Utc>) -> Result<()> {
     task::Entity::update(task::ActiveModel {
         id: Set(id),
         workspace_mode: Set(WorkspaceMode::NewWorkspace),
@@ -421,7 +422,7 @@ pub async fn reroot(txn: &DatabaseTransaction, id: Uuid, parent: Option<Uuid>, n
 }
 
 /// The children of a task, in id order.
-pub async fn children_of<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Vec<task::Model>> {
+pub async fn children_of<C: ConnectionTrait>(conn: &C, id: TaskId) -> Result<Vec<task::Model>> {
     Ok(task::Entity::find()
         .filter(task::Column::ParentTaskId.eq(id))
         .order_by_asc(task::Column::Id)

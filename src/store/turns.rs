@@ -1,7 +1,7 @@
 //! Checkpoints and session turns: queries only.
+use crate::ids::{CheckpointId, EnvironmentId, SessionId, TurnId};
 use chrono::{DateTime, Utc};
 use sea_orm::{ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
-use uuid::Uuid;
 
 use crate::entity::{checkpoint, session_turn as turn};
 use crate::error::Result;
@@ -12,12 +12,15 @@ pub async fn insert_checkpoint<C: ConnectionTrait>(conn: &C, c: checkpoint::Mode
     Ok(())
 }
 
-pub async fn checkpoint<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<checkpoint::Model>> {
+pub async fn checkpoint<C: ConnectionTrait>(conn: &C, id: CheckpointId) -> Result<Option<checkpoint::Model>> {
     Ok(checkpoint::Entity::find_by_id(id).one(conn).await?)
 }
 
 /// The environment's newest checkpoint.
-pub async fn latest_checkpoint_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<Option<checkpoint::Model>> {
+pub async fn latest_checkpoint_of<C: ConnectionTrait>(
+    conn: &C,
+    env_id: EnvironmentId,
+) -> Result<Option<checkpoint::Model>> {
     Ok(checkpoint::Entity::find()
         .filter(checkpoint::Column::TaskEnvironmentId.eq(env_id))
         .order_by_desc(checkpoint::Column::Id)
@@ -27,7 +30,7 @@ pub async fn latest_checkpoint_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) ->
 }
 
 /// Forgets an environment's checkpoints (their refs went with its cleanup).
-pub async fn delete_checkpoints_of<C: ConnectionTrait>(conn: &C, env_id: Uuid) -> Result<()> {
+pub async fn delete_checkpoints_of<C: ConnectionTrait>(conn: &C, env_id: EnvironmentId) -> Result<()> {
     checkpoint::Entity::delete_many()
         .filter(checkpoint::Column::TaskEnvironmentId.eq(env_id))
         .exec(conn)
@@ -49,13 +52,13 @@ pub async fn insert_turn<C: ConnectionTrait>(conn: &C, mut t: turn::Model) -> Re
     Ok(t)
 }
 
-pub async fn delete_turn<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<()> {
+pub async fn delete_turn<C: ConnectionTrait>(conn: &C, id: TurnId) -> Result<()> {
     turn::Entity::delete_by_id(id).exec(conn).await?;
     Ok(())
 }
 
 /// The session's newest turn, if it has not settled.
-pub async fn open_turn<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Option<turn::Model>> {
+pub async fn open_turn<C: ConnectionTrait>(conn: &C, session_id: SessionId) -> Result<Option<turn::Model>> {
     Ok(turn::Entity::find()
         .filter(turn::Column::SessionId.eq(session_id))
         .order_by_desc(turn::Column::Number)
@@ -67,9 +70,9 @@ pub async fn open_turn<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result
 
 pub async fn settle_turn<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
+    id: TurnId,
     at: DateTime<Utc>,
-    end_checkpoint_id: Option<Uuid>,
+    end_checkpoint_id: Option<CheckpointId>,
     files_changed: Option<i32>,
 ) -> Result<()> {
     turn::Entity::update(turn::ActiveModel {
@@ -85,7 +88,7 @@ pub async fn settle_turn<C: ConnectionTrait>(
 }
 
 /// A session's turns, first to last.
-pub async fn turns_of<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Vec<turn::Model>> {
+pub async fn turns_of<C: ConnectionTrait>(conn: &C, session_id: SessionId) -> Result<Vec<turn::Model>> {
     Ok(turn::Entity::find()
         .filter(turn::Column::SessionId.eq(session_id))
         .order_by_asc(turn::Column::Number)
@@ -93,7 +96,7 @@ pub async fn turns_of<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<
         .await?)
 }
 
-pub async fn turn<C: ConnectionTrait>(conn: &C, session_id: Uuid, number: i32) -> Result<Option<turn::Model>> {
+pub async fn turn<C: ConnectionTrait>(conn: &C, session_id: SessionId, number: i32) -> Result<Option<turn::Model>> {
     Ok(turn::Entity::find()
         .filter(turn::Column::SessionId.eq(session_id))
         .filter(turn::Column::Number.eq(number))
@@ -102,7 +105,7 @@ pub async fn turn<C: ConnectionTrait>(conn: &C, session_id: Uuid, number: i32) -
 }
 
 /// The number of the session's newest turn, settled or not.
-pub async fn newest_number<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Option<i32>> {
+pub async fn newest_number<C: ConnectionTrait>(conn: &C, session_id: SessionId) -> Result<Option<i32>> {
     Ok(turn::Entity::find()
         .filter(turn::Column::SessionId.eq(session_id))
         .order_by_desc(turn::Column::Number)

@@ -1,12 +1,12 @@
 //! Usage records: queries only. Sums are cast to BIGINT so that both databases answer an integer
 //! (PostgreSQL's SUM of a BIGINT is a NUMERIC).
+use crate::ids::{SessionId, TaskId, WorkspaceId};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, EntityTrait, FromQueryResult, IdenStatic, QueryFilter, QueryOrder, QuerySelect,
     Select,
 };
-use uuid::Uuid;
 
 use crate::entity::usage_record as usage;
 use crate::error::Result;
@@ -18,7 +18,11 @@ pub async fn insert<C: ConnectionTrait>(conn: &C, r: usage::Model) -> Result<()>
 }
 
 /// The running total this session's agent reported last in `currency`, if it reports one.
-pub async fn last_cumulative<C: ConnectionTrait>(conn: &C, session_id: Uuid, currency: &str) -> Result<Option<i64>> {
+pub async fn last_cumulative<C: ConnectionTrait>(
+    conn: &C,
+    session_id: SessionId,
+    currency: &str,
+) -> Result<Option<i64>> {
     Ok(usage::Entity::find()
         .filter(usage::Column::SessionId.eq(session_id))
         .filter(usage::Column::Currency.eq(currency))
@@ -49,8 +53,8 @@ struct KeyedText {
 }
 
 #[derive(Debug, Clone, FromQueryResult)]
-struct KeyedUuid {
-    key: Uuid,
+struct KeyedTask {
+    key: TaskId,
     #[sea_orm(nested)]
     sums: Sums,
 }
@@ -67,7 +71,7 @@ pub enum GroupBy {
 /// A group's key: a task's id, or a day, model or profile name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Key {
-    Task(Uuid),
+    Task(TaskId),
     Text(String),
 }
 
@@ -85,7 +89,7 @@ fn summed(select: Select<usage::Entity>) -> Select<usage::Entity> {
 }
 
 /// The sums of a session's records, per currency.
-pub async fn of_session<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Result<Vec<Sums>> {
+pub async fn of_session<C: ConnectionTrait>(conn: &C, session_id: SessionId) -> Result<Vec<Sums>> {
     Ok(summed(usage::Entity::find().select_only())
         .filter(usage::Column::SessionId.eq(session_id))
         .into_model::<Sums>()
@@ -94,7 +98,7 @@ pub async fn of_session<C: ConnectionTrait>(conn: &C, session_id: Uuid) -> Resul
 }
 
 /// The sums of each of these tasks' records, per currency.
-pub async fn of_tasks<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result<Vec<(Uuid, Sums)>> {
+pub async fn of_tasks<C: ConnectionTrait>(conn: &C, task_ids: &[TaskId]) -> Result<Vec<(TaskId, Sums)>> {
     if task_ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -105,7 +109,7 @@ pub async fn of_tasks<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result
     )
     .filter(usage::Column::TaskId.is_in(task_ids.to_vec()))
     .group_by(usage::Column::TaskId)
-    .into_model::<KeyedUuid>()
+    .into_model::<KeyedTask>()
     .all(conn)
     .await?;
     Ok(rows.into_iter().map(|r| (r.key, r.sums)).collect())
@@ -114,7 +118,7 @@ pub async fn of_tasks<C: ConnectionTrait>(conn: &C, task_ids: &[Uuid]) -> Result
 /// A workspace's records created in `[from, to)`, summed per group and currency.
 pub async fn rollup<C: ConnectionTrait>(
     conn: &C,
-    workspace_id: Uuid,
+    workspace_id: WorkspaceId,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     group_by: GroupBy,
@@ -127,7 +131,7 @@ pub async fn rollup<C: ConnectionTrait>(
     if group_by == GroupBy::Task {
         let rows = summed(base.column_as(usage::Column::TaskId, "key"))
             .group_by(usage::Column::TaskId)
-            .into_model::<KeyedUuid>()
+            .into_model::<KeyedTask>()
             .all(conn)
             .await?;
         return Ok(rows.into_iter().map(|r| (Key::Task(r.key), r.sums)).collect());

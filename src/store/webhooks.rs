@@ -1,11 +1,11 @@
 //! Webhook subscriptions and their delivery attempts: queries only. Every write a deliverer makes
 //! names its lease (`lease_owner`), so a process that lost the lease changes nothing.
+use crate::ids::{DeliveryId, InstanceId, WebhookId, WorkspaceId};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
 };
-use uuid::Uuid;
 
 use crate::entity::{webhook, webhook_delivery as delivery};
 use crate::error::Result;
@@ -16,12 +16,12 @@ pub async fn insert<C: ConnectionTrait>(conn: &C, w: webhook::Model) -> Result<(
     Ok(())
 }
 
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<webhook::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: WebhookId) -> Result<Option<webhook::Model>> {
     Ok(webhook::Entity::find_by_id(id).one(conn).await?)
 }
 
 /// Subscriptions, oldest first; with `workspaces`, only those of these workspaces.
-pub async fn list<C: ConnectionTrait>(conn: &C, workspaces: Option<&[Uuid]>) -> Result<Vec<webhook::Model>> {
+pub async fn list<C: ConnectionTrait>(conn: &C, workspaces: Option<&[WorkspaceId]>) -> Result<Vec<webhook::Model>> {
     let mut q = webhook::Entity::find().order_by_asc(webhook::Column::Id);
     if let Some(ids) = workspaces {
         q = q.filter(webhook::Column::WorkspaceId.is_in(ids.to_vec()));
@@ -36,12 +36,12 @@ pub async fn save<C: ConnectionTrait>(conn: &C, w: webhook::Model) -> Result<()>
     Ok(())
 }
 
-pub async fn delete<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<bool> {
+pub async fn delete<C: ConnectionTrait>(conn: &C, id: WebhookId) -> Result<bool> {
     Ok(webhook::Entity::delete_by_id(id).exec(conn).await?.rows_affected == 1)
 }
 
 /// Enabled subscriptions nobody delivers now (no lease, or an expired one).
-pub async fn unleased<C: ConnectionTrait>(conn: &C, now: DateTime<Utc>) -> Result<Vec<Uuid>> {
+pub async fn unleased<C: ConnectionTrait>(conn: &C, now: DateTime<Utc>) -> Result<Vec<WebhookId>> {
     Ok(webhook::Entity::find()
         .select_only()
         .column(webhook::Column::Id)
@@ -61,8 +61,8 @@ fn free(now: DateTime<Utc>) -> Condition {
 /// Takes (or keeps) the lease of an enabled subscription until `until`; whether this process holds it.
 pub async fn lease<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
-    owner: Uuid,
+    id: WebhookId,
+    owner: InstanceId,
     now: DateTime<Utc>,
     until: DateTime<Utc>,
 ) -> Result<bool> {
@@ -79,9 +79,9 @@ pub async fn lease<C: ConnectionTrait>(
 }
 
 /// Gives the lease up (a process that stops delivering it).
-pub async fn release<C: ConnectionTrait>(conn: &C, id: Uuid, owner: Uuid) -> Result<()> {
+pub async fn release<C: ConnectionTrait>(conn: &C, id: WebhookId, owner: InstanceId) -> Result<()> {
     webhook::Entity::update_many()
-        .col_expr(webhook::Column::LeaseOwner, Expr::value(Option::<Uuid>::None))
+        .col_expr(webhook::Column::LeaseOwner, Expr::value(Option::<InstanceId>::None))
         .col_expr(
             webhook::Column::LeaseExpiresAt,
             Expr::value(Option::<DateTime<Utc>>::None),
@@ -95,9 +95,9 @@ pub async fn release<C: ConnectionTrait>(conn: &C, id: Uuid, owner: Uuid) -> Res
 
 /// Gives up every lease `owner` holds (a process shutting down): another replica, or this node started
 /// again, delivers them at once instead of after the lease runs out.
-pub async fn release_all<C: ConnectionTrait>(conn: &C, owner: Uuid) -> Result<u64> {
+pub async fn release_all<C: ConnectionTrait>(conn: &C, owner: InstanceId) -> Result<u64> {
     let done = webhook::Entity::update_many()
-        .col_expr(webhook::Column::LeaseOwner, Expr::value(Option::<Uuid>::None))
+        .col_expr(webhook::Column::LeaseOwner, Expr::value(Option::<InstanceId>::None))
         .col_expr(
             webhook::Column::LeaseExpiresAt,
             Expr::value(Option::<DateTime<Utc>>::None),
@@ -118,7 +118,12 @@ pub struct Position {
 }
 
 /// Records the deliverer's position, while it holds the lease of the enabled subscription; whether it did.
-pub async fn set_position<C: ConnectionTrait>(conn: &C, id: Uuid, owner: Uuid, p: &Position) -> Result<bool> {
+pub async fn set_position<C: ConnectionTrait>(
+    conn: &C,
+    id: WebhookId,
+    owner: InstanceId,
+    p: &Position,
+) -> Result<bool> {
     Ok(webhook::Entity::update_many()
         .col_expr(webhook::Column::Cursor, Expr::value(p.cursor))
         .col_expr(webhook::Column::Attempts, Expr::value(p.attempts))
@@ -138,8 +143,8 @@ pub async fn set_position<C: ConnectionTrait>(conn: &C, id: Uuid, owner: Uuid, p
 /// still there and enabled).
 pub async fn record(
     txn: &DatabaseTransaction,
-    id: Uuid,
-    owner: Uuid,
+    id: WebhookId,
+    owner: InstanceId,
     attempts: Vec<delivery::Model>,
     p: &Position,
 ) -> Result<bool> {
@@ -156,8 +161,8 @@ pub async fn record(
 /// Disables a subscription its receiver failed for too long (while this process holds its lease).
 pub async fn disable<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
-    owner: Uuid,
+    id: WebhookId,
+    owner: InstanceId,
     reason: &str,
     now: DateTime<Utc>,
 ) -> Result<bool> {
@@ -168,7 +173,7 @@ pub async fn disable<C: ConnectionTrait>(
             webhook::Column::NextAttemptAt,
             Expr::value(Option::<DateTime<Utc>>::None),
         )
-        .col_expr(webhook::Column::LeaseOwner, Expr::value(Option::<Uuid>::None))
+        .col_expr(webhook::Column::LeaseOwner, Expr::value(Option::<InstanceId>::None))
         .col_expr(
             webhook::Column::LeaseExpiresAt,
             Expr::value(Option::<DateTime<Utc>>::None),
@@ -202,7 +207,11 @@ pub async fn insert_delivery<C: ConnectionTrait>(conn: &C, d: delivery::Model) -
 }
 
 /// A subscription's newest attempts, newest first.
-pub async fn deliveries<C: ConnectionTrait>(conn: &C, webhook_id: Uuid, limit: u64) -> Result<Vec<delivery::Model>> {
+pub async fn deliveries<C: ConnectionTrait>(
+    conn: &C,
+    webhook_id: WebhookId,
+    limit: u64,
+) -> Result<Vec<delivery::Model>> {
     Ok(delivery::Entity::find()
         .filter(delivery::Column::WebhookId.eq(webhook_id))
         .order_by_desc(delivery::Column::Id)
@@ -212,8 +221,8 @@ pub async fn deliveries<C: ConnectionTrait>(conn: &C, webhook_id: Uuid, limit: u
 }
 
 /// Deletes a subscription's attempts older than its newest `keep`.
-pub async fn trim_deliveries<C: ConnectionTrait>(conn: &C, webhook_id: Uuid, keep: u64) -> Result<()> {
-    let oldest_kept: Option<Uuid> = delivery::Entity::find()
+pub async fn trim_deliveries<C: ConnectionTrait>(conn: &C, webhook_id: WebhookId, keep: u64) -> Result<()> {
+    let oldest_kept: Option<DeliveryId> = delivery::Entity::find()
         .select_only()
         .column(delivery::Column::Id)
         .filter(delivery::Column::WebhookId.eq(webhook_id))

@@ -1,5 +1,6 @@
 //! Workspace rows: queries only; the tasks and sessions a summary counts are read from their own
 //! families (`store::tasks`, `store::sessions`).
+use crate::ids::WorkspaceId;
 use chrono::{DateTime, Utc};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
@@ -11,17 +12,17 @@ use crate::entity::workspace::{self, WorkspaceStatus};
 use crate::entity::{repository, task};
 use crate::error::Result;
 
-pub async fn find<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<Option<workspace::Model>> {
+pub async fn find<C: ConnectionTrait>(conn: &C, id: WorkspaceId) -> Result<Option<workspace::Model>> {
     Ok(super::by_key(workspace::Entity::find_by_id(id), conn).await?)
 }
 
 /// Locks the workspace row; `None` if it is gone.
-pub async fn lock(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<workspace::Model>> {
+pub async fn lock(txn: &DatabaseTransaction, id: WorkspaceId) -> Result<Option<workspace::Model>> {
     Ok(super::by_key(workspace::Entity::find_by_id(id).lock_exclusive(), txn).await?)
 }
 
 /// Share-locks a workspace row (PostgreSQL) so its deletion waits for the caller's transaction.
-pub async fn lock_shared(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<workspace::Model>> {
+pub async fn lock_shared(txn: &DatabaseTransaction, id: WorkspaceId) -> Result<Option<workspace::Model>> {
     Ok(super::by_key(workspace::Entity::find_by_id(id).lock_shared(), txn).await?)
 }
 
@@ -35,7 +36,7 @@ pub async fn insert(txn: &DatabaseTransaction, model: &workspace::Model) -> std:
 /// A page of workspaces, newest first, ids below `before`, limited to `only` when given.
 pub async fn page<C: ConnectionTrait>(
     conn: &C,
-    only: Option<&[Uuid]>,
+    only: Option<&[WorkspaceId]>,
     before: Option<Uuid>,
     limit: u64,
 ) -> Result<Vec<workspace::Model>> {
@@ -50,16 +51,21 @@ pub async fn page<C: ConnectionTrait>(
 }
 
 /// Task creation refuses a `deleting` workspace.
-pub async fn mark_deleting(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn mark_deleting(txn: &DatabaseTransaction, id: WorkspaceId, now: DateTime<Utc>) -> Result<()> {
     set_status(txn, id, WorkspaceStatus::Deleting, now).await
 }
 
 /// A workspace whose delete was refused before it changed anything takes tasks again.
-pub async fn mark_active(txn: &DatabaseTransaction, id: Uuid, now: DateTime<Utc>) -> Result<()> {
+pub async fn mark_active(txn: &DatabaseTransaction, id: WorkspaceId, now: DateTime<Utc>) -> Result<()> {
     set_status(txn, id, WorkspaceStatus::Active, now).await
 }
 
-async fn set_status(txn: &DatabaseTransaction, id: Uuid, status: WorkspaceStatus, now: DateTime<Utc>) -> Result<()> {
+async fn set_status(
+    txn: &DatabaseTransaction,
+    id: WorkspaceId,
+    status: WorkspaceStatus,
+    now: DateTime<Utc>,
+) -> Result<()> {
     workspace::Entity::update(workspace::ActiveModel {
         id: Set(id),
         status: Set(status),
@@ -73,7 +79,7 @@ async fn set_status(txn: &DatabaseTransaction, id: Uuid, status: WorkspaceStatus
 
 /// The workspace and its children of the cascade: tasks (with their environments) first, then
 /// repositories, then the row.
-pub async fn delete(txn: &DatabaseTransaction, id: Uuid) -> Result<()> {
+pub async fn delete(txn: &DatabaseTransaction, id: WorkspaceId) -> Result<()> {
     task::Entity::delete_many()
         .filter(task::Column::WorkspaceId.eq(id))
         .exec(txn)

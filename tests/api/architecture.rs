@@ -11,15 +11,16 @@ const MAX_LINES: usize = 600;
 /// (ARCHITECTURE.md draws the same order). A new module gets a rank here, or the build fails.
 const RANKS: &[(&str, u8)] = &[
     // Leaves: they name nothing of berth's.
-    ("actor", 0),
     ("clock", 0),
     ("event_type", 0),
     ("healthcheck", 0),
+    ("ids", 0),
     ("outage", 0),
     ("scope", 0),
     ("shutdown", 0),
     ("version", 0),
     // What everything below the domain shares: settings, the error type, the rows.
+    ("actor", 1),
     ("config", 1),
     ("entity", 1),
     ("error", 1),

@@ -163,7 +163,7 @@ async fn a_preparing_session_left_by_a_stopped_process_is_resumed(app: TestApp) 
     let id = uuid(&created["id"]);
     // As a process that stopped right after recording the session would leave it.
     s::Entity::update(s::ActiveModel {
-        id: Set(id),
+        id: Set(id.into()),
         state: Set(s::SessionState::Preparing),
         task_environment_id: Set(None),
         ..Default::default()
@@ -245,7 +245,7 @@ async fn a_launch_while_preparing_is_refused_and_changes_nothing(app: TestApp) {
     let task = app.task(ws, "Early", &[repo]).await;
     let id = uuid(&app.session(task, "worktree").await["id"]);
     s::Entity::update(s::ActiveModel {
-        id: Set(id),
+        id: Set(id.into()),
         state: Set(s::SessionState::Preparing),
         task_environment_id: Set(None),
         ..Default::default()

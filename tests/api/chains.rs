@@ -349,7 +349,7 @@ async fn a_subtask_archived_while_its_owners_environment_is_made_gets_no_session
         berth::domain::sessions::create(
             &ctx,
             &principal,
-            child,
+            child.into(),
             berth::domain::sessions::NewSession {
                 executor_type: berth::entity::task_environment::ExecutorType::Worktree,
                 agent_profile: None,

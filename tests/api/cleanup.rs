@@ -320,10 +320,10 @@ async fn claims_never_hand_a_job_out_twice(app: TestApp) {
     let snapshot = json!({"task_id": Uuid::nil(), "workspace_id": Uuid::nil(), "environment": null, "sessions": [], "discard_worktree_changes": false, "keep_branches": true});
     for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
         let rows = chunk.iter().map(|_| job::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            operation_id: Set(Uuid::now_v7()),
-            task_id: Set(Uuid::now_v7()),
-            workspace_id: Set(Uuid::nil()),
+            id: Set(berth::ids::CleanupJobId::now_v7()),
+            operation_id: Set(berth::ids::OperationId::now_v7()),
+            task_id: Set(berth::ids::TaskId::now_v7()),
+            workspace_id: Set((Uuid::nil()).into()),
             task_environment_id: Set(None),
             trigger: Set(job::CleanupTrigger::Delete),
             state: Set(job::CleanupJobState::Pending),
@@ -359,11 +359,11 @@ async fn claims_never_hand_a_job_out_twice(app: TestApp) {
             got
         })
     });
-    let mut all: Vec<Uuid> = Vec::new();
+    let mut all: Vec<berth::ids::CleanupJobId> = Vec::new();
     for c in claimers {
         all.extend(c.await.unwrap());
     }
-    let unique: std::collections::HashSet<Uuid> = all.iter().copied().collect();
+    let unique: std::collections::HashSet<berth::ids::CleanupJobId> = all.iter().copied().collect();
     assert_eq!(all.len(), n, "every job claimed");
     assert_eq!(unique.len(), n, "none claimed twice");
 }
@@ -683,7 +683,7 @@ async fn unarchive_cancels_pending_and_failed_archive_jobs(app: TestApp) {
         use berth::entity::cleanup_job as job;
         use sea_orm::{ActiveValue::Set, EntityTrait};
         job::Entity::update(job::ActiveModel {
-            id: Set(id),
+            id: Set(id.into()),
             state: Set(job::CleanupJobState::Failed),
             ..Default::default()
         })
@@ -727,10 +727,10 @@ async fn a_reconciled_prepared_job_reaches_live_streams_at_once(app: TestApp) {
     let id = Uuid::now_v7();
     let created = chrono::Utc::now() - chrono::Duration::seconds(1);
     job::Entity::insert(job::ActiveModel {
-        id: Set(id),
-        operation_id: Set(Uuid::now_v7()),
-        task_id: Set(Uuid::now_v7()),
-        workspace_id: Set(Uuid::nil()),
+        id: Set(id.into()),
+        operation_id: Set(berth::ids::OperationId::now_v7()),
+        task_id: Set(berth::ids::TaskId::now_v7()),
+        workspace_id: Set((Uuid::nil()).into()),
         task_environment_id: Set(None),
         trigger: Set(job::CleanupTrigger::Archive),
         state: Set(job::CleanupJobState::Prepared),

@@ -188,7 +188,7 @@ async fn a_conversation_held_by_another_live_session_is_refused(app: TestApp) {
         use berth::entity::task_session as session;
         use sea_orm::{ActiveModelTrait, ActiveValue::Set};
         session::ActiveModel {
-            id: Set(other),
+            id: Set(other.into()),
             agent_session_ref: Set(Some(reference.clone())),
             ..Default::default()
         }

@@ -77,7 +77,7 @@ async fn a_session_filtered_stream_sees_exactly_that_sessions_events_in_order(ap
             break;
         }
     }
-    let want = committed(&app, |e| e.session_id == Some(a)).await;
+    let want = committed(&app, |e| e.session_id == Some(a.into())).await;
     assert!(want.len() >= 2, "{want:?}");
     assert_eq!(got, want, "exactly the session's events, each once, in seq order");
     // The same through replay, and with the session's token: the filter agrees with the binding.
@@ -110,7 +110,7 @@ async fn filtered_replay_pages_count_matching_events(app: TestApp) {
             .await
             .ok(200);
     }
-    let want = committed(&app, |e| e.task_id == Some(task)).await;
+    let want = committed(&app, |e| e.task_id == Some(task.into())).await;
     assert!(want.len() > 9, "{want:?}");
     let mut got = Vec::new();
     let mut after = 0;

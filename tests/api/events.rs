@@ -171,7 +171,7 @@ async fn a_late_committing_writer_is_never_skipped(app: TestApp) {
         &txn,
         ctx.instance_id,
         berth::events::EventType::WorkspaceCreated,
-        berth::events::Subject::workspace(ws),
+        berth::events::Subject::workspace(ws.into()),
         json!({"held": true}),
     )
     .await
@@ -506,7 +506,7 @@ async fn flood(app: &TestApp, ws: Uuid) {
                 &txn,
                 ctx.instance_id,
                 berth::events::EventType::WorkspaceCreated,
-                berth::events::Subject::workspace(ws),
+                berth::events::Subject::workspace(ws.into()),
                 json!({"pad": "x".repeat(200)}),
             )
             .await
@@ -583,7 +583,7 @@ async fn an_answered_write_is_already_in_the_log(app: TestApp) {
             &txn,
             ctx.instance_id,
             berth::events::EventType::WorkspaceCreated,
-            berth::events::Subject::workspace(ws),
+            berth::events::Subject::workspace(ws.into()),
             json!({ "background": i }),
         )
         .await

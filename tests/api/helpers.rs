@@ -418,7 +418,7 @@ impl TestApp {
         self.event_rows()
             .await
             .into_iter()
-            .map(|e| (e.seq, e.event_type.as_str().to_string(), e.task_id))
+            .map(|e| (e.seq, e.event_type.as_str().to_string(), e.task_id.map(Into::into)))
             .collect()
     }
 }
@@ -445,7 +445,13 @@ pub fn mint(config: &Config, sub: &str, scope: &str, workspaces: Option<Vec<Uuid
     let scopes: Vec<Scope> = scope.split_whitespace().map(|s| s.parse().unwrap()).collect();
     JwtVerifier::from_config(config)
         .unwrap()
-        .mint(sub, &scopes, workspaces, session, std::time::Duration::from_secs(3600))
+        .mint(
+            sub,
+            &scopes,
+            workspaces.map(|w| w.into_iter().map(Into::into).collect()),
+            session.map(Into::into),
+            std::time::Duration::from_secs(3600),
+        )
         .unwrap()
 }
 
@@ -599,7 +605,7 @@ impl TestApp {
         use berth::entity::task_session as s;
         use sea_orm::{ActiveValue::Set, EntityTrait};
         let mut am = s::ActiveModel {
-            id: Set(id),
+            id: Set(id.into()),
             state: Set(state),
             ..Default::default()
         };

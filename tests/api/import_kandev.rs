@@ -162,7 +162,7 @@ async fn s08_deleted_history_beside_a_canonical_row(app: TestApp) {
     has(&run.report, "history", "session_worktree_deleted", "sw1");
     let e = env_of(&app, "e1").await.expect("the environment is imported");
     let rows = inventory(&app).await;
-    let owner = only_owner(&rows, e.id);
+    let owner = only_owner(&rows, e.id.into());
     assert_eq!(owner.imported_from.as_deref(), Some("wt-1"));
     assert_eq!(owner.worktree_path, p(&wt));
     assert_eq!(rows.len(), 1, "the deleted row is no owner: {rows:?}");
@@ -188,7 +188,7 @@ async fn s09_canonical_path_beats_a_drifted_flat_path(app: TestApp) {
     succeeded(&run);
     let e = env_of(&app, "e1").await.unwrap();
     let rows = inventory(&app).await;
-    let owner = only_owner(&rows, e.id);
+    let owner = only_owner(&rows, e.id.into());
     assert_eq!(owner.worktree_path, p(&wt));
     assert_eq!(owner.worktree_branch.as_deref(), Some("feature/a"));
     assert_eq!(e.workspace_path, p(&wt), "one repository works in its worktree");
@@ -216,7 +216,7 @@ async fn s10_canonical_worktree_beats_a_different_flat_worktree(app: TestApp) {
         (Some("wt-flat"), flat.to_str())
     );
     let rows = inventory(&app).await;
-    let owner = only_owner(&rows, env_of(&app, "e1").await.unwrap().id);
+    let owner = only_owner(&rows, (env_of(&app, "e1").await.unwrap().id).into());
     assert_eq!(owner.imported_from.as_deref(), Some("wt-1"));
     assert!(flat.is_dir() && worktrees_of(&w.repo).contains(&flat.display().to_string()));
 }
@@ -246,7 +246,7 @@ async fn s11_a_rehomed_canonical_row_beats_the_survivors_flat_worktree(app: Test
     );
     let e = env_of(&app, "e-new").await.unwrap();
     let rows = inventory(&app).await;
-    assert_eq!(only_owner(&rows, e.id).imported_from.as_deref(), Some("wt-1"));
+    assert_eq!(only_owner(&rows, e.id.into()).imported_from.as_deref(), Some("wt-1"));
     assert_eq!(
         session_of(&app, "s1").await.task_environment_id,
         Some(e.id),
@@ -274,7 +274,7 @@ async fn s12_a_resumable_session_keeps_its_state_and_canonical_metadata_wins(app
     succeeded(&run);
     let e = env_of(&app, "e1").await.unwrap();
     let rows = inventory(&app).await;
-    let owner = only_owner(&rows, e.id);
+    let owner = only_owner(&rows, e.id.into());
     assert_eq!(
         (owner.worktree_path.clone(), owner.worktree_branch.as_deref()),
         (p(&wt), Some("feature/a"))
@@ -302,7 +302,7 @@ async fn s13_flat_metadata_beats_a_stale_session_reference(app: TestApp) {
     let run = import(&app, &db, "ws", &[], &[]).await;
     succeeded(&run);
     let rows = inventory(&app).await;
-    let owner = only_owner(&rows, env_of(&app, "e1").await.unwrap().id);
+    let owner = only_owner(&rows, (env_of(&app, "e1").await.unwrap().id).into());
     assert_eq!(
         (owner.worktree_path.clone(), owner.worktree_branch.as_deref()),
         (p(&wt), Some("feature/a"))
@@ -329,7 +329,7 @@ async fn s14_a_terminal_sessions_older_worktree_is_history(app: TestApp) {
     has(&run.report, "history", "slot_owned_by_task_source", "sw-old");
     let rows = inventory(&app).await;
     assert_eq!(
-        only_owner(&rows, env_of(&app, "e1").await.unwrap().id)
+        only_owner(&rows, (env_of(&app, "e1").await.unwrap().id).into())
             .imported_from
             .as_deref(),
         Some("wt-1")
@@ -365,7 +365,7 @@ async fn s15_an_orphan_repeating_a_task_owned_worktree_is_history(app: TestApp) 
     has(&run.report, "history", "orphan_represented", "sw-orphan");
     let rows = inventory(&app).await;
     assert_eq!(
-        only_owner(&rows, env_of(&app, "e1").await.unwrap().id).worktree_path,
+        only_owner(&rows, (env_of(&app, "e1").await.unwrap().id).into()).worktree_path,
         p(&wt)
     );
 }
@@ -549,7 +549,7 @@ async fn s21_several_worktrees_for_one_slot_elect_one_owner(app: TestApp) {
         .expect("a task with sessions and no environment gets one");
     assert_eq!(e.executor_type, env::ExecutorType::Worktree);
     let rows = inventory(&app).await;
-    assert_eq!(only_owner(&rows, e.id).imported_from.as_deref(), Some("wt-c"));
+    assert_eq!(only_owner(&rows, e.id.into()).imported_from.as_deref(), Some("wt-c"));
     assert_eq!(rows.len(), 1);
     for s in ["s-done", "s-live-old", "s-live-new"] {
         assert_eq!(session_of(&app, s).await.task_environment_id, Some(e.id));

@@ -387,8 +387,8 @@ async fn only_the_node_holding_a_leftover_judges_it(app: TestApp) {
     let b = Replica::start_as(&app, "node-b").await;
     let id = uuid::Uuid::now_v7();
     berth::entity::leftover::Entity::insert(berth::entity::leftover::ActiveModel {
-        id: Set(id),
-        workspace_id: Set(ws),
+        id: Set(id.into()),
+        workspace_id: Set(ws.into()),
         task_id: Set(None),
         task_environment_id: Set(None),
         repository_id: Set(None),

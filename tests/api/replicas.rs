@@ -114,11 +114,11 @@ async fn session(app: &TestApp, prompt: Option<&str>) -> Uuid {
 /// The agent runs on the first replica only.
 fn runs_on_first(app: &TestApp, b: &Replica, id: Uuid) {
     assert!(
-        app.app_state.ctx.runtime.is_live(id),
+        app.app_state.ctx.runtime.is_live(id.into()),
         "the first replica runs the agent"
     );
     assert!(
-        !b.state.ctx.runtime.is_live(id),
+        !b.state.ctx.runtime.is_live(id.into()),
         "the second replica runs nothing for it"
     );
 }
@@ -206,7 +206,7 @@ async fn a_stop_posted_to_another_replica_stops_the_agent(app: TestApp) {
     );
     assert_eq!(stopped["desired_open"], false);
     assert!(
-        !app.app_state.ctx.runtime.is_live(id),
+        !app.app_state.ctx.runtime.is_live(id.into()),
         "the first replica's agent is gone"
     );
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -322,8 +322,11 @@ async fn working_on_second(app: &TestApp) -> (Replica, Uuid, Uuid, i64, String) 
     wait_delivered(app, id, 1).await;
     let s = wait_session(app, id, "running", |s| s["state"] == "running").await;
     let pid = execution_pid(app, uuid(&s["execution_id"])).await;
-    assert!(b.state.ctx.runtime.is_live(id), "the second replica runs the agent");
-    assert!(!app.app_state.ctx.runtime.is_live(id));
+    assert!(
+        b.state.ctx.runtime.is_live(id.into()),
+        "the second replica runs the agent"
+    );
+    assert!(!app.app_state.ctx.runtime.is_live(id.into()));
     (b, task, id, pid, worktree)
 }
 
@@ -339,7 +342,7 @@ async fn an_archive_stops_the_agent_another_replica_runs_first(app: TestApp) {
         !pid_alive(pid),
         "the agent working on the second replica is stopped before the archive answers"
     );
-    assert!(!b.state.ctx.runtime.is_live(id));
+    assert!(!b.state.ctx.runtime.is_live(id.into()));
     let job = wait_job_settled(&app, uuid(&archived["cleanup_jobs"][0]["id"])).await;
     assert_eq!(job["state"], "succeeded", "{job}");
     assert!(
@@ -362,7 +365,7 @@ async fn a_delete_stops_the_agent_another_replica_runs_first(app: TestApp) {
         !pid_alive(pid),
         "the agent working on the second replica is stopped before the delete answers"
     );
-    assert!(!b.state.ctx.runtime.is_live(id));
+    assert!(!b.state.ctx.runtime.is_live(id.into()));
     let job = wait_job_settled(&app, uuid(&deleted["cleanup_jobs"][0]["id"])).await;
     assert_eq!(job["state"], "succeeded", "{job}");
     assert!(
@@ -425,7 +428,7 @@ async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped(backend: Backen
     let job = wait_job_settled(&app, job_id).await;
     assert_eq!(job["state"], "succeeded", "{job}");
     assert!(!pid_alive(pid), "stopped by the node that ran it");
-    assert!(!b.state.ctx.runtime.is_live(id));
+    assert!(!b.state.ctx.runtime.is_live(id.into()));
     assert!(
         !std::path::Path::new(&worktree).exists(),
         "the job removed the worktree"

@@ -631,7 +631,7 @@ async fn bad_session_requests_create_nothing(app: TestApp) {
         use berth::entity::task as t;
         use sea_orm::{ActiveValue::Set, EntityTrait};
         t::Entity::update(t::ActiveModel {
-            id: Set(task),
+            id: Set(task.into()),
             archived_at: Set(Some(chrono::Utc::now())),
             ..Default::default()
         })
@@ -660,10 +660,10 @@ async fn cleanup_barrier_refuses_new_sessions(app: TestApp) {
     let task = app.task(ws, "Barrier", &[repo]).await;
     let now = chrono::Utc::now();
     job::Entity::insert(job::ActiveModel {
-        id: Set(Uuid::now_v7()),
-        operation_id: Set(Uuid::now_v7()),
-        task_id: Set(task),
-        workspace_id: Set(ws),
+        id: Set(berth::ids::CleanupJobId::now_v7()),
+        operation_id: Set(berth::ids::OperationId::now_v7()),
+        task_id: Set(task.into()),
+        workspace_id: Set(ws.into()),
         task_environment_id: Set(None),
         trigger: Set(job::CleanupTrigger::Archive),
         state: Set(job::CleanupJobState::Pending),
@@ -762,14 +762,14 @@ async fn insert_creating(app: &TestApp, task: Uuid, updated_at: chrono::DateTime
     use sea_orm::{ActiveValue::Set, EntityTrait};
     let id = Uuid::now_v7();
     env::Entity::insert(env::ActiveModel {
-        id: Set(id),
-        task_id: Set(task),
+        id: Set(id.into()),
+        task_id: Set(task.into()),
         executor_type: Set(env::ExecutorType::Worktree),
         status: Set(env::EnvironmentStatus::Creating),
         workspace_path: Set(None),
         node_id: Set(app.config.node_id.clone()),
         ownership_generation: Set(1),
-        materializer_id: Set(Some(Uuid::now_v7())),
+        materializer_id: Set(Some(berth::ids::InstanceId::now_v7())),
         error_message: Set(None),
         created_at: Set(updated_at),
         updated_at: Set(updated_at),
@@ -809,7 +809,7 @@ async fn session_retrying_while_preparing(app: &TestApp, task: Uuid) -> Value {
 fn slot_dir(app: &TestApp, title: &str, task: Uuid, repo_name: &str) -> PathBuf {
     app.config
         .worktree_root
-        .join(berth::executor::task_dir_name(title, task))
+        .join(berth::executor::task_dir_name(title, task.into()))
         .join(repo_name)
 }
 
@@ -839,7 +839,7 @@ async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app
     // before its stale row exists: the server's sweep may take the row over as soon as it is inserted.
     let dir = slot_dir(&app, "Abandoned", task, "svc");
     std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
-    let branch = format!("berth/{}", berth::executor::task_dir_name("Abandoned", task));
+    let branch = format!("berth/{}", berth::executor::task_dir_name("Abandoned", task.into()));
     git(
         &source,
         &["worktree", "add", "-q", "-b", &branch, dir.to_str().unwrap(), "main"],
@@ -870,7 +870,7 @@ async fn incomplete_or_foreign_directories_are_not_adopted(app: TestApp) {
     let task = app.task(ws, "Locked", &[repo]).await;
     let dir = slot_dir(&app, "Locked", task, "svc");
     std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
-    let branch = format!("berth/{}", berth::executor::task_dir_name("Locked", task));
+    let branch = format!("berth/{}", berth::executor::task_dir_name("Locked", task.into()));
     git(
         &source,
         &["worktree", "add", "-q", "-b", &branch, dir.to_str().unwrap(), "main"],
@@ -923,7 +923,7 @@ async fn compensation_spares_adopted_worktrees(app: TestApp) {
     let task = app.task(ws, "Spare", &[a, b]).await;
     let dir = slot_dir(&app, "Spare", task, "a");
     std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
-    let branch = format!("berth/{}", berth::executor::task_dir_name("Spare", task));
+    let branch = format!("berth/{}", berth::executor::task_dir_name("Spare", task.into()));
     git(
         &a_path,
         &["worktree", "add", "-q", "-b", &branch, dir.to_str().unwrap(), "main"],

@@ -1,12 +1,12 @@
 //! The barrier (I6, I7): a `prepared` job with a complete snapshot is written before its mutation,
 //! activated in the mutation's own transaction, cancelled if the mutation did not commit, and settled by
 //! reconciliation if the operation crashed in between.
+use crate::ids::{EnvironmentId, RepositoryId, TaskId};
 use std::path::Path;
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction};
-use uuid::Uuid;
 
-use super::state::{JobEvent, job_event, transition};
+use super::state::{JobEvent, transition};
 use super::{AgentProcess, EnvironmentSnapshot, Snapshot, WorktreeSnapshot, snapshot_of};
 use crate::domain::{Ctx, environments};
 use crate::entity::cleanup_job::{self as job, CleanupJobState, CleanupTrigger};
@@ -53,7 +53,7 @@ async fn environment_snapshot<C: ConnectionTrait>(
         return Ok(snap);
     }
     // The base each slot measures "merged" against (the branch policy).
-    let bases: Vec<(Uuid, String, String)> = task_store::slots_with_repositories(conn, t.id)
+    let bases: Vec<(RepositoryId, String, String)> = task_store::slots_with_repositories(conn, t.id)
         .await?
         .into_iter()
         .filter_map(|(slot, repo)| {
@@ -61,7 +61,7 @@ async fn environment_snapshot<C: ConnectionTrait>(
             Some((slot.repository_id, slot.branch_slug, base))
         })
         .collect();
-    let base_of = |repository_id: Uuid, slug: &str| {
+    let base_of = |repository_id: RepositoryId, slug: &str| {
         bases
             .iter()
             .find(|(r, s, _)| *r == repository_id && s == slug)
@@ -130,7 +130,7 @@ pub(crate) async fn leftover_environments<C: ConnectionTrait>(
     conn: &C,
     ctx: &Ctx,
     t: &task::Model,
-    current: Option<Uuid>,
+    current: Option<EnvironmentId>,
 ) -> Result<Vec<EnvironmentSnapshot>> {
     if t.workspace_mode == WorkspaceMode::InheritParent {
         return Ok(Vec::new());
@@ -171,7 +171,7 @@ pub(crate) async fn leftover_environments<C: ConnectionTrait>(
 
 /// A lifecycle job covers every environment the task had: a `superseded_cleanup` job still waiting is
 /// cancelled in its favour (a running one is waited for: `task_cleanup_in_progress`, retryable).
-async fn subsume_superseded_cleanups(txn: &DatabaseTransaction, ctx: &Ctx, task_id: uuid::Uuid) -> Result<()> {
+async fn subsume_superseded_cleanups(txn: &DatabaseTransaction, ctx: &Ctx, task_id: TaskId) -> Result<()> {
     let waiting = crate::store::cleanup_jobs::of_task(
         txn,
         task_id,
@@ -228,37 +228,12 @@ pub(crate) async fn prepare(
         delete_branches: None,
         branches: Vec::new(),
     };
-    let now = crate::clock::now();
-    let actor = crate::actor::current();
-    let model = job::Model {
-        id: Uuid::now_v7(),
-        operation_id: Uuid::now_v7(),
-        task_id: t.id,
-        workspace_id: t.workspace_id,
-        task_environment_id: owned.as_ref().map(|(e, _)| e.id),
-        trigger,
-        state: CleanupJobState::Prepared,
-        attempts: 0,
-        max_attempts: ctx.config.cleanup_max_attempts as i32,
-        next_attempt_at: None,
-        last_error: None,
-        resource_snapshot: serde_json::to_value(&snapshot).map_err(|e| Error::Internal(e.into()))?,
-        node_id: owned
-            .as_ref()
-            .map(|(e, _)| e.node_id.clone())
-            .unwrap_or_else(|| ctx.config.node_id.clone()),
-        lease_owner: None,
-        lease_expires_at: None,
-        created_at: now,
-        updated_at: now,
-        completed_at: None,
-        actor_sub: actor.as_ref().map(|a| a.sub.clone()),
-        actor_session_id: actor.and_then(|a| a.session_id),
-    };
-    store::insert(txn, &model).await?;
-    ctx.metrics.cleanup_job_moved(None, model.state);
-    job_event(txn, ctx, &model).await?;
-    Ok(model)
+    let node_id = owned
+        .as_ref()
+        .map(|(e, _)| e.node_id.clone())
+        .unwrap_or_else(|| ctx.config.node_id.clone());
+    let environment = owned.as_ref().map(|(e, _)| e.id);
+    super::state::create(txn, ctx, &snapshot, trigger, environment, node_id).await
 }
 
 /// `prepared` → `pending` (the mutation committed) in the mutation's own transaction.

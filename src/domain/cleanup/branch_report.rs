@@ -1,8 +1,8 @@
 //! What a delete does with each branch berth created: predicted in the delete answer, recorded as done
 //! in the cleanup job's snapshot. The policy that decides lives in `domain::branches`.
+use crate::ids::RepositoryId;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -42,7 +42,7 @@ pub enum BranchReason {
 /// One branch's fate, in the delete answer (predicted) and in the cleanup job's snapshot (as done).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct BranchDecision {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub branch: String,
     pub action: BranchAction,
     pub reason: BranchReason,

@@ -2,11 +2,10 @@
 //! (`FOR UPDATE SKIP LOCKED` on PostgreSQL, `BEGIN IMMEDIATE` on SQLite) that moves one due (or
 //! abandoned) job of this node to `running` under a lease; the heartbeat keeps the lease; the result is
 //! recorded only while the lease is still ours. The worker (`worker::cleanup`) calls these.
+use crate::ids::CleanupJobId;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-
-use uuid::Uuid;
 
 use super::execute::{self, Outcome};
 use super::state::{JobEvent, transition};
@@ -72,7 +71,7 @@ pub fn job_actor(j: &job::Model) -> Option<crate::actor::Actor> {
 
 /// The heartbeat of a running job: extends its lease every third of it; sets `lost` and stops when the
 /// lease was taken over or the job cancelled.
-pub async fn keep_lease(ctx: Ctx, owner: String, id: Uuid, attempts: i32, lost: Arc<AtomicBool>) {
+pub async fn keep_lease(ctx: Ctx, owner: String, id: CleanupJobId, attempts: i32, lost: Arc<AtomicBool>) {
     let every = (ctx.config.cleanup_lease / 3).max(Duration::from_millis(100));
     let lease = chrono::Duration::from_std(ctx.config.cleanup_lease).unwrap_or(chrono::Duration::minutes(5));
     let guard = LeaseGuard {

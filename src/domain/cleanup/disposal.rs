@@ -1,6 +1,7 @@
 //! What berth kept on disk (`cleanup::kept`), listed and disposed of:
 //! `GET /workspaces/{id}/leftovers` and
 //! `DELETE /workspaces/{id}/leftovers/{leftover_id}?discard_worktree_changes=true`.
+use crate::ids::{EnvironmentId, LeftoverId, RepositoryId, TaskId, WorkspaceId};
 use std::path::Path;
 
 use anyhow::anyhow;
@@ -21,7 +22,7 @@ use crate::store::{environments as env_store, leftovers as store};
 /// A directory berth kept (`GET /workspaces/{id}/leftovers`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Leftover {
-    pub id: Uuid,
+    pub id: LeftoverId,
     /// Where it is now.
     pub path: String,
     /// Where it was: the worktree path (the same as `path` for a worktree kept in place).
@@ -29,10 +30,10 @@ pub struct Leftover {
     pub reason: LeftoverReason,
     /// What berth found, in words.
     pub detail: String,
-    pub repository_id: Option<Uuid>,
+    pub repository_id: Option<RepositoryId>,
     /// The task it was kept for; null once that task is gone.
-    pub task_id: Option<Uuid>,
-    pub task_environment_id: Option<Uuid>,
+    pub task_id: Option<TaskId>,
+    pub task_environment_id: Option<EnvironmentId>,
     /// The node whose disk holds it: a disposal is carried out there (issue 39).
     pub node_id: Option<String>,
     /// Kept since.
@@ -41,7 +42,7 @@ pub struct Leftover {
 
 /// What berth kept on disk in this workspace, oldest first (scope `tasks:read`). A row whose directory is
 /// gone (someone removed it) is dropped from the list, by the node whose disk held it only.
-pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid) -> Result<Vec<Leftover>> {
+pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: WorkspaceId) -> Result<Vec<Leftover>> {
     crate::domain::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     let mut out = Vec::new();
     for l in store::of_workspace(&ctx.db.conn, workspace_id).await? {
@@ -78,8 +79,8 @@ pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, workspace_id: Uuid) -> Result
 pub async fn dispose(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    workspace_id: Uuid,
-    id: Uuid,
+    workspace_id: WorkspaceId,
+    id: LeftoverId,
     consent: Option<Consent>,
 ) -> Result<()> {
     crate::domain::workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
@@ -122,7 +123,7 @@ pub async fn dispose(
             }
         }
         LeftoverReason::DirtyWorktree => {
-            let env_id = l.task_environment_id.unwrap_or_default();
+            let env_id = l.task_environment_id.unwrap_or(Uuid::nil().into());
             if claimed_by_another(ctx, env_id, &l.path).await? {
                 return Err(Error::InvalidState("an environment works in it again".into()));
             }

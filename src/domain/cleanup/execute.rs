@@ -1,6 +1,7 @@
 //! What a claimed job destroys, and what it must not (I8, I11, I13): the snapshot names the resources;
 //! at destruction time a path another environment adopted, an environment passed to another task or
 //! still used by a live one, and a dirty worktree without recorded consent are all left alone.
+use crate::ids::EnvironmentId;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -246,7 +247,7 @@ async fn record_branches(ctx: &Ctx, j: &job::Model, snap: &Snapshot, decisions: 
 
 /// Re-checked at destruction time (I8): the environment was transferred to another task, or a live task
 /// still works in it.
-async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Result<bool> {
+async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: EnvironmentId) -> Result<bool> {
     let conn = &ctx.db.conn;
     let Some(e) = env_store::find(conn, env_id).await? else {
         return Ok(false);
@@ -270,7 +271,7 @@ async fn shared_elsewhere(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Res
 
 /// After destruction: the inventory rows are `deleted` and the environment superseded, if it still
 /// belongs to the job's task.
-async fn retire_environment(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Result<()> {
+async fn retire_environment(ctx: &Ctx, snap: &Snapshot, env_id: EnvironmentId) -> Result<()> {
     let now = crate::clock::now();
     let txn = ctx.db.begin_write().await?;
     let Some(e) = env_store::find(&txn, env_id).await? else {

@@ -1,6 +1,6 @@
 //! What operators see and do with cleanup jobs: list, get, retry a failed one, cancel a waiting one.
+use crate::ids::{CleanupJobId, TaskId};
 use sea_orm::ActiveEnum;
-use uuid::Uuid;
 
 use super::state::{JobEvent, transition};
 use crate::auth::UnboundPrincipal;
@@ -36,7 +36,7 @@ fn known<T>(filter: Option<Filter<T>>) -> Option<Option<T>> {
 
 pub struct JobFilter {
     pub state: Option<Filter<CleanupJobState>>,
-    pub task_id: Option<Uuid>,
+    pub task_id: Option<TaskId>,
     pub trigger: Option<Filter<CleanupTrigger>>,
 }
 
@@ -59,7 +59,7 @@ pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, filter: JobFilter, page: Page
     Ok(Page::from_rows(rows, &page, |j| j.id))
 }
 
-pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model> {
+pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: CleanupJobId) -> Result<job::Model> {
     store::find(&ctx.db.conn, id)
         .await?
         .filter(|j| p.sees_workspace(j.workspace_id))
@@ -67,7 +67,7 @@ pub async fn get(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model
 }
 
 /// A `failed` job gets a fresh attempt budget, if what it would remove is still meant to go.
-pub async fn retry(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model> {
+pub async fn retry(ctx: &Ctx, p: &UnboundPrincipal, id: CleanupJobId) -> Result<job::Model> {
     let j = get(ctx, p, id).await?;
     if j.trigger.is_archive() {
         let archived = task_store::find(&ctx.db.conn, j.task_id)
@@ -92,7 +92,7 @@ pub async fn retry(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Mod
 
 /// Only a waiting job can be cancelled; a running one finishes its attempt, unless its node is down
 /// (nothing runs it until the node is back; cancelled, its next instance leaves it).
-pub async fn cancel(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Model> {
+pub async fn cancel(ctx: &Ctx, p: &UnboundPrincipal, id: CleanupJobId) -> Result<job::Model> {
     let patch = JobPatch {
         completed_at: Some(Some(crate::clock::now())),
         lease_owner: Some(None),
@@ -110,7 +110,13 @@ pub async fn cancel(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid) -> Result<job::Mo
 }
 
 /// An operator's transition, on the job as it is now (locked).
-async fn operate(ctx: &Ctx, p: &UnboundPrincipal, id: Uuid, event: JobEvent, patch: JobPatch) -> Result<job::Model> {
+async fn operate(
+    ctx: &Ctx,
+    p: &UnboundPrincipal,
+    id: CleanupJobId,
+    event: JobEvent,
+    patch: JobPatch,
+) -> Result<job::Model> {
     get(ctx, p, id).await?;
     let txn = ctx.db.begin_write().await?;
     let j = store::find_locked(&txn, id)

@@ -10,8 +10,8 @@
 //!   worktree.
 //!
 //! Each kept directory is a row of `leftovers`, listed and disposed of by `disposal`.
+use crate::ids::{EnvironmentId, LeftoverId, TaskId, WorkspaceId};
 use anyhow::anyhow;
-use uuid::Uuid;
 
 use super::WorktreeSnapshot;
 use crate::domain::Ctx;
@@ -28,9 +28,9 @@ const ASIDE: &str = ".berth-leftovers";
 /// Whose a kept directory was: recorded with it.
 #[derive(Debug, Clone, Copy)]
 pub struct Owner {
-    pub workspace_id: Uuid,
-    pub task_id: Option<Uuid>,
-    pub environment_id: Option<Uuid>,
+    pub workspace_id: WorkspaceId,
+    pub task_id: Option<TaskId>,
+    pub environment_id: Option<EnvironmentId>,
 }
 
 /// What sits at a snapshot's worktree path.
@@ -95,7 +95,7 @@ pub(super) async fn refused_directory(
         .await
         .map_err(|e| anyhow!(e).context("removing a directory that is no longer the worktree failed"));
     }
-    let id = Uuid::now_v7();
+    let id = LeftoverId::now_v7();
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -142,7 +142,7 @@ async fn record(
     store::record(
         &ctx.db.conn,
         leftover::Model {
-            id: Uuid::now_v7(),
+            id: LeftoverId::now_v7(),
             workspace_id: owner.workspace_id,
             task_id: owner.task_id,
             task_environment_id: owner.environment_id,

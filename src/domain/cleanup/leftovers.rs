@@ -8,6 +8,7 @@
 //! waiting on a superseded worktree). A task's archive and delete also name an executor transition's
 //! candidate that is still `creating` (I18): this waits for its materializer first, as the current
 //! environment's cleanup does.
+use crate::ids::EnvironmentId;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -94,7 +95,7 @@ pub async fn clean(
 /// Re-checked at destruction time (I8): a superseded environment passed to another task, or one a live
 /// session still works in (another task's borrower, or a `superseded_cleanup` that raced a relaunch),
 /// is not touched now.
-async fn in_use(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Result<Option<&'static str>> {
+async fn in_use(ctx: &Ctx, snap: &Snapshot, env_id: EnvironmentId) -> Result<Option<&'static str>> {
     let conn = &ctx.db.conn;
     let Some(e) = env_store::find(conn, env_id).await? else {
         return Ok(None);
@@ -117,7 +118,7 @@ async fn in_use(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid) -> Result<Option
 }
 
 /// The rows of what is gone become `deleted`, if the environment still belongs to the job's task.
-async fn retire(ctx: &Ctx, snap: &Snapshot, env_id: uuid::Uuid, gone: &[String]) -> Result<()> {
+async fn retire(ctx: &Ctx, snap: &Snapshot, env_id: EnvironmentId, gone: &[String]) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     let belongs = env_store::find(&txn, env_id)
         .await?

@@ -18,8 +18,8 @@ pub mod session_delete;
 pub mod state;
 pub mod worktrees;
 
+use crate::ids::{EnvironmentId, ExecutionId, InstanceId, RepositoryId, SessionId, TaskId, WorkspaceId};
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
 use crate::entity::cleanup_job as job;
 use crate::entity::task_environment_repo::BranchOrigin;
@@ -35,8 +35,8 @@ pub use state::{InvalidTransition, JobEvent};
 /// What a job destroys, captured before the mutation (I6). Survives the task row.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Snapshot {
-    pub task_id: Uuid,
-    pub workspace_id: Uuid,
+    pub task_id: TaskId,
+    pub workspace_id: WorkspaceId,
     /// The environment the task owns, if it owns one with anything on disk.
     pub environment: Option<EnvironmentSnapshot>,
     /// The task's earlier environments that still name worktrees (superseded, failed attempts). Their
@@ -44,7 +44,7 @@ pub struct Snapshot {
     #[serde(default)]
     pub superseded: Vec<EnvironmentSnapshot>,
     /// Sessions whose agents are stopped before anything is touched.
-    pub sessions: Vec<Uuid>,
+    pub sessions: Vec<SessionId>,
     /// The agents those sessions had running when the job was written. A delete whose agents' node is
     /// down is accepted; the rows naming them go with the task, so the job, which runs on that node
     /// once it is back, ends each of these (proven by its process group's mark) before it touches
@@ -55,7 +55,7 @@ pub struct Snapshot {
     /// reset's, whose sessions stay): removed there once the agents ended, so a delete carried out by
     /// another node, or accepted while this one was down, still removes what is on this node's disk.
     #[serde(default)]
-    pub conversations: Vec<Uuid>,
+    pub conversations: Vec<SessionId>,
     /// I11: consent to remove worktrees with uncommitted or untracked changes, as the request gave it
     /// (stored as a boolean).
     #[serde(with = "crate::managed_path::recorded_consent")]
@@ -72,14 +72,14 @@ pub struct Snapshot {
 /// An agent process as a job recorded it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AgentProcess {
-    pub execution_id: Uuid,
+    pub execution_id: ExecutionId,
     pub node_id: String,
     pub pid: Option<i32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EnvironmentSnapshot {
-    pub id: Uuid,
+    pub id: EnvironmentId,
     pub task_root: String,
     pub worktrees: Vec<WorktreeSnapshot>,
     /// The environment was being made when the job was written: its materializer may still make
@@ -94,14 +94,14 @@ pub struct InFlight {
     /// When its lease runs out at the latest: the mutation's commit ended its heartbeats. What a job of
     /// another instance waits for; one of `here` waits for the materializer itself to finish.
     pub until: chrono::DateTime<chrono::Utc>,
-    pub materializer_id: Option<Uuid>,
+    pub materializer_id: Option<InstanceId>,
     /// The instance that ran it, when that was the instance that wrote the job.
-    pub here: Option<Uuid>,
+    pub here: Option<InstanceId>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorktreeSnapshot {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub repository_path: String,
     pub common_git_dir: String,
     pub worktree_path: String,

@@ -5,7 +5,7 @@
 //! I7 holds while it runs (the task accepts no new session until it is done, as during a reset's job),
 //! and `leftovers::clean` keeps and reports a worktree holding changes. One job per environment: a kept
 //! dirty worktree is reported once, not every pass.
-use uuid::Uuid;
+use crate::ids::{CleanupJobId, OperationId};
 
 use super::state::{JobEvent, job_event, transition};
 use super::{Snapshot, barrier};
@@ -83,8 +83,8 @@ async fn reconcile_one(ctx: &Ctx, e: &env::Model) -> Result<bool> {
     };
     let now = crate::clock::now();
     let model = job::Model {
-        id: Uuid::now_v7(),
-        operation_id: Uuid::now_v7(),
+        id: CleanupJobId::now_v7(),
+        operation_id: OperationId::now_v7(),
         task_id: t.id,
         workspace_id: t.workspace_id,
         task_environment_id: Some(e.id),

@@ -1,14 +1,17 @@
 //! The cleanup job's state machine: one transition table (`CleanupJobState::on`) and one helper
 //! (`transition`) that performs a transition, a compare-and-set on the current state then its
-//! `cleanup_job.updated` event, in the caller's transaction. Every job state write goes through it.
+//! `cleanup_job.updated` event, in the caller's transaction. Every job state write goes through it; every
+//! new job enters the machine through `create`.
 use sea_orm::{ActiveEnum, DatabaseTransaction, Iterable};
 use serde_json::json;
 
+use super::Snapshot;
 use crate::domain::Ctx;
-use crate::entity::cleanup_job::{self as job, CleanupJobState};
+use crate::entity::cleanup_job::{self as job, CleanupJobState, CleanupTrigger};
 use crate::error::{Error, Result};
 use crate::events::EventType;
 use crate::events::{self, Subject};
+use crate::ids::{CleanupJobId, EnvironmentId, OperationId};
 use crate::store::cleanup_jobs::{self as store, JobPatch, LeaseGuard};
 
 /// What happens to a job.
@@ -124,6 +127,46 @@ pub(crate) async fn transition(
     }
     ctx.metrics.cleanup_job_moved(Some(j.state), next);
     Ok(Some(updated))
+}
+
+/// Inserts a new job in `prepared` for what `snapshot` names, on `node_id` (where it is carried out),
+/// with its event, in the caller's transaction (I6: the snapshot is taken before the mutation).
+pub(super) async fn create(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    snapshot: &Snapshot,
+    trigger: CleanupTrigger,
+    environment: Option<EnvironmentId>,
+    node_id: String,
+) -> Result<job::Model> {
+    let now = crate::clock::now();
+    let actor = crate::actor::current();
+    let model = job::Model {
+        id: CleanupJobId::now_v7(),
+        operation_id: OperationId::now_v7(),
+        task_id: snapshot.task_id,
+        workspace_id: snapshot.workspace_id,
+        task_environment_id: environment,
+        trigger,
+        state: CleanupJobState::Prepared,
+        attempts: 0,
+        max_attempts: ctx.config.cleanup_max_attempts as i32,
+        next_attempt_at: None,
+        last_error: None,
+        resource_snapshot: serde_json::to_value(snapshot).map_err(|e| Error::Internal(e.into()))?,
+        node_id,
+        lease_owner: None,
+        lease_expires_at: None,
+        created_at: now,
+        updated_at: now,
+        completed_at: None,
+        actor_sub: actor.as_ref().map(|a| a.sub.clone()),
+        actor_session_id: actor.and_then(|a| a.session_id),
+    };
+    store::insert(txn, &model).await?;
+    ctx.metrics.cleanup_job_moved(None, model.state);
+    job_event(txn, ctx, &model).await?;
+    Ok(model)
 }
 
 /// `cleanup_job.updated`: a job was written (inserted, or moved by `transition`).

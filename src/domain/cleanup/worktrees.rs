@@ -3,6 +3,7 @@
 //! (only inside the managed root, dirty ones only with consent, or kept and reported), forgetting exactly
 //! the registration berth recorded, the branch decisions of a delete, and the wait for a materializer
 //! that may still be making what a job would remove.
+use crate::ids::{EnvironmentId, InstanceId};
 use std::path::Path;
 
 use anyhow::anyhow;
@@ -77,7 +78,7 @@ pub(super) async fn branch_after(
 }
 
 /// Another live (not superseded) environment's inventory names this path.
-pub(super) async fn claimed_by_another(ctx: &Ctx, env_id: uuid::Uuid, path: &str) -> Result<bool> {
+pub(super) async fn claimed_by_another(ctx: &Ctx, env_id: EnvironmentId, path: &str) -> Result<bool> {
     Ok(env_store::others_naming(&ctx.db.conn, path, env_id)
         .await?
         .iter()
@@ -221,7 +222,7 @@ const IN_PLACE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Waits for a materializer of this process, a bounded while (no re-poll, so no events meanwhile):
 /// whether it finished, so the job goes on the moment it is done.
-async fn finished_here(ctx: &Ctx, materializer_id: Option<uuid::Uuid>) -> bool {
+async fn finished_here(ctx: &Ctx, materializer_id: Option<InstanceId>) -> bool {
     let deadline = tokio::time::Instant::now() + IN_PLACE_WAIT;
     ctx.materializing.finished(materializer_id, deadline).await
 }

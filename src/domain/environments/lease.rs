@@ -2,8 +2,8 @@
 //! expired is stale (`recovery` takes such rows over).
 use crate::domain::Ctx;
 use crate::entity::task_environment::{self as env, EnvironmentStatus};
+use crate::ids::InstanceId;
 use crate::store::environments as store;
-use uuid::Uuid;
 
 pub(crate) use crate::domain::cleanup::InFlight;
 
@@ -20,41 +20,41 @@ pub(crate) fn is_fresh_creating(ctx: &Ctx, e: &env::Model) -> bool {
 /// its lease.
 #[derive(Default)]
 pub struct Materializing {
-    running: std::sync::Mutex<std::collections::HashSet<Uuid>>,
+    running: std::sync::Mutex<std::collections::HashSet<InstanceId>>,
     /// Told whenever one is forgotten.
     finished: tokio::sync::Notify,
 }
 
 /// Held while a materialization runs; dropping it (on every way out) forgets the materialization.
-pub(crate) struct Running(std::sync::Arc<Materializing>, Option<Uuid>);
+pub(crate) struct Running(std::sync::Arc<Materializing>, Option<InstanceId>);
 
 impl Materializing {
     /// Marks a materialization as running here from its election on (before the election commits, so
     /// that no mutation can see its `creating` row without seeing it here); `hold` takes it over.
-    pub(super) fn register(&self, materializer_id: Option<Uuid>) {
+    pub(super) fn register(&self, materializer_id: Option<InstanceId>) {
         if let Some(id) = materializer_id {
             self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         }
     }
 
-    pub(super) fn forget(&self, materializer_id: Option<Uuid>) {
+    pub(super) fn forget(&self, materializer_id: Option<InstanceId>) {
         if let Some(id) = materializer_id {
             self.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             self.finished.notify_waiters();
         }
     }
 
-    pub(super) fn hold(self: &std::sync::Arc<Self>, materializer_id: Option<Uuid>) -> Running {
+    pub(super) fn hold(self: &std::sync::Arc<Self>, materializer_id: Option<InstanceId>) -> Running {
         self.register(materializer_id);
         Running(self.clone(), materializer_id)
     }
 
-    pub(crate) fn is_running(&self, materializer_id: Option<Uuid>) -> bool {
+    pub(crate) fn is_running(&self, materializer_id: Option<InstanceId>) -> bool {
         materializer_id.is_some_and(|id| self.running.lock().unwrap_or_else(|p| p.into_inner()).contains(&id))
     }
 
     /// Waits until the materialization is no longer running here, or `deadline`: whether it finished.
-    pub(crate) async fn finished(&self, materializer_id: Option<Uuid>, deadline: tokio::time::Instant) -> bool {
+    pub(crate) async fn finished(&self, materializer_id: Option<InstanceId>, deadline: tokio::time::Instant) -> bool {
         loop {
             let told = self.finished.notified();
             tokio::pin!(told);

@@ -9,9 +9,9 @@
 //! Executor transitions (I18) live in `transition`, the `creating` lease in `lease`, the takeover of
 //! abandoned materializations in `recovery`, the status writes (settle, supersede) in `state`; what other
 //! modules call is re-exported here.
+use crate::ids::{EnvironmentId, InstanceId, TaskId};
 use sea_orm::{ConnectionTrait, DatabaseTransaction};
 use serde_json::json;
-use uuid::Uuid;
 
 use super::Ctx;
 use crate::auth::Principal;
@@ -61,7 +61,7 @@ impl EnvironmentView {
 }
 
 /// The current (non-superseded) environment of an owner task.
-pub(crate) async fn current<C: ConnectionTrait>(conn: &C, owner_task_id: Uuid) -> Result<Option<env::Model>> {
+pub(crate) async fn current<C: ConnectionTrait>(conn: &C, owner_task_id: TaskId) -> Result<Option<env::Model>> {
     let mut envs = store::live_of(conn, owner_task_id).await?;
     // The ready one is current; without one, the one being made; else the newest failed attempt.
     let rank = |e: &env::Model| match e.status {
@@ -218,7 +218,7 @@ impl Made {
     /// may stay for another attempt to adopt, and compensation keeps the branches: the ledger is what
     /// tells berth's branches from the user's). In a transaction of its own; a failure only goes to the
     /// log.
-    pub(super) async fn record_unpublished(&self, ctx: &Ctx, owner: &task::Model, env_id: Uuid) {
+    pub(super) async fn record_unpublished(&self, ctx: &Ctx, owner: &task::Model, env_id: EnvironmentId) {
         let recorded = async {
             let txn = ctx.db.begin_write().await?;
             self.record_progress(&txn, ctx, owner, env_id).await?;
@@ -238,7 +238,7 @@ impl Made {
         txn: &DatabaseTransaction,
         ctx: &Ctx,
         owner: &task::Model,
-        env_id: Uuid,
+        env_id: EnvironmentId,
     ) -> Result<()> {
         let subject = env_subject(owner, env_id);
         append_progress(txn, ctx, &subject, self.progress.iter().copied()).await
@@ -387,14 +387,14 @@ pub(super) async fn new_candidate(
     }
     let now = crate::clock::now();
     let model = env::Model {
-        id: Uuid::now_v7(),
+        id: EnvironmentId::now_v7(),
         task_id: owner.id,
         executor_type: executor,
         status: EnvironmentStatus::Creating,
         workspace_path: None,
         node_id: ctx.config.node_id.clone(),
         ownership_generation: 1,
-        materializer_id: Some(Uuid::now_v7()),
+        materializer_id: Some(InstanceId::now_v7()),
         error_message: None,
         created_at: now,
         updated_at: now,
@@ -546,7 +546,7 @@ pub(super) fn plan_slots(slots: &Slots, task_dir: &str) -> Result<Vec<worktree::
 }
 
 /// The current environment of a task (its owner's, for an `inherit_parent` subtask).
-pub async fn of_task(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Result<EnvironmentView> {
+pub async fn of_task(ctx: &Ctx, p: &Principal, task_id: TaskId) -> Result<EnvironmentView> {
     let task = super::tasks::readable(&ctx.db.conn, p, task_id).await?;
     let owner = owner_of(&ctx.db.conn, &task).await?;
     let e = current(&ctx.db.conn, owner.id)
@@ -555,7 +555,7 @@ pub async fn of_task(ctx: &Ctx, p: &Principal, task_id: Uuid) -> Result<Environm
     view(&ctx.db.conn, e).await
 }
 
-pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<EnvironmentView> {
+pub async fn get(ctx: &Ctx, p: &Principal, id: EnvironmentId) -> Result<EnvironmentView> {
     let (e, owner) = store::find_with_owner(&ctx.db.conn, id)
         .await?
         .ok_or(Error::NotFound("environment"))?;

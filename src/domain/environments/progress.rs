@@ -1,9 +1,9 @@
 //! A materialization's progress (`environment.progress`): one event per repository and stage,
 //! recorded behind the work by one writer, and the stages still queued when the work ends handed to
 //! the transaction that follows.
+use crate::ids::{EnvironmentId, RepositoryId};
 use sea_orm::DatabaseTransaction;
 use serde_json::json;
-use uuid::Uuid;
 
 use super::state::env_subject;
 use crate::domain::Ctx;
@@ -13,7 +13,7 @@ use crate::events::{self, EventType};
 use crate::executor::worktree;
 
 /// A repository's stage, waiting to be recorded.
-pub(super) type Stage = (Uuid, worktree::Stage);
+pub(super) type Stage = (RepositoryId, worktree::Stage);
 
 /// Records each repository's progress as an `environment.progress` event, behind the work: a stage is
 /// queued and the materialization goes on at once; one writer appends the queued stages in order, all
@@ -23,9 +23,9 @@ pub(super) type Stage = (Uuid, worktree::Stage);
 pub(super) fn reporter(
     ctx: &Ctx,
     owner: &task::Model,
-    env_id: Uuid,
+    env_id: EnvironmentId,
 ) -> (
-    impl Fn(Uuid, worktree::Stage) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + use<>,
+    impl Fn(RepositoryId, worktree::Stage) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + use<>,
     ProgressWriter,
 ) {
     // `None` asks the writer to hand back what is queued before it, unwritten.
@@ -68,17 +68,17 @@ pub(super) struct ProgressWriter {
 impl ProgressWriter {
     /// Waits for the stages being written, and returns those still queued, for the caller to append in
     /// the transaction that follows (the publish: one commit fewer on the way to the answer).
-    pub(super) async fn hand_over(self, env_id: Uuid) -> Vec<Stage> {
+    pub(super) async fn hand_over(self, env_id: EnvironmentId) -> Vec<Stage> {
         let _ = self.tx.send(None);
         self.joined(env_id).await
     }
 
     /// Waits until every queued stage is written.
-    pub(super) async fn finish(self, env_id: Uuid) {
+    pub(super) async fn finish(self, env_id: EnvironmentId) {
         self.joined(env_id).await;
     }
 
-    async fn joined(self, env_id: Uuid) -> Vec<Stage> {
+    async fn joined(self, env_id: EnvironmentId) -> Vec<Stage> {
         // The channel closes with this sender (the reporter's is gone): the writer ends once it is empty.
         drop(self.tx);
         self.handle.await.unwrap_or_else(|_| {

@@ -1,9 +1,9 @@
 //! Environment status writes: a `creating` row settles (ready or failed) only through `settle`, a
 //! compare-and-set on the row its materializer still holds followed by its event; earlier environments
 //! are superseded (kept for diagnostics, untouched on disk) with theirs.
+use crate::ids::{EnvironmentId, InstanceId, TaskId};
 use sea_orm::DatabaseTransaction;
 use serde_json::json;
-use uuid::Uuid;
 
 use crate::domain::Ctx;
 use crate::entity::task;
@@ -36,7 +36,7 @@ pub(crate) async fn supersede(
     txn: &DatabaseTransaction,
     ctx: &Ctx,
     owner: &task::Model,
-    env_id: Uuid,
+    env_id: EnvironmentId,
     reason: &str,
 ) -> Result<()> {
     store::mark_superseded(txn, env_id, crate::clock::now()).await?;
@@ -56,9 +56,9 @@ pub(crate) async fn supersede(
 /// `task_cleanup_in_progress` instead when the task's lifecycle is what took the workspace (I7).
 pub(crate) async fn mark_broken(
     ctx: &Ctx,
-    task_id: Uuid,
+    task_id: TaskId,
     owner: &task::Model,
-    env_id: Uuid,
+    env_id: EnvironmentId,
     category: crate::error::ReuseCategory,
 ) -> Result<bool> {
     let txn = ctx.db.begin_write().await?;
@@ -85,7 +85,7 @@ pub(crate) async fn mark_broken(
 }
 
 /// A broken environment admission proved again is ready, with `environment.ready` (`reason: recovered`).
-pub(crate) async fn mark_recovered(ctx: &Ctx, owner: &task::Model, env_id: Uuid) -> Result<()> {
+pub(crate) async fn mark_recovered(ctx: &Ctx, owner: &task::Model, env_id: EnvironmentId) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     if !store::mark_recovered(&txn, env_id, crate::clock::now()).await? {
         txn.rollback().await?;
@@ -113,8 +113,8 @@ pub(crate) fn broken_category(e: &env::Model) -> crate::error::ReuseCategory {
 /// A `creating` environment as its materializer holds it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Held {
-    pub id: Uuid,
-    pub materializer_id: Option<Uuid>,
+    pub id: EnvironmentId,
+    pub materializer_id: Option<InstanceId>,
 }
 
 impl From<&env::Model> for Held {
@@ -146,7 +146,7 @@ pub(super) async fn settle(
     Ok(true)
 }
 
-pub(super) fn env_subject(owner: &task::Model, env_id: Uuid) -> Subject {
+pub(super) fn env_subject(owner: &task::Model, env_id: EnvironmentId) -> Subject {
     Subject {
         task_environment_id: Some(env_id),
         ..Subject::task(owner.workspace_id, owner.id)

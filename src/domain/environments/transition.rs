@@ -1,8 +1,8 @@
 //! Executor transitions (I18): a new environment for another executor is materialized beside the
 //! current one, and becomes current only once a launch in it succeeded; otherwise it is abandoned and the
 //! previous environment stays current, untouched on disk.
+use crate::ids::{EnvironmentId, InstanceId};
 use serde_json::json;
-use uuid::Uuid;
 
 use super::lease::{Lease, Running, is_fresh_creating};
 use super::state::{Held, settle, supersede, supersede_stale};
@@ -106,7 +106,7 @@ async fn elect_candidate(
 /// A transition's directory is its own (I18): never the one an earlier environment of the task left on
 /// disk, which must stay untouched and must not be adopted.
 pub(crate) fn transition_dir(owner: &task::Model, candidate: &env::Model) -> String {
-    let hex = candidate.id.simple().to_string();
+    let hex = candidate.id.uuid().simple().to_string();
     format!("{}-{}", owner.slug, &hex[hex.len() - 8..])
 }
 
@@ -129,8 +129,8 @@ pub(crate) async fn promote_transition(
     txn: &sea_orm::DatabaseTransaction,
     ctx: &Ctx,
     task: &task::Model,
-    candidate_id: Uuid,
-    materializer_id: Option<Uuid>,
+    candidate_id: EnvironmentId,
+    materializer_id: Option<InstanceId>,
 ) -> Result<()> {
     let owner = owner_of(txn, task).await?;
     for old in store::live_of(txn, owner.id)

@@ -1,9 +1,9 @@
 //! Commit what is in an environment's worktrees: all of it, or the listed paths, in each listed slot
 //! (every slot by default), never while an agent's turn runs there.
+use crate::ids::{EnvironmentId, RepositoryId};
 use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::{Ctx, author, git_failed, idle, landable, slots};
 use crate::auth::Principal;
@@ -16,7 +16,7 @@ const MAX_MESSAGE: usize = 20_000;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SlotCommit {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     /// The task branch the commit is on.
     pub branch: String,
     pub commit: String,
@@ -24,7 +24,7 @@ pub struct SlotCommit {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Committed {
-    pub task_environment_id: Uuid,
+    pub task_environment_id: EnvironmentId,
     /// One per slot that had something to commit.
     pub commits: Vec<SlotCommit>,
 }
@@ -32,9 +32,9 @@ pub struct Committed {
 pub async fn commit(
     ctx: &Ctx,
     p: &Principal,
-    env_id: Uuid,
+    env_id: EnvironmentId,
     message: &str,
-    repository_ids: Option<&[Uuid]>,
+    repository_ids: Option<&[RepositoryId]>,
     paths: &[String],
 ) -> Result<Committed> {
     if message.trim().is_empty() || message.len() > MAX_MESSAGE {

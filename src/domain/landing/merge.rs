@@ -6,10 +6,10 @@
 //! `git merge --ff-only` (the move is always a fast-forward of what it has), and otherwise refuses without
 //! naming its path. The task branch and worktree are kept; the task moves to the column that takes merged
 //! work.
+use crate::ids::{EnvironmentId, RepositoryId};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::{Ctx, author, git_failed, landable, slots};
 use crate::auth::Principal;
@@ -31,7 +31,7 @@ pub enum Strategy {
 }
 
 pub struct MergeRequest {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub into: Option<String>,
     pub strategy: Strategy,
     pub message: Option<String>,
@@ -40,8 +40,8 @@ pub struct MergeRequest {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Merged {
-    pub task_environment_id: Uuid,
-    pub repository_id: Uuid,
+    pub task_environment_id: EnvironmentId,
+    pub repository_id: RepositoryId,
     /// The branch that moved.
     pub into: String,
     pub strategy: Strategy,
@@ -53,7 +53,7 @@ pub struct Merged {
     pub checkout_updated: bool,
 }
 
-pub async fn merge(ctx: &Ctx, p: &Principal, env_id: Uuid, req: MergeRequest) -> Result<Merged> {
+pub async fn merge(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, req: MergeRequest) -> Result<Merged> {
     let (e, task) = landable(ctx, p, env_id).await?;
     let slot = slots(ctx, &e, Some(&[req.repository_id]), "repository_id")
         .await?

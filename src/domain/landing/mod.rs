@@ -11,9 +11,8 @@ mod merge;
 pub mod pull_requests;
 mod push;
 
+use crate::ids::{EnvironmentId, RepositoryId};
 use std::path::PathBuf;
-
-use uuid::Uuid;
 
 use super::Ctx;
 use crate::auth::Principal;
@@ -29,7 +28,7 @@ pub use push::{Pushed, push};
 
 /// One repository slot of an environment, as landing needs it.
 pub(crate) struct Slot {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     /// The task's worktree (berth's).
     pub worktree: PathBuf,
     /// The registered repository (its common git dir holds the branches).
@@ -42,7 +41,7 @@ pub(crate) struct Slot {
 
 /// The environment, when its worktrees can be landed from here: seen by the caller, not broken, ready,
 /// on this node.
-pub(crate) async fn landable(ctx: &Ctx, p: &Principal, env_id: Uuid) -> Result<(env::Model, task::Model)> {
+pub(crate) async fn landable(ctx: &Ctx, p: &Principal, env_id: EnvironmentId) -> Result<(env::Model, task::Model)> {
     let view = super::environments::get(ctx, p, env_id).await?;
     let e = view.env;
     if e.status == EnvironmentStatus::Broken {
@@ -74,7 +73,7 @@ pub(crate) async fn idle(ctx: &Ctx, e: &env::Model) -> Result<()> {
 
 /// The environment's slots (those named, or all), first to last; a repository that is not one of them is
 /// `422` on `field`.
-pub(crate) async fn slots(ctx: &Ctx, e: &env::Model, only: Option<&[Uuid]>, field: &str) -> Result<Vec<Slot>> {
+pub(crate) async fn slots(ctx: &Ctx, e: &env::Model, only: Option<&[RepositoryId]>, field: &str) -> Result<Vec<Slot>> {
     let worktrees = super::checkpoints::worktrees(ctx, e).await?;
     if let Some(ids) = only
         && let Some(unknown) = ids.iter().find(|id| !worktrees.iter().any(|w| w.repository_id == **id))

@@ -3,12 +3,12 @@
 //! the task, and reads its state again every `BERTH_PULL_REQUEST_POLL_SECS`. GitLab is not supported (no
 //! way to prove it here the same way). The token goes only in the request's `Authorization` header; it is
 //! never logged, stored or answered.
+use crate::ids::{EnvironmentId, PullRequestId, RepositoryId, WorkspaceId};
 use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::{Ctx, landable, slots};
 use crate::auth::Principal;
@@ -20,7 +20,7 @@ use crate::events::{self, EventType, Subject};
 const API_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct NewPullRequest {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     pub title: String,
     pub body: Option<String>,
     pub base: Option<String>,
@@ -30,9 +30,9 @@ pub struct NewPullRequest {
 /// A pull request as a task lists it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct PullRequest {
-    pub id: Uuid,
-    pub repository_id: Uuid,
-    pub task_environment_id: Uuid,
+    pub id: PullRequestId,
+    pub repository_id: RepositoryId,
+    pub task_environment_id: EnvironmentId,
     pub url: String,
     pub number: i64,
     /// `open`, `closed` or `merged`, as last read from its host.
@@ -133,7 +133,7 @@ fn state_of(v: &Value) -> (String, bool) {
 }
 
 /// Pushes the task branch and opens a pull request for it.
-pub async fn open(ctx: &Ctx, p: &Principal, env_id: Uuid, new: NewPullRequest) -> Result<pr::Model> {
+pub async fn open(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, new: NewPullRequest) -> Result<pr::Model> {
     if new.title.trim().is_empty() || new.title.len() > 1_000 {
         return Err(Error::invalid("title", "must be 1 to 1000 bytes"));
     }
@@ -180,7 +180,7 @@ pub async fn open(ctx: &Ctx, p: &Principal, env_id: Uuid, new: NewPullRequest) -
     let (state, draft) = state_of(&answer);
     let now = crate::clock::now();
     let row = pr::Model {
-        id: Uuid::now_v7(),
+        id: PullRequestId::now_v7(),
         task_id: task.id,
         task_environment_id: e.id,
         repository_id: new.repository_id,
@@ -204,7 +204,12 @@ pub async fn open(ctx: &Ctx, p: &Principal, env_id: Uuid, new: NewPullRequest) -
     Ok(row)
 }
 
-async fn announce(txn: &sea_orm::DatabaseTransaction, ctx: &Ctx, workspace_id: Uuid, row: &pr::Model) -> Result<()> {
+async fn announce(
+    txn: &sea_orm::DatabaseTransaction,
+    ctx: &Ctx,
+    workspace_id: WorkspaceId,
+    row: &pr::Model,
+) -> Result<()> {
     events::append(
         txn,
         ctx.instance_id,

@@ -2,10 +2,10 @@
 //! gives for the remote's host (`[remotes."host"]`), handed to git by berth's credential helper for
 //! that one process: never written into the repository's config, never in a log, an event or an answer.
 //! git's refusals become typed problems.
+use crate::ids::{EnvironmentId, RepositoryId};
 use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::{Ctx, git_failed, landable, slots};
 use crate::auth::Principal;
@@ -15,8 +15,8 @@ use crate::git::land::{Credential, PushFailure, Step, push_failure};
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Pushed {
-    pub task_environment_id: Uuid,
-    pub repository_id: Uuid,
+    pub task_environment_id: EnvironmentId,
+    pub repository_id: RepositoryId,
     pub remote: String,
     /// The task branch, pushed under its own name.
     pub branch: String,
@@ -40,8 +40,8 @@ fn remote_name(name: &str) -> Result<()> {
 pub async fn push(
     ctx: &Ctx,
     p: &Principal,
-    env_id: Uuid,
-    repository_id: Uuid,
+    env_id: EnvironmentId,
+    repository_id: RepositoryId,
     remote: &str,
     force_with_lease: bool,
 ) -> Result<Pushed> {

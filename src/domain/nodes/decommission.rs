@@ -4,6 +4,7 @@
 //! agents' records over, and its waiting cleanup jobs end (`cancelled`) recording what they would have
 //! removed. Nothing is deleted anywhere. A decommissioned node that comes back refuses to start until an
 //! operator lets it (`BERTH_NODE_READMIT=true`).
+use crate::ids::EnvironmentId;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -50,7 +51,7 @@ pub async fn decommission(ctx: &Ctx, by: Option<String>, node_id: &str, repeated
         return Err(Error::Stale("the node was decommissioned meanwhile".into()));
     }
     let envs = store::environments_on(&txn, node_id).await?;
-    let env_ids: Vec<uuid::Uuid> = envs.iter().map(|e| e.id).collect();
+    let env_ids: Vec<EnvironmentId> = envs.iter().map(|e| e.id).collect();
     store::mark_lost(&txn, &env_ids, now).await?;
     for e in &envs {
         if let Some(owner) = crate::store::tasks::find(&txn, e.task_id).await? {

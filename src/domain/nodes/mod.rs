@@ -11,12 +11,12 @@ pub mod decommission;
 pub mod lease;
 pub mod placement;
 
+use crate::ids::InstanceId;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::RwLock;
 
 use serde::Serialize;
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::Ctx;
 use crate::entity::instance;
@@ -38,7 +38,7 @@ pub enum NodeState {
 /// Who held a lease at the last look.
 #[derive(Default)]
 struct View {
-    live_instances: HashSet<Uuid>,
+    live_instances: HashSet<InstanceId>,
     up: HashSet<String>,
     decommissioned: HashSet<String>,
 }
@@ -95,7 +95,7 @@ pub async fn state(ctx: &Ctx, node_id: &str) -> Result<NodeState> {
 
 /// Whether an instance holds its lease, to act on (this one always does): `true` from the view; a
 /// `false` read again first.
-pub async fn instance_alive(ctx: &Ctx, instance_id: Uuid) -> Result<bool> {
+pub async fn instance_alive(ctx: &Ctx, instance_id: InstanceId) -> Result<bool> {
     if instance_id == ctx.instance_id || ctx.nodes.view.read().unwrap().live_instances.contains(&instance_id) {
         return Ok(true);
     }
@@ -108,7 +108,7 @@ pub async fn instance_alive(ctx: &Ctx, instance_id: Uuid) -> Result<bool> {
 /// process is still there. At this instance's start (`starting`), an instance recorded by this very
 /// process is an earlier one, gone (one process is one instance at a time; a test's restart makes such a
 /// pair). An instance never recorded (work from before instances were) holds no lease.
-pub async fn sibling_alive(ctx: &Ctx, instance_id: Uuid, starting: bool) -> Result<bool> {
+pub async fn sibling_alive(ctx: &Ctx, instance_id: InstanceId, starting: bool) -> Result<bool> {
     if instance_id == ctx.instance_id {
         return Ok(true);
     }
@@ -167,7 +167,7 @@ pub async fn require_up(ctx: &Ctx, node_id: &str) -> Result<()> {
 /// One process of a node, as `GET /nodes` shows it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct InstanceView {
-    pub id: Uuid,
+    pub id: InstanceId,
     pub pid: i32,
     pub host: String,
     /// Where the other instances reach it.

@@ -2,7 +2,7 @@
 //! one that registered them); its environment is made there, its agents run there, and every request
 //! that touches that disk or those agents is carried out there, whichever replica took it
 //! (`api::forward`).
-use uuid::Uuid;
+use crate::ids::{EnvironmentId, SessionId, TaskId};
 
 use super::Ctx;
 use crate::entity::repository;
@@ -30,7 +30,7 @@ pub fn common_node<'a>(repos: impl IntoIterator<Item = &'a repository::Model>) -
 
 /// The node holding a task's work: its (owner's) current environment's, else its repositories'. None for
 /// a task that does not exist (the request then answers 404 where it is) or one bound to no node.
-pub async fn of_task(ctx: &Ctx, task_id: Uuid) -> Result<Option<String>> {
+pub async fn of_task(ctx: &Ctx, task_id: TaskId) -> Result<Option<String>> {
     let conn = &ctx.db.conn;
     let Some(task) = task_store::find(conn, task_id).await? else {
         return Ok(None);
@@ -44,7 +44,7 @@ pub async fn of_task(ctx: &Ctx, task_id: Uuid) -> Result<Option<String>> {
 }
 
 /// The node holding a session's work: its environment's, else its task's.
-pub async fn of_session(ctx: &Ctx, session_id: Uuid) -> Result<Option<String>> {
+pub async fn of_session(ctx: &Ctx, session_id: SessionId) -> Result<Option<String>> {
     let Some(s) = session_store::find(&ctx.db.conn, session_id).await? else {
         return Ok(None);
     };
@@ -57,7 +57,7 @@ pub async fn of_session(ctx: &Ctx, session_id: Uuid) -> Result<Option<String>> {
 }
 
 /// The node holding an environment.
-pub async fn of_environment(ctx: &Ctx, env_id: Uuid) -> Result<Option<String>> {
+pub async fn of_environment(ctx: &Ctx, env_id: EnvironmentId) -> Result<Option<String>> {
     Ok(env_store::find(&ctx.db.conn, env_id).await?.map(|e| e.node_id))
 }
 

@@ -1,6 +1,6 @@
 //! Which sessions a principal may act on, and how a session is shown.
+use crate::ids::SessionId;
 use sea_orm::ConnectionTrait;
-use uuid::Uuid;
 
 use crate::auth::Principal;
 use crate::entity::task;
@@ -49,7 +49,7 @@ impl SessionView {
 }
 
 /// A session the principal may act on: in a visible workspace and, for a session-bound token, itself.
-pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uuid) -> Result<session::Model> {
+pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: SessionId) -> Result<session::Model> {
     Ok(visible_with_task(conn, p, id).await?.0)
 }
 
@@ -57,7 +57,7 @@ pub(crate) async fn visible<C: ConnectionTrait>(conn: &C, p: &Principal, id: Uui
 pub(crate) async fn visible_with_task<C: ConnectionTrait>(
     conn: &C,
     p: &Principal,
-    id: Uuid,
+    id: SessionId,
 ) -> Result<(session::Model, task::Model)> {
     if p.session_id.is_some_and(|bound| bound != id) {
         return Err(Error::NotFound("session"));
@@ -94,14 +94,14 @@ pub(crate) async fn project(ctx: &super::Ctx, s: session::Model) -> Result<Sessi
 }
 
 /// The session, as it is now.
-pub(crate) async fn reload<C: ConnectionTrait>(conn: &C, id: Uuid) -> Result<session::Model> {
+pub(crate) async fn reload<C: ConnectionTrait>(conn: &C, id: SessionId) -> Result<session::Model> {
     store::find(conn, id).await?.ok_or(Error::NotFound("session"))
 }
 
 /// The session as it stands, locked for the rest of a write transaction: a transition from what this
 /// read cannot miss because another writer moved the row meanwhile (PostgreSQL; SQLite holds the writer
 /// lock already). Session rows are taken after task rows and before the event sequence, as every writer does.
-pub(crate) async fn reload_locked(txn: &sea_orm::DatabaseTransaction, id: Uuid) -> Result<session::Model> {
+pub(crate) async fn reload_locked(txn: &sea_orm::DatabaseTransaction, id: SessionId) -> Result<session::Model> {
     store::find_locked(txn, id).await?.ok_or(Error::NotFound("session"))
 }
 

@@ -2,12 +2,12 @@
 //! stored for the agents this node runs (`routing`), with the same rules as a request made here, records
 //! each result, and delivers what other replicas put in those agents' inboxes. It is woken by PostgreSQL
 //! `NOTIFY` and otherwise polls (`BERTH_ROUTING_POLL_MS`).
+use crate::ids::{CommandId, SessionId};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use uuid::Uuid;
 
 use super::Ctx;
 use super::control;
@@ -22,21 +22,24 @@ const KEEP_FINISHED: Duration = Duration::from_secs(3600);
 const TRIM_EVERY: Duration = Duration::from_secs(60);
 
 /// What is being carried out now, so that the next wake does not start it twice.
-#[derive(Default, Clone)]
-struct InFlight(Arc<Mutex<HashSet<Uuid>>>);
+#[derive(Clone)]
+struct InFlight<Id>(Arc<Mutex<HashSet<Id>>>);
 
-impl InFlight {
-    fn claim(&self, id: Uuid) -> bool {
+impl<Id: Copy + Eq + std::hash::Hash> InFlight<Id> {
+    fn new() -> Self {
+        Self(Arc::default())
+    }
+    fn claim(&self, id: Id) -> bool {
         self.0.lock().unwrap().insert(id)
     }
-    fn release(&self, id: Uuid) {
+    fn release(&self, id: Id) {
         self.0.lock().unwrap().remove(&id);
     }
 }
 
 /// Runs until the process ends (a background task of `startup`).
 pub async fn serve_routed(ctx: Ctx) {
-    let (commands, deliveries) = (InFlight::default(), InFlight::default());
+    let (commands, deliveries) = (InFlight::<CommandId>::new(), InFlight::<SessionId>::new());
     let mut listener = None;
     let mut trimmed = tokio::time::Instant::now();
     loop {
@@ -89,7 +92,7 @@ async fn listen(ctx: &Ctx) -> Option<sea_orm::sqlx::postgres::PgListener> {
 }
 
 /// One look: pending commands of the agents live here are started, and their queued messages delivered.
-async fn wake(ctx: &Ctx, commands: &InFlight, deliveries: &InFlight) -> Result<()> {
+async fn wake(ctx: &Ctx, commands: &InFlight<CommandId>, deliveries: &InFlight<SessionId>) -> Result<()> {
     let live = ctx.runtime.live_sessions();
     if live.is_empty() {
         return Ok(());

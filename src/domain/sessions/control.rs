@@ -1,5 +1,5 @@
 //! Driving a running agent: messages, stop (I28), answers to its questions (I31).
-use uuid::Uuid;
+use crate::ids::{ExecutionId, SessionId};
 
 use super::Ctx;
 use super::access::{SessionView, project, reload, reload_locked, visible, visible_with_task};
@@ -13,7 +13,7 @@ use crate::store::sessions::{self as store, StatePatch};
 use crate::store::tasks as task_store;
 
 /// I28: clear `desired_open` first, then stop the process with escalation; the transcript stays.
-pub async fn stop(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionView> {
+pub async fn stop(ctx: &Ctx, p: &Principal, session_id: SessionId) -> Result<SessionView> {
     let s = visible(&ctx.db.conn, p, session_id).await?;
     // Another node runs the agent: it stops it there, by the rule below.
     if !super::routing::forward(ctx, &s, super::routing::Command::Stop).await? {
@@ -26,7 +26,7 @@ pub async fn stop(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionV
 /// here, or on the node that runs it (a routed stop, carried out there as a stop requested there; the
 /// wait is `routing`'s, `BERTH_ROUTING_DEADLINE_MS`). `Ok` once no agent of the session runs anywhere; an error when the node
 /// that runs it did not stop it (the caller does not touch the session's files then).
-pub(crate) async fn end_agent(ctx: &Ctx, session_id: Uuid) -> Result<()> {
+pub(crate) async fn end_agent(ctx: &Ctx, session_id: SessionId) -> Result<()> {
     if ctx.runtime.stop(session_id).await.is_some() {
         return Ok(());
     }
@@ -71,8 +71,8 @@ pub(crate) async fn stop_session(ctx: &Ctx, s: &session::Model) -> Result<()> {
 async fn settle_stopped(
     ctx: &Ctx,
     task: &task::Model,
-    session_id: Uuid,
-    ended: Option<(Uuid, Option<i32>)>,
+    session_id: SessionId,
+    ended: Option<(ExecutionId, Option<i32>)>,
 ) -> Result<()> {
     let txn = ctx.db.begin_write().await?;
     let current = reload_locked(&txn, session_id).await?;
@@ -104,7 +104,7 @@ async fn settle_stopped(
 pub async fn answer_attention(
     ctx: &Ctx,
     p: &Principal,
-    session_id: Uuid,
+    session_id: SessionId,
     request_id: &str,
     answer: Answer,
 ) -> Result<SessionView> {

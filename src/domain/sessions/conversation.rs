@@ -4,12 +4,12 @@
 //! Where the agent keeps it (ACP), berth records the id the agent gave it and loads that id on every
 //! relaunch; an agent that cannot load it refuses the launch. Either way, a relaunch that cannot continue
 //! the recorded conversation never starts another in its place.
+use crate::ids::SessionId;
 use std::io::{BufRead, Read};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use super::Ctx;
 use crate::agent::Delivery;
@@ -39,12 +39,12 @@ fn dir(ctx: &Ctx) -> PathBuf {
 }
 
 /// The one file a session's conversation lives in; derived from the session id, never from a stored path.
-pub(super) fn file(ctx: &Ctx, session_id: Uuid) -> PathBuf {
+pub(super) fn file(ctx: &Ctx, session_id: SessionId) -> PathBuf {
     dir(ctx).join(format!("{session_id}.jsonl"))
 }
 
 /// The profile to spawn: where berth keeps the conversation in a file, its arguments plus that file.
-pub(super) fn launch_profile(ctx: &Ctx, profile: &AgentProfile, session_id: Uuid) -> Result<AgentProfile> {
+pub(super) fn launch_profile(ctx: &Ctx, profile: &AgentProfile, session_id: SessionId) -> Result<AgentProfile> {
     let mut profile = profile.clone();
     if agent::memory(profile.protocol) == Memory::File {
         let dir = dir(ctx);
@@ -229,7 +229,7 @@ fn header_of(path: &std::path::Path, recorded: &str) -> Option<ConversationCateg
 }
 
 /// Removes a deleted session's conversation (conversations are session data; worktrees are not).
-pub(crate) async fn remove(ctx: &Ctx, session_id: Uuid) {
+pub(crate) async fn remove(ctx: &Ctx, session_id: SessionId) {
     let path = file(ctx, session_id);
     match tokio::fs::remove_file(&path).await {
         Ok(()) => {}
@@ -240,7 +240,7 @@ pub(crate) async fn remove(ctx: &Ctx, session_id: Uuid) {
 
 /// Asks an agent who it is (its state), and with `full` what it offers (commands, models); records the
 /// conversation's identity once its file exists, and the rest for snapshots.
-pub(super) async fn learn(ctx: &Ctx, session_id: Uuid, full: bool) -> Result<()> {
+pub(super) async fn learn(ctx: &Ctx, session_id: SessionId, full: bool) -> Result<()> {
     let Some(state) = ask(ctx, session_id, Command::AskState).await else {
         return Ok(());
     };
@@ -272,7 +272,7 @@ pub(super) async fn learn(ctx: &Ctx, session_id: Uuid, full: bool) -> Result<()>
     Ok(())
 }
 
-async fn ask(ctx: &Ctx, session_id: Uuid, command: Command) -> Option<Value> {
+async fn ask(ctx: &Ctx, session_id: SessionId, command: Command) -> Option<Value> {
     match ctx.runtime.call(session_id, command, ASK).await {
         Delivery::Accepted(v) => Some(v),
         _ => None,

@@ -7,9 +7,9 @@
 //! cleanup job for it (visible in `GET /cleanup-jobs`, `node_id` set): once the node is back the job ends
 //! the agent the row named (only if its process group is proven to be that agent's) and removes the
 //! conversation. A decommission ends the job instead.
+use crate::ids::{SessionId, TaskId};
 use sea_orm::DatabaseTransaction;
 use serde_json::json;
-use uuid::Uuid;
 
 use super::Ctx;
 use super::access::{reload, subject, visible};
@@ -22,7 +22,7 @@ use crate::events::{self, EventType};
 use crate::store::sessions as store;
 use crate::store::tasks::lock_task;
 
-pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
+pub async fn delete(ctx: &Ctx, p: &Principal, id: SessionId) -> Result<()> {
     let s = visible(&ctx.db.conn, p, id).await?;
     if let Some(node) = down_elsewhere(ctx, id).await? {
         return delete_for_down_node(ctx, &s, node).await;
@@ -57,7 +57,7 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
 
 /// The node the session's work is on, when that is another node and it is down (not given up: a
 /// decommissioned node's agents and disk are gone already).
-async fn down_elsewhere(ctx: &Ctx, id: Uuid) -> Result<Option<String>> {
+async fn down_elsewhere(ctx: &Ctx, id: SessionId) -> Result<Option<String>> {
     let Some(node) = crate::domain::nodes::placement::of_session(ctx, id).await? else {
         return Ok(None);
     };
@@ -125,7 +125,7 @@ async fn remove_row(txn: &DatabaseTransaction, ctx: &Ctx, task: &Task, s: &sessi
 }
 
 /// I4: a running session first, then the most recently active non-terminal one, then any.
-async fn promote(txn: &DatabaseTransaction, task_id: Uuid) -> Result<Option<session::Model>> {
+async fn promote(txn: &DatabaseTransaction, task_id: TaskId) -> Result<Option<session::Model>> {
     let candidates = store::by_activity(txn, task_id).await?;
     let chosen = candidates
         .iter()

@@ -3,10 +3,10 @@
 //! berth and go as the next prompt when the turn settles (Pi's RPC cannot take back a follow-up it was
 //! given, so berth keeps them until then); a `steer` is forwarded at once. Every change of a message's
 //! state is an event; none is ever dropped silently.
+use crate::ids::{InboxItemId, SessionId};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use super::Ctx;
 use super::access::{SessionView, project, reload, subject, visible, visible_with_task};
@@ -36,7 +36,13 @@ const TAKES_MESSAGES: [SessionState; 5] = [
 ];
 
 /// Stores a message for the session's agent (202: it is delivered as soon as the agent can take it).
-pub async fn post(ctx: &Ctx, p: &Principal, session_id: Uuid, text: &str, delivery: Delivery) -> Result<inbox::Model> {
+pub async fn post(
+    ctx: &Ctx,
+    p: &Principal,
+    session_id: SessionId,
+    text: &str,
+    delivery: Delivery,
+) -> Result<inbox::Model> {
     if text.trim().is_empty() || text.len() > MAX_TEXT {
         return Err(Error::invalid("text", "must be 1 to 200000 bytes"));
     }
@@ -55,7 +61,7 @@ pub async fn post(ctx: &Ctx, p: &Principal, session_id: Uuid, text: &str, delive
 pub(crate) async fn taking_messages(
     ctx: &Ctx,
     p: &Principal,
-    session_id: Uuid,
+    session_id: SessionId,
 ) -> Result<(session::Model, task::Model)> {
     let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
     if !TAKES_MESSAGES.contains(&s.state) {
@@ -67,13 +73,13 @@ pub(crate) async fn taking_messages(
 }
 
 /// A session's messages, oldest first.
-pub async fn list(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Vec<inbox::Model>> {
+pub async fn list(ctx: &Ctx, p: &Principal, session_id: SessionId) -> Result<Vec<inbox::Model>> {
     let s = visible(&ctx.db.conn, p, session_id).await?;
     store::of_session(&ctx.db.conn, s.id).await
 }
 
 /// Takes back a message that is still queued (409 once the agent has it).
-pub async fn cancel(ctx: &Ctx, p: &Principal, session_id: Uuid, message_id: Uuid) -> Result<inbox::Model> {
+pub async fn cancel(ctx: &Ctx, p: &Principal, session_id: SessionId, message_id: InboxItemId) -> Result<inbox::Model> {
     let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
     let message = store::find(&ctx.db.conn, s.id, message_id)
         .await?
@@ -111,7 +117,7 @@ pub async fn cancel(ctx: &Ctx, p: &Principal, session_id: Uuid, message_id: Uuid
 
 /// Ends the agent's current turn at once, ahead of anything queued: berth's queued messages are
 /// cancelled, the agent is told to abort, and the session goes back to `idle` with its agent running.
-pub async fn abort(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionView> {
+pub async fn abort(ctx: &Ctx, p: &Principal, session_id: SessionId) -> Result<SessionView> {
     let (s, task) = visible_with_task(&ctx.db.conn, p, session_id).await?;
     // Another node runs the agent: it aborts there, by the rule below.
     if !super::routing::forward(ctx, &s, super::routing::Command::Abort).await? {
@@ -172,7 +178,7 @@ pub(super) async fn cancel_queued(ctx: &Ctx, task: &task::Model, s: &session::Mo
 }
 
 /// Delivers in the background (the caller does not wait for the agent to accept).
-pub(crate) fn wake(ctx: &Ctx, session_id: Uuid) {
+pub(crate) fn wake(ctx: &Ctx, session_id: SessionId) {
     if !ctx.runtime.is_live(session_id) {
         // The node that runs it (if another one) delivers.
         super::routing::nudge(ctx, session_id);
@@ -187,7 +193,7 @@ pub(crate) fn wake(ctx: &Ctx, session_id: Uuid) {
 }
 
 /// Hands the agent what it can take now, oldest first: a prompt when it is idle, steers while it works.
-pub(crate) async fn dispatch(ctx: &Ctx, session_id: Uuid) -> Result<()> {
+pub(crate) async fn dispatch(ctx: &Ctx, session_id: SessionId) -> Result<()> {
     let Some(lock) = ctx.runtime.dispatch_lock(session_id) else {
         return Ok(());
     };
@@ -266,7 +272,7 @@ async fn settle(
     ctx: &Ctx,
     task: &task::Model,
     s: &session::Model,
-    id: Uuid,
+    id: InboxItemId,
     next: InboxState,
     reason: Option<&str>,
 ) -> Result<bool> {

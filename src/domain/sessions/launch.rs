@@ -1,7 +1,7 @@
 //! Launching (or resuming) a session's agent through admission (I15-I17), in named steps: resolve the
 //! profile, admit the workspace, record the durable handle, spawn, record it running.
 
-use uuid::Uuid;
+use crate::ids::{ExecutionId, SessionId};
 
 use super::access::{SessionView, project, reload, reload_locked, visible};
 use super::conversation;
@@ -23,7 +23,7 @@ use crate::store::sessions::StatePatch;
 use crate::store::tasks::{self as task_store, ensure_not_archived_or_cleaning, lock_task, owner_of};
 
 /// Launches (or resumes) a session's agent. A session with a live agent is returned as it is (I27).
-pub async fn launch(ctx: &Ctx, p: &Principal, session_id: Uuid, prompt: Option<String>) -> Result<SessionView> {
+pub async fn launch(ctx: &Ctx, p: &Principal, session_id: SessionId, prompt: Option<String>) -> Result<SessionView> {
     let s = visible(&ctx.db.conn, p, session_id).await?;
     launch_session(ctx, s, prompt).await
 }
@@ -77,7 +77,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         task: &task,
         owner: &owner,
         session_id: s.id,
-        execution_id: Uuid::now_v7(),
+        execution_id: ExecutionId::now_v7(),
         admitted,
         transition,
     };
@@ -255,8 +255,8 @@ struct Launch<'a> {
     ctx: &'a Ctx,
     task: &'a task::Model,
     owner: &'a task::Model,
-    session_id: Uuid,
-    execution_id: Uuid,
+    session_id: SessionId,
+    execution_id: ExecutionId,
     admitted: AdmittedWorkspace,
     transition: Option<Transition>,
 }
@@ -406,7 +406,7 @@ impl Launch<'_> {
 
 /// A launch or an agent failed: the session is `failed` with `last_error`; nothing else changes.
 /// A session whose node was decommissioned is failed with `node_lost`.
-pub(crate) async fn fail_node_lost(ctx: &Ctx, session_id: Uuid, node_id: &str) -> Result<()> {
+pub(crate) async fn fail_node_lost(ctx: &Ctx, session_id: SessionId, node_id: &str) -> Result<()> {
     let Some(s) = crate::store::sessions::find(&ctx.db.conn, session_id).await? else {
         return Ok(());
     };
@@ -423,7 +423,7 @@ pub(crate) async fn fail_node_lost(ctx: &Ctx, session_id: Uuid, node_id: &str) -
 pub(super) async fn record_failure(
     ctx: &Ctx,
     task: &task::Model,
-    session_id: Uuid,
+    session_id: SessionId,
     code: &str,
     message: &str,
 ) -> Result<()> {

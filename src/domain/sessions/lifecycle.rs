@@ -3,9 +3,9 @@
 //! The rule for deleting a session lives here: it removes the session row and its conversation history,
 //! and nothing else — no directory, worktree registration, branch or cleanup job (I2, I3) — and it is
 //! refused while the session is busy (I4).
+use crate::ids::{EnvironmentId, SessionId, TaskId};
 use sea_orm::DatabaseTransaction;
 use serde_json::json;
-use uuid::Uuid;
 
 use super::access::{SessionView, project, reload, subject, visible};
 use super::{Ctx, environments};
@@ -85,12 +85,12 @@ fn first_record(
     request: &Request,
     executor_type: ExecutorType,
     task: &crate::entity::task::Model,
-    environment_id: Option<Uuid>,
+    environment_id: Option<EnvironmentId>,
     state: SessionState,
 ) -> session::Model {
     let now = crate::clock::now();
     session::Model {
-        id: Uuid::now_v7(),
+        id: SessionId::now_v7(),
         task_id: task.id,
         task_environment_id: environment_id,
         name: request.name.clone(),
@@ -136,7 +136,7 @@ async fn record(
     Ok(model)
 }
 
-pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSession) -> Result<SessionView> {
+pub async fn create(ctx: &Ctx, p: &UnboundPrincipal, task_id: TaskId, input: NewSession) -> Result<SessionView> {
     let request = validate(ctx, &input)?;
     let task = crate::domain::tasks::readable(&ctx.db.conn, p, task_id).await?;
     if task.archived_at.is_some() {
@@ -197,21 +197,12 @@ fn record_on_publish(ctx: &Ctx, task: &crate::entity::task::Model, draft: sessio
 /// Records `draft` attached to the ready `environment`, in a transaction of its own.
 async fn record_attached(
     ctx: &Ctx,
-    task_id: Uuid,
+    task_id: TaskId,
     environment: &crate::entity::task_environment::Model,
     draft: session::Model,
 ) -> Result<session::Model> {
     let txn = ctx.db.begin_write().await?;
-    // Owner first, then the task (the order every writer uses): a barrier on either is seen.
-    if environment.task_id != task_id {
-        lock_task(&txn, environment.task_id).await?;
-    }
-    let task = lock_task(&txn, task_id).await?;
-    if task.archived_at.is_some() {
-        return Err(Error::TaskArchived);
-    }
-    // I7: either this session commits before a cleanup barrier, or it is refused.
-    ensure_no_cleanup(&txn, &[task.id, environment.task_id]).await?;
+    let task = lock_for_a_session(&txn, environment.task_id, task_id).await?;
     let environment = env_store::find_attachable(&txn, environment.id)
         .await?
         .ok_or_else(|| Error::Stale("the task's environment changed meanwhile; retry".into()))?;
@@ -221,8 +212,27 @@ async fn record_attached(
     Ok(model)
 }
 
+/// Locks the environment's owner, then the task (the order every writer uses, so a barrier on either is
+/// seen), and refuses an archived task or one under a cleanup barrier (I7: either the new session commits
+/// before a barrier, or it is refused).
+async fn lock_for_a_session(
+    txn: &DatabaseTransaction,
+    owner_id: TaskId,
+    task_id: TaskId,
+) -> Result<crate::entity::task::Model> {
+    if owner_id != task_id {
+        lock_task(txn, owner_id).await?;
+    }
+    let task = lock_task(txn, task_id).await?;
+    if task.archived_at.is_some() {
+        return Err(Error::TaskArchived);
+    }
+    ensure_no_cleanup(txn, &[task.id, owner_id]).await?;
+    Ok(task)
+}
+
 /// The draft of a session attached to `environment_id`, timed when it is recorded.
-fn attached(draft: session::Model, environment_id: Uuid) -> session::Model {
+fn attached(draft: session::Model, environment_id: EnvironmentId) -> session::Model {
     let now = crate::clock::now();
     session::Model {
         task_environment_id: Some(environment_id),
@@ -237,7 +247,7 @@ fn attached(draft: session::Model, environment_id: Uuid) -> session::Model {
 /// synchronous create: the task readable and not archived, no cleanup barrier, I7), and its task's
 /// environment is made ready in the background; then it goes on as [`create`] would: `created`, launched
 /// when `start` (the first prompt waits in its inbox meanwhile), or `failed` with `last_error`.
-pub async fn create_async(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input: NewSession) -> Result<SessionView> {
+pub async fn create_async(ctx: &Ctx, p: &UnboundPrincipal, task_id: TaskId, input: NewSession) -> Result<SessionView> {
     let request = validate(ctx, &input)?;
     let task = crate::domain::tasks::readable(&ctx.db.conn, p, task_id).await?;
     if task.archived_at.is_some() {
@@ -245,15 +255,7 @@ pub async fn create_async(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, input:
     }
     let owner = task_store::owner_of(&ctx.db.conn, &task).await?;
     let txn = ctx.db.begin_write().await?;
-    // Owner first, then the task (the order every writer uses): a barrier on either is seen.
-    if owner.id != task_id {
-        lock_task(&txn, owner.id).await?;
-    }
-    let task = lock_task(&txn, task_id).await?;
-    if task.archived_at.is_some() {
-        return Err(Error::TaskArchived);
-    }
-    ensure_no_cleanup(&txn, &[task.id, owner.id]).await?;
+    let task = lock_for_a_session(&txn, owner.id, task_id).await?;
     let mut model = first_record(&request, input.executor_type, &task, None, SessionState::Preparing);
     // Kept so that the preparation, resumed by another process after a restart, still launches.
     model.desired_open = request.start;
@@ -283,7 +285,7 @@ pub async fn resume_preparing(ctx: &Ctx) -> Result<usize> {
 }
 
 /// In a task of its own: it outlives the request that created the session.
-fn spawn_preparation(ctx: &Ctx, session_id: Uuid) {
+fn spawn_preparation(ctx: &Ctx, session_id: SessionId) {
     let ctx = ctx.clone();
     crate::actor::spawn(async move {
         if let Err(e) = prepare(&ctx, session_id).await {
@@ -295,7 +297,7 @@ fn spawn_preparation(ctx: &Ctx, session_id: Uuid) {
 /// How long a preparation waits for another request's materialization of the same task.
 const PREPARE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
 
-async fn prepare(ctx: &Ctx, session_id: Uuid) -> Result<()> {
+async fn prepare(ctx: &Ctx, session_id: SessionId) -> Result<()> {
     let deadline = tokio::time::Instant::now() + PREPARE_PATIENCE;
     loop {
         let s = match reload(&ctx.db.conn, session_id).await {
@@ -402,7 +404,7 @@ fn preparation_error(e: &Error) -> (&'static str, String) {
     }
 }
 
-pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, page: PageRequest) -> Result<Page<SessionView>> {
+pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, task_id: TaskId, page: PageRequest) -> Result<Page<SessionView>> {
     crate::domain::tasks::readable(&ctx.db.conn, p, task_id).await?;
     let rows = store::page_of_task(&ctx.db.conn, task_id, page.before, page.fetch()).await?;
     // I19/I20: each with its environment's effective workspace path.
@@ -413,13 +415,13 @@ pub async fn list(ctx: &Ctx, p: &UnboundPrincipal, task_id: Uuid, page: PageRequ
     }))
 }
 
-pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionView> {
+pub async fn get(ctx: &Ctx, p: &Principal, id: SessionId) -> Result<SessionView> {
     let s = visible(&ctx.db.conn, p, id).await?;
     project(ctx, s).await
 }
 
 /// Makes a session its task's primary.
-pub async fn make_primary(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<SessionView> {
+pub async fn make_primary(ctx: &Ctx, p: &Principal, id: SessionId) -> Result<SessionView> {
     let s = visible(&ctx.db.conn, p, id).await?;
     let txn = ctx.db.begin_write().await?;
     let task = lock_task(&txn, s.task_id).await?;

@@ -1,6 +1,6 @@
 //! What the runtime's reports about an agent (its output, its exit) do to its session.
+use crate::ids::{ExecutionId, SessionId};
 use serde_json::json;
-use uuid::Uuid;
 
 use std::time::{Duration, Instant};
 
@@ -212,8 +212,8 @@ async fn on_output(ctx: &Ctx, w: Write) -> Result<()> {
 
 async fn on_exit(
     ctx: &Ctx,
-    session_id: Uuid,
-    execution_id: Uuid,
+    session_id: SessionId,
+    execution_id: ExecutionId,
     code: Option<i32>,
     expected: bool,
     stderr_tail: &str,

@@ -6,11 +6,11 @@
 //! host), never while a live sibling runs it. Two instances taking over the same dead one's sessions
 //! race on the execution row (one ends it) and on `ux_agent_executions_live` (one launch records a live
 //! execution; the other is refused `session_busy` and leaves the session to the winner).
+use crate::ids::{ExecutionId, InstanceId, SessionId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures_util::StreamExt;
-use uuid::Uuid;
 
 use super::Ctx;
 use super::launch::launch_session;
@@ -81,7 +81,7 @@ async fn end_orphan(ctx: &Ctx, e: &execution::Model) -> Result<bool> {
 }
 
 /// An agent of a decommissioned node is over as far as berth knows (its process went with the node).
-pub(crate) async fn end_lost_execution(txn: &sea_orm::DatabaseTransaction, id: Uuid) -> Result<bool> {
+pub(crate) async fn end_lost_execution(txn: &sea_orm::DatabaseTransaction, id: ExecutionId) -> Result<bool> {
     let patch = ExecutionPatch {
         exit_code: Some(None),
         ended_at: Some(crate::clock::now()),
@@ -117,7 +117,7 @@ pub async fn take_over(ctx: &Ctx) -> Result<usize> {
         &CLAIMING,
     )
     .await?;
-    let mut alive: HashMap<Uuid, bool> = HashMap::new();
+    let mut alive: HashMap<InstanceId, bool> = HashMap::new();
     let mut to_open = Vec::new();
     for e in claimed {
         let live = match alive.get(&e.instance_id) {
@@ -182,7 +182,7 @@ async fn relaunch(ctx: &Ctx, to_open: Vec<session::Model>) -> usize {
 /// A session that claims a process this one does not run: an open one is recovering now (returned, to
 /// relaunch), any other is stopped. With `execution`, only while the session still names that execution
 /// (an instance that took it over meanwhile has relaunched it).
-async fn settle_claim(ctx: &Ctx, s: session::Model, execution: Option<Uuid>) -> Result<Option<session::Model>> {
+async fn settle_claim(ctx: &Ctx, s: session::Model, execution: Option<ExecutionId>) -> Result<Option<session::Model>> {
     let Some(task) = task_store::find(&ctx.db.conn, s.task_id).await? else {
         return Ok(None);
     };
@@ -210,7 +210,7 @@ async fn settle_claim(ctx: &Ctx, s: session::Model, execution: Option<Uuid>) -> 
 
 /// I30: relaunches a crashed session after its backoff, through admission, if nothing (a stop, a delete)
 /// changed it meanwhile.
-pub(super) fn restart_after_crash(ctx: &Ctx, session_id: Uuid, execution_id: Uuid, recent_failures: u64) {
+pub(super) fn restart_after_crash(ctx: &Ctx, session_id: SessionId, execution_id: ExecutionId, recent_failures: u64) {
     ctx.metrics.agent_restarted();
     let backoff =
         ctx.config.agent_restart_backoff * 2u32.saturating_pow(recent_failures.saturating_sub(1) as u32).min(64);
@@ -251,7 +251,7 @@ async fn runs_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<bool> {
 /// A relaunch that failed for any reason (a removed profile, a cleanup barrier, the database) fails the
 /// session with that reason, instead of leaving it `recovering` for good. Launch refusals that already
 /// failed it (admission, the conversation) find it failed and leave it so.
-async fn fail_if_recovering(ctx: &Ctx, session_id: Uuid, e: &crate::error::Error) {
+async fn fail_if_recovering(ctx: &Ctx, session_id: SessionId, e: &crate::error::Error) {
     let result: Result<()> = async {
         let Some(s) = store::find(&ctx.db.conn, session_id).await? else {
             return Ok(());

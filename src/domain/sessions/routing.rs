@@ -11,10 +11,10 @@
 //! `running` execution per session over all nodes, so a second launch elsewhere fails `session_busy`
 //! with nothing spawned. A launch on a replica while another runs the agent returns it as it is
 //! (`launch_session`), and a stop is carried out by the node that runs it.
+use crate::ids::{CommandId, ExecutionId, SessionId};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use super::Ctx;
 use crate::entity::agent_execution::ExecutionState;
@@ -43,7 +43,7 @@ pub(super) enum Command<'a> {
 
 /// The execution of the session's agent when another instance runs it (it is `starting` or `running`
 /// there, and not here): another node's, or a sibling instance's of this node.
-pub(super) async fn owner_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<Option<Uuid>> {
+pub(super) async fn owner_elsewhere(ctx: &Ctx, s: &session::Model) -> Result<Option<ExecutionId>> {
     Ok(owning_execution(ctx, s).await?.map(|e| e.id))
 }
 
@@ -146,7 +146,7 @@ pub(super) async fn forward(ctx: &Ctx, s: &session::Model, command: Command<'_>)
 
 /// Marks a command the caller no longer waits for as failed, so that it never runs late; false when the
 /// owner finished it first.
-async fn give_up(ctx: &Ctx, id: Uuid, owner_gone: bool) -> Result<bool> {
+async fn give_up(ctx: &Ctx, id: CommandId, owner_gone: bool) -> Result<bool> {
     let why = if owner_gone {
         "the agent is no longer running on that node"
     } else {
@@ -164,7 +164,7 @@ async fn give_up(ctx: &Ctx, id: Uuid, owner_gone: bool) -> Result<bool> {
 
 /// Wakes the node that may run the session's agent to deliver what its inbox holds (PostgreSQL only;
 /// elsewhere the owner's poll finds it).
-pub(super) fn nudge(ctx: &Ctx, session_id: Uuid) {
+pub(super) fn nudge(ctx: &Ctx, session_id: SessionId) {
     if ctx.db.is_sqlite() {
         return;
     }

@@ -1,7 +1,7 @@
 //! The agent's own settings a person may change while it runs: its mode, and the configuration options
 //! it offers (a model selector is one). Carried out by the node that runs the agent, like an answer.
+use crate::ids::SessionId;
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use super::Ctx;
 use super::access::{SessionView, project, reload, visible};
@@ -41,7 +41,7 @@ impl Setting {
 }
 
 /// Sets the agent's mode or one of its options, on whichever node runs it.
-pub async fn configure(ctx: &Ctx, p: &Principal, session_id: Uuid, setting: Setting) -> Result<SessionView> {
+pub async fn configure(ctx: &Ctx, p: &Principal, session_id: SessionId, setting: Setting) -> Result<SessionView> {
     let s = visible(&ctx.db.conn, p, session_id).await?;
     if !super::routing::forward(ctx, &s, super::routing::Command::Configure(setting.payload())).await? {
         configure_session(ctx, &s, &setting).await?;

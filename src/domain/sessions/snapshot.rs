@@ -1,5 +1,5 @@
 //! What a client loads before following the stream (seed 002 "Snapshot").
-use uuid::Uuid;
+use crate::ids::{InstanceId, SessionId};
 
 use super::Ctx;
 use super::access::{SessionView, project, visible};
@@ -26,11 +26,11 @@ pub struct SessionSnapshot {
     /// Queued in berth's inbox plus held in the agent's own queue.
     pub queue_length: u64,
     pub agent_state: Option<serde_json::Value>,
-    pub instance_id: Uuid,
+    pub instance_id: InstanceId,
     pub latest_seq: i64,
 }
 
-pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<SessionSnapshot> {
+pub async fn snapshot(ctx: &Ctx, p: &Principal, session_id: SessionId) -> Result<SessionSnapshot> {
     // The seq first: everything read after it is at least as new, so following from it loses nothing.
     let (_, latest_seq) = events::bounds(&ctx.db.conn).await?;
     let s = visible(&ctx.db.conn, p, session_id).await?;

@@ -1,9 +1,9 @@
 //! The session and execution state machines: one transition table each, and the one helper per machine
 //! that writes a transition (compare-and-set on the state read; for a session, its event in the same
 //! transaction).
+use crate::ids::ExecutionId;
 use sea_orm::{ConnectionTrait, DatabaseTransaction, Iterable};
 use serde_json::json;
-use uuid::Uuid;
 
 use super::Ctx;
 pub use crate::domain::transition::InvalidTransition;
@@ -184,7 +184,7 @@ pub(crate) async fn transition(
 /// session's reports it.
 pub(crate) async fn transition_execution<C: ConnectionTrait>(
     conn: &C,
-    id: Uuid,
+    id: ExecutionId,
     event: ExecutionEvent,
     patch: ExecutionPatch,
 ) -> Result<bool> {

@@ -12,11 +12,11 @@
 //! buffer past `STREAM_CAP` bytes, and the interval: a buffer is due one interval after its first delta,
 //! or one interval after the session's previous due time while the agent keeps streaming, so a steady
 //! stream is written on a fixed cadence (ten times a second by default) and never more often.
+use crate::ids::{ExecutionId, SessionId};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use uuid::Uuid;
 
 use crate::agent::{Delta, Run, Signal};
 
@@ -26,8 +26,8 @@ pub const STREAM_CAP: usize = 256 * 1024;
 /// One agent report to apply: the `runtime.output` event to write (if any) and the signals it carries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Write {
-    pub session_id: Uuid,
-    pub execution_id: Uuid,
+    pub session_id: SessionId,
+    pub execution_id: ExecutionId,
     pub event: Option<Value>,
     pub signals: Vec<Signal>,
 }
@@ -43,7 +43,7 @@ pub enum Offer {
 }
 
 struct Held {
-    execution_id: Uuid,
+    execution_id: ExecutionId,
     due: Instant,
     run: Run,
     text: String,
@@ -51,7 +51,7 @@ struct Held {
 }
 
 impl Held {
-    fn into_write(self, session_id: Uuid) -> Write {
+    fn into_write(self, session_id: SessionId) -> Write {
         Write {
             session_id,
             execution_id: self.execution_id,
@@ -65,9 +65,9 @@ impl Held {
 pub struct Coalescer {
     interval: Duration,
     cap: usize,
-    held: HashMap<Uuid, Held>,
+    held: HashMap<SessionId, Held>,
     /// When each streaming session's last buffer was due, for the cadence (dropped an interval later).
-    last_due: HashMap<Uuid, Instant>,
+    last_due: HashMap<SessionId, Instant>,
 }
 
 impl Coalescer {
@@ -81,7 +81,13 @@ impl Coalescer {
     }
 
     /// Takes one output line of a session; returns what to write now, in order.
-    pub fn offer(&mut self, session_id: Uuid, execution_id: Uuid, offer: Offer, now: Instant) -> Vec<Write> {
+    pub fn offer(
+        &mut self,
+        session_id: SessionId,
+        execution_id: ExecutionId,
+        offer: Offer,
+        now: Instant,
+    ) -> Vec<Write> {
         let mut out = Vec::new();
         let Delta { run, text } = match offer {
             Offer::Delta(d) => d,
@@ -123,7 +129,7 @@ impl Coalescer {
     }
 
     /// What the session holds, as one event (before its exit is recorded).
-    pub fn flush(&mut self, session_id: Uuid) -> Option<Write> {
+    pub fn flush(&mut self, session_id: SessionId) -> Option<Write> {
         self.held.remove(&session_id).map(|h| h.into_write(session_id))
     }
 
@@ -138,7 +144,7 @@ impl Coalescer {
         let held = &self.held;
         self.last_due
             .retain(|id, last| held.contains_key(id) || now < *last + interval);
-        let due: Vec<(Uuid, Instant)> = self
+        let due: Vec<(SessionId, Instant)> = self
             .held
             .iter()
             .filter(|(_, h)| h.due <= now)
@@ -154,7 +160,7 @@ impl Coalescer {
 
     /// Everything held (the reports ended).
     pub fn drain(&mut self) -> Vec<Write> {
-        let ids: Vec<Uuid> = self.held.keys().copied().collect();
+        let ids: Vec<SessionId> = self.held.keys().copied().collect();
         ids.into_iter().filter_map(|id| self.flush(id)).collect()
     }
 }
@@ -212,7 +218,7 @@ mod tests {
 
     #[test]
     fn deltas_of_one_run_become_one_event_in_order() {
-        let (s, x) = (Uuid::now_v7(), Uuid::now_v7());
+        let (s, x) = (SessionId::now_v7(), ExecutionId::now_v7());
         let t = Instant::now();
         let mut c = Coalescer::new(Duration::from_millis(100), STREAM_CAP);
         let mut writes = Vec::new();
@@ -237,7 +243,7 @@ mod tests {
 
     #[test]
     fn another_line_or_run_writes_what_is_held_first() {
-        let (s, x) = (Uuid::now_v7(), Uuid::now_v7());
+        let (s, x) = (SessionId::now_v7(), ExecutionId::now_v7());
         let t = Instant::now();
         let mut c = Coalescer::new(Duration::from_millis(100), STREAM_CAP);
         let mut writes = Vec::new();
@@ -287,7 +293,12 @@ mod tests {
 
     #[test]
     fn sessions_are_held_apart_and_a_new_execution_starts_afresh() {
-        let (a, b, x, y) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let (a, b, x, y) = (
+            SessionId::now_v7(),
+            SessionId::now_v7(),
+            ExecutionId::now_v7(),
+            ExecutionId::now_v7(),
+        );
         let t = Instant::now();
         let mut c = Coalescer::new(Duration::from_millis(100), STREAM_CAP);
         assert!(c.offer(a, x, plain("a1"), t).is_empty());
@@ -296,7 +307,7 @@ mod tests {
         assert_eq!(due.len(), 1, "only the older buffer is due");
         assert_eq!(due[0].event.as_ref().unwrap()["delta"], "a1");
         // A relaunch of session b (a new execution) never merges with the old one's deltas.
-        let z = Uuid::now_v7();
+        let z = ExecutionId::now_v7();
         let w = c.offer(b, z, plain("b2"), t + Duration::from_millis(130));
         assert_eq!(w.len(), 1);
         assert_eq!(
@@ -312,7 +323,7 @@ mod tests {
 
     #[test]
     fn a_steady_stream_is_written_on_a_fixed_cadence() {
-        let (s, x) = (Uuid::now_v7(), Uuid::now_v7());
+        let (s, x) = (SessionId::now_v7(), ExecutionId::now_v7());
         let t = Instant::now();
         let ms = Duration::from_millis;
         let mut c = Coalescer::new(ms(100), STREAM_CAP);
@@ -345,7 +356,7 @@ mod tests {
 
     #[test]
     fn a_full_buffer_is_written_early() {
-        let (s, x) = (Uuid::now_v7(), Uuid::now_v7());
+        let (s, x) = (SessionId::now_v7(), ExecutionId::now_v7());
         let t = Instant::now();
         let mut c = Coalescer::new(Duration::from_secs(3600), 10);
         assert!(c.offer(s, x, plain("12345"), t).is_empty());

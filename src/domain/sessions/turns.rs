@@ -2,7 +2,7 @@
 //! checkpoint of the environment is taken at both ends (the start one before the agent has the prompt,
 //! so it holds the worktree as the agent found it; the end one after the turn's answer, never holding it
 //! up). A turn's diff is what changed between its two checkpoints.
-use uuid::Uuid;
+use crate::ids::{CheckpointId, SessionId, TurnId};
 
 use super::Ctx;
 use crate::auth::Principal;
@@ -15,7 +15,7 @@ use crate::store::turns as store;
 
 /// The checkpoint a prompt's turn starts from; `None` when none could be taken (said in the log: a turn
 /// is never refused for it).
-async fn checkpoint_now(ctx: &Ctx, s: &session::Model) -> Option<Uuid> {
+async fn checkpoint_now(ctx: &Ctx, s: &session::Model) -> Option<CheckpointId> {
     let env_id = s.task_environment_id?;
     let e = crate::store::environments::find(&ctx.db.conn, env_id).await.ok()??;
     match checkpoints::take(ctx, &e, Some(s.id)).await {
@@ -29,10 +29,10 @@ async fn checkpoint_now(ctx: &Ctx, s: &session::Model) -> Option<Uuid> {
 
 /// A prompt is about to go to the agent: its turn, with the checkpoint it starts from. Recorded before
 /// the agent has the prompt, so that its settling always finds it.
-pub(super) async fn start(ctx: &Ctx, s: &session::Model, prompt: &str) -> Result<Uuid> {
+pub(super) async fn start(ctx: &Ctx, s: &session::Model, prompt: &str) -> Result<TurnId> {
     let start = checkpoint_now(ctx, s).await;
     let t = turn::Model {
-        id: Uuid::now_v7(),
+        id: TurnId::now_v7(),
         session_id: s.id,
         task_environment_id: s.task_environment_id,
         number: 0,
@@ -47,18 +47,18 @@ pub(super) async fn start(ctx: &Ctx, s: &session::Model, prompt: &str) -> Result
 }
 
 /// The agent did not take the prompt: no turn.
-pub(super) async fn take_back(ctx: &Ctx, turn_id: Uuid) -> Result<()> {
+pub(super) async fn take_back(ctx: &Ctx, turn_id: TurnId) -> Result<()> {
     store::delete_turn(&ctx.db.conn, turn_id).await
 }
 
 /// The session's open turn settled: its end checkpoint, and how many files it changed.
-pub(crate) async fn settled(ctx: &Ctx, session_id: Uuid) {
+pub(crate) async fn settled(ctx: &Ctx, session_id: SessionId) {
     if let Err(err) = settle(ctx, session_id).await {
         tracing::warn!(session = %session_id, error = %err, "could not record the end of the turn");
     }
 }
 
-async fn settle(ctx: &Ctx, session_id: Uuid) -> Result<()> {
+async fn settle(ctx: &Ctx, session_id: SessionId) -> Result<()> {
     let conn = &ctx.db.conn;
     let Some(t) = store::open_turn(conn, session_id).await? else {
         return Ok(());
@@ -83,13 +83,19 @@ async fn settle(ctx: &Ctx, session_id: Uuid) -> Result<()> {
     store::settle_turn(conn, t.id, crate::clock::now(), end, changed).await
 }
 
-pub async fn list(ctx: &Ctx, p: &Principal, session_id: Uuid) -> Result<Vec<turn::Model>> {
+pub async fn list(ctx: &Ctx, p: &Principal, session_id: SessionId) -> Result<Vec<turn::Model>> {
     let s = super::visible(&ctx.db.conn, p, session_id).await?;
     store::turns_of(&ctx.db.conn, s.id).await
 }
 
 /// What turn `number` changed, in the diff shape, and its ETag.
-pub async fn diff(ctx: &Ctx, p: &Principal, session_id: Uuid, number: i32, context: u32) -> Result<(Diff, String)> {
+pub async fn diff(
+    ctx: &Ctx,
+    p: &Principal,
+    session_id: SessionId,
+    number: i32,
+    context: u32,
+) -> Result<(Diff, String)> {
     let s = super::visible(&ctx.db.conn, p, session_id).await?;
     let conn = &ctx.db.conn;
     let t = store::turn(conn, s.id, number).await?.ok_or(Error::NotFound("turn"))?;

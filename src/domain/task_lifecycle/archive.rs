@@ -1,11 +1,11 @@
 //! Archive (agents stopped, sessions cancelled, clean worktrees removed by a job; branches kept) and
 //! unarchive (waiting archive jobs cancelled, a running one waited for, I10).
+use crate::ids::{CleanupJobId, RepositoryId, TaskId};
 use std::collections::HashSet;
 
 use sea_orm::DatabaseTransaction;
 use serde::Serialize;
 use serde_json::json;
-use uuid::Uuid;
 
 use super::chain::{Leaving, keep_whole};
 use crate::auth::UnboundPrincipal;
@@ -35,7 +35,7 @@ pub enum BranchStatus {
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct BranchRecovery {
-    pub repository_id: Uuid,
+    pub repository_id: RepositoryId,
     /// `local` when the task's branch still exists in the repository, else `missing`.
     pub branch_status: BranchStatus,
 }
@@ -43,7 +43,7 @@ pub struct BranchRecovery {
 pub async fn archive(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    task_id: Uuid,
+    task_id: TaskId,
     cascade: bool,
 ) -> Result<(tasks::TaskView, Vec<job::Model>)> {
     let root = tasks::readable(&ctx.db.conn, p, task_id).await?;
@@ -73,7 +73,7 @@ pub async fn archive(
         let txn = ctx.db.begin_write().await?;
         lock_in_order(&txn, &tasks).await?;
         let now = crate::clock::now();
-        let leaving: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
+        let leaving: HashSet<TaskId> = tasks.iter().map(|t| t.id).collect();
         for (t, j) in tasks.iter().zip(jobs.iter_mut()) {
             // Live inheritors keep working; the environment passes to the nearest one.
             let t = &lock_task(&txn, t.id).await?;
@@ -120,8 +120,8 @@ async fn cancel_sessions(txn: &DatabaseTransaction, ctx: &Ctx, t: &task::Model) 
 pub async fn unarchive(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    task_id: Uuid,
-) -> Result<(tasks::TaskView, Vec<Uuid>, Vec<BranchRecovery>)> {
+    task_id: TaskId,
+) -> Result<(tasks::TaskView, Vec<CleanupJobId>, Vec<BranchRecovery>)> {
     let t = tasks::readable(&ctx.db.conn, p, task_id).await?;
     if t.archived_at.is_none() {
         return Err(Error::InvalidState("the task is not archived".into()));

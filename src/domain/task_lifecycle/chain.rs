@@ -1,10 +1,10 @@
 //! Inherit chains stay whole (I8): when a task leaves its chain (deleted, or archived while inheritors
 //! live on), every task that worked in its environment keeps resolving to an owner.
+use crate::ids::{EnvironmentId, TaskId};
 use std::collections::HashSet;
 
 use sea_orm::DatabaseTransaction;
 use serde_json::json;
-use uuid::Uuid;
 
 use crate::domain::Ctx;
 use crate::entity::task::{self, WorkspaceMode};
@@ -36,8 +36,8 @@ pub(super) async fn keep_whole(
     txn: &DatabaseTransaction,
     ctx: &Ctx,
     from: &task::Model,
-    env_id: Option<Uuid>,
-    leaving: &HashSet<Uuid>,
+    env_id: Option<EnvironmentId>,
+    leaving: &HashSet<TaskId>,
     how: Leaving,
 ) -> Result<bool> {
     let now = crate::clock::now();
@@ -116,7 +116,7 @@ async fn changed(
     ctx: &Ctx,
     t: &task::Model,
     change: serde_json::Value,
-    from: Uuid,
+    from: TaskId,
 ) -> Result<()> {
     events::append(
         txn,

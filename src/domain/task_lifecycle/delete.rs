@@ -1,9 +1,9 @@
 //! Delete, with cascades and transfer to an heir (I8), and quick-chat expiry (I12), which goes through
 //! the same path. Dirty worktrees need consent (I11).
+use crate::ids::TaskId;
 use std::collections::HashSet;
 
 use serde_json::json;
-use uuid::Uuid;
 
 use super::chain::{Leaving, keep_whole};
 use crate::auth::UnboundPrincipal;
@@ -87,7 +87,7 @@ pub(super) async fn dirty_worktrees(ctx: &Ctx, tasks: &[task::Model], which: Che
 pub async fn delete(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    task_id: Uuid,
+    task_id: TaskId,
     cascade: bool,
     consent: Option<Consent>,
     branch_consent: Option<BranchDeletionConsent>,
@@ -96,7 +96,7 @@ pub async fn delete(
     let tasks = subtree(&ctx.db.conn, &root, cascade, true).await?;
     if consent.is_none() {
         // An environment that will pass to a surviving subtask loses nothing: not checked.
-        let doomed: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
+        let doomed: HashSet<TaskId> = tasks.iter().map(|t| t.id).collect();
         let mut checked = Vec::new();
         for t in &tasks {
             let heirs = live_inheritors(&ctx.db.conn, t.id).await?;
@@ -127,7 +127,7 @@ pub(crate) async fn delete_tasks(
     consent: Option<&Consent>,
     branch_consent: Option<&BranchDeletionConsent>,
 ) -> Result<Vec<job::Model>> {
-    let doomed: HashSet<Uuid> = tasks.iter().map(|t| t.id).collect();
+    let doomed: HashSet<TaskId> = tasks.iter().map(|t| t.id).collect();
     let txn = ctx.db.begin_write().await?;
     lock_in_order(&txn, tasks).await?;
     let mut jobs = Vec::new();

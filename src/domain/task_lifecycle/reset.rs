@@ -1,6 +1,6 @@
 //! Environment reset: the current environment is superseded and a job removes its resources.
+use crate::ids::TaskId;
 use serde_json::json;
-use uuid::Uuid;
 
 use super::delete::{Checked, dirty_worktrees};
 use crate::auth::UnboundPrincipal;
@@ -23,7 +23,7 @@ use crate::store::{environments as env_store, sessions as sessions_store};
 pub async fn reset_environment(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    task_id: Uuid,
+    task_id: TaskId,
     consent: Option<Consent>,
 ) -> Result<job::Model> {
     let t = tasks::readable(&ctx.db.conn, p, task_id).await?;

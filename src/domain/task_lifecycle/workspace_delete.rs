@@ -1,6 +1,6 @@
 //! Workspace delete: a job per task, then the workspace and everything it owned.
+use crate::ids::WorkspaceId;
 use serde_json::json;
-use uuid::Uuid;
 
 use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
@@ -17,7 +17,7 @@ use crate::store::workspaces as workspace_store;
 pub async fn delete_workspace(
     ctx: &Ctx,
     p: &UnboundPrincipal,
-    workspace_id: Uuid,
+    workspace_id: WorkspaceId,
     confirm_name: Option<&str>,
 ) -> Result<Vec<job::Model>> {
     let ws = workspaces::visible(&ctx.db.conn, p, workspace_id).await?;

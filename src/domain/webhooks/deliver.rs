@@ -6,12 +6,12 @@
 //! nothing else: every subscription has its own task, and no request waits for a receiver. One event
 //! failing for longer than the retry horizon disables the subscription with its reason and a
 //! `webhook.disabled` event.
+use crate::ids::{DeliveryId, WebhookId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use uuid::Uuid;
 
 use super::Ctx;
 use crate::entity::{event, webhook, webhook_delivery};
@@ -139,7 +139,7 @@ pub fn attempt_row(
     o: &Outcome,
 ) -> webhook_delivery::Model {
     webhook_delivery::Model {
-        id: Uuid::now_v7(),
+        id: DeliveryId::now_v7(),
         webhook_id: w.id,
         message_id: message_id.to_string(),
         event_seq,
@@ -155,7 +155,7 @@ pub fn attempt_row(
 
 /// The `webhook-id` of an event for a subscription: the same for every attempt.
 fn message_id(w: &webhook::Model, seq: i64) -> String {
-    format!("msg_{}_{seq}", w.id.simple())
+    format!("msg_{}_{seq}", w.id.uuid().simple())
 }
 
 /// The events a subscription takes.
@@ -192,7 +192,7 @@ fn backoff(attempts: i32) -> Duration {
 /// forever.
 pub async fn run(ctx: Ctx) {
     let tick = (ctx.config.webhook_lease / 4).clamp(Duration::from_millis(200), Duration::from_secs(1));
-    let mut running: HashMap<Uuid, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut running: HashMap<WebhookId, tokio::task::JoinHandle<()>> = HashMap::new();
     loop {
         if ctx.shutdown.is_begun() {
             return; // `give_back` releases what this process held
@@ -234,7 +234,7 @@ pub async fn give_back(ctx: &Ctx) {
 }
 
 /// Delivers one subscription while this process holds its lease.
-async fn serve(ctx: Ctx, id: Uuid) {
+async fn serve(ctx: Ctx, id: WebhookId) {
     match deliver(&ctx, id).await {
         Ok(()) => {}
         Err(e) => tracing::warn!(webhook = %id, error = %e, "webhook delivery stopped; it resumes from its cursor"),
@@ -250,7 +250,7 @@ struct Unrecorded {
     written: Option<Position>,
 }
 
-async fn deliver(ctx: &Ctx, id: Uuid) -> Result<()> {
+async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
     let me = ctx.instance_id;
     let conn = &ctx.db.conn;
     let lease = chrono::Duration::from_std(ctx.config.webhook_lease).unwrap_or_default();

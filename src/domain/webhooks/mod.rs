@@ -3,6 +3,7 @@
 pub mod deliver;
 pub mod sign;
 
+use crate::ids::{WebhookId, WorkspaceId};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -18,7 +19,7 @@ pub const DELIVERIES_KEPT: u64 = 100;
 pub struct NewWebhook {
     pub url: String,
     pub types: Option<Vec<String>>,
-    pub workspace_id: Option<Uuid>,
+    pub workspace_id: Option<WorkspaceId>,
     pub description: String,
     pub enabled: bool,
 }
@@ -93,7 +94,7 @@ fn checked_description(d: &str) -> Result<String> {
 
 /// A token limited to workspaces manages only their subscriptions; one about every workspace needs an
 /// unlimited token.
-fn may_manage(p: &Principal, workspace_id: Option<Uuid>) -> bool {
+fn may_manage(p: &Principal, workspace_id: Option<WorkspaceId>) -> bool {
     match workspace_id {
         Some(ws) => p.sees_workspace(ws),
         None => p.workspace_filter().is_none(),
@@ -119,7 +120,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, new: NewWebhook) -> Result<Made> {
     let (_, latest) = crate::events::bounds(&ctx.db.conn).await?;
     let secret = sign::new_secret();
     let w = webhook::Model {
-        id: Uuid::now_v7(),
+        id: WebhookId::now_v7(),
         url,
         types,
         workspace_id: new.workspace_id,
@@ -150,14 +151,14 @@ pub async fn list(ctx: &Ctx, p: &Principal) -> Result<Vec<webhook::Model>> {
 }
 
 /// One subscription this token manages (else `404`, as if it did not exist).
-pub async fn get(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<webhook::Model> {
+pub async fn get(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<webhook::Model> {
     store::find(&ctx.db.conn, id)
         .await?
         .filter(|w| may_manage(p, w.workspace_id))
         .ok_or(Error::NotFound("webhook"))
 }
 
-pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: WebhookPatch) -> Result<webhook::Model> {
+pub async fn update(ctx: &Ctx, p: &Principal, id: WebhookId, patch: WebhookPatch) -> Result<webhook::Model> {
     let mut w = get(ctx, p, id).await?;
     if let Some(url) = patch.url {
         w.url = checked_url(ctx, &url)?;
@@ -186,14 +187,14 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: Uuid, patch: WebhookPatch) -> 
     Ok(w)
 }
 
-pub async fn delete(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<()> {
+pub async fn delete(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<()> {
     get(ctx, p, id).await?;
     store::delete(&ctx.db.conn, id).await?;
     Ok(())
 }
 
 /// A new secret; the old one keeps signing beside it for `BERTH_WEBHOOK_SECRET_OVERLAP_SECS`.
-pub async fn rotate_secret(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<Made> {
+pub async fn rotate_secret(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<Made> {
     let mut w = get(ctx, p, id).await?;
     let now = crate::clock::now();
     let secret = sign::new_secret();
@@ -217,13 +218,13 @@ pub fn signing_secrets(w: &webhook::Model, now: DateTime<Utc>) -> Vec<&str> {
 }
 
 /// The newest attempts, newest first.
-pub async fn deliveries(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<Vec<webhook_delivery::Model>> {
+pub async fn deliveries(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<Vec<webhook_delivery::Model>> {
     get(ctx, p, id).await?;
     store::deliveries(&ctx.db.conn, id, DELIVERIES_KEPT).await
 }
 
 /// Sends a ping now (not an event of the log; its cursor does not move) and answers the attempt.
-pub async fn ping(ctx: &Ctx, p: &Principal, id: Uuid) -> Result<webhook_delivery::Model> {
+pub async fn ping(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<webhook_delivery::Model> {
     let w = get(ctx, p, id).await?;
     let now = crate::clock::now();
     let body = serde_json::json!({

@@ -172,7 +172,7 @@ async fn a_successful_resume_heals_a_wrong_workspace_path(app: TestApp) {
     let env_id = uuid(&s["task_environment_id"]);
     // The old fallback order's mistake: the source repository recorded as the workspace.
     env::Entity::update(env::ActiveModel {
-        id: Set(env_id),
+        id: Set(env_id.into()),
         workspace_path: Set(Some(source.display().to_string())),
         ..Default::default()
     })

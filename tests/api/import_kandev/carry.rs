@@ -236,7 +236,7 @@ pub(crate) async fn the_worker_does_the_cleanup_kandev_owed(app: TestApp) {
     let run = import(&app, &db, "ws", &[], &[]).await;
     succeeded(&run);
     for id in ["j-arch", "j-del"] {
-        let j = wait_done(&app, berth_job(&app, &carried(&run.report, id)).await.id).await;
+        let j = wait_done(&app, (berth_job(&app, &carried(&run.report, id)).await.id).into()).await;
         assert_eq!(j.state, job::CleanupJobState::Succeeded, "{id}: {:?}", j.last_error);
     }
     let listed = worktrees_of(&w.repo);
@@ -324,7 +324,7 @@ pub(crate) async fn an_imported_task_is_archived_deleted_and_reset_like_a_native
     let j = crate::helpers::wait_job_settled(&app, crate::helpers::uuid(&r["cleanup_job"]["id"])).await;
     assert_eq!(j["state"], "succeeded", "{j}");
     assert!(!wts[1].exists(), "the reset removed the adopted worktree");
-    let s = app.session(t.id, "worktree").await;
+    let s = app.session(t.id.into(), "worktree").await;
     let fresh = PathBuf::from(s["workspace_path"].as_str().unwrap());
     assert!(fresh.starts_with(&root), "{}", fresh.display());
     assert!(fresh.join("README.md").is_file());

@@ -60,7 +60,7 @@ pub(crate) async fn a_normalized_file_imports_sessions_transcripts_and_git_statu
     assert_eq!(run.report["already_imported"], false);
     let e = env_of(&app, "e1").await.unwrap();
     let rows = inventory(&app).await;
-    assert_eq!(only_owner(&rows, e.id).worktree_path, p(&wt));
+    assert_eq!(only_owner(&rows, e.id.into()).worktree_path, p(&wt));
     let (s1, s2) = (session_of(&app, "s1").await, session_of(&app, "s2").await);
     assert_eq!(
         (s1.state, s2.state),
