@@ -101,9 +101,8 @@ async fn an_async_create_answers_at_once_then_reports_progress_per_repository(ap
 }
 
 async fn an_async_create_with_start_launches_and_delivers_the_prompt(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Async start", &[repo]).await;
+    let f = app.task_with_repo("Async start").await;
+    let task = f.task;
     let r = create_async(
         &app,
         task,
@@ -122,9 +121,8 @@ async fn an_async_create_with_start_launches_and_delivers_the_prompt(app: TestAp
 }
 
 async fn a_failing_materialization_fails_the_session_with_its_reason(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, repo_path) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Doomed", &[repo]).await;
+    let f = app.task_with_repo("Doomed").await;
+    let (repo, repo_path, task) = (f.repository, &f.repo_dir, f.task);
     // The source repository is gone: its branch cannot be created.
     std::fs::rename(&repo_path, repo_path.with_file_name("svc-gone")).unwrap();
     let s = create_async(&app, task, json!({"executor_type": "worktree", "start": false}))
@@ -142,10 +140,9 @@ async fn a_failing_materialization_fails_the_session_with_its_reason(app: TestAp
 }
 
 async fn the_synchronous_create_reports_progress_too(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Sync", &[repo]).await;
-    app.session(task, "worktree").await;
+    let f = app.task_with_repo("Sync").await;
+    let repo = f.repository;
+    f.session("worktree").await;
     assert_eq!(
         stages(&events(&app).await, repo),
         ["fetching", "creating_worktree", "ready"]
@@ -156,10 +153,8 @@ async fn the_synchronous_create_reports_progress_too(app: TestApp) {
 async fn a_preparing_session_left_by_a_stopped_process_is_resumed(app: TestApp) {
     use berth::entity::task_session as s;
     use sea_orm::{ActiveValue::Set, EntityTrait};
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Resume", &[repo]).await;
-    let created = app.session(task, "worktree").await;
+    let f = app.task_with_repo("Resume").await;
+    let created = f.session("worktree").await;
     let id = uuid(&created["id"]);
     // As a process that stopped right after recording the session would leave it.
     s::Entity::update(s::ActiveModel {
@@ -183,9 +178,8 @@ async fn a_preparing_session_left_by_a_stopped_process_is_resumed(app: TestApp) 
 }
 
 async fn without_the_preference_the_create_is_synchronous(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Plain", &[repo]).await;
+    let f = app.task_with_repo("Plain").await;
+    let task = f.task;
     let r = app
         .call_with(
             Method::POST,
@@ -202,9 +196,8 @@ async fn without_the_preference_the_create_is_synchronous(app: TestApp) {
 /// The rules of a synchronous create hold before anything is recorded: an archived task (or one under a
 /// cleanup barrier, I7) refuses at once and no session row is written.
 async fn an_async_create_is_refused_at_once_for_an_archived_task(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Archived", &[repo]).await;
+    let f = app.task_with_repo("Archived").await;
+    let task = f.task;
     let archive = app.post(&format!("/api/v1/tasks/{task}/archive"), json!({})).await;
     assert!(archive.status.is_success(), "{}", archive.text);
     create_async(&app, task, json!({"executor_type": "worktree", "start": false}))
@@ -214,9 +207,8 @@ async fn an_async_create_is_refused_at_once_for_an_archived_task(app: TestApp) {
 }
 
 async fn a_retried_async_create_returns_the_same_session(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, repo_path) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Retried", &[repo]).await;
+    let f = app.task_with_repo("Retried").await;
+    let (repo_path, task) = (&f.repo_dir, f.task);
     let path = format!("/api/v1/tasks/{task}/sessions");
     let send = || {
         app.call_with(
@@ -240,10 +232,8 @@ async fn a_retried_async_create_returns_the_same_session(app: TestApp) {
 async fn a_launch_while_preparing_is_refused_and_changes_nothing(app: TestApp) {
     use berth::entity::task_session as s;
     use sea_orm::{ActiveValue::Set, EntityTrait};
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Early", &[repo]).await;
-    let id = uuid(&app.session(task, "worktree").await["id"]);
+    let f = app.task_with_repo("Early").await;
+    let id = uuid(&f.session("worktree").await["id"]);
     s::Entity::update(s::ActiveModel {
         id: Set(id),
         state: Set(s::SessionState::Preparing),

@@ -36,9 +36,8 @@ async fn broken_events(app: &TestApp, task: Uuid) -> Vec<Value> {
 }
 
 async fn a_refused_worktree_environment_is_broken_until_reset(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Broken", &[repo]).await;
+    let f = app.task_with_repo("Broken").await;
+    let task = f.task;
     let s = idle_session(&app, task, "worktree").await;
     let sid = uuid(&s["id"]);
     let env_id = uuid(&s["task_environment_id"]);

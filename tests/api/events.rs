@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Backend, Sse, TestApp, id_of};
+use crate::helpers::{Backend, Sse, TestApp, id_of, seen, seen_json, wait_until, wait_until_every};
 
 both_backends!(
     replay_pages_in_seq_order_and_validates_cursors,
@@ -233,19 +233,15 @@ async fn truncation_after_retention_and_instance_mismatch(app: TestApp) {
         .ok(201);
     }
     // Wait (with a deadline) for the sweep to trim to the newest five.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let page = loop {
+    let page = wait_until_every("retention to trim", WAIT, Duration::from_millis(20), || async {
         let page = replay(&app, &app.admin, "?after=0").await;
         // The bounds are read after the page, so a page can predate the trim its bounds report.
-        if page["first_available_seq"] == 7 && seqs(&page) == vec![7, 8, 9, 10, 11] {
-            break page;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "retention never trimmed: {page}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        seen_json(
+            page["first_available_seq"] == 7 && seqs(&page) == vec![7, 8, 9, 10, 11],
+            page,
+        )
+    })
+    .await;
     assert_eq!(page["latest_seq"], 11);
     assert_eq!(page["truncated"], true, "events after the cursor were trimmed");
     assert_eq!(seqs(&page), vec![7, 8, 9, 10, 11]);
@@ -439,11 +435,11 @@ async fn a_slow_subscriber_whose_events_were_trimmed_is_reset(app: TestApp) {
     let mut buf = [0u8; 4096];
     flood(&app, ws).await;
     // Wait until retention trimmed what the stalled subscriber has not read.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while app.count("events").await > 60 {
-        assert!(tokio::time::Instant::now() < deadline, "retention never trimmed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("retention to trim", WAIT, || async {
+        let n = app.count("events").await;
+        seen(n <= 60, n)
+    })
+    .await;
     loop {
         let n = tokio::time::timeout(WAIT, stream.read(&mut buf))
             .await

@@ -375,10 +375,9 @@ async fn the_spec_declares_what_the_server_answers(app: TestApp) {
 // Regression from spec fuzzing: file statuses in a reported observation were free strings (a bogus
 // status, or an unknown field inside a file, got 201); the spec now lists them, and the server holds to it.
 async fn reported_file_statuses_are_the_specs(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "t", &[repo]).await;
-    app.session(task, "worktree").await;
+    let f = app.task_with_repo("t").await;
+    let (repo, task) = (f.repository, f.task);
+    f.session("worktree").await;
     let env = crate::helpers::id_of(&app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200));
     let path = format!("/api/v1/environments/{env}/git-status/observations");
     let observation = |file: Value| json!({"repository_id": repo, "kind": "live", "observed_at": chrono::Utc::now(), "files": [file]});

@@ -12,7 +12,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{SECRET, TestApp};
+use crate::helpers::{SECRET, TestApp, seen, wait_until_every};
 
 both_backends!(
     keys_rotate_by_kid_and_removed_keys_stop_working,
@@ -118,15 +118,12 @@ async fn status(app: &TestApp, token: &str) -> u16 {
 
 /// Calls until the answer is `want`, for at most 20 s (the cache and the minimum interval are 1 s here).
 async fn until_status(app: &TestApp, token: &str, want: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let every = Duration::from_millis(100);
+    wait_until_every(what, Duration::from_secs(20), every, || async {
         let got = status(app, token).await;
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: still {got}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        seen(got == want, got)
+    })
+    .await;
 }
 
 async fn keys_rotate_by_kid_and_removed_keys_stop_working(app: TestApp) {

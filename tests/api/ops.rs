@@ -360,10 +360,9 @@ async fn health_readiness_and_metrics(app: TestApp) {
 
     // git commands (a worktree for a session), events reaching the streams, cleanup jobs moving through
     // their states: each counted by the code that does it.
-    let w = app.workspace("metrics").await;
-    let (repo, _) = app.repository(w, "metrics-repo").await;
-    let task = app.task(w, "Metrics", &[repo]).await;
-    app.session(task, "worktree").await;
+    let f = app.task_with_repo_in("metrics", "metrics-repo", "Metrics").await;
+    let task = f.task;
+    f.session("worktree").await;
     let exp = until(&app, "git worktree add timed", |e| {
         value(e, "berth_git_command_duration_seconds", &[("outcome", "ok")]).is_some_and(|n| n >= 1.0)
     })

@@ -13,16 +13,9 @@ use crate::helpers::{TestApp, id_of};
 both_backends!(a_review_is_checked_against_the_diff_and_reaches_the_agent);
 
 async fn a_review_is_checked_against_the_diff_and_reaches_the_agent(app: TestApp) {
-    let ws = app.workspace("reviews").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Reviewed", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo_in("reviews", "svc", "Reviewed").await;
+    let repo = f.repository;
+    let s = f.agent("test").await;
     let id = id_of(&s);
     let env = s["task_environment_id"].as_str().unwrap().to_string();
     let wt = PathBuf::from(s["workspace_path"].as_str().unwrap());

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Sse, TestApp};
+use crate::helpers::{Sse, TestApp, seen_json, wait_until_every};
 
 both_backends!(
     a_streaming_agent_is_written_once_per_interval_and_rebuilt_exactly,
@@ -19,36 +19,22 @@ const DELTAS: usize = 2000;
 /// Deltas a second: the stream lasts at least DELTAS / RATE = 4 s.
 const RATE: usize = 500;
 
-fn uuid(v: &Value) -> Uuid {
-    v.as_str().unwrap().parse().unwrap()
-}
-
 async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
-        if pred(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "session never {what}: {s}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_every(
+        &format!("session {id} {what}"),
+        WAIT,
+        Duration::from_millis(20),
+        || async {
+            let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+            seen_json(pred(&s), s)
+        },
+    )
+    .await
 }
 
 async fn idle_session(app: &TestApp, title: &str) -> Uuid {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, title, &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = uuid(&s["id"]);
-    wait_session(app, id, "idle", |s| s["state"] == "idle").await;
-    id
+    let f = app.task_with_repo(title).await;
+    f.started_session_within("test", WAIT).await.id
 }
 
 /// The session's `runtime.output` events (their `data.event`), oldest first, through replay pages.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{TestApp, git, id_of};
+use crate::helpers::{TestApp, git, id_of, seen_json, wait_job, wait_until};
 
 both_backends!(
     each_turn_has_checkpoints_and_its_own_diff,
@@ -17,16 +17,13 @@ both_backends!(
 
 /// Waits until the session has `n` settled turns with their end checkpoint.
 pub(crate) async fn wait_turns(app: &TestApp, session: uuid::Uuid, n: usize) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    wait_until(&format!("{n} settled turns"), Duration::from_secs(60), || async {
         let t = app.get(&format!("/api/v1/sessions/{session}/turns")).await.ok(200);
         let items = t["items"].as_array().unwrap();
-        if items.len() == n && items.iter().all(|i| !i["end_checkpoint_id"].is_null()) {
-            return t;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never {n} settled turns: {t}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let settled = items.len() == n && items.iter().all(|i| !i["end_checkpoint_id"].is_null());
+        seen_json(settled, t)
+    })
+    .await
 }
 
 /// What a checkpoint must leave as it was: the worktree's index, the stash, every branch and tag.
@@ -202,18 +199,7 @@ async fn each_turn_has_checkpoints_and_its_own_diff(app: TestApp) {
         .await
         .ok(202);
     let job = id_of(&jobs["cleanup_jobs"][0]);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{job}")).await.ok(200);
-        if j["state"] == "succeeded" {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the delete's job never ran: {j}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_job(&app, job, Duration::from_secs(60), &["succeeded"]).await;
     let refs = git(&repo_path, &["for-each-ref", "--format=%(refname)", &prefix]);
     assert!(
         refs.trim().is_empty(),

@@ -53,16 +53,10 @@ async fn with_hostile(app: TestApp, auth: bool) -> Option<TestApp> {
 }
 
 async fn hostile_session(app: &TestApp) -> (uuid::Uuid, String) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Hostile", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "hostile", "start": false}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Hostile").await;
+    let s = f
+        .session_with(json!({"executor_type": "worktree", "agent_profile": "hostile", "start": false}))
+        .await;
     (uuid(&s["id"]), s["workspace_path"].as_str().unwrap().to_string())
 }
 

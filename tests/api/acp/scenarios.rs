@@ -45,16 +45,10 @@ per_agent!(
 
 /// A workspace, a repository, a task and a worktree session on the agent's profile, not yet started.
 async fn session(app: &TestApp, kind: Kind) -> (Uuid, String) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "ACP", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": kind.name(), "start": false}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("ACP").await;
+    let s = f
+        .session_with(json!({"executor_type": "worktree", "agent_profile": kind.name(), "start": false}))
+        .await;
     let path = s["workspace_path"].as_str().expect("the worktree's path").to_string();
     (uuid(&s["id"]), path)
 }

@@ -158,16 +158,11 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
 async fn a_successful_resume_heals_a_wrong_workspace_path(app: TestApp) {
     use berth::entity::task_environment as env;
     use sea_orm::{ActiveValue::Set, EntityTrait};
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Heal", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "start": false}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Heal").await;
+    let source = &f.repo_dir;
+    let s = f
+        .session_with(json!({"executor_type": "worktree", "agent_profile": "test", "start": false}))
+        .await;
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
     let env_id = uuid(&s["task_environment_id"]);
     // The old fallback order's mistake: the source repository recorded as the workspace.
