@@ -149,14 +149,11 @@ async fn the_synchronous_create_reports_progress_too(app: TestApp) {
     );
 }
 
-/// A restart while `preparing` resumes the preparation (`resume_preparing` runs at startup).
-async fn a_preparing_session_left_by_a_stopped_process_is_resumed(app: TestApp) {
+/// Puts the session back in `preparing` without an environment, as a process that stopped right after
+/// recording it would leave it.
+async fn back_to_preparing(app: &TestApp, id: Uuid) {
     use berth::entity::task_session as s;
     use sea_orm::{ActiveValue::Set, EntityTrait};
-    let f = app.task_with_repo("Resume").await;
-    let created = f.session("worktree").await;
-    let id = uuid(&created["id"]);
-    // As a process that stopped right after recording the session would leave it.
     s::Entity::update(s::ActiveModel {
         id: Set(id),
         state: Set(s::SessionState::Preparing),
@@ -166,6 +163,15 @@ async fn a_preparing_session_left_by_a_stopped_process_is_resumed(app: TestApp) 
     .exec(app.db())
     .await
     .unwrap();
+}
+
+/// A restart while `preparing` resumes the preparation (`resume_preparing` runs at startup).
+async fn a_preparing_session_left_by_a_stopped_process_is_resumed(app: TestApp) {
+    let f = app.task_with_repo("Resume").await;
+    let created = f.session("worktree").await;
+    let id = uuid(&created["id"]);
+    // As a process that stopped right after recording the session would leave it.
+    back_to_preparing(&app, id).await;
     let resumed = berth::domain::sessions::resume_preparing(&app.app_state.ctx)
         .await
         .unwrap();
@@ -230,19 +236,9 @@ async fn a_retried_async_create_returns_the_same_session(app: TestApp) {
 }
 
 async fn a_launch_while_preparing_is_refused_and_changes_nothing(app: TestApp) {
-    use berth::entity::task_session as s;
-    use sea_orm::{ActiveValue::Set, EntityTrait};
     let f = app.task_with_repo("Early").await;
     let id = uuid(&f.session("worktree").await["id"]);
-    s::Entity::update(s::ActiveModel {
-        id: Set(id),
-        state: Set(s::SessionState::Preparing),
-        task_environment_id: Set(None),
-        ..Default::default()
-    })
-    .exec(app.db())
-    .await
-    .unwrap();
+    back_to_preparing(&app, id).await;
     let r = app.post(&format!("/api/v1/sessions/{id}/launch"), json!({})).await;
     let p = r.problem(409, "workspace_preparing");
     assert_eq!(p["retryable"], true);

@@ -17,15 +17,6 @@ both_backends!(
     a_refused_local_environment_touches_nothing_of_the_repository,
 );
 
-async fn idle_session(app: &TestApp, task: Uuid, executor: &str) -> Value {
-    app.post(
-        &format!("/api/v1/tasks/{task}/sessions"),
-        json!({"executor_type": executor, "agent_profile": "test", "start": false}),
-    )
-    .await
-    .ok(201)
-}
-
 async fn broken_events(app: &TestApp, task: Uuid) -> Vec<Value> {
     app.get(&format!("/api/v1/events?task_id={task}&types=environment.broken"))
         .await
@@ -38,7 +29,7 @@ async fn broken_events(app: &TestApp, task: Uuid) -> Vec<Value> {
 async fn a_refused_worktree_environment_is_broken_until_reset(app: TestApp) {
     let f = app.task_with_repo("Broken").await;
     let task = f.task;
-    let s = idle_session(&app, task, "worktree").await;
+    let s = app.unstarted_agent(task, "worktree", "test").await;
     let sid = uuid(&s["id"]);
     let env_id = uuid(&s["task_environment_id"]);
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
@@ -151,7 +142,7 @@ async fn a_refused_local_environment_touches_nothing_of_the_repository(app: Test
     let (repo, source) = app.repository(ws, "svc").await;
     std::fs::write(source.join("uncommitted.txt"), "the user's work").unwrap();
     let task = app.task(ws, "Local", &[repo]).await;
-    let s = idle_session(&app, task, "local").await;
+    let s = app.unstarted_agent(task, "local", "test").await;
     let sid = uuid(&s["id"]);
     assert_eq!(s["workspace_path"], source.display().to_string());
     let before = repository_state(&source);

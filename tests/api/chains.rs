@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{self, SETTLED, TestApp, id_of, uuid, worktrees_of};
+use crate::helpers::{self, SETTLED, TestApp, uuid, worktrees_of};
 
 both_backends!(
     deleting_a_middle_link_keeps_the_chain_whole,
@@ -30,17 +30,6 @@ async fn wait_jobs(app: &TestApp, reply: &Value) {
     for j in reply["cleanup_jobs"].as_array().unwrap() {
         assert_eq!(wait_job(app, uuid(&j["id"])).await["state"], "succeeded");
     }
-}
-
-async fn subtask(app: &TestApp, ws: Uuid, parent: Uuid, title: &str) -> Uuid {
-    id_of(
-        &app.post(
-            &format!("/api/v1/workspaces/{ws}/tasks"),
-            json!({"title": title, "parent_task_id": parent, "workspace_mode": "inherit_parent"}),
-        )
-        .await
-        .ok(201),
-    )
 }
 
 /// The environment lookup of a task: `Some` environment, or `None` when the task resolves to an owner
@@ -79,8 +68,8 @@ async fn agent_session(app: &TestApp, task: Uuid) -> Value {
 async fn deleting_a_middle_link_keeps_the_chain_whole(app: TestApp) {
     let f = app.task_with_repo("Owner").await;
     let (ws, owner) = (f.workspace, f.task);
-    let middle = subtask(&app, ws, owner, "Middle").await;
-    let leaf = subtask(&app, ws, middle, "Leaf").await;
+    let middle = app.subtask(ws, owner, "Middle").await;
+    let leaf = app.subtask(ws, middle, "Leaf").await;
     let s = app.session(leaf, "worktree").await;
     let r = app.delete(&format!("/api/v1/tasks/{middle}")).await.ok(202);
     wait_jobs(&app, &r).await;
@@ -104,8 +93,8 @@ async fn deleting_a_middle_link_keeps_the_chain_whole(app: TestApp) {
 async fn deleting_an_owner_whose_inheritors_are_archived_cleans_it_as_one_unit(app: TestApp) {
     let f = app.task_with_repo("Owner").await;
     let (ws, source, owner) = (f.workspace, &f.repo_dir, f.task);
-    let a = subtask(&app, ws, owner, "A").await;
-    let b = subtask(&app, ws, a, "B").await;
+    let a = app.subtask(ws, owner, "A").await;
+    let b = app.subtask(ws, a, "B").await;
     let s = app.session(b, "worktree").await;
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
     let r = app
@@ -155,8 +144,8 @@ async fn deleting_an_owner_whose_inheritors_are_archived_cleans_it_as_one_unit(a
 async fn archive_hands_the_environment_to_the_nearest_live_inheritor(app: TestApp) {
     let f = app.task_with_repo("Owner").await;
     let (ws, owner) = (f.workspace, f.task);
-    let link = subtask(&app, ws, owner, "Link").await;
-    let leaf = subtask(&app, ws, link, "Leaf").await;
+    let link = app.subtask(ws, owner, "Link").await;
+    let leaf = app.subtask(ws, link, "Leaf").await;
     let s = app.session(leaf, "worktree").await;
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
     std::fs::write(Path::new(&worktree).join("leaf-work.txt"), "in progress").unwrap();
@@ -210,8 +199,8 @@ async fn archive_hands_the_environment_to_the_nearest_live_inheritor(app: TestAp
 async fn archive_then_unarchive_across_a_chain_and_resume(app: TestApp) {
     let f = app.task_with_repo("Owner").await;
     let (ws, owner) = (f.workspace, f.task);
-    let middle = subtask(&app, ws, owner, "Middle").await;
-    let leaf = subtask(&app, ws, middle, "Leaf").await;
+    let middle = app.subtask(ws, owner, "Middle").await;
+    let leaf = app.subtask(ws, middle, "Leaf").await;
     let s = agent_session(&app, leaf).await;
     let sid = uuid(&s["id"]);
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
@@ -315,7 +304,7 @@ async fn a_subtask_archived_while_its_owners_environment_is_made_gets_no_session
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, sea_query::Expr};
     let f = app.task_with_repo("owner").await;
     let (ws, owner) = (f.workspace, f.task);
-    let child = subtask(&app, ws, owner, "child").await;
+    let child = app.subtask(ws, owner, "child").await;
 
     let gate = std::sync::Arc::new(gated_git::Gate::default());
     let mut ctx = app.app_state.ctx.clone();

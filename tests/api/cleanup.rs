@@ -375,14 +375,7 @@ async fn a_symlink_inside_a_worktree_is_not_followed(app: TestApp) {
 async fn a_shared_environment_is_preserved_and_transferred(app: TestApp) {
     let ws = app.workspace("ws").await;
     let (parent, source, worktree, _) = task_with_worktree(&app, ws, "Parent", "svc").await;
-    let child = id_of(
-        &app.post(
-            &format!("/api/v1/workspaces/{ws}/tasks"),
-            json!({"title": "Child", "parent_task_id": parent, "workspace_mode": "inherit_parent"}),
-        )
-        .await
-        .ok(201),
-    );
+    let child = app.subtask(ws, parent, "Child").await;
     let cs = app.session(child, "worktree").await;
     std::fs::write(worktree.join("child-work.txt"), "in progress").unwrap();
     let env_id = cs["task_environment_id"].clone();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{TestApp, uuid, wait_session_within};
+use crate::helpers::{TestApp, id_of, uuid, wait_session_within};
 
 /// A workspace with one registered repository and a task over it (see [`TestApp::task_with_repo`]).
 pub struct Fixture<'a> {
@@ -31,6 +31,25 @@ impl TestApp {
     /// Workspace `ws`, repository `svc` (one commit on `main`) in it, and a task `title` over it.
     pub async fn task_with_repo(&self, title: &str) -> Fixture<'_> {
         self.task_with_repo_in("ws", "svc", title).await
+    }
+
+    /// A subtask `title` of `parent` in `workspace` that works in its parent's environment
+    /// (`workspace_mode: inherit_parent`); returns its id.
+    pub async fn subtask(&self, workspace: Uuid, parent: Uuid, title: &str) -> Uuid {
+        let body = json!({"title": title, "parent_task_id": parent, "workspace_mode": "inherit_parent"});
+        id_of(
+            &self
+                .post(&format!("/api/v1/workspaces/{workspace}/tasks"), body)
+                .await
+                .ok(201),
+        )
+    }
+
+    /// A session of the agent `profile` on `task` (`executor`), created but not launched (`start: false`,
+    /// 201 expected); returns it.
+    pub async fn unstarted_agent(&self, task: Uuid, executor: &str, profile: &str) -> Value {
+        let body = json!({"executor_type": executor, "agent_profile": profile, "start": false});
+        self.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201)
     }
 
     /// [`Self::task_with_repo`] with other names for the workspace and the repository.
@@ -62,6 +81,11 @@ impl Fixture<'_> {
     /// A session on the task without an agent (`start: false`, 201 expected), as [`TestApp::session`].
     pub async fn session(&self, executor: &str) -> Value {
         self.app.session(self.task, executor).await
+    }
+
+    /// [`TestApp::unstarted_agent`] on the task.
+    pub async fn unstarted_agent(&self, executor: &str, profile: &str) -> Value {
+        self.app.unstarted_agent(self.task, executor, profile).await
     }
 
     /// A worktree session launched with the agent `profile` (201 expected); returns it as created.

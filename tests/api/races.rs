@@ -222,8 +222,7 @@ async fn archive_racing_a_launch_leaves_no_agent_running(app: TestApp) {
             let body = json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "hang"});
             (format!("/api/v1/tasks/{task}/sessions"), body)
         } else {
-            let body = json!({"executor_type": "worktree", "agent_profile": "test", "start": false});
-            let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
+            let s = app.unstarted_agent(task, "worktree", "test").await;
             (
                 format!("/api/v1/sessions/{}/launch", uuid(&s["id"])),
                 json!({"prompt": "hang"}),
@@ -334,9 +333,7 @@ async fn unarchive_waits_for_the_running_archive_job(backend: Backend) {
     };
     let f = app.task_with_repo("Back").await;
     let (source, task) = (&f.repo_dir, f.task);
-    let s = f
-        .session_with(json!({"executor_type": "worktree", "agent_profile": "test", "start": false}))
-        .await;
+    let s = f.unstarted_agent("worktree", "test").await;
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
     let r = app
         .post(&format!("/api/v1/tasks/{task}/archive"), json!({}))

@@ -302,8 +302,7 @@ async fn a_launch_posted_to_another_replica_returns_the_running_agent(app: TestA
 /// task, the session, the agent's pid and the worktree.
 async fn working_on_second(app: &TestApp) -> (Replica, Uuid, Uuid, i64, String) {
     let f = app.task_with_repo("Replicas").await;
-    let body = json!({"executor_type": "worktree", "agent_profile": "test", "start": false});
-    let s = f.session_with(body).await;
+    let s = f.unstarted_agent("worktree", "test").await;
     let id = uuid(&s["id"]);
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
     let b = Replica::start_as(app, &app.config.node_id).await;

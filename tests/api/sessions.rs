@@ -382,14 +382,7 @@ async fn local_executor_touches_nothing_on_disk(app: TestApp) {
 async fn inherit_parent_subtasks_use_the_parents_environment(app: TestApp) {
     let f = app.task_with_repo("Parent").await;
     let (ws, source, parent) = (f.workspace, &f.repo_dir, f.task);
-    let child = id_of(
-        &app.post(
-            &format!("/api/v1/workspaces/{ws}/tasks"),
-            json!({"title": "Child", "parent_task_id": parent, "workspace_mode": "inherit_parent"}),
-        )
-        .await
-        .ok(201),
-    );
+    let child = app.subtask(ws, parent, "Child").await;
     // The child's first session materializes the parent's environment, owned by the parent.
     let cs = app.session(child, "worktree").await;
     let env = environment(&app, parent).await;

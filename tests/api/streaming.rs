@@ -39,23 +39,12 @@ async fn idle_session(app: &TestApp, title: &str) -> Uuid {
 
 /// The session's `runtime.output` events (their `data.event`), oldest first, through replay pages.
 async fn outputs(app: &TestApp, session: Uuid) -> Vec<Value> {
-    let mut out = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = app
-            .get(&format!("/api/v1/events?after={after}&limit=1000"))
-            .await
-            .ok(200);
-        let events = page["events"].as_array().unwrap();
-        let Some(last) = events.last() else { return out };
-        after = last["seq"].as_i64().unwrap();
-        out.extend(
-            events
-                .iter()
-                .filter(|e| e["type"] == "runtime.output" && e["session_id"] == session.to_string())
-                .map(|e| e["data"]["event"].clone()),
-        );
-    }
+    crate::agents::all_events(app)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "runtime.output" && e["session_id"] == session.to_string())
+        .map(|e| e["data"]["event"].clone())
+        .collect()
 }
 
 /// The assistant's replies, from `message_end` events.

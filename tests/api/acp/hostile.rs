@@ -54,9 +54,7 @@ async fn with_hostile(app: TestApp, auth: bool) -> Option<TestApp> {
 
 async fn hostile_session(app: &TestApp) -> (uuid::Uuid, String) {
     let f = app.task_with_repo("Hostile").await;
-    let s = f
-        .session_with(json!({"executor_type": "worktree", "agent_profile": "hostile", "start": false}))
-        .await;
+    let s = f.unstarted_agent("worktree", "hostile").await;
     (uuid(&s["id"]), s["workspace_path"].as_str().unwrap().to_string())
 }
 

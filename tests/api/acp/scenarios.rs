@@ -46,9 +46,7 @@ per_agent!(
 /// A workspace, a repository, a task and a worktree session on the agent's profile, not yet started.
 async fn session(app: &TestApp, kind: Kind) -> (Uuid, String) {
     let f = app.task_with_repo("ACP").await;
-    let s = f
-        .session_with(json!({"executor_type": "worktree", "agent_profile": kind.name(), "start": false}))
-        .await;
+    let s = f.unstarted_agent("worktree", kind.name()).await;
     let path = s["workspace_path"].as_str().expect("the worktree's path").to_string();
     (uuid(&s["id"]), path)
 }

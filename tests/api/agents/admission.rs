@@ -51,13 +51,7 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
     let (repo, source) = app.repository(ws, "svc").await;
     let other = git_repo(&app.scratch.path().join("other"), "main");
     let task = app.task(ws, "Broken", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "start": false}),
-        )
-        .await
-        .ok(201);
+    let s = app.unstarted_agent(task, "worktree", "test").await;
     let id = uuid(&s["id"]);
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
     let env_before = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
@@ -160,9 +154,7 @@ async fn a_successful_resume_heals_a_wrong_workspace_path(app: TestApp) {
     use sea_orm::{ActiveValue::Set, EntityTrait};
     let f = app.task_with_repo("Heal").await;
     let source = &f.repo_dir;
-    let s = f
-        .session_with(json!({"executor_type": "worktree", "agent_profile": "test", "start": false}))
-        .await;
+    let s = f.unstarted_agent("worktree", "test").await;
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
     let env_id = uuid(&s["task_environment_id"]);
     // The old fallback order's mistake: the source repository recorded as the workspace.

@@ -241,12 +241,7 @@ pub(crate) async fn wait_message(app: &TestApp, session: Uuid, message: &Value, 
     .await
 }
 
-pub(crate) fn pid_alive(pid: i64) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
-}
+pub(crate) use crate::agents::pid_alive;
 
 pub(crate) async fn execution_pid(app: &TestApp, execution: &Value) -> i64 {
     use sea_orm::EntityTrait;
