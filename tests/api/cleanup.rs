@@ -9,7 +9,8 @@ use uuid::Uuid;
 
 use crate::both_backends;
 use crate::helpers::{
-    self, TestApp, branch_exists, git, id_of, seen, seen_json, uuid, wait_until, wait_until_every, worktrees_of,
+    self, HANGING_WORKER, TestApp, branch_exists, git, id_of, seen, seen_json, uuid, wait_until, wait_until_every,
+    worktrees_of,
 };
 
 both_backends!(
@@ -251,17 +252,7 @@ async fn a_transient_git_failure_is_retried_from_the_snapshot(app: TestApp) {
 // I9: a worker that dies holding a job (a failpoint) is rescued by another process once the lease
 // expires, which finishes from the snapshot.
 async fn a_crashed_worker_is_rescued_after_its_lease(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
-            ("BERTH_CLEANUP_FAILPOINT", "hang_after_claim"),
-            ("BERTH_CLEANUP_LEASE_SECS", "1"),
-        ],
-    )
-    .await
-    else {
+    let Some(app) = app.respawn_with(HANGING_WORKER).await else {
         return;
     };
     let ws = app.workspace("ws").await;
@@ -462,16 +453,12 @@ async fn creation_racing_deletion_never_leaves_an_untracked_worktree(app: TestAp
 
 // I12: an idle quick chat goes through the ordinary delete path; a standard task stays.
 async fn quick_chats_expire_through_the_delete_path(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
+    let Some(app) = app
+        .respawn_with(&[
             ("BERTH_QUICK_CHAT_RETENTION_SECS", "1"),
             ("BERTH_SWEEP_INTERVAL_MS", "100"),
-        ],
-    )
-    .await
+        ])
+        .await
     else {
         return;
     };
@@ -674,17 +661,13 @@ async fn unarchive_cancels_pending_and_failed_archive_jobs(app: TestApp) {
 async fn a_reconciled_prepared_job_reaches_live_streams_at_once(app: TestApp) {
     use berth::entity::cleanup_job as job;
     use sea_orm::{ActiveValue::Set, EntityTrait};
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
+    let Some(app) = app
+        .respawn_with(&[
             ("BERTH_EVENT_POLL_MS", "60000"),
             ("BERTH_CLEANUP_PREPARED_GRACE_SECS", "0"),
             ("BERTH_CLEANUP_POLL_MS", "100"),
-        ],
-    )
-    .await
+        ])
+        .await
     else {
         return;
     };

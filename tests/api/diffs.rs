@@ -232,13 +232,9 @@ async fn a_diff_shows_every_change_and_writes_nothing(app: TestApp) {
 }
 
 async fn a_large_diff_is_paged_and_cut_at_the_limits(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[("BERTH_DIFF_MAX_FILES", "2"), ("BERTH_DIFF_MAX_FILE_BYTES", "300")],
-    )
-    .await
+    let Some(app) = app
+        .respawn_with(&[("BERTH_DIFF_MAX_FILES", "2"), ("BERTH_DIFF_MAX_FILE_BYTES", "300")])
+        .await
     else {
         return;
     };

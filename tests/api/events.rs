@@ -213,13 +213,9 @@ async fn a_late_committing_writer_is_never_skipped(app: TestApp) {
 }
 
 async fn truncation_after_retention_and_instance_mismatch(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[("BERTH_EVENT_RETENTION_COUNT", "5"), ("BERTH_SWEEP_INTERVAL_MS", "50")],
-    )
-    .await
+    let Some(app) = app
+        .respawn_with(&[("BERTH_EVENT_RETENTION_COUNT", "5"), ("BERTH_SWEEP_INTERVAL_MS", "50")])
+        .await
     else {
         return;
     };
@@ -371,9 +367,7 @@ async fn another_instance_on_the_same_database_delivers_live(app: TestApp) {
 /// nothing skipped, nothing twice, no reset.
 async fn a_slow_subscriber_catches_up_never_skipped(app: TestApp) {
     use tokio::io::AsyncReadExt;
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_EVENT_BUFFER", "4")]).await else {
+    let Some(app) = app.respawn_with(&[("BERTH_EVENT_BUFFER", "4")]).await else {
         return;
     };
     let ws = app.workspace("ws").await;
@@ -415,17 +409,13 @@ async fn a_slow_subscriber_catches_up_never_skipped(app: TestApp) {
 /// is a gap-free prefix, and nothing after the gap is passed off as continuous.
 async fn a_slow_subscriber_whose_events_were_trimmed_is_reset(app: TestApp) {
     use tokio::io::AsyncReadExt;
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
+    let Some(app) = app
+        .respawn_with(&[
             ("BERTH_EVENT_BUFFER", "4"),
             ("BERTH_EVENT_RETENTION_COUNT", "50"),
             ("BERTH_SWEEP_INTERVAL_MS", "100"),
-        ],
-    )
-    .await
+        ])
+        .await
     else {
         return;
     };
@@ -513,9 +503,7 @@ async fn flood(app: &TestApp, ws: Uuid) {
 }
 
 async fn keep_alive_comments_flow(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_SSE_KEEPALIVE_SECS", "1")]).await else {
+    let Some(app) = app.respawn_with(&[("BERTH_SSE_KEEPALIVE_SECS", "1")]).await else {
         return;
     };
     let mut sse = Sse::open(&app, &app.admin, "", None).await;

@@ -52,6 +52,21 @@ impl TestApp {
         self.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201)
     }
 
+    /// A worktree session on `task` launched with the agent `profile` (201 expected), once idle (20 s at
+    /// most, as `agents::wait_session`).
+    pub async fn started_agent(&self, task: Uuid, profile: &str) -> StartedSession {
+        self.started_agent_within(task, profile, Duration::from_secs(20)).await
+    }
+
+    /// [`Self::started_agent`] with `within` as the deadline of the wait.
+    pub async fn started_agent_within(&self, task: Uuid, profile: &str, within: Duration) -> StartedSession {
+        let body = json!({"executor_type": "worktree", "agent_profile": profile});
+        let created = self.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
+        let id = uuid(&created["id"]);
+        let idle = wait_session_within(self, id, within, "idle", |s| s["state"] == "idle").await;
+        StartedSession { id, created, idle }
+    }
+
     /// [`Self::task_with_repo`] with other names for the workspace and the repository.
     pub async fn task_with_repo_in(&self, workspace: &str, repository: &str, title: &str) -> Fixture<'_> {
         let ws = self.workspace(workspace).await;
@@ -102,14 +117,11 @@ impl Fixture<'_> {
 
     /// [`Self::agent`], then waits (20 s at most, as `agents::wait_session`) until the session is idle.
     pub async fn started_session(&self, profile: &str) -> StartedSession {
-        self.started_session_within(profile, Duration::from_secs(20)).await
+        self.app.started_agent(self.task, profile).await
     }
 
     /// [`Self::started_session`] with `within` as the deadline of the wait.
     pub async fn started_session_within(&self, profile: &str, within: Duration) -> StartedSession {
-        let created = self.agent(profile).await;
-        let id = uuid(&created["id"]);
-        let idle = wait_session_within(self.app, id, within, "idle", |s| s["state"] == "idle").await;
-        StartedSession { id, created, idle }
+        self.app.started_agent_within(self.task, profile, within).await
     }
 }

@@ -237,16 +237,8 @@ async fn refresh_reports_what_git_sees(app: TestApp) {
 
 // Seed 004: when an agent finishes a turn, berth captures a completion observation itself.
 async fn a_finished_turn_is_captured_as_a_completion(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Turn", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "write made.txt by agent"}),
-        )
-        .await
-        .ok(201);
+    let fixture = app.task_with_repo("Turn").await;
+    let s = fixture.agent_prompted("test", "write made.txt by agent").await;
     let env = uuid(&s["task_environment_id"]);
     let session_id = uuid(&s["id"]);
     // The capture itself, as stored: a completion with the session as provenance.

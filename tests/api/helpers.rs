@@ -15,6 +15,13 @@ use serde_json::Value;
 use tempfile::TempDir;
 use uuid::Uuid;
 
+/// Settings for a berth whose cleanup worker hangs holding the job it claimed (a failpoint), with a
+/// one-second lease after which another process rescues the job.
+pub const HANGING_WORKER: &[(&str, &str)] = &[
+    ("BERTH_CLEANUP_FAILPOINT", "hang_after_claim"),
+    ("BERTH_CLEANUP_LEASE_SECS", "1"),
+];
+
 pub const SECRET: &str = "test-secret-test-secret-test-secret-0123456789";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,6 +297,14 @@ impl TestApp {
             _data_dir: data_dir,
             scratch,
         })
+    }
+
+    /// Drops this app and spawns another on the same backend with extra `BERTH_*` settings, as
+    /// [`Self::spawn_with`] does (for a test that needs settings of its own).
+    pub async fn respawn_with(self, extra: &[(&str, &str)]) -> Option<TestApp> {
+        let backend = self.backend;
+        drop(self);
+        TestApp::spawn_with(backend, extra).await
     }
 
     /// Stops the in-process server's background tasks (event tailer and sequencer, workers), for a test

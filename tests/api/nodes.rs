@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::agents::{execution_pid, pid_alive, uuid, wait_session};
+use crate::agents::{execution_pid, pid_alive, uuid};
 use crate::both_backends;
 use crate::fixture::StartedSession;
 use crate::helpers::{Backend, SETTLED, TestApp, seen_json, wait_until};
@@ -231,11 +231,9 @@ async fn a_down_node_is_decommissioned_and_its_tasks_move_on(app: TestApp) {
     let a = app.config.node_id.clone();
     let f = app.task_with_repo("Kept").await;
     let (ws, repo, kept) = (f.workspace, f.repository, f.task);
-    let s = f.agent("test").await;
-    let id = uuid(&s["id"]);
+    let StartedSession { id, created: s, .. } = f.started_session("test").await;
     let lost_env = s["task_environment_id"].as_str().unwrap().to_string();
     let worktree = std::path::PathBuf::from(s["workspace_path"].as_str().unwrap());
-    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
     let doomed = app.task(ws, "Doomed", &[repo]).await;
     let d = app
         .post(

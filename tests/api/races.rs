@@ -14,7 +14,8 @@ use uuid::Uuid;
 
 use crate::both_backends;
 use crate::helpers::{
-    Backend, TestApp, branch_exists, id_of, seen, uuid, wait_job, wait_job_settled, wait_until_every, worktrees_of,
+    Backend, HANGING_WORKER, TestApp, branch_exists, id_of, seen, uuid, wait_job, wait_job_settled, wait_until_every,
+    worktrees_of,
 };
 
 both_backends!(
@@ -320,15 +321,7 @@ async fn reset_racing_session_creation_leaks_nothing(app: TestApp) {
 // task is back and its next launch materializes afresh. The job's first worker hangs holding it (a
 // failpoint); a healthy process rescues it once the lease expires.
 async fn unarchive_waits_for_the_running_archive_job(backend: Backend) {
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
-            ("BERTH_CLEANUP_FAILPOINT", "hang_after_claim"),
-            ("BERTH_CLEANUP_LEASE_SECS", "1"),
-        ],
-    )
-    .await
-    else {
+    let Some(app) = TestApp::spawn_with(backend, HANGING_WORKER).await else {
         return;
     };
     let f = app.task_with_repo("Back").await;

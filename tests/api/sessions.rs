@@ -179,11 +179,10 @@ async fn deleting_the_only_session_keeps_the_workspace_for_the_next(app: TestApp
 
 // Seed 001 scenario 3: one of two sessions goes; the other keeps the same directory, and becomes primary.
 async fn deleting_one_of_two_sessions_leaves_the_other_in_place(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Pair", &[repo]).await;
-    let a = app.session(task, "worktree").await;
-    let b = app.session(task, "worktree").await;
+    let fixture = app.task_with_repo("Pair").await;
+    let (source, task) = (&fixture.repo_dir, fixture.task);
+    let a = fixture.session("worktree").await;
+    let b = fixture.session("worktree").await;
     let worktree = path_of(&a["workspace_path"]);
     std::fs::write(worktree.join("MARKER.txt"), "shared\n").unwrap();
     let env = environment(&app, task).await;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::both_backends;
+use crate::fixture::StartedSession;
 use crate::helpers::{TestApp, git, id_of, seen_json, wait_job, wait_until};
 
 both_backends!(
@@ -37,20 +38,11 @@ pub(crate) fn kept(worktree: &Path) -> (Vec<u8>, String, String) {
 }
 
 async fn each_turn_has_checkpoints_and_its_own_diff(app: TestApp) {
-    let ws = app.workspace("turns").await;
-    let (repo, repo_path) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Turns", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = id_of(&s);
+    let fixture = app.task_with_repo_in("turns", "svc", "Turns").await;
+    let (repo_path, task) = (&fixture.repo_dir, fixture.task);
+    let StartedSession { id, created: s, .. } = fixture.started_session("test").await;
     let env = s["task_environment_id"].as_str().unwrap().to_string();
     let wt = PathBuf::from(s["workspace_path"].as_str().unwrap());
-    crate::agents::wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
     let before = kept(&wt);
 
     app.post(

@@ -62,16 +62,12 @@ async fn deleting_an_idle_session_stops_its_agent_and_keeps_the_workspace(app: T
 // I30: an agent that dies is restarted in the same workspace (recovering), a bounded number of times in a
 // window; past that the session is failed with the reason.
 async fn a_crashed_agent_is_restarted_then_failed_past_the_threshold(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
+    let Some(app) = app
+        .respawn_with(&[
             ("BERTH_AGENT_RESTART_MAX", "2"),
             ("BERTH_AGENT_RESTART_BACKOFF_MS", "10"),
-        ],
-    )
-    .await
+        ])
+        .await
     else {
         return;
     };
