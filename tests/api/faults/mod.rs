@@ -17,7 +17,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{TestApp, git_repo, id_of, seen, wait_until};
+use crate::helpers::{TestApp, git_repo, id_of, seen, wait_until, wait_until_every};
 
 mod crash;
 mod flaky_git;
@@ -199,14 +199,11 @@ async fn rows(conn: &DatabaseConnection, sql: &str) -> Vec<sea_orm::QueryResult>
 
 /// Waits (with a deadline) until the invariants hold: work a crash interrupted is finished by the sweep.
 async fn assert_invariants(conn: &DatabaseConnection, worktree_root: &Path) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        match invariants(conn, worktree_root).await {
-            Ok(()) => return,
-            Err(e) if tokio::time::Instant::now() > deadline => panic!("{e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+    let every = Duration::from_millis(200);
+    wait_until_every("the invariants to hold", WAIT, every, || {
+        invariants(conn, worktree_root)
+    })
+    .await;
 }
 
 /// The three invariants this file's header names, checked against the disk and the database.
