@@ -408,18 +408,12 @@ impl TestApp {
         use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
         let newest = scalar(self.db(), "SELECT COALESCE(MAX(id), 0) FROM events").await;
         let unstamped = format!("SELECT COUNT(*) FROM events WHERE seq IS NULL AND id <= {newest}");
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
+        let (within, every) = (std::time::Duration::from_secs(30), std::time::Duration::from_millis(10));
+        wait_until_every("the committed events to be stamped", within, every, || async {
             let left = scalar(self.db(), &unstamped).await;
-            if left == 0 {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{left} committed events were never stamped"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+            seen(left == 0, left)
+        })
+        .await;
         Entity::find()
             .filter(Column::Seq.is_not_null())
             .order_by_asc(Column::Seq)

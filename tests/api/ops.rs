@@ -2,7 +2,7 @@
 use reqwest::Method;
 
 use crate::both_backends;
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, wait_until};
 
 both_backends!(
     health_readiness_and_metrics,
@@ -227,15 +227,11 @@ async fn until(app: &TestApp, what: &str, check: impl Fn(&Exposition) -> bool) -
 }
 
 async fn until_within(app: &TestApp, what: &str, secs: u64, check: impl Fn(&Exposition) -> bool) -> Exposition {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
+    wait_until(what, std::time::Duration::from_secs(secs), || async {
         let (exp, text) = scrape(app).await;
-        if check(&exp) {
-            return exp;
-        }
-        assert!(std::time::Instant::now() < deadline, "{what}:\n{text}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+        if check(&exp) { Ok(exp) } else { Err(text) }
+    })
+    .await
 }
 
 async fn health_readiness_and_metrics(app: TestApp) {

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, branch_exists, git, id_of, uuid, worktrees_of};
+use crate::helpers::{TestApp, branch_exists, git, id_of, uuid, wait_until, worktrees_of};
 
 both_backends!(
     two_repositories_materialize_once_and_sessions_share_them,
@@ -758,8 +758,8 @@ async fn insert_creating(app: &TestApp, task: Uuid, updated_at: chrono::DateTime
 
 /// A first session, retried as clients do while another materializer prepares the workspace.
 async fn session_retrying_while_preparing(app: &TestApp, task: Uuid) -> Value {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
+    let within = std::time::Duration::from_secs(20);
+    wait_until("the workspace to be ready", within, || async {
         let r = app
             .post(
                 &format!("/api/v1/tasks/{task}/sessions"),
@@ -767,14 +767,11 @@ async fn session_retrying_while_preparing(app: &TestApp, task: Uuid) -> Value {
             )
             .await;
         if r.status.as_u16() != 409 || r.json()["code"] != "workspace_preparing" {
-            return r.ok(201);
+            return Ok(r.ok(201));
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the workspace never became ready"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+        Err(r.text)
+    })
+    .await
 }
 
 /// Where berth puts a task's worktree for a repository (the same function berth uses).

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Sse, TestApp, seen_json, wait_until_every};
+use crate::helpers::{Sse, TestApp, seen, seen_json, wait_until, wait_until_every};
 
 both_backends!(
     a_streaming_agent_is_written_once_per_interval_and_rebuilt_exactly,
@@ -178,19 +178,16 @@ async fn a_streaming_agent_is_written_once_per_interval_and_rebuilt_exactly(app:
 
 /// Polls the API while the agent floods; every answer comes, in time. Returns when `done` holds.
 async fn answers_while(app: &TestApp, id: Uuid, what: &str, done: impl AsyncFn() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    let mut slowest = Duration::ZERO;
-    loop {
+    let slowest = std::cell::Cell::new(Duration::ZERO);
+    wait_until(what, WAIT, || async {
         let t = Instant::now();
         app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
         app.get("/api/v1/workspaces").await.ok(200);
-        slowest = slowest.max(t.elapsed());
-        if done().await {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{what} never finished");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        slowest.set(slowest.get().max(t.elapsed()));
+        seen(done().await, "not finished")
+    })
+    .await;
+    let slowest = slowest.get();
     assert!(
         slowest < Duration::from_secs(10),
         "the API took {slowest:?} to answer during {what}"

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::{Kind, with_agent};
 use crate::agents::all_events;
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, seen, wait_until_every};
 use crate::model_server::{DEFAULT_USAGE, Gate, ModelRequest, Outcome, Reply};
 use crate::pi::{
     agent_session_ref, execution_pid, pid_alive, restart, say, stop, uuid, wait_message, wait_session, wait_snapshot,
@@ -304,14 +304,17 @@ async fn choose_a_setting(app: &TestApp, id: Uuid) {
 async fn next_minute_after(t: chrono::DateTime<chrono::Utc>) {
     use chrono::Timelike;
     let minute = |t: chrono::DateTime<chrono::Utc>| (t.date_naive(), t.hour(), t.minute());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(70);
-    while minute(chrono::Utc::now()) == minute(t) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the clock never reached the next minute"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let every = Duration::from_millis(250);
+    wait_until_every(
+        "the clock to reach the next minute",
+        Duration::from_secs(70),
+        every,
+        || async {
+            let now = chrono::Utc::now();
+            seen(minute(now) != minute(t), now)
+        },
+    )
+    .await;
 }
 
 const FIRST: &str = "Start a long answer.";
