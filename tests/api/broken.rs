@@ -17,6 +17,15 @@ both_backends!(
     a_refused_local_environment_touches_nothing_of_the_repository,
 );
 
+/// Resets the task's environment (202) and waits until its cleanup job is settled; returns the job.
+async fn reset(app: &TestApp, task: Uuid) -> Value {
+    let job = app
+        .post(&format!("/api/v1/tasks/{task}/environment/reset"), json!({}))
+        .await
+        .ok(202);
+    wait_job_settled(app, uuid(&job["cleanup_job"]["id"])).await
+}
+
 async fn broken_events(app: &TestApp, task: Uuid) -> Vec<Value> {
     app.get(&format!("/api/v1/events?task_id={task}&types=environment.broken"))
         .await
@@ -92,14 +101,7 @@ async fn a_refused_worktree_environment_is_broken_until_reset(app: TestApp) {
     assert!(!worktree.exists(), "nothing was made behind the refusal");
 
     // The way back: a reset, then the old session resumes in a fresh environment.
-    let job = app
-        .post(&format!("/api/v1/tasks/{task}/environment/reset"), json!({}))
-        .await
-        .ok(202);
-    assert_eq!(
-        wait_job_settled(&app, uuid(&job["cleanup_job"]["id"])).await["state"],
-        "succeeded"
-    );
+    assert_eq!(reset(&app, task).await["state"], "succeeded");
     let relaunched = app
         .post(&format!("/api/v1/sessions/{sid}/launch"), json!({}))
         .await
@@ -160,14 +162,7 @@ async fn a_refused_local_environment_touches_nothing_of_the_repository(app: Test
     assert_eq!(env["broken_category"], p["category"]);
     assert_eq!(repository_state(&source), before, "the refusal touched nothing");
 
-    let job = app
-        .post(&format!("/api/v1/tasks/{task}/environment/reset"), json!({}))
-        .await
-        .ok(202);
-    assert_eq!(
-        wait_job_settled(&app, uuid(&job["cleanup_job"]["id"])).await["state"],
-        "succeeded"
-    );
+    assert_eq!(reset(&app, task).await["state"], "succeeded");
     assert_eq!(repository_state(&source), before, "nor did the reset");
     assert_eq!(
         std::fs::read_to_string(source.join("uncommitted.txt")).unwrap(),

@@ -7,7 +7,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Backend, SECRET, TestApp, git_repo, worktrees_of};
+use crate::helpers::{Backend, SECRET, TestApp, git_repo, openssl, worktrees_of};
 
 both_backends!(
     a_public_key_is_never_accepted_as_an_hmac_secret,
@@ -28,18 +28,6 @@ fn claims(extra: Value) -> Value {
         c[k] = v.clone();
     }
     c
-}
-
-fn openssl(args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .output()
-        .expect("openssl runs");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 // Algorithm confusion: with an Ed25519 public key configured, an HS256 token whose HMAC key is that

@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::agents::{execution_pid, pid_alive, replies, uuid, wait_delivered, wait_exited, wait_session};
+use crate::agents::{
+    execution_pid, pid_alive, replies, session_states, uuid, wait_delivered, wait_exited, wait_session,
+};
 use crate::both_backends;
 use crate::helpers::{TestApp, seen, seen_json, wait_until_every};
 
@@ -297,14 +299,8 @@ async fn a_restore_that_cannot_launch_fails_the_session(app: TestApp) {
     let restarted = another_server(&app, config).await;
     let s = wait_session(&app, id, "failed", |s| s["state"] == "failed").await;
     assert_eq!(s["last_error"]["code"], "restore_failed", "{s}");
-    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
-    let states: Vec<&str> = page["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["type"] == "session.state_changed" && e["session_id"] == id.to_string())
-        .map(|e| e["data"]["state"].as_str().unwrap())
-        .collect();
+    let states = session_states(&app, id).await;
+    let states: Vec<&str> = states.iter().map(String::as_str).collect();
     assert!(states.ends_with(&["recovering", "failed"]), "{states:?}");
     for b in restarted.background() {
         b.abort();

@@ -2,7 +2,7 @@
 use reqwest::Method;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, wait_until};
+use crate::helpers::{TestApp, code_and_text, wait_until};
 
 both_backends!(
     health_readiness_and_metrics,
@@ -18,12 +18,7 @@ fn healthcheck(vars: &[(&str, &str)]) -> (i32, String) {
         .envs(vars.iter().copied())
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
+    code_and_text(out)
 }
 
 /// `GET /version` is public; `berth healthcheck` exits by `/readyz`, on the address the same settings

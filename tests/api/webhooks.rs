@@ -382,15 +382,21 @@ async fn two_replicas_deliver_each_event_once(app: TestApp) {
     b.stop().await;
 }
 
+/// The environment of a berth process of this test's (`faults::process_env`), with this file's settings.
+fn process_env(app: &TestApp, data: &Path) -> BTreeMap<String, String> {
+    let mut env = crate::faults::process_env(app, data);
+    for (k, v) in SETTINGS {
+        env.insert(k.into(), v.into());
+    }
+    env
+}
+
 async fn a_berth_killed_mid_delivery_is_followed_without_a_gap(app: TestApp) {
     let Some(rx) = Receiver::start() else { return };
     let dir = tempfile::TempDir::new().unwrap();
     let data = dir.path().join("data");
     let log = dir.path().join("berth.log");
-    let mut env = crate::faults::process_env(&app, &data);
-    for (k, v) in SETTINGS {
-        env.insert(k.into(), v.into());
-    }
+    let env = process_env(&app, &data);
     // The in-process server shares a PostgreSQL database: it must not deliver.
     app.stop_background();
     let client = crate::helpers::client();
@@ -471,10 +477,7 @@ async fn a_berth_stopped_gracefully_gives_its_subscriptions_back_at_once(app: Te
     let dir = tempfile::TempDir::new().unwrap();
     let data = dir.path().join("data");
     let log = dir.path().join("berth.log");
-    let mut env = crate::faults::process_env(&app, &data);
-    for (k, v) in SETTINGS {
-        env.insert(k.into(), v.into());
-    }
+    let mut env = process_env(&app, &data);
     env.insert("BERTH_WEBHOOK_LEASE_SECS".into(), "600".into());
     app.stop_background();
     let client = crate::helpers::client();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use reqwest::Method;
 use serde_json::json;
 
-use super::{execution_pid, pid_alive, uuid, wait_reply, wait_session};
+use super::{execution_pid, pid_alive, session_states, uuid, wait_reply, wait_session};
 use crate::both_backends;
 use crate::helpers::{TestApp, id_of, worktrees_of};
 
@@ -83,14 +83,7 @@ async fn an_agent_works_in_its_admitted_worktree(app: TestApp) {
     wait_reply(&app, id, 4).await;
     assert_eq!(std::fs::read_to_string(worktree.join("hello.txt")).unwrap(), "hi there");
     // Events: the state went starting -> idle/running, and output is visible as runtime.output.
-    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
-    let states: Vec<String> = page["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["type"] == "session.state_changed" && e["session_id"] == id.to_string())
-        .map(|e| e["data"]["state"].as_str().unwrap().to_string())
-        .collect();
+    let states = session_states(&app, id).await;
     assert_eq!(states.first().map(String::as_str), Some("starting"));
     assert!(
         states.contains(&"running".to_string()) && states.contains(&"idle".to_string()),

@@ -103,6 +103,19 @@ pub(crate) async fn execution_pid(app: &TestApp, execution: Uuid) -> i64 {
     e.pid.expect("the durable handle records the pid") as i64
 }
 
+/// The states session `id` went through, oldest first, from its `session.state_changed` events (in the
+/// first 1000 events).
+pub(crate) async fn session_states(app: &TestApp, id: Uuid) -> Vec<String> {
+    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "session.state_changed" && e["session_id"] == id.to_string())
+        .map(|e| e["data"]["state"].as_str().unwrap().to_string())
+        .collect()
+}
+
 /// Every event, through replay pages.
 pub(crate) async fn all_events(app: &TestApp) -> Vec<Value> {
     let mut out = Vec::new();

@@ -151,6 +151,26 @@ async fn setup(client: &reqwest::Client, base: &str, token: &str, scratch: &Path
     (ws, id_of(&r), source)
 }
 
+/// Posts a task `title` over `repo` to workspace `ws`; the status and the body.
+async fn create_task(
+    client: &reqwest::Client,
+    token: &str,
+    api: &str,
+    ws: Uuid,
+    repo: Uuid,
+    title: &str,
+) -> (u16, Value) {
+    let body = json!({"title": title, "repositories": [{"repository_id": repo}]});
+    call(
+        client,
+        token,
+        Method::POST,
+        format!("{api}/workspaces/{ws}/tasks"),
+        Some(body),
+    )
+    .await
+}
+
 /// A task over `repo` whose first session (without an agent) materialized its worktree.
 async fn task_with_worktree(
     client: &reqwest::Client,
@@ -160,14 +180,7 @@ async fn task_with_worktree(
     repo: Uuid,
     title: &str,
 ) -> Uuid {
-    let (status, t) = call(
-        client,
-        token,
-        Method::POST,
-        format!("{api}/workspaces/{ws}/tasks"),
-        Some(json!({"title": title, "repositories": [{"repository_id": repo}]})),
-    )
-    .await;
+    let (status, t) = create_task(client, token, api, ws, repo, title).await;
     assert_eq!(status, 201, "{t}");
     let task = id_of(&t);
     let (status, s) = call(

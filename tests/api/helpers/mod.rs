@@ -15,10 +15,12 @@ use tempfile::TempDir;
 use uuid::Uuid;
 
 mod git;
+mod process;
 mod sse;
 mod wait;
 
 pub use git::{assert_no_path, branch_exists, git, git_repo, worktrees_of};
+pub use process::{code_and_text, openssl};
 pub use sse::Sse;
 pub use wait::{
     SETTLED, seen, seen_json, wait_job, wait_job_settled, wait_session_within, wait_until, wait_until_every,

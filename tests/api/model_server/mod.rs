@@ -453,6 +453,14 @@ impl ModelServer {
         self.shared.requests.lock().unwrap().clone()
     }
 
+    /// Waits (with `within` as the deadline) until exactly `n` requests came, every one completed.
+    pub async fn wait_completed(&self, n: usize, within: Duration) -> Vec<ModelRequest> {
+        self.wait_until(&format!("{n} completed requests"), within, |r| {
+            r.len() == n && r.iter().all(|r| r.outcome == Outcome::Completed)
+        })
+        .await
+    }
+
     /// Polls the requests until `pred` holds; panics with `what` and the requests after `within`.
     pub async fn wait_until(
         &self,
