@@ -70,12 +70,4 @@ async fn pass_env_reaches_the_agent(backend: Backend) {
         .ok(200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pass_env_reaches_the_agent_sqlite() {
-    pass_env_reaches_the_agent(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pass_env_reaches_the_agent_postgres() {
-    pass_env_reaches_the_agent(Backend::Postgres).await;
-}
+crate::backend_tests!(pass_env_reaches_the_agent: pass_env_reaches_the_agent_sqlite, pass_env_reaches_the_agent_postgres);

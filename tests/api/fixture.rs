@@ -109,6 +109,14 @@ impl Fixture<'_> {
             .await
     }
 
+    /// [`Self::agent`], launched with `prompt` as its first message when there is one.
+    pub async fn agent_with(&self, profile: &str, prompt: Option<&str>) -> Value {
+        match prompt {
+            Some(prompt) => self.agent_prompted(profile, prompt).await,
+            None => self.agent(profile).await,
+        }
+    }
+
     /// [`Self::agent`], launched with `prompt`.
     pub async fn agent_prompted(&self, profile: &str, prompt: &str) -> Value {
         self.session_with(json!({"executor_type": "worktree", "agent_profile": profile, "prompt": prompt}))

@@ -35,12 +35,7 @@ const EVERY: Duration = Duration::from_millis(20);
 /// A running `test` agent on a fresh task; with `prompt`, that is its first message.
 async fn session(app: &TestApp, prompt: Option<&str>) -> Uuid {
     let f = app.task_with_repo("Inbox").await;
-    let mut body = json!({"executor_type": "worktree", "agent_profile": "test"});
-    if let Some(p) = prompt {
-        body["prompt"] = p.into();
-    }
-    let s = f.session_with(body).await;
-    uuid(&s["id"])
+    uuid(&f.agent_with("test", prompt).await["id"])
 }
 
 async fn send(app: &TestApp, id: Uuid, text: &str, delivery: &str) -> Value {

@@ -345,25 +345,9 @@ async fn background_cleanup_never_blocks_a_user(backend: Backend) {
     worker.background().iter().for_each(|h| h.abort());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn background_cleanup_never_blocks_a_user_sqlite() {
-    background_cleanup_never_blocks_a_user(Backend::Sqlite).await;
-}
+crate::backend_tests!(background_cleanup_never_blocks_a_user: background_cleanup_never_blocks_a_user_sqlite, background_cleanup_never_blocks_a_user_postgres);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn background_cleanup_never_blocks_a_user_postgres() {
-    background_cleanup_never_blocks_a_user(Backend::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_reconcile_pass_heals_leaks_sqlite() {
-    the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_reconcile_pass_heals_leaks_postgres() {
-    the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(Backend::Postgres).await;
-}
+crate::backend_tests!(the_reconcile_pass_heals_leaks_of_a_task_that_lives_on: the_reconcile_pass_heals_leaks_sqlite, the_reconcile_pass_heals_leaks_postgres);
 
 // I18, I13: a transition's environment lives in a directory of its own (`<slug>-<suffix>`). Once a job
 // removed its worktrees, that directory goes too (only ever if empty), whether the environment was still

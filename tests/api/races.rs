@@ -374,12 +374,4 @@ async fn unarchive_waits_for_the_running_archive_job(backend: Backend) {
     healthy.background().iter().for_each(|h| h.abort());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unarchive_waits_for_the_running_archive_job_sqlite() {
-    unarchive_waits_for_the_running_archive_job(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unarchive_waits_for_the_running_archive_job_postgres() {
-    unarchive_waits_for_the_running_archive_job(Backend::Postgres).await;
-}
+crate::backend_tests!(unarchive_waits_for_the_running_archive_job: unarchive_waits_for_the_running_archive_job_sqlite, unarchive_waits_for_the_running_archive_job_postgres);

@@ -101,12 +101,7 @@ impl Replica {
 /// A running `test` agent on the first replica; with `prompt`, that is its first message.
 async fn session(app: &TestApp, prompt: Option<&str>) -> Uuid {
     let f = app.task_with_repo("Replicas").await;
-    let mut body = json!({"executor_type": "worktree", "agent_profile": "test"});
-    if let Some(p) = prompt {
-        body["prompt"] = p.into();
-    }
-    let s = f.session_with(body).await;
-    uuid(&s["id"])
+    uuid(&f.agent_with("test", prompt).await["id"])
 }
 
 /// The agent runs on the first replica only.
@@ -422,15 +417,7 @@ async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped(backend: Backen
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped_sqlite() {
-    a_cleanup_job_retries_until_the_agent_elsewhere_stopped(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped_postgres() {
-    a_cleanup_job_retries_until_the_agent_elsewhere_stopped(Backend::Postgres).await;
-}
+crate::backend_tests!(a_cleanup_job_retries_until_the_agent_elsewhere_stopped: a_cleanup_job_retries_until_the_agent_elsewhere_stopped_sqlite, a_cleanup_job_retries_until_the_agent_elsewhere_stopped_postgres);
 
 // I8 across replicas, for a delete: its rows are what names the agent's process, so once they are gone no
 // job could have it stopped. When the node running the agent does not carry the stop out, a task delete
@@ -501,12 +488,4 @@ async fn a_delete_is_refused_while_the_agent_elsewhere_runs(backend: Backend) {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delete_is_refused_while_the_agent_elsewhere_runs_sqlite() {
-    a_delete_is_refused_while_the_agent_elsewhere_runs(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delete_is_refused_while_the_agent_elsewhere_runs_postgres() {
-    a_delete_is_refused_while_the_agent_elsewhere_runs(Backend::Postgres).await;
-}
+crate::backend_tests!(a_delete_is_refused_while_the_agent_elsewhere_runs: a_delete_is_refused_while_the_agent_elsewhere_runs_sqlite, a_delete_is_refused_while_the_agent_elsewhere_runs_postgres);

@@ -63,6 +63,22 @@ macro_rules! both_backends {
     };
 }
 
+/// Two tests, `$sqlite` and `$postgres`, running `async fn $run(Backend)` (a test that spawns its berth
+/// itself) with `Backend::Sqlite` and `Backend::Postgres`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($run:ident: $sqlite:ident, $postgres:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            $run($crate::helpers::Backend::Sqlite).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $postgres() {
+            $run($crate::helpers::Backend::Postgres).await;
+        }
+    };
+}
+
 static SQLITE_ONLY_NOTICE: Once = Once::new();
 
 /// The PostgreSQL server URL for tests, or `None` (with a notice written past the test harness's output
