@@ -15,9 +15,7 @@ both_backends!(
 );
 
 async fn task_with_repo(app: &TestApp) -> Uuid {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "api").await;
-    app.task(ws, "first", &[repo]).await
+    app.task_with_repo_in("ws", "api", "first").await.task
 }
 
 async fn patch_if(app: &TestApp, task: Uuid, if_match: &str, title: &str) -> crate::helpers::Reply {

@@ -270,10 +270,9 @@ async fn a_finished_turn_is_captured_as_a_completion(app: TestApp) {
 
 async fn observations_are_validated_and_scoped(app: TestApp) {
     let (env, repo, a, _) = shared(&app).await;
-    let ws2 = app.workspace("ws2").await;
-    let (repo2, _) = app.repository(ws2, "other").await;
-    let task2 = app.task(ws2, "Other", &[repo2]).await;
-    let other = app.session(task2, "worktree").await;
+    let fixture = app.task_with_repo_in("ws2", "other", "Other").await;
+    let repo2 = fixture.repository;
+    let other = fixture.session("worktree").await;
     let env2 = uuid(&other["task_environment_id"]);
     let ok = |extra: Value| {
         let mut b = json!({"repository_id": repo, "kind": "live", "observed_at": at(1)});

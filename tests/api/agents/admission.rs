@@ -47,11 +47,10 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 // I15, I16: a missing directory, a plain directory, a worktree of another repository: refused with the
 // category, before any process exists; git state, files and inventory are unchanged.
 async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
+    let f = app.task_with_repo("Broken").await;
+    let (source, task) = (f.repo_dir.clone(), f.task);
     let other = git_repo(&app.scratch.path().join("other"), "main");
-    let task = app.task(ws, "Broken", &[repo]).await;
-    let s = app.unstarted_agent(task, "worktree", "test").await;
+    let s = f.unstarted_agent("worktree", "test").await;
     let id = uuid(&s["id"]);
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
     let env_before = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
