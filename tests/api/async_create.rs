@@ -122,7 +122,7 @@ async fn an_async_create_with_start_launches_and_delivers_the_prompt(app: TestAp
 
 async fn a_failing_materialization_fails_the_session_with_its_reason(app: TestApp) {
     let f = app.task_with_repo("Doomed").await;
-    let (repo, repo_path, task) = (f.repository, &f.repo_dir, f.task);
+    let (repo, repo_path, task) = (f.repository, f.repo_dir.clone(), f.task);
     // The source repository is gone: its branch cannot be created.
     std::fs::rename(&repo_path, repo_path.with_file_name("svc-gone")).unwrap();
     let s = create_async(&app, task, json!({"executor_type": "worktree", "start": false}))
@@ -214,7 +214,7 @@ async fn an_async_create_is_refused_at_once_for_an_archived_task(app: TestApp) {
 
 async fn a_retried_async_create_returns_the_same_session(app: TestApp) {
     let f = app.task_with_repo("Retried").await;
-    let (repo_path, task) = (&f.repo_dir, f.task);
+    let (repo_path, task) = (f.repo_dir.clone(), f.task);
     let path = format!("/api/v1/tasks/{task}/sessions");
     let send = || {
         app.call_with(

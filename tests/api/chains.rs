@@ -92,7 +92,7 @@ async fn deleting_a_middle_link_keeps_the_chain_whole(app: TestApp) {
 // deeper link is refused while that link is archived (nothing changes), and the chain comes back.
 async fn deleting_an_owner_whose_inheritors_are_archived_cleans_it_as_one_unit(app: TestApp) {
     let f = app.task_with_repo("Owner").await;
-    let (ws, source, owner) = (f.workspace, &f.repo_dir, f.task);
+    let (ws, source, owner) = (f.workspace, f.repo_dir.clone(), f.task);
     let a = app.subtask(ws, owner, "A").await;
     let b = app.subtask(ws, a, "B").await;
     let s = app.session(b, "worktree").await;
@@ -243,7 +243,7 @@ async fn archive_then_unarchive_across_a_chain_and_resume(app: TestApp) {
 // environment (I14).
 async fn a_dirty_reset_is_refused_then_consented_and_resumed(app: TestApp) {
     let f = app.task_with_repo("Reset").await;
-    let (repo, source, t) = (f.repository, &f.repo_dir, f.task);
+    let (repo, source, t) = (f.repository, f.repo_dir.clone(), f.task);
     let s = agent_session(&app, t).await;
     let sid = uuid(&s["id"]);
     app.post(&format!("/api/v1/sessions/{sid}/stop"), json!({}))

@@ -520,7 +520,7 @@ async fn workspace_delete_needs_the_name_and_removes_everything_it_owned(app: Te
 
 async fn environment_reset_waits_for_idle_sessions_and_rematerializes(app: TestApp) {
     let f = app.task_with_repo("Reset").await;
-    let (source, task) = (&f.repo_dir, f.task);
+    let (source, task) = (f.repo_dir.clone(), f.task);
     let s = f.agent("test").await;
     let env_before = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     app.post(&format!("/api/v1/tasks/{task}/environment/reset"), json!({}))

@@ -67,7 +67,7 @@ async fn a_retried_task_create_returns_the_same_task(app: TestApp) {
 
 async fn a_retried_session_create_makes_one_session_and_one_worktree(app: TestApp) {
     let f = app.task_with_repo("Sessions").await;
-    let (repo_path, task) = (&f.repo_dir, f.task);
+    let (repo_path, task) = (f.repo_dir.clone(), f.task);
     let path = format!("/api/v1/tasks/{task}/sessions");
     let body = json!({"executor_type": "worktree", "start": false});
     let first = post_key(&app, &path, body.clone(), "session-1").await;
@@ -195,7 +195,7 @@ async fn malformed_keys_are_refused(app: TestApp) {
 /// A retryable answer changed nothing: the key is released, and a retry with it runs again.
 async fn a_retryable_failure_gives_the_key_back(app: TestApp) {
     let f = app.task_with_repo("Retry").await;
-    let (repo_path, task) = (&f.repo_dir, f.task);
+    let (repo_path, task) = (f.repo_dir.clone(), f.task);
     // The source repository is away: preparing the workspace fails, retryably.
     let away = repo_path.with_file_name("svc-away");
     std::fs::rename(&repo_path, &away).unwrap();
@@ -222,7 +222,7 @@ async fn a_retryable_failure_gives_the_key_back(app: TestApp) {
 
 async fn two_replicas_sent_one_key_at_once_make_one_resource(app: TestApp) {
     let f = app.task_with_repo("Replicas").await;
-    let (repo_path, task) = (&f.repo_dir, f.task);
+    let (repo_path, task) = (f.repo_dir.clone(), f.task);
     let b = Replica::start(&app).await;
     let path = format!("/api/v1/tasks/{task}/sessions");
     let body = json!({"executor_type": "worktree", "start": false});

@@ -100,7 +100,7 @@ async fn child(app: &TestApp, ws: Uuid, parent: Uuid, title: &str, repo: Uuid) -
 // delete removes the three tasks and what is left, and no registration or directory leaks.
 async fn cascade_archive_and_delete_across_three_levels(app: TestApp) {
     let f = app.task_with_repo("Root").await;
-    let (ws, repo, source, root) = (f.workspace, f.repository, &f.repo_dir, f.task);
+    let (ws, repo, source, root) = (f.workspace, f.repository, f.repo_dir.clone(), f.task);
     let mid = child(&app, ws, root, "Mid", repo).await;
     let leaf = child(&app, ws, mid, "Leaf", repo).await;
     let mut worktrees: Vec<(PathBuf, String)> = Vec::new();
@@ -325,7 +325,7 @@ async fn unarchive_waits_for_the_running_archive_job(backend: Backend) {
         return;
     };
     let f = app.task_with_repo("Back").await;
-    let (source, task) = (&f.repo_dir, f.task);
+    let (source, task) = (f.repo_dir.clone(), f.task);
     let s = f.unstarted_agent("worktree", "test").await;
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
     let r = app

@@ -126,7 +126,7 @@ async fn two_repositories_materialize_once_and_sessions_share_them(app: TestApp)
 // session sees the uncommitted marker.
 async fn deleting_the_only_session_keeps_the_workspace_for_the_next(app: TestApp) {
     let f = app.task_with_repo("Fix bug").await;
-    let (source, task) = (&f.repo_dir, f.task);
+    let (source, task) = (f.repo_dir.clone(), f.task);
     let session = f.session("worktree").await;
     let env_before = environment(&app, task).await;
     let worktree = path_of(&session["workspace_path"]);
@@ -180,7 +180,7 @@ async fn deleting_the_only_session_keeps_the_workspace_for_the_next(app: TestApp
 // Seed 001 scenario 3: one of two sessions goes; the other keeps the same directory, and becomes primary.
 async fn deleting_one_of_two_sessions_leaves_the_other_in_place(app: TestApp) {
     let fixture = app.task_with_repo("Pair").await;
-    let (source, task) = (&fixture.repo_dir, fixture.task);
+    let (source, task) = (fixture.repo_dir.clone(), fixture.task);
     let a = fixture.session("worktree").await;
     let b = fixture.session("worktree").await;
     let worktree = path_of(&a["workspace_path"]);
@@ -380,7 +380,7 @@ async fn local_executor_touches_nothing_on_disk(app: TestApp) {
 // An inherit_parent subtask attaches to its parent's environment and never gets one of its own.
 async fn inherit_parent_subtasks_use_the_parents_environment(app: TestApp) {
     let f = app.task_with_repo("Parent").await;
-    let (ws, source, parent) = (f.workspace, &f.repo_dir, f.task);
+    let (ws, source, parent) = (f.workspace, f.repo_dir.clone(), f.task);
     let child = app.subtask(ws, parent, "Child").await;
     // The child's first session materializes the parent's environment, owned by the parent.
     let cs = app.session(child, "worktree").await;
@@ -785,7 +785,7 @@ fn slot_dir(app: &TestApp, title: &str, task: Uuid, repo_name: &str) -> PathBuf 
 // I14: while a materializer holds a fresh lease, every other first session is told to retry.
 async fn a_live_materializer_makes_others_wait(app: TestApp) {
     let f = app.task_with_repo("Waiting").await;
-    let (source, task) = (&f.repo_dir, f.task);
+    let (source, task) = (f.repo_dir.clone(), f.task);
     insert_creating(&app, task, chrono::Utc::now()).await;
     let url = format!("/api/v1/tasks/{task}/sessions");
     let replies =
@@ -801,7 +801,7 @@ async fn a_live_materializer_makes_others_wait(app: TestApp) {
 // adopted, not duplicated or removed.
 async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app: TestApp) {
     let f = app.task_with_repo("Abandoned").await;
-    let (source, task) = (&f.repo_dir, f.task);
+    let (source, task) = (f.repo_dir.clone(), f.task);
     // What the dead attempt had made: the slot's worktree on the task's branch, with a file in it. Made
     // before its stale row exists: the server's sweep may take the row over as soon as it is inserted.
     let dir = slot_dir(&app, "Abandoned", task, "svc");
@@ -833,7 +833,7 @@ async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app
 // another repository, is never adopted, and never removed.
 async fn incomplete_or_foreign_directories_are_not_adopted(app: TestApp) {
     let f = app.task_with_repo("Locked").await;
-    let (ws, repo, source, task) = (f.workspace, f.repository, &f.repo_dir, f.task);
+    let (ws, repo, source, task) = (f.workspace, f.repository, f.repo_dir.clone(), f.task);
     let dir = slot_dir(&app, "Locked", task, "svc");
     std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
     let branch = format!("berth/{}", berth::executor::task_dir_name("Locked", task));

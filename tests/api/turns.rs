@@ -39,7 +39,7 @@ pub(crate) fn kept(worktree: &Path) -> (Vec<u8>, String, String) {
 
 async fn each_turn_has_checkpoints_and_its_own_diff(app: TestApp) {
     let fixture = app.task_with_repo_in("turns", "svc", "Turns").await;
-    let (repo_path, task) = (&fixture.repo_dir, fixture.task);
+    let (repo_path, task) = (fixture.repo_dir.clone(), fixture.task);
     let StartedSession { id, created: s, .. } = fixture.started_session("test").await;
     let env = s["task_environment_id"].as_str().unwrap().to_string();
     let wt = PathBuf::from(s["workspace_path"].as_str().unwrap());

@@ -152,7 +152,7 @@ async fn a_successful_resume_heals_a_wrong_workspace_path(app: TestApp) {
     use berth::entity::task_environment as env;
     use sea_orm::{ActiveValue::Set, EntityTrait};
     let f = app.task_with_repo("Heal").await;
-    let source = &f.repo_dir;
+    let source = f.repo_dir.clone();
     let s = f.unstarted_agent("worktree", "test").await;
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
     let env_id = uuid(&s["task_environment_id"]);

@@ -99,7 +99,7 @@ async fn an_agent_works_in_its_admitted_worktree(app: TestApp) {
 
 async fn a_local_agent_works_in_the_repository(app: TestApp) {
     let f = app.task_with_repo("Local agent").await;
-    let source = &f.repo_dir;
+    let source = f.repo_dir.clone();
     let s = f
         .session_with(json!({"executor_type": "local", "agent_profile": "test", "prompt": "pwd"}))
         .await;
@@ -131,7 +131,7 @@ async fn a_second_launch_returns_the_running_session(app: TestApp) {
 
 async fn bad_agent_requests_fail_cleanly(app: TestApp) {
     let f = app.task_with_repo("Bad agents").await;
-    let (source, task) = (&f.repo_dir, f.task);
+    let (source, task) = (f.repo_dir.clone(), f.task);
     let url = format!("/api/v1/tasks/{task}/sessions");
     app.post(&url, json!({"executor_type": "worktree", "agent_profile": "nope"}))
         .await

@@ -45,7 +45,7 @@ async fn stop_escalates_to_sigkill_for_an_agent_that_ignores_abort(app: TestApp)
 // I4 with a live agent: an idle session has its process stopped first; the workspace stays.
 async fn deleting_an_idle_session_stops_its_agent_and_keeps_the_workspace(app: TestApp) {
     let f = app.task_with_repo("Idle delete").await;
-    let source = &f.repo_dir;
+    let source = f.repo_dir.clone();
     let s = f.agent_prompted("test", "write note.txt kept").await;
     let id = uuid(&s["id"]);
     wait_reply(&app, id, 1).await;

@@ -21,7 +21,7 @@ both_backends!(
 // new execution id, the same session id, in the same worktree (never the source repository).
 async fn a_restart_relaunches_open_sessions_in_the_same_worktree(app: TestApp) {
     let f = app.task_with_repo("Restart").await;
-    let source = &f.repo_dir;
+    let source = f.repo_dir.clone();
     let open = f.agent("test").await;
     let closed = f.agent("test").await;
     let (open_id, closed_id) = (uuid(&open["id"]), uuid(&closed["id"]));
@@ -60,7 +60,7 @@ async fn a_restart_relaunches_open_sessions_in_the_same_worktree(app: TestApp) {
 // it in another directory or another conversation.
 async fn an_inadmissible_session_is_failed_on_restore_never_moved(app: TestApp) {
     let f = app.task_with_repo("Gone").await;
-    let source = &f.repo_dir;
+    let source = f.repo_dir.clone();
     let StartedSession { id, created: s, .. } = f.started_session("test").await;
     app.app_state.ctx.runtime.stop_all().await;
     // While berth is down, the worktree disappears.

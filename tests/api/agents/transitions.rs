@@ -17,7 +17,7 @@ both_backends!(
 // forwarded; the old one is kept, superseded and untouched; the current one changes only after the launch.
 async fn an_executor_transition_forwards_nothing_and_keeps_the_old_workspace(app: TestApp) {
     let f = app.task_with_repo("Transition").await;
-    let (source, task) = (&f.repo_dir, f.task);
+    let (source, task) = (f.repo_dir.clone(), f.task);
     let local = f
         .session_with(json!({"executor_type": "local", "agent_profile": "test", "prompt": "pwd"}))
         .await;
@@ -74,7 +74,7 @@ async fn an_executor_transition_forwards_nothing_and_keeps_the_old_workspace(app
 
 async fn a_failed_transition_leaves_the_current_environment_in_place(app: TestApp) {
     let f = app.task_with_repo("No switch").await;
-    let (source, task) = (&f.repo_dir, f.task);
+    let (source, task) = (f.repo_dir.clone(), f.task);
     f.session("worktree").await;
     let current = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     // A local launch whose agent cannot start: the candidate fails, the worktree environment stays current.
