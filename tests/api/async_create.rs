@@ -101,9 +101,8 @@ async fn an_async_create_answers_at_once_then_reports_progress_per_repository(ap
 }
 
 async fn an_async_create_with_start_launches_and_delivers_the_prompt(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Async start", &[repo]).await;
+    let f = app.task_with_repo("Async start").await;
+    let task = f.task;
     let r = create_async(
         &app,
         task,
@@ -122,9 +121,8 @@ async fn an_async_create_with_start_launches_and_delivers_the_prompt(app: TestAp
 }
 
 async fn a_failing_materialization_fails_the_session_with_its_reason(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, repo_path) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Doomed", &[repo]).await;
+    let f = app.task_with_repo("Doomed").await;
+    let (repo, repo_path, task) = (f.repository, f.repo_dir.clone(), f.task);
     // The source repository is gone: its branch cannot be created.
     std::fs::rename(&repo_path, repo_path.with_file_name("svc-gone")).unwrap();
     let s = create_async(&app, task, json!({"executor_type": "worktree", "start": false}))
@@ -142,26 +140,20 @@ async fn a_failing_materialization_fails_the_session_with_its_reason(app: TestAp
 }
 
 async fn the_synchronous_create_reports_progress_too(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Sync", &[repo]).await;
-    app.session(task, "worktree").await;
+    let f = app.task_with_repo("Sync").await;
+    let repo = f.repository;
+    f.session("worktree").await;
     assert_eq!(
         stages(&events(&app).await, repo),
         ["fetching", "creating_worktree", "ready"]
     );
 }
 
-/// A restart while `preparing` resumes the preparation (`resume_preparing` runs at startup).
-async fn a_preparing_session_left_by_a_stopped_process_is_resumed(app: TestApp) {
+/// Puts the session back in `preparing` without an environment, as a process that stopped right after
+/// recording it would leave it.
+async fn back_to_preparing(app: &TestApp, id: Uuid) {
     use berth::entity::task_session as s;
     use sea_orm::{ActiveValue::Set, EntityTrait};
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Resume", &[repo]).await;
-    let created = app.session(task, "worktree").await;
-    let id = uuid(&created["id"]);
-    // As a process that stopped right after recording the session would leave it.
     s::Entity::update(s::ActiveModel {
         id: Set(id.into()),
         state: Set(s::SessionState::Preparing),
@@ -171,6 +163,15 @@ async fn a_preparing_session_left_by_a_stopped_process_is_resumed(app: TestApp) 
     .exec(app.db())
     .await
     .unwrap();
+}
+
+/// A restart while `preparing` resumes the preparation (`resume_preparing` runs at startup).
+async fn a_preparing_session_left_by_a_stopped_process_is_resumed(app: TestApp) {
+    let f = app.task_with_repo("Resume").await;
+    let created = f.session("worktree").await;
+    let id = uuid(&created["id"]);
+    // As a process that stopped right after recording the session would leave it.
+    back_to_preparing(&app, id).await;
     let resumed = berth::domain::sessions::resume_preparing(&app.app_state.ctx)
         .await
         .unwrap();
@@ -183,9 +184,8 @@ async fn a_preparing_session_left_by_a_stopped_process_is_resumed(app: TestApp) 
 }
 
 async fn without_the_preference_the_create_is_synchronous(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Plain", &[repo]).await;
+    let f = app.task_with_repo("Plain").await;
+    let task = f.task;
     let r = app
         .call_with(
             Method::POST,
@@ -202,9 +202,8 @@ async fn without_the_preference_the_create_is_synchronous(app: TestApp) {
 /// The rules of a synchronous create hold before anything is recorded: an archived task (or one under a
 /// cleanup barrier, I7) refuses at once and no session row is written.
 async fn an_async_create_is_refused_at_once_for_an_archived_task(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Archived", &[repo]).await;
+    let f = app.task_with_repo("Archived").await;
+    let task = f.task;
     let archive = app.post(&format!("/api/v1/tasks/{task}/archive"), json!({})).await;
     assert!(archive.status.is_success(), "{}", archive.text);
     create_async(&app, task, json!({"executor_type": "worktree", "start": false}))
@@ -214,9 +213,8 @@ async fn an_async_create_is_refused_at_once_for_an_archived_task(app: TestApp) {
 }
 
 async fn a_retried_async_create_returns_the_same_session(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, repo_path) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Retried", &[repo]).await;
+    let f = app.task_with_repo("Retried").await;
+    let (repo_path, task) = (f.repo_dir.clone(), f.task);
     let path = format!("/api/v1/tasks/{task}/sessions");
     let send = || {
         app.call_with(
@@ -238,21 +236,9 @@ async fn a_retried_async_create_returns_the_same_session(app: TestApp) {
 }
 
 async fn a_launch_while_preparing_is_refused_and_changes_nothing(app: TestApp) {
-    use berth::entity::task_session as s;
-    use sea_orm::{ActiveValue::Set, EntityTrait};
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Early", &[repo]).await;
-    let id = uuid(&app.session(task, "worktree").await["id"]);
-    s::Entity::update(s::ActiveModel {
-        id: Set(id.into()),
-        state: Set(s::SessionState::Preparing),
-        task_environment_id: Set(None),
-        ..Default::default()
-    })
-    .exec(app.db())
-    .await
-    .unwrap();
+    let f = app.task_with_repo("Early").await;
+    let id = uuid(&f.session("worktree").await["id"]);
+    back_to_preparing(&app, id).await;
     let r = app.post(&format!("/api/v1/sessions/{id}/launch"), json!({})).await;
     let p = r.problem(409, "workspace_preparing");
     assert_eq!(p["retryable"], true);

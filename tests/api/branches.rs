@@ -9,7 +9,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, assert_no_path, branch_exists, git};
+use crate::helpers::{TestApp, assert_no_path, branch_exists, git, uuid, wait_job};
 
 both_backends!(
     a_merged_berth_branch_is_deleted_on_task_delete,
@@ -22,21 +22,9 @@ both_backends!(
 const WAIT: Duration = Duration::from_secs(30);
 
 async fn wait_done(app: &TestApp, id: &Value) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = app
-            .get(&format!("/api/v1/cleanup-jobs/{}", id.as_str().unwrap()))
-            .await
-            .ok(200);
-        if j["state"] == "succeeded" {
-            return j;
-        }
-        assert!(
-            j["state"] != "failed" && tokio::time::Instant::now() < deadline,
-            "the job did not succeed: {j}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let j = wait_job(app, uuid(id), WAIT, &["succeeded", "failed"]).await;
+    assert_eq!(j["state"], "succeeded", "the job did not succeed: {j}");
+    j
 }
 
 /// A task over one new repository, with its worktree materialized; `slot` adds fields to the slot.

@@ -17,13 +17,13 @@ both_backends!(
     a_refused_local_environment_touches_nothing_of_the_repository,
 );
 
-async fn idle_session(app: &TestApp, task: Uuid, executor: &str) -> Value {
-    app.post(
-        &format!("/api/v1/tasks/{task}/sessions"),
-        json!({"executor_type": executor, "agent_profile": "test", "start": false}),
-    )
-    .await
-    .ok(201)
+/// Resets the task's environment (202) and waits until its cleanup job is settled; returns the job.
+async fn reset(app: &TestApp, task: Uuid) -> Value {
+    let job = app
+        .post(&format!("/api/v1/tasks/{task}/environment/reset"), json!({}))
+        .await
+        .ok(202);
+    wait_job_settled(app, uuid(&job["cleanup_job"]["id"])).await
 }
 
 async fn broken_events(app: &TestApp, task: Uuid) -> Vec<Value> {
@@ -36,10 +36,9 @@ async fn broken_events(app: &TestApp, task: Uuid) -> Vec<Value> {
 }
 
 async fn a_refused_worktree_environment_is_broken_until_reset(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Broken", &[repo]).await;
-    let s = idle_session(&app, task, "worktree").await;
+    let f = app.task_with_repo("Broken").await;
+    let task = f.task;
+    let s = app.unstarted_agent(task, "worktree", "test").await;
     let sid = uuid(&s["id"]);
     let env_id = uuid(&s["task_environment_id"]);
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
@@ -102,14 +101,7 @@ async fn a_refused_worktree_environment_is_broken_until_reset(app: TestApp) {
     assert!(!worktree.exists(), "nothing was made behind the refusal");
 
     // The way back: a reset, then the old session resumes in a fresh environment.
-    let job = app
-        .post(&format!("/api/v1/tasks/{task}/environment/reset"), json!({}))
-        .await
-        .ok(202);
-    assert_eq!(
-        wait_job_settled(&app, uuid(&job["cleanup_job"]["id"])).await["state"],
-        "succeeded"
-    );
+    assert_eq!(reset(&app, task).await["state"], "succeeded");
     let relaunched = app
         .post(&format!("/api/v1/sessions/{sid}/launch"), json!({}))
         .await
@@ -152,7 +144,7 @@ async fn a_refused_local_environment_touches_nothing_of_the_repository(app: Test
     let (repo, source) = app.repository(ws, "svc").await;
     std::fs::write(source.join("uncommitted.txt"), "the user's work").unwrap();
     let task = app.task(ws, "Local", &[repo]).await;
-    let s = idle_session(&app, task, "local").await;
+    let s = app.unstarted_agent(task, "local", "test").await;
     let sid = uuid(&s["id"]);
     assert_eq!(s["workspace_path"], source.display().to_string());
     let before = repository_state(&source);
@@ -170,14 +162,7 @@ async fn a_refused_local_environment_touches_nothing_of_the_repository(app: Test
     assert_eq!(env["broken_category"], p["category"]);
     assert_eq!(repository_state(&source), before, "the refusal touched nothing");
 
-    let job = app
-        .post(&format!("/api/v1/tasks/{task}/environment/reset"), json!({}))
-        .await
-        .ok(202);
-    assert_eq!(
-        wait_job_settled(&app, uuid(&job["cleanup_job"]["id"])).await["state"],
-        "succeeded"
-    );
+    assert_eq!(reset(&app, task).await["state"], "succeeded");
     assert_eq!(repository_state(&source), before, "nor did the reset");
     assert_eq!(
         std::fs::read_to_string(source.join("uncommitted.txt")).unwrap(),

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, id_of, worktrees_of};
+use crate::helpers::{self, SETTLED, TestApp, uuid, worktrees_of};
 
 both_backends!(
     deleting_a_middle_link_keeps_the_chain_whole,
@@ -22,40 +22,14 @@ both_backends!(
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
-
 async fn wait_job(app: &TestApp, id: Uuid) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        if j["state"] == "succeeded" || j["state"] == "failed" || j["state"] == "cancelled" {
-            return j;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    helpers::wait_job(app, id, WAIT, SETTLED).await
 }
 
 async fn wait_jobs(app: &TestApp, reply: &Value) {
     for j in reply["cleanup_jobs"].as_array().unwrap() {
         assert_eq!(wait_job(app, uuid(&j["id"])).await["state"], "succeeded");
     }
-}
-
-async fn subtask(app: &TestApp, ws: Uuid, parent: Uuid, title: &str) -> Uuid {
-    id_of(
-        &app.post(
-            &format!("/api/v1/workspaces/{ws}/tasks"),
-            json!({"title": title, "parent_task_id": parent, "workspace_mode": "inherit_parent"}),
-        )
-        .await
-        .ok(201),
-    )
 }
 
 /// The environment lookup of a task: `Some` environment, or `None` when the task resolves to an owner
@@ -92,11 +66,10 @@ async fn agent_session(app: &TestApp, task: Uuid) -> Value {
 // I8: deleting the middle inherit_parent task of a three-level chain splices it out: the leaf inherits
 // through the owner, and its lookups and sessions keep working in the same environment.
 async fn deleting_a_middle_link_keeps_the_chain_whole(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let owner = app.task(ws, "Owner", &[repo]).await;
-    let middle = subtask(&app, ws, owner, "Middle").await;
-    let leaf = subtask(&app, ws, middle, "Leaf").await;
+    let f = app.task_with_repo("Owner").await;
+    let (ws, owner) = (f.workspace, f.task);
+    let middle = app.subtask(ws, owner, "Middle").await;
+    let leaf = app.subtask(ws, middle, "Leaf").await;
     let s = app.session(leaf, "worktree").await;
     let r = app.delete(&format!("/api/v1/tasks/{middle}")).await.ok(202);
     wait_jobs(&app, &r).await;
@@ -118,11 +91,10 @@ async fn deleting_a_middle_link_keeps_the_chain_whole(app: TestApp) {
 // it); the archived chain is re-rooted at its nearest link, so every lookup is typed, unarchive of a
 // deeper link is refused while that link is archived (nothing changes), and the chain comes back.
 async fn deleting_an_owner_whose_inheritors_are_archived_cleans_it_as_one_unit(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let owner = app.task(ws, "Owner", &[repo]).await;
-    let a = subtask(&app, ws, owner, "A").await;
-    let b = subtask(&app, ws, a, "B").await;
+    let f = app.task_with_repo("Owner").await;
+    let (ws, source, owner) = (f.workspace, f.repo_dir.clone(), f.task);
+    let a = app.subtask(ws, owner, "A").await;
+    let b = app.subtask(ws, a, "B").await;
     let s = app.session(b, "worktree").await;
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
     let r = app
@@ -170,11 +142,10 @@ async fn deleting_an_owner_whose_inheritors_are_archived_cleans_it_as_one_unit(a
 // which the rest of the chain inherits through; the work stays, and the archived owner comes back with
 // a directory of its own.
 async fn archive_hands_the_environment_to_the_nearest_live_inheritor(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let owner = app.task(ws, "Owner", &[repo]).await;
-    let link = subtask(&app, ws, owner, "Link").await;
-    let leaf = subtask(&app, ws, link, "Leaf").await;
+    let f = app.task_with_repo("Owner").await;
+    let (ws, owner) = (f.workspace, f.task);
+    let link = app.subtask(ws, owner, "Link").await;
+    let leaf = app.subtask(ws, link, "Leaf").await;
     let s = app.session(leaf, "worktree").await;
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
     std::fs::write(Path::new(&worktree).join("leaf-work.txt"), "in progress").unwrap();
@@ -213,7 +184,7 @@ async fn archive_hands_the_environment_to_the_nearest_live_inheritor(app: TestAp
     app.post(&format!("/api/v1/tasks/{owner}/unarchive"), json!({}))
         .await
         .ok(200);
-    let own = app.session(owner, "worktree").await;
+    let own = f.session("worktree").await;
     assert_ne!(own["workspace_path"], worktree.as_str());
     assert_ne!(own["task_environment_id"], s["task_environment_id"]);
     assert_eq!(
@@ -226,11 +197,10 @@ async fn archive_hands_the_environment_to_the_nearest_live_inheritor(app: TestAp
 // changes nothing; once the chain is back, the leaf's old session resumes in a fresh environment through
 // the normal election, with no manual step.
 async fn archive_then_unarchive_across_a_chain_and_resume(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let owner = app.task(ws, "Owner", &[repo]).await;
-    let middle = subtask(&app, ws, owner, "Middle").await;
-    let leaf = subtask(&app, ws, middle, "Leaf").await;
+    let f = app.task_with_repo("Owner").await;
+    let (ws, owner) = (f.workspace, f.task);
+    let middle = app.subtask(ws, owner, "Middle").await;
+    let leaf = app.subtask(ws, middle, "Leaf").await;
     let s = agent_session(&app, leaf).await;
     let sid = uuid(&s["id"]);
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
@@ -272,9 +242,8 @@ async fn archive_then_unarchive_across_a_chain_and_resume(app: TestApp) {
 // changes; with consent the reset proceeds and removes it; the old session then resumes in a fresh
 // environment (I14).
 async fn a_dirty_reset_is_refused_then_consented_and_resumed(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let t = app.task(ws, "Reset", &[repo]).await;
+    let f = app.task_with_repo("Reset").await;
+    let (repo, source, t) = (f.repository, f.repo_dir.clone(), f.task);
     let s = agent_session(&app, t).await;
     let sid = uuid(&s["id"]);
     app.post(&format!("/api/v1/sessions/{sid}/stop"), json!({}))
@@ -333,10 +302,9 @@ async fn a_dirty_reset_is_refused_then_consented_and_resumed(app: TestApp) {
 async fn a_subtask_archived_while_its_owners_environment_is_made_gets_no_session(app: TestApp) {
     use berth::entity::task as task_entity;
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, sea_query::Expr};
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let owner = app.task(ws, "owner", &[repo]).await;
-    let child = subtask(&app, ws, owner, "child").await;
+    let f = app.task_with_repo("owner").await;
+    let (ws, owner) = (f.workspace, f.task);
+    let child = app.subtask(ws, owner, "child").await;
 
     let gate = std::sync::Arc::new(gated_git::Gate::default());
     let mut ctx = app.app_state.ctx.clone();

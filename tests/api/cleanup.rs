@@ -8,7 +8,10 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, branch_exists, git, id_of, worktrees_of};
+use crate::helpers::{
+    self, HANGING_WORKER, TestApp, branch_exists, git, id_of, seen, seen_json, uuid, wait_until, wait_until_every,
+    worktrees_of,
+};
 
 both_backends!(
     archive_after_the_last_session_was_deleted_and_a_restart,
@@ -31,27 +34,9 @@ both_backends!(
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
-
 /// Waits (with a deadline) until the job reaches one of `states`.
 async fn wait_job(app: &TestApp, id: Uuid, states: &[&str]) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        if states.iter().any(|s| j["state"] == *s) {
-            return j;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "job never reached {states:?}: {j}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    helpers::wait_job(app, id, WAIT, states).await
 }
 
 /// A task over one repository with a materialized worktree; returns (task, repo path, worktree, branch).
@@ -251,17 +236,13 @@ async fn a_transient_git_failure_is_retried_from_the_snapshot(app: TestApp) {
         .await
         .ok(202);
     let id = uuid(&r["cleanup_jobs"][0]["id"]);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    let j = wait_until_every("a retry", WAIT, Duration::from_millis(20), || async {
         let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        if j["attempts"].as_i64().unwrap() >= 2 {
-            assert_ne!(j["state"], "succeeded");
-            assert!(j["last_error"].is_string());
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no retry: {j}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        seen_json(j["attempts"].as_i64().unwrap() >= 2, j)
+    })
+    .await;
+    assert_ne!(j["state"], "succeeded");
+    assert!(j["last_error"].is_string());
     assert!(worktree.exists(), "nothing removed while git failed");
     std::fs::rename(&away, &git_dir).unwrap();
     assert_eq!(wait_job(&app, id, &["succeeded"]).await["state"], "succeeded");
@@ -271,17 +252,7 @@ async fn a_transient_git_failure_is_retried_from_the_snapshot(app: TestApp) {
 // I9: a worker that dies holding a job (a failpoint) is rescued by another process once the lease
 // expires, which finishes from the snapshot.
 async fn a_crashed_worker_is_rescued_after_its_lease(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
-            ("BERTH_CLEANUP_FAILPOINT", "hang_after_claim"),
-            ("BERTH_CLEANUP_LEASE_SECS", "1"),
-        ],
-    )
-    .await
-    else {
+    let Some(app) = app.respawn_with(HANGING_WORKER).await else {
         return;
     };
     let ws = app.workspace("ws").await;
@@ -395,14 +366,7 @@ async fn a_symlink_inside_a_worktree_is_not_followed(app: TestApp) {
 async fn a_shared_environment_is_preserved_and_transferred(app: TestApp) {
     let ws = app.workspace("ws").await;
     let (parent, source, worktree, _) = task_with_worktree(&app, ws, "Parent", "svc").await;
-    let child = id_of(
-        &app.post(
-            &format!("/api/v1/workspaces/{ws}/tasks"),
-            json!({"title": "Child", "parent_task_id": parent, "workspace_mode": "inherit_parent"}),
-        )
-        .await
-        .ok(201),
-    );
+    let child = app.subtask(ws, parent, "Child").await;
     let cs = app.session(child, "worktree").await;
     std::fs::write(worktree.join("child-work.txt"), "in progress").unwrap();
     let env_id = cs["task_environment_id"].clone();
@@ -489,16 +453,12 @@ async fn creation_racing_deletion_never_leaves_an_untracked_worktree(app: TestAp
 
 // I12: an idle quick chat goes through the ordinary delete path; a standard task stays.
 async fn quick_chats_expire_through_the_delete_path(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
+    let Some(app) = app
+        .respawn_with(&[
             ("BERTH_QUICK_CHAT_RETENTION_SECS", "1"),
             ("BERTH_SWEEP_INTERVAL_MS", "100"),
-        ],
-    )
-    .await
+        ])
+        .await
     else {
         return;
     };
@@ -514,11 +474,11 @@ async fn quick_chats_expire_through_the_delete_path(app: TestApp) {
     );
     let standard = app.task(ws, "standard", &[repo]).await;
     app.session(chat, "worktree").await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while app.get(&format!("/api/v1/tasks/{chat}")).await.status == 200 {
-        assert!(tokio::time::Instant::now() < deadline, "the quick chat never expired");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("the quick chat to expire", WAIT, || async {
+        let status = app.get(&format!("/api/v1/tasks/{chat}")).await.status;
+        seen(status != 200, status)
+    })
+    .await;
     let jobs = app.get("/api/v1/cleanup-jobs?trigger=quick_chat_expire").await.ok(200);
     let id = uuid(&jobs["items"][0]["id"]);
     wait_job(&app, id, &["succeeded"]).await;
@@ -559,16 +519,9 @@ async fn workspace_delete_needs_the_name_and_removes_everything_it_owned(app: Te
 }
 
 async fn environment_reset_waits_for_idle_sessions_and_rematerializes(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Reset", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Reset").await;
+    let (source, task) = (f.repo_dir.clone(), f.task);
+    let s = f.agent("test").await;
     let env_before = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     app.post(&format!("/api/v1/tasks/{task}/environment/reset"), json!({}))
         .await
@@ -591,7 +544,7 @@ async fn environment_reset_waits_for_idle_sessions_and_rematerializes(app: TestA
     app.get(&format!("/api/v1/tasks/{task}/environment"))
         .await
         .problem(404, "not_found");
-    let fresh = app.session(task, "worktree").await;
+    let fresh = f.session("worktree").await;
     assert_ne!(fresh["task_environment_id"], env_before["id"]);
     assert_eq!(worktrees_of(&source).len(), 2);
     assert!(Path::new(fresh["workspace_path"].as_str().unwrap()).is_dir());
@@ -708,17 +661,13 @@ async fn unarchive_cancels_pending_and_failed_archive_jobs(app: TestApp) {
 async fn a_reconciled_prepared_job_reaches_live_streams_at_once(app: TestApp) {
     use berth::entity::cleanup_job as job;
     use sea_orm::{ActiveValue::Set, EntityTrait};
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
+    let Some(app) = app
+        .respawn_with(&[
             ("BERTH_EVENT_POLL_MS", "60000"),
             ("BERTH_CLEANUP_PREPARED_GRACE_SECS", "0"),
             ("BERTH_CLEANUP_POLL_MS", "100"),
-        ],
-    )
-    .await
+        ])
+        .await
     else {
         return;
     };

@@ -48,25 +48,11 @@ async fn a_workspace_board_moves_tasks_through_its_columns(app: TestApp) {
     .problem(422, "validation_failed");
 
     // A started session moves a Backlog task to In progress; a task further on stays where it is.
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    crate::agents::wait_session(&app, id_of(&s), "idle", |s| s["state"] == "idle").await;
+    app.started_agent(task, "test").await;
     let t = app.get(&format!("/api/v1/tasks/{task}")).await.ok(200);
     assert_eq!(t["column_id"], progress.as_str(), "moved on by the started session");
     let r_id = id_of(&reviewing);
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{r_id}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    crate::agents::wait_session(&app, id_of(&s), "idle", |s| s["state"] == "idle").await;
+    app.started_agent(r_id, "test").await;
     let r = app.get(&format!("/api/v1/tasks/{r_id}")).await.ok(200);
     assert_eq!(r["column_id"], review.as_str(), "never moved backwards");
 

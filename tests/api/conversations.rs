@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::agents::{execution_pid, pid_alive, replies, uuid, wait_delivered, wait_session};
 use crate::both_backends;
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, seen_json, wait_until_every};
 use crate::inbox::wait_replies;
 
 both_backends!(
@@ -30,15 +30,8 @@ fn conversation_file(app: &TestApp, id: Uuid) -> PathBuf {
 }
 
 async fn pi_session(app: &TestApp, prompt: &str) -> Value {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Conversation", &[repo]).await;
-    app.post(
-        &format!("/api/v1/tasks/{task}/sessions"),
-        json!({"executor_type": "worktree", "agent_profile": "fakepi", "prompt": prompt}),
-    )
-    .await
-    .ok(201)
+    let f = app.task_with_repo("Conversation").await;
+    f.agent_prompted("fakepi", prompt).await
 }
 
 async fn say(app: &TestApp, id: Uuid, text: &str) {
@@ -217,17 +210,18 @@ async fn deleting_a_session_deletes_its_conversation_and_keeps_the_worktree(app:
 async fn the_snapshot_shows_what_the_agent_said_about_itself(app: TestApp) {
     let (id, _) = recorded(&app, "first").await;
     wait_delivered(&app, id, 1).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let snap = loop {
-        let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
-        if snap["agent"]["commands"].as_array().is_some_and(|c| !c.is_empty())
-            && snap["agent"]["session_name"].is_string()
-        {
-            break snap;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never learned: {snap}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let snap = wait_until_every(
+        "the agent's commands and name",
+        WAIT,
+        Duration::from_millis(20),
+        || async {
+            let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
+            let learned = snap["agent"]["commands"].as_array().is_some_and(|c| !c.is_empty())
+                && snap["agent"]["session_name"].is_string();
+            seen_json(learned, snap)
+        },
+    )
+    .await;
     assert_eq!(snap["label"], "fake pi work", "the agent's own name for the session");
     assert_eq!(snap["agent"]["model"]["id"], "echo");
     assert_eq!(snap["agent"]["thinking_level"], "off");

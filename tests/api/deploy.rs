@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::helpers::{Backend, TestApp, uuid};
+use crate::helpers::{Backend, TestApp, seen, uuid, wait_until_every};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -31,15 +31,12 @@ fn the_compose_configuration_loads_with_a_pi_profile() {
 }
 
 async fn reply(app: &TestApp, session: Uuid, n: usize) -> String {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    let replies = wait_until_every(&format!("reply #{n}"), WAIT, Duration::from_millis(20), || async {
         let replies = crate::agents::replies(app, session).await;
-        if replies.len() >= n {
-            return replies[n - 1].clone();
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no reply #{n}: {replies:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        seen(replies.len() >= n, replies)
+    })
+    .await;
+    replies[n - 1].clone()
 }
 
 async fn pass_env_reaches_the_agent(backend: Backend) {
@@ -57,16 +54,8 @@ async fn pass_env_reaches_the_agent(backend: Backend) {
     let Some(app) = TestApp::spawn_with_profiles(backend, &[], vec![("passer".into(), profile)]).await else {
         return;
     };
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Pass", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "passer", "prompt": "env CARGO_MANIFEST_DIR"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Pass").await;
+    let s = f.agent_prompted("passer", "env CARGO_MANIFEST_DIR").await;
     let id = uuid(&s["id"]);
     assert_eq!(reply(&app, id, 1).await, passed, "a passed variable reaches the agent");
     app.post(
@@ -81,12 +70,4 @@ async fn pass_env_reaches_the_agent(backend: Backend) {
         .ok(200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pass_env_reaches_the_agent_sqlite() {
-    pass_env_reaches_the_agent(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pass_env_reaches_the_agent_postgres() {
-    pass_env_reaches_the_agent(Backend::Postgres).await;
-}
+crate::backend_tests!(pass_env_reaches_the_agent: pass_env_reaches_the_agent_sqlite, pass_env_reaches_the_agent_postgres);

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{TestApp, git, id_of};
+use crate::helpers::{Reply, TestApp, git, id_of};
 
 both_backends!(
     a_diff_shows_every_change_and_writes_nothing,
@@ -85,6 +85,14 @@ fn file<'a>(diff: &'a Value, path: &str) -> Option<&'a Value> {
         .unwrap()
         .iter()
         .find(|f| f["path"] == path)
+}
+
+/// The environment's diff, asked for with `If-None-Match: etag`.
+async fn diff_unless(app: &TestApp, env: &str, etag: &str) -> Reply {
+    let headers = [("If-None-Match", etag)];
+    let path = format!("/api/v1/environments/{env}/diff");
+    app.call_with(reqwest::Method::GET, &path, Some(&app.admin), None, &headers)
+        .await
 }
 
 fn paths(diff: &Value) -> Vec<String> {
@@ -164,15 +172,7 @@ async fn a_diff_shows_every_change_and_writes_nothing(app: TestApp) {
     );
 
     // Unchanged: 304; the session's route gives the same answer.
-    let r = app
-        .call_with(
-            reqwest::Method::GET,
-            &format!("/api/v1/environments/{env}/diff"),
-            Some(&app.admin),
-            None,
-            &[("If-None-Match", &etag)],
-        )
-        .await;
+    let r = diff_unless(&app, &env, &etag).await;
     assert_eq!(r.status.as_u16(), 304);
     let via_session = app.get(&format!("/api/v1/sessions/{session}/diff")).await;
     assert_eq!(via_session.header("etag").as_deref(), Some(etag.as_str()));
@@ -218,27 +218,15 @@ async fn a_diff_shows_every_change_and_writes_nothing(app: TestApp) {
 
     // A change: a new ETag.
     std::fs::write(wt.join("b.txt"), "changed again\n").unwrap();
-    let r = app
-        .call_with(
-            reqwest::Method::GET,
-            &format!("/api/v1/environments/{env}/diff"),
-            Some(&app.admin),
-            None,
-            &[("If-None-Match", &etag)],
-        )
-        .await;
+    let r = diff_unless(&app, &env, &etag).await;
     assert_eq!(r.status.as_u16(), 200);
     assert_ne!(r.header("etag").as_deref(), Some(etag.as_str()));
 }
 
 async fn a_large_diff_is_paged_and_cut_at_the_limits(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[("BERTH_DIFF_MAX_FILES", "2"), ("BERTH_DIFF_MAX_FILE_BYTES", "300")],
-    )
-    .await
+    let Some(app) = app
+        .respawn_with(&[("BERTH_DIFF_MAX_FILES", "2"), ("BERTH_DIFF_MAX_FILE_BYTES", "300")])
+        .await
     else {
         return;
     };

@@ -5,7 +5,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, id_of};
+use crate::helpers::{TestApp, id_of, seen, wait_until};
 
 both_backends!(
     a_stale_if_match_is_412_and_changes_nothing,
@@ -15,9 +15,7 @@ both_backends!(
 );
 
 async fn task_with_repo(app: &TestApp) -> Uuid {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "api").await;
-    app.task(ws, "first", &[repo]).await
+    app.task_with_repo_in("ws", "api", "first").await.task
 }
 
 async fn patch_if(app: &TestApp, task: Uuid, if_match: &str, title: &str) -> crate::helpers::Reply {
@@ -145,18 +143,12 @@ async fn etags_follow_changes_and_only_changes(app: TestApp) {
     let archived = app.post(&format!("/api/v1/tasks/{task}/archive"), json!({})).await;
     archived.ok(202);
     assert_ne!(etag_of(format!("/api/v1/tasks/{task}")).await, task_v1);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
+    let within = std::time::Duration::from_secs(30);
+    wait_until("the environment's tag to move after archive", within, || async {
         let e = etag_of(format!("/api/v1/environments/{env_id}")).await;
-        if e != e1 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the environment's tag never moved after archive"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+        seen(e != e1, e)
+    })
+    .await;
 }
 
 async fn if_match_is_parsed_strictly(app: TestApp) {

@@ -31,11 +31,10 @@ async fn committed(app: &TestApp, keep: impl Fn(&berth::entity::event::Model) ->
 
 /// Two sessions on one task, and a task elsewhere in the workspace.
 async fn two_sessions(app: &TestApp) -> (Uuid, Uuid, Uuid, Uuid) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "filters", &[repo]).await;
-    let a = id_of(&app.session(task, "worktree").await);
-    let b = id_of(&app.session(task, "worktree").await);
+    let f = app.task_with_repo("filters").await;
+    let (ws, task) = (f.workspace, f.task);
+    let a = id_of(&f.session("worktree").await);
+    let b = id_of(&f.session("worktree").await);
     app.task(ws, "other task", &[]).await;
     (ws, task, a, b)
 }

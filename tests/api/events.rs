@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Backend, Sse, TestApp, id_of};
+use crate::helpers::{Backend, Sse, TestApp, id_of, seen, seen_json, wait_until, wait_until_every};
 
 both_backends!(
     replay_pages_in_seq_order_and_validates_cursors,
@@ -213,13 +213,9 @@ async fn a_late_committing_writer_is_never_skipped(app: TestApp) {
 }
 
 async fn truncation_after_retention_and_instance_mismatch(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[("BERTH_EVENT_RETENTION_COUNT", "5"), ("BERTH_SWEEP_INTERVAL_MS", "50")],
-    )
-    .await
+    let Some(app) = app
+        .respawn_with(&[("BERTH_EVENT_RETENTION_COUNT", "5"), ("BERTH_SWEEP_INTERVAL_MS", "50")])
+        .await
     else {
         return;
     };
@@ -233,19 +229,15 @@ async fn truncation_after_retention_and_instance_mismatch(app: TestApp) {
         .ok(201);
     }
     // Wait (with a deadline) for the sweep to trim to the newest five.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let page = loop {
+    let page = wait_until_every("retention to trim", WAIT, Duration::from_millis(20), || async {
         let page = replay(&app, &app.admin, "?after=0").await;
         // The bounds are read after the page, so a page can predate the trim its bounds report.
-        if page["first_available_seq"] == 7 && seqs(&page) == vec![7, 8, 9, 10, 11] {
-            break page;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "retention never trimmed: {page}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        seen_json(
+            page["first_available_seq"] == 7 && seqs(&page) == vec![7, 8, 9, 10, 11],
+            page,
+        )
+    })
+    .await;
     assert_eq!(page["latest_seq"], 11);
     assert_eq!(page["truncated"], true, "events after the cursor were trimmed");
     assert_eq!(seqs(&page), vec![7, 8, 9, 10, 11]);
@@ -375,9 +367,7 @@ async fn another_instance_on_the_same_database_delivers_live(app: TestApp) {
 /// nothing skipped, nothing twice, no reset.
 async fn a_slow_subscriber_catches_up_never_skipped(app: TestApp) {
     use tokio::io::AsyncReadExt;
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_EVENT_BUFFER", "4")]).await else {
+    let Some(app) = app.respawn_with(&[("BERTH_EVENT_BUFFER", "4")]).await else {
         return;
     };
     let ws = app.workspace("ws").await;
@@ -419,17 +409,13 @@ async fn a_slow_subscriber_catches_up_never_skipped(app: TestApp) {
 /// is a gap-free prefix, and nothing after the gap is passed off as continuous.
 async fn a_slow_subscriber_whose_events_were_trimmed_is_reset(app: TestApp) {
     use tokio::io::AsyncReadExt;
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
+    let Some(app) = app
+        .respawn_with(&[
             ("BERTH_EVENT_BUFFER", "4"),
             ("BERTH_EVENT_RETENTION_COUNT", "50"),
             ("BERTH_SWEEP_INTERVAL_MS", "100"),
-        ],
-    )
-    .await
+        ])
+        .await
     else {
         return;
     };
@@ -439,11 +425,11 @@ async fn a_slow_subscriber_whose_events_were_trimmed_is_reset(app: TestApp) {
     let mut buf = [0u8; 4096];
     flood(&app, ws).await;
     // Wait until retention trimmed what the stalled subscriber has not read.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while app.count("events").await > 60 {
-        assert!(tokio::time::Instant::now() < deadline, "retention never trimmed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("retention to trim", WAIT, || async {
+        let n = app.count("events").await;
+        seen(n <= 60, n)
+    })
+    .await;
     loop {
         let n = tokio::time::timeout(WAIT, stream.read(&mut buf))
             .await
@@ -517,9 +503,7 @@ async fn flood(app: &TestApp, ws: Uuid) {
 }
 
 async fn keep_alive_comments_flow(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_SSE_KEEPALIVE_SECS", "1")]).await else {
+    let Some(app) = app.respawn_with(&[("BERTH_SSE_KEEPALIVE_SECS", "1")]).await else {
         return;
     };
     let mut sse = Sse::open(&app, &app.admin, "", None).await;

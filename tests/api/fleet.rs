@@ -15,9 +15,11 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{PgDatabase, SECRET, client, id_of, mint};
+use crate::helpers::{PgDatabase, SECRET, SETTLED, client, id_of, mint, seen, seen_json, wait_until, wait_until_every};
 
 const WAIT: Duration = Duration::from_secs(90);
+/// How often the slower waiters here probe.
+const SLOW: Duration = Duration::from_millis(100);
 /// The lease of the processes of the tests that kill a node (seconds): short, so a dead node is seen
 /// soon, yet long enough that a live one under a loaded machine's whole test suite keeps it.
 const LEASE: u64 = 5;
@@ -204,25 +206,23 @@ impl Fleet {
             .stderr(log)
             .spawn()
             .expect("berth starts");
-        let mut b = Berth {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if let Ok(r) = self.http.get(format!("{}/readyz", b.base)).send().await
+        let base = format!("http://127.0.0.1:{port}");
+        let child = std::cell::RefCell::new(child);
+        wait_until(&format!("berth {node} to be ready"), WAIT, || async {
+            if let Ok(r) = self.http.get(format!("{base}/readyz")).send().await
                 && r.status().is_success()
             {
-                return b;
+                return Ok(());
             }
-            if let Ok(Some(status)) = b.child.try_wait() {
+            if let Ok(Some(status)) = child.borrow_mut().try_wait() {
                 panic!("berth {node} exited while starting: {status}");
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "berth {node} never became ready"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            Err("not ready".to_string())
+        })
+        .await;
+        Berth {
+            child: child.into_inner(),
+            base,
         }
     }
 
@@ -252,32 +252,22 @@ impl Fleet {
     }
 
     async fn wait_node(&self, b: &Berth, node: &str, state: &str) -> Value {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        wait_until_every(&format!("node {node} {state}"), WAIT, SLOW, || async {
             let listed = self.ok(b, Method::GET, "/nodes", None).await;
-            if let Some(n) = listed["items"].as_array().unwrap().iter().find(|n| n["id"] == node)
-                && n["state"] == state
-            {
-                return n.clone();
+            match listed["items"].as_array().unwrap().iter().find(|n| n["id"] == node) {
+                Some(n) if n["state"] == state => Ok(n.clone()),
+                _ => Err(listed.to_string()),
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "node {node} never {state}: {listed}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
     }
 
     async fn wait_session(&self, b: &Berth, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        wait_until(&format!("session {id} {what}"), WAIT, || async {
             let s = self.ok(b, Method::GET, &format!("/sessions/{id}"), None).await;
-            if pred(&s) {
-                return s;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "session never {what}: {s}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            seen_json(pred(&s), s)
+        })
+        .await
     }
 
     /// A task over a new repository of `disk`, registered through `b` (which must be that disk's node),
@@ -321,15 +311,11 @@ impl Fleet {
 
     /// Waits until the cleanup job is over (succeeded, failed or cancelled) and returns it.
     async fn wait_job(&self, b: &Berth, job: Uuid) -> Value {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        wait_until_every(&format!("cleanup job {job} to settle"), WAIT, SLOW, || async {
             let j = self.ok(b, Method::GET, &format!("/cleanup-jobs/{job}"), None).await;
-            if ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap()) {
-                return j;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "the job never ran: {j}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            seen_json(SETTLED.contains(&j["state"].as_str().unwrap()), j)
+        })
+        .await
     }
 
     /// The session's live executions: (execution id, instance id, pid).
@@ -363,19 +349,18 @@ impl Fleet {
         what: &str,
         pred: impl Fn(&(Uuid, Uuid, i32)) -> bool,
     ) -> (Uuid, Uuid, i32) {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        wait_until(what, WAIT, || async {
             let live = self.live_executions(session).await;
             assert!(live.len() <= 1, "a session never has two live agents (I27): {live:?}");
             if let [one] = live.as_slice()
                 && pred(one)
                 && one.2 != 0
             {
-                return *one;
+                return Ok(*one);
             }
-            assert!(tokio::time::Instant::now() < deadline, "never {what}: {live:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            Err(format!("{live:?}"))
+        })
+        .await
     }
 
     async fn instance_of(&self, b: &Berth) -> Uuid {
@@ -401,22 +386,28 @@ impl Fleet {
                 .find(|i| i["id"] == id.to_string())
                 .map(|i| i["renewed_at"].as_str().unwrap_or_default().to_string())
         };
-        let mut seen = Vec::new();
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while seen.len() < 3 {
+        let renewals = std::cell::RefCell::new(Vec::new());
+        wait_until_every(&format!("instance {id} to renew"), WAIT, SLOW, || async {
             let listed = self.ok(b, Method::GET, "/nodes", None).await;
+            let mut renewals = renewals.borrow_mut();
             if let Some(r) = renewed(&listed)
-                && seen.last() != Some(&r)
+                && renewals.last() != Some(&r)
             {
-                seen.push(r);
+                renewals.push(r);
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "instance {id} never renewed: {listed}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            if renewals.len() < 3 {
+                Err(listed.to_string())
+            } else {
+                Ok(())
+            }
+        })
+        .await;
     }
+}
+
+/// Waits (with a deadline) until the process `pid` is gone.
+async fn wait_gone(pid: i32, what: &str) {
+    wait_until(what, WAIT, || async { seen(!pid_alive(pid), pid) }).await;
 }
 
 fn pid_alive(pid: i32) -> bool {
@@ -581,14 +572,7 @@ async fn two_instances_of_one_node_never_fight() {
         .await;
     assert!(pid_alive(pid2));
     fleet.wait_session(&second, id, "idle", |s| s["state"] == "idle").await;
-    let gone = tokio::time::Instant::now() + WAIT;
-    while pid_alive(pid) {
-        assert!(
-            tokio::time::Instant::now() < gone,
-            "the dead instance's agent was ended"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_gone(pid, "the dead instance's agent to be ended").await;
     // The first comes back while the second runs the agent: nothing is killed, nothing runs twice.
     let third = fleet.start(&disk, "node-c", "c3.log").await;
     let three = fleet.instance_of(&third).await;
@@ -767,14 +751,11 @@ async fn every_disk_and_agent_request_sent_to_another_node_works() {
     let (status, v, _) = fleet.call(&a, Method::DELETE, &format!("/sessions/{id}"), None).await;
     assert_eq!(status, 204, "{v}");
     assert!(!disk_b.exists(&conversation), "removed on b's disk, where it was");
-    let gone = tokio::time::Instant::now() + WAIT;
-    while pid_alive(pid) {
-        assert!(
-            tokio::time::Instant::now() < gone,
-            "the agent of execution {execution} outlived its session"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_gone(
+        pid,
+        &format!("the agent of execution {execution} to end with its session"),
+    )
+    .await;
     drop((a, b));
 }
 

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Sse, TestApp, id_of};
+use crate::helpers::{Sse, TestApp, id_of, seen, wait_until_every};
 
 both_backends!(
     every_get_and_list_carries_the_follow_point,
@@ -25,22 +25,23 @@ fn seq_header(r: &crate::helpers::Reply) -> i64 {
 }
 
 async fn every_get_and_list_carries_the_follow_point(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "follow", &[repo]).await;
-    let session = app.session(task, "worktree").await;
+    let f = app.task_with_repo("follow").await;
+    let (ws, repo, task) = (f.workspace, f.repository, f.task);
+    let session = f.session("worktree").await;
     let sid = id_of(&session);
     let env = session["task_environment_id"].as_str().unwrap().to_string();
     let newest = app.events().await.last().unwrap().0;
     // The point follows commits (the tailer publishes them): wait for it, with a deadline.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while seq_header(&app.get("/api/v1/workspaces").await) < newest {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the follow point never reached {newest}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_every(
+        &format!("the follow point at {newest}"),
+        WAIT,
+        Duration::from_millis(20),
+        || async {
+            let seq = seq_header(&app.get("/api/v1/workspaces").await);
+            seen(seq >= newest, seq)
+        },
+    )
+    .await;
     let lists = [
         "/api/v1/workspaces".to_string(),
         format!("/api/v1/workspaces/{ws}/repositories"),

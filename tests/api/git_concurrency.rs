@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use reqwest::Method;
-use serde_json::{Value, json};
+use serde_json::json;
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, git, id_of, worktrees_of};
+use crate::helpers::{TestApp, git, id_of, uuid, wait_job, worktrees_of};
 
 both_backends!(
     twenty_creates_and_twenty_deletes_on_one_repository_at_once,
@@ -20,24 +20,9 @@ both_backends!(
 const WAIT: Duration = Duration::from_secs(60);
 const N: usize = 20;
 
-fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
-
 async fn wait_succeeded(app: &TestApp, id: Uuid) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        if j["state"] == "succeeded" || j["state"] == "failed" {
-            assert_eq!(j["state"], "succeeded", "{j}");
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the job never finished: {j}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let j = wait_job(app, id, WAIT, &["succeeded", "failed"]).await;
+    assert_eq!(j["state"], "succeeded", "{j}");
 }
 
 async fn twenty_creates_and_twenty_deletes_on_one_repository_at_once(app: TestApp) {

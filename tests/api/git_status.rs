@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, git};
+use crate::helpers::{TestApp, git, uuid, wait_until};
 
 both_backends!(
     a_newer_sparse_observation_wins_over_an_older_detailed_one,
@@ -19,17 +19,12 @@ both_backends!(
     a_refresh_of_a_missing_worktree_is_a_typed_409,
 );
 
-fn uuid(v: &Value) -> Uuid {
-    v.as_str().unwrap().parse().unwrap()
-}
-
 /// A task with one worktree and two sessions; returns (environment, repository, session a, session b).
 async fn shared(app: &TestApp) -> (Uuid, Uuid, Uuid, Uuid) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Status", &[repo]).await;
-    let a = app.session(task, "worktree").await;
-    let b = app.session(task, "worktree").await;
+    let f = app.task_with_repo("Status").await;
+    let repo = f.repository;
+    let a = f.session("worktree").await;
+    let b = f.session("worktree").await;
     (uuid(&a["task_environment_id"]), repo, uuid(&a["id"]), uuid(&b["id"]))
 }
 
@@ -242,21 +237,12 @@ async fn refresh_reports_what_git_sees(app: TestApp) {
 
 // Seed 004: when an agent finishes a turn, berth captures a completion observation itself.
 async fn a_finished_turn_is_captured_as_a_completion(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Turn", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "write made.txt by agent"}),
-        )
-        .await
-        .ok(201);
+    let fixture = app.task_with_repo("Turn").await;
+    let s = fixture.agent_prompted("test", "write made.txt by agent").await;
     let env = uuid(&s["task_environment_id"]);
     let session_id = uuid(&s["id"]);
     // The capture itself, as stored: a completion with the session as provenance.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let captured = loop {
+    let captured = wait_until("a completion capture", Duration::from_secs(20), || async {
         use berth::entity::git_status_observation as obs;
         use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
         let found = obs::Entity::find()
@@ -265,12 +251,9 @@ async fn a_finished_turn_is_captured_as_a_completion(app: TestApp) {
             .one(app.db())
             .await
             .unwrap();
-        if let Some(o) = found {
-            break o;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no completion capture");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        found.ok_or_else(|| "none".to_string())
+    })
+    .await;
     assert_eq!(captured.task_environment_id, env);
     let status = json!({"items": [{"files": captured.files}]});
     let files = status["items"][0]["files"].as_array().unwrap();
@@ -287,10 +270,9 @@ async fn a_finished_turn_is_captured_as_a_completion(app: TestApp) {
 
 async fn observations_are_validated_and_scoped(app: TestApp) {
     let (env, repo, a, _) = shared(&app).await;
-    let ws2 = app.workspace("ws2").await;
-    let (repo2, _) = app.repository(ws2, "other").await;
-    let task2 = app.task(ws2, "Other", &[repo2]).await;
-    let other = app.session(task2, "worktree").await;
+    let fixture = app.task_with_repo_in("ws2", "other", "Other").await;
+    let repo2 = fixture.repository;
+    let other = fixture.session("worktree").await;
     let env2 = uuid(&other["task_environment_id"]);
     let ok = |extra: Value| {
         let mut b = json!({"repository_id": repo, "kind": "live", "observed_at": at(1)});

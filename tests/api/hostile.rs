@@ -7,7 +7,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Backend, SECRET, TestApp, git_repo, worktrees_of};
+use crate::helpers::{Backend, SECRET, TestApp, git_repo, openssl, worktrees_of};
 
 both_backends!(
     a_public_key_is_never_accepted_as_an_hmac_secret,
@@ -28,18 +28,6 @@ fn claims(extra: Value) -> Value {
         c[k] = v.clone();
     }
     c
-}
-
-fn openssl(args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .output()
-        .expect("openssl runs");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 // Algorithm confusion: with an Ed25519 public key configured, an HS256 token whose HMAC key is that
@@ -375,10 +363,9 @@ async fn the_spec_declares_what_the_server_answers(app: TestApp) {
 // Regression from spec fuzzing: file statuses in a reported observation were free strings (a bogus
 // status, or an unknown field inside a file, got 201); the spec now lists them, and the server holds to it.
 async fn reported_file_statuses_are_the_specs(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "t", &[repo]).await;
-    app.session(task, "worktree").await;
+    let f = app.task_with_repo("t").await;
+    let (repo, task) = (f.repository, f.task);
+    f.session("worktree").await;
     let env = crate::helpers::id_of(&app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200));
     let path = format!("/api/v1/environments/{env}/git-status/observations");
     let observation = |file: Value| json!({"repository_id": repo, "kind": "live", "observed_at": chrono::Utc::now(), "files": [file]});

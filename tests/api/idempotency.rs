@@ -5,7 +5,6 @@
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::agents::{uuid, wait_session};
 use crate::both_backends;
 use crate::helpers::{Reply, TestApp, id_of, mint, worktrees_of};
 use crate::inbox::{wait_message, wait_replies};
@@ -67,9 +66,8 @@ async fn a_retried_task_create_returns_the_same_task(app: TestApp) {
 }
 
 async fn a_retried_session_create_makes_one_session_and_one_worktree(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, repo_path) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Sessions", &[repo]).await;
+    let f = app.task_with_repo("Sessions").await;
+    let (repo_path, task) = (f.repo_dir.clone(), f.task);
     let path = format!("/api/v1/tasks/{task}/sessions");
     let body = json!({"executor_type": "worktree", "start": false});
     let first = post_key(&app, &path, body.clone(), "session-1").await;
@@ -92,18 +90,8 @@ async fn a_retried_session_create_makes_one_session_and_one_worktree(app: TestAp
 }
 
 async fn a_retried_message_reaches_the_agent_once(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Inbox", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = uuid(&s["id"]);
-    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let f = app.task_with_repo("Inbox").await;
+    let id = f.started_session("test").await.id;
     let path = format!("/api/v1/sessions/{id}/messages");
     let first = post_key(&app, &path, json!({"text": "hello"}), "msg-1").await;
     let m = first.ok(202);
@@ -206,9 +194,8 @@ async fn malformed_keys_are_refused(app: TestApp) {
 
 /// A retryable answer changed nothing: the key is released, and a retry with it runs again.
 async fn a_retryable_failure_gives_the_key_back(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, repo_path) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Retry", &[repo]).await;
+    let f = app.task_with_repo("Retry").await;
+    let (repo_path, task) = (f.repo_dir.clone(), f.task);
     // The source repository is away: preparing the workspace fails, retryably.
     let away = repo_path.with_file_name("svc-away");
     std::fs::rename(&repo_path, &away).unwrap();
@@ -234,9 +221,8 @@ async fn a_retryable_failure_gives_the_key_back(app: TestApp) {
 }
 
 async fn two_replicas_sent_one_key_at_once_make_one_resource(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, repo_path) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Replicas", &[repo]).await;
+    let f = app.task_with_repo("Replicas").await;
+    let (repo_path, task) = (f.repo_dir.clone(), f.task);
     let b = Replica::start(&app).await;
     let path = format!("/api/v1/tasks/{task}/sessions");
     let body = json!({"executor_type": "worktree", "start": false});
@@ -276,10 +262,9 @@ async fn two_replicas_sent_one_key_at_once_make_one_resource(app: TestApp) {
 
 /// DELETEs and actions are covered too: a retried delete answers what the first did, not 404.
 async fn deletes_and_actions_replay(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Actions", &[repo]).await;
-    let s = app.session(task, "worktree").await;
+    let f = app.task_with_repo("Actions").await;
+    let task = f.task;
+    let s = f.session("worktree").await;
     let id = id_of(&s);
     let del = |key: &'static str| {
         let app = &app;

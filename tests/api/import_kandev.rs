@@ -125,6 +125,22 @@ pub(crate) fn p(path: &Path) -> Option<String> {
     Some(path.display().to_string())
 }
 
+/// kandev's database of this generation with the world's repository as `r1` (`proj`) and a task `t1`.
+pub(crate) async fn kandev_with_task(w: &World, generation: Gen) -> Kandev {
+    let mut k = w.kandev(generation).await;
+    k.repo("r1", "proj", &w.repo).await;
+    k.task("t1", "First").await;
+    k
+}
+
+/// Imports kandev's database into the workspace `ws` and asserts that it succeeded.
+pub(crate) async fn imported(app: &TestApp, k: Kandev) -> Run {
+    let db = k.finish().await;
+    let run = import(app, &db, "ws", &[], &[]).await;
+    succeeded(&run);
+    run
+}
+
 /// Imports and asserts that it was refused with `rule` naming `id`, and that berth did not change.
 pub(crate) async fn refused(app: &TestApp, db: &KandevDb, rule: &str, id: &str) -> Run {
     // Into an existing workspace with rows of its own, so "unchanged" has something to compare.
@@ -147,18 +163,14 @@ async fn s08_deleted_history_beside_a_canonical_row(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
     let old = w.worktree("t1-old", "feature/old");
-    let mut k = w.kandev(Gen::Preview).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Preview).await;
     k.env("e1", "t1", T2, None).await;
     k.env_repo("er1", "e1", "r1", "", "wt-1", &wt, "feature/a", "active")
         .await;
     k.session("s1", "t1", "COMPLETED", "e1", T2).await;
     k.session_worktree("sw1", "s1", "wt-old", "r1", "", &old, "feature/old", "deleted", T2)
         .await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    let run = imported(&app, k).await;
     has(&run.report, "history", "session_worktree_deleted", "sw1");
     let e = env_of(&app, "e1").await.expect("the environment is imported");
     let rows = inventory(&app).await;
@@ -175,17 +187,13 @@ async fn s08_deleted_history_beside_a_canonical_row(app: TestApp) {
 async fn s09_canonical_path_beats_a_drifted_flat_path(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     let stale = w.home.join("tasks/old-place/proj");
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &stale, "feature/stale")))
         .await;
     k.env_repo("er1", "e1", "r1", "", "wt-1", &wt, "feature/a", "active")
         .await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    imported(&app, k).await;
     let e = env_of(&app, "e1").await.unwrap();
     let rows = inventory(&app).await;
     let owner = only_owner(&rows, e.id.into());
@@ -200,16 +208,12 @@ async fn s10_canonical_worktree_beats_a_different_flat_worktree(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
     let flat = w.worktree("t1-flat", "feature/flat");
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     k.env("e1", "t1", T2, Some(("r1", "wt-flat", &flat, "feature/flat")))
         .await;
     k.env_repo("er1", "e1", "r1", "", "wt-1", &wt, "feature/a", "active")
         .await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    let run = imported(&app, k).await;
     let h = has(&run.report, "history", "flat_superseded_by_inventory", "e1");
     assert_eq!(
         (h["worktree_id"].as_str(), h["path"].as_str()),
@@ -227,18 +231,14 @@ async fn s11_a_rehomed_canonical_row_beats_the_survivors_flat_worktree(app: Test
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
     let flat = w.worktree("t1-new", "feature/new");
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     k.env("e-old", "t1", T1, None).await;
     k.env("e-new", "t1", T3, Some(("r1", "wt-new", &flat, "feature/new")))
         .await;
     k.env_repo("er1", "e-old", "r1", "", "wt-1", &wt, "feature/a", "active")
         .await;
     k.session("s1", "t1", "IDLE", "e-old", T2).await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    let run = imported(&app, k).await;
     has(&run.report, "history", "flat_superseded_by_inventory", "e-new");
     assert!(
         env_of(&app, "e-old").await.is_none(),
@@ -259,9 +259,7 @@ async fn s11_a_rehomed_canonical_row_beats_the_survivors_flat_worktree(app: Test
 async fn s12_a_resumable_session_keeps_its_state_and_canonical_metadata_wins(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     k.env("e1", "t1", T2, None).await;
     k.env_repo("er1", "e1", "r1", "", "wt-1", &wt, "feature/a", "active")
         .await;
@@ -269,9 +267,7 @@ async fn s12_a_resumable_session_keeps_its_state_and_canonical_metadata_wins(app
     let stale = w.home.join("elsewhere/proj");
     k.session_worktree("sw1", "s1", "wt-1", "r1", "", &stale, "feature/stale", "active", T4)
         .await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    imported(&app, k).await;
     let e = env_of(&app, "e1").await.unwrap();
     let rows = inventory(&app).await;
     let owner = only_owner(&rows, e.id.into());
@@ -290,17 +286,13 @@ async fn s12_a_resumable_session_keeps_its_state_and_canonical_metadata_wins(app
 async fn s13_flat_metadata_beats_a_stale_session_reference(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
     k.session("s1", "t1", "RUNNING", "e1", T3).await;
     let stale = w.home.join("elsewhere/proj");
     k.session_worktree("sw1", "s1", "wt-1", "r1", "", &stale, "feature/stale", "active", T4)
         .await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    imported(&app, k).await;
     let rows = inventory(&app).await;
     let owner = only_owner(&rows, (env_of(&app, "e1").await.unwrap().id).into());
     assert_eq!(
@@ -316,16 +308,12 @@ async fn s14_a_terminal_sessions_older_worktree_is_history(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
     let old = w.worktree("t1-old", "feature/old");
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
     k.session("s1", "t1", "COMPLETED", "e1", T3).await;
     k.session_worktree("sw-old", "s1", "wt-old", "r1", "", &old, "feature/old", "active", T4)
         .await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    let run = imported(&app, k).await;
     has(&run.report, "history", "slot_owned_by_task_source", "sw-old");
     let rows = inventory(&app).await;
     assert_eq!(
@@ -342,9 +330,7 @@ async fn s14_a_terminal_sessions_older_worktree_is_history(app: TestApp) {
 async fn s15_an_orphan_repeating_a_task_owned_worktree_is_history(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
     let stale = w.home.join("elsewhere/proj");
     k.session_worktree(
@@ -359,9 +345,7 @@ async fn s15_an_orphan_repeating_a_task_owned_worktree_is_history(app: TestApp) 
         T4,
     )
     .await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    let run = imported(&app, k).await;
     has(&run.report, "history", "orphan_represented", "sw-orphan");
     let rows = inventory(&app).await;
     assert_eq!(
@@ -374,9 +358,7 @@ async fn s15_an_orphan_repeating_a_task_owned_worktree_is_history(app: TestApp) 
 async fn s16_a_deleted_orphan_is_history(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
     let gone = w.home.join("tasks/gone/proj");
     k.session_worktree(
@@ -391,9 +373,7 @@ async fn s16_a_deleted_orphan_is_history(app: TestApp) {
         T4,
     )
     .await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    let run = imported(&app, k).await;
     has(&run.report, "history", "orphan_deleted", "sw-orphan");
     assert_eq!(inventory(&app).await.len(), 1);
 }
@@ -403,9 +383,7 @@ async fn s17_an_active_orphan_without_owner_refuses(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
     let lost = w.worktree("lost", "feature/lost");
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
     k.session_worktree(
         "sw-orphan",
@@ -434,9 +412,7 @@ async fn s17_an_active_orphan_without_owner_refuses(app: TestApp) {
 async fn s18_an_active_orphan_beside_only_a_deleted_target_refuses(app: TestApp) {
     let w = World::new(&app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = w.kandev(Gen::Preview).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Preview).await;
     k.env("e1", "t1", T2, Some(("r1", "wt-1", &wt, "feature/a"))).await;
     k.env_repo("er1", "e1", "r1", "", "wt-1", &wt, "feature/a", "deleted")
         .await;
@@ -463,9 +439,7 @@ async fn s19_a_hybrid_file_keeps_normalized_rows_and_imports_session_worktrees(a
     k.session("s1", "t1", "IDLE", "e1", T3).await;
     k.session_worktree("sw-lib", "s1", "wt-lib", "r2", "", &wt_lib, "feature/a", "active", T3)
         .await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    let run = imported(&app, k).await;
     assert_eq!(run.report["generation"], "hybrid");
     let e = env_of(&app, "e1").await.unwrap();
     let mut rows: Vec<(String, Option<String>)> = inventory(&app)
@@ -527,9 +501,7 @@ async fn s21_several_worktrees_for_one_slot_elect_one_owner(app: TestApp) {
         w.worktree("b", "feature/b"),
         w.worktree("c", "feature/c"),
     );
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     k.session("s-done", "t1", "COMPLETED", "", T4).await;
     k.session("s-live-old", "t1", "RUNNING", "", T2).await;
     k.session("s-live-new", "t1", "IDLE", "", T3).await;
@@ -539,9 +511,7 @@ async fn s21_several_worktrees_for_one_slot_elect_one_owner(app: TestApp) {
         .await;
     k.session_worktree("sw-c", "s-live-new", "wt-c", "r1", "", &c, "feature/c", "active", T3)
         .await;
-    let db = k.finish().await;
-    let run = import(&app, &db, "ws", &[], &[]).await;
-    succeeded(&run);
+    let run = imported(&app, k).await;
     has(&run.report, "history", "slot_election_loser", "sw-a");
     has(&run.report, "history", "slot_election_loser", "sw-b");
     let e = env_of(&app, "task:t1")
@@ -561,9 +531,7 @@ async fn s21_several_worktrees_for_one_slot_elect_one_owner(app: TestApp) {
 async fn s22_contradicting_metadata_without_owner_refuses(app: TestApp) {
     let w = World::new(&app);
     let a = w.worktree("a", "feature/a");
-    let mut k = w.kandev(Gen::Legacy).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Legacy).await;
     k.session("s1", "t1", "RUNNING", "", T2).await;
     k.session("s2", "t1", "IDLE", "", T3).await;
     k.session_worktree("sw1", "s1", "wt-a", "r1", "", &a, "feature/a", "active", T2)

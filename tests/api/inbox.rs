@@ -8,9 +8,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::agents::{execution_pid, pid_alive, replies, uuid, wait_delivered, wait_session};
+use crate::agents::{
+    execution_pid, pid_alive, replies, session_states, uuid, wait_delivered, wait_exited, wait_session,
+};
 use crate::both_backends;
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, seen, seen_json, wait_until_every};
 
 both_backends!(
     a_message_is_stored_then_delivered,
@@ -27,18 +29,13 @@ both_backends!(
 );
 
 const WAIT: Duration = Duration::from_secs(20);
+/// How often the waiters here probe.
+const EVERY: Duration = Duration::from_millis(20);
 
 /// A running `test` agent on a fresh task; with `prompt`, that is its first message.
 async fn session(app: &TestApp, prompt: Option<&str>) -> Uuid {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Inbox", &[repo]).await;
-    let mut body = json!({"executor_type": "worktree", "agent_profile": "test"});
-    if let Some(p) = prompt {
-        body["prompt"] = p.into();
-    }
-    let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
-    uuid(&s["id"])
+    let f = app.task_with_repo("Inbox").await;
+    uuid(&f.agent_with("test", prompt).await["id"])
 }
 
 async fn send(app: &TestApp, id: Uuid, text: &str, delivery: &str) -> Value {
@@ -59,31 +56,23 @@ pub(crate) async fn messages(app: &TestApp, id: Uuid) -> Vec<Value> {
 
 /// Polls until the message is in `state`.
 pub(crate) async fn wait_message(app: &TestApp, id: Uuid, message: &Value, state: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    wait_until_every(&format!("message {} {state}", message["id"]), WAIT, EVERY, || async {
         let found = messages(app, id)
             .await
             .into_iter()
             .find(|m| m["id"] == message["id"])
             .expect("the message is listed");
-        if found["state"] == state {
-            return found;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "message never {state}: {found}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        seen_json(found["state"] == state, found)
+    })
+    .await
 }
 
 pub(crate) async fn wait_replies(app: &TestApp, id: Uuid, n: usize) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    wait_until_every(&format!("{n} replies"), WAIT, EVERY, || async {
         let r = replies(app, id).await;
-        if r.len() >= n {
-            return r;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never {n} replies: {r:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        seen(r.len() >= n, r)
+    })
+    .await
 }
 
 /// The states a message went through, from its `session.message_updated` events.
@@ -251,15 +240,11 @@ async fn the_snapshot_shows_the_queue_and_the_latest_notices(app: TestApp) {
     let m = send(&app, id, "notify", "auto").await;
     wait_message(&app, id, &m, "delivered").await;
     wait_replies(&app, id, 1).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let snap = loop {
+    let snap = wait_until_every("the agent's title", WAIT, EVERY, || async {
         let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
-        if snap["agent"]["title"] == "berth test" {
-            break snap;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no title: {snap}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        seen_json(snap["agent"]["title"] == "berth test", snap)
+    })
+    .await;
     assert_eq!(snap["agent"]["status"]["ext"], "busy");
     assert_eq!(snap["agent"]["notifications"][0]["message"], "working on it");
     assert_eq!(snap["agent"]["notifications"][0]["notify_type"], "info");
@@ -309,14 +294,8 @@ async fn a_restore_that_cannot_launch_fails_the_session(app: TestApp) {
     let restarted = another_server(&app, config).await;
     let s = wait_session(&app, id, "failed", |s| s["state"] == "failed").await;
     assert_eq!(s["last_error"]["code"], "restore_failed", "{s}");
-    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
-    let states: Vec<&str> = page["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["type"] == "session.state_changed" && e["session_id"] == id.to_string())
-        .map(|e| e["data"]["state"].as_str().unwrap())
-        .collect();
+    let states = session_states(&app, id).await;
+    let states: Vec<&str> = states.iter().map(String::as_str).collect();
     assert!(states.ends_with(&["recovering", "failed"]), "{states:?}");
     for b in restarted.background() {
         b.abort();
@@ -334,14 +313,8 @@ async fn restore_ends_an_agent_a_crashed_berth_left_running(app: TestApp) {
     assert!(
         !pid_alive(old_pid) || {
             // The kill is asynchronous to the kernel's reaping: wait for it.
-            let deadline = tokio::time::Instant::now() + WAIT;
-            loop {
-                if !pid_alive(old_pid) {
-                    break true;
-                }
-                assert!(tokio::time::Instant::now() < deadline, "the orphan still runs");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            wait_exited(old_pid, WAIT).await;
+            true
         }
     );
     let s = wait_session(&app, id, "idle again", |s| {
@@ -365,9 +338,8 @@ async fn a_question_expires_with_its_own_timeout(app: TestApp) {
     let m = send(&app, id, "ask-timeout 300", "auto").await;
     wait_message(&app, id, &m, "delivered").await;
     // It asks (attention), then the question expires and the session works on, with nothing pending.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut asked = false;
-    loop {
+    let asked = std::cell::Cell::new(false);
+    let snap = wait_until_every("the question to expire", WAIT, EVERY, || async {
         let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
         let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
         let expired = page["events"]
@@ -375,22 +347,19 @@ async fn a_question_expires_with_its_own_timeout(app: TestApp) {
             .unwrap()
             .iter()
             .any(|e| e["type"] == "runtime.output" && e["data"]["event"]["type"] == "extension_ui_expired");
-        asked |= page["events"].as_array().unwrap().iter().any(|e| {
-            e["type"] == "session.state_changed"
-                && e["session_id"] == id.to_string()
-                && e["data"]["state"] == "attention"
-        });
-        if expired && snap["state"] == "running" {
-            assert!(snap["attention_requests"].as_array().unwrap().is_empty(), "{snap}");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the question never expired: {snap}"
+        asked.set(
+            asked.get()
+                || page["events"].as_array().unwrap().iter().any(|e| {
+                    e["type"] == "session.state_changed"
+                        && e["session_id"] == id.to_string()
+                        && e["data"]["state"] == "attention"
+                }),
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(asked, "the question put the session in attention first");
+        seen_json(expired && snap["state"] == "running", snap)
+    })
+    .await;
+    assert!(snap["attention_requests"].as_array().unwrap().is_empty(), "{snap}");
+    assert!(asked.get(), "the question put the session in attention first");
     app.post(
         &format!("/api/v1/sessions/{id}/attention/q-timed"),
         json!({"value": "a"}),

@@ -12,7 +12,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{SECRET, TestApp};
+use crate::helpers::{SECRET, TestApp, openssl, seen, wait_until_every};
 
 both_backends!(
     keys_rotate_by_kid_and_removed_keys_stop_working,
@@ -28,21 +28,9 @@ struct TestKey {
 
 fn key(dir: &Path, kid: &str) -> TestKey {
     let private = dir.join(format!("{kid}.pem"));
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .output()
-            .expect("openssl runs");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
-    run(&["genpkey", "-algorithm", "ed25519", "-out", private.to_str().unwrap()]);
+    openssl(&["genpkey", "-algorithm", "ed25519", "-out", private.to_str().unwrap()]);
     // The DER public key ends with the 32 raw bytes a JWK's `x` holds.
-    let der = run(&["pkey", "-in", private.to_str().unwrap(), "-pubout", "-outform", "DER"]);
+    let der = openssl(&["pkey", "-in", private.to_str().unwrap(), "-pubout", "-outform", "DER"]);
     use base64::Engine;
     let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&der[der.len() - 32..]);
     TestKey {
@@ -118,15 +106,12 @@ async fn status(app: &TestApp, token: &str) -> u16 {
 
 /// Calls until the answer is `want`, for at most 20 s (the cache and the minimum interval are 1 s here).
 async fn until_status(app: &TestApp, token: &str, want: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let every = Duration::from_millis(100);
+    wait_until_every(what, Duration::from_secs(20), every, || async {
         let got = status(app, token).await;
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: still {got}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        seen(got == want, got)
+    })
+    .await;
 }
 
 async fn keys_rotate_by_kid_and_removed_keys_stop_working(app: TestApp) {

@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{SECRET, TestApp, git, id_of};
+use crate::fixture::StartedSession;
+use crate::helpers::{SECRET, TestApp, git};
 
 both_backends!(
     a_commit_takes_the_agents_work_and_refuses_what_it_must,
@@ -30,25 +31,19 @@ pub(crate) struct Started {
 }
 
 pub(crate) async fn started(app: &TestApp) -> Started {
-    let ws = app.workspace("landing").await;
-    let (repo, repo_path) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Land it", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let session = id_of(&s);
-    crate::agents::wait_session(app, session, "idle", |s| s["state"] == "idle").await;
+    let f = app.task_with_repo_in("landing", "svc", "Land it").await;
+    let StartedSession {
+        id: session,
+        created: s,
+        ..
+    } = f.started_session("test").await;
     Started {
-        task,
+        task: f.task,
         env: s["task_environment_id"].as_str().unwrap().to_string(),
         session,
         worktree: PathBuf::from(s["workspace_path"].as_str().unwrap()),
-        repo,
-        repo_path,
+        repo: f.repository,
+        repo_path: f.repo_dir,
     }
 }
 

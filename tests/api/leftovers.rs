@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Backend, TestApp, git, uuid, wait_job_settled, worktrees_of};
+use crate::helpers::{Backend, TestApp, git, seen, uuid, wait_job_settled, wait_until, worktrees_of};
 
 both_backends!(
     archive_removes_what_a_superseded_environment_left,
@@ -165,14 +165,12 @@ async fn superseded_jobs(app: &TestApp, task: Uuid) -> Vec<Value> {
 
 /// A `superseded_cleanup` job of the task, once the reconcile pass wrote one and it finished.
 async fn reconciled(app: &TestApp, task: Uuid) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(j) = superseded_jobs(app, task).await.first() {
-            return wait_job_settled(app, uuid(&j["id"])).await;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the reconcile pass never ran");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let jobs = wait_until("the reconcile pass", WAIT, || async {
+        let jobs = superseded_jobs(app, task).await;
+        seen(!jobs.is_empty(), jobs)
+    })
+    .await;
+    wait_job_settled(app, uuid(&jobs[0]["id"])).await
 }
 
 // For a task that lives on, the reconcile pass (a short grace, a fast sweep) removes what its superseded
@@ -299,23 +297,19 @@ async fn background_cleanup_never_blocks_a_user(backend: Backend) {
     config.superseded_grace = Duration::ZERO;
     config.sweep_interval = Duration::from_millis(100);
     let worker = berth::startup::Application::build(config).await.unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let (held, waiting) = loop {
+    let (held, waiting) = wait_until("a running and a waiting job", WAIT, || async {
         let a = superseded_jobs(&app, first.task).await;
         let b = superseded_jobs(&app, second.task).await;
         if let ([a], [b]) = (&a[..], &b[..]) {
             match (a["state"].as_str(), b["state"].as_str()) {
-                (Some("running"), Some("pending")) => break ((&first, a.clone()), (&second, b.clone())),
-                (Some("pending"), Some("running")) => break ((&second, b.clone()), (&first, a.clone())),
+                (Some("running"), Some("pending")) => return Ok(((&first, a.clone()), (&second, b.clone()))),
+                (Some("pending"), Some("running")) => return Ok(((&second, b.clone()), (&first, a.clone()))),
                 _ => {}
             }
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no running and waiting pair: {a:?} {b:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        Err(format!("{a:?} {b:?}"))
+    })
+    .await;
     for l in [held.0, waiting.0] {
         app.post(
             &format!("/api/v1/tasks/{}/sessions", l.task),
@@ -351,25 +345,9 @@ async fn background_cleanup_never_blocks_a_user(backend: Backend) {
     worker.background().iter().for_each(|h| h.abort());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn background_cleanup_never_blocks_a_user_sqlite() {
-    background_cleanup_never_blocks_a_user(Backend::Sqlite).await;
-}
+crate::backend_tests!(background_cleanup_never_blocks_a_user: background_cleanup_never_blocks_a_user_sqlite, background_cleanup_never_blocks_a_user_postgres);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn background_cleanup_never_blocks_a_user_postgres() {
-    background_cleanup_never_blocks_a_user(Backend::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_reconcile_pass_heals_leaks_sqlite() {
-    the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_reconcile_pass_heals_leaks_postgres() {
-    the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(Backend::Postgres).await;
-}
+crate::backend_tests!(the_reconcile_pass_heals_leaks_of_a_task_that_lives_on: the_reconcile_pass_heals_leaks_sqlite, the_reconcile_pass_heals_leaks_postgres);
 
 // I18, I13: a transition's environment lives in a directory of its own (`<slug>-<suffix>`). Once a job
 // removed its worktrees, that directory goes too (only ever if empty), whether the environment was still

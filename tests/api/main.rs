@@ -1,5 +1,6 @@
 //! One integration test binary (so linking happens once). Every test runs through the real HTTP server
 //! on SQLite and, when `BERTH_TEST_POSTGRES_URL` is set, on PostgreSQL.
+mod fixture;
 mod git_status;
 mod helpers;
 

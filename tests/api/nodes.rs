@@ -7,10 +7,12 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use uuid::Uuid;
 
-use crate::agents::{execution_pid, pid_alive, uuid, wait_session};
+use crate::agents::{execution_pid, pid_alive, uuid};
 use crate::both_backends;
-use crate::helpers::{Backend, TestApp};
+use crate::fixture::StartedSession;
+use crate::helpers::{Backend, SETTLED, TestApp, seen_json, wait_until};
 use crate::replicas::Replica;
 
 both_backends!(
@@ -86,20 +88,23 @@ async fn nodes_and_instances_are_listed(app: TestApp) {
 }
 
 async fn wait_node(b: &Replica, node: &str, state: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    wait_until(&format!("node {node} {state}"), WAIT, || async {
         let listed = b.get("/api/v1/nodes").await.ok(200);
-        if let Some(n) = listed["items"].as_array().unwrap().iter().find(|n| n["id"] == node)
-            && n["state"] == state
-        {
-            return n.clone();
+        match listed["items"].as_array().unwrap().iter().find(|n| n["id"] == node) {
+            Some(n) if n["state"] == state => Ok(n.clone()),
+            _ => Err(listed.to_string()),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "node {node} never {state}: {listed}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
+}
+
+/// Waits (with a deadline) until the cleanup job `id`, as `b` reads it, is in one of `states`.
+async fn job_on(b: &Replica, id: Uuid, states: &[&str]) -> Value {
+    wait_until(&format!("cleanup job {id} in {states:?}"), WAIT, || async {
+        let j = b.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
+        seen_json(states.iter().any(|s| j["state"] == *s), j)
+    })
+    .await
 }
 
 async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
@@ -115,31 +120,14 @@ async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
         return;
     };
     let a = app.config.node_id.clone();
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Stranded", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = uuid(&s["id"]);
-    let worktree = std::path::PathBuf::from(s["workspace_path"].as_str().unwrap());
-    let s = wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let f = app.task_with_repo("Stranded").await;
+    let task = f.task;
+    let StartedSession { id, created, idle: s } = f.started_session("test").await;
+    let worktree = std::path::PathBuf::from(created["workspace_path"].as_str().unwrap());
     assert_eq!(s["node"], json!({"id": a, "state": "up"}), "{s}");
     let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
     // A second session on A, to be deleted on its own while A is down.
-    let other = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let other = uuid(&other["id"]);
-    let o = wait_session(&app, other, "idle", |s| s["state"] == "idle").await;
+    let StartedSession { id: other, idle: o, .. } = f.started_session("test").await;
     let other_pid = execution_pid(&app, uuid(&o["execution_id"])).await;
     // The conversation berth keeps for a session is on its node's disk.
     let conversations = app.config.data_dir.join("conversations");
@@ -219,30 +207,11 @@ async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
     let handle = restarted.handle();
     tokio::spawn(restarted.run_until_stopped());
     wait_node(&b, &a, "up").await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let done = loop {
-        let j = b.get(&format!("/api/v1/cleanup-jobs/{job}")).await.ok(200);
-        if ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap()) {
-            break j;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let done = job_on(&b, job, SETTLED).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert!(!pid_alive(pid), "the job ended the agent first (I8)");
     assert!(!worktree.exists());
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = b.get(&format!("/api/v1/cleanup-jobs/{session_job}")).await.ok(200);
-        if j["state"] == "succeeded" {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the session's job never ran: {j}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    job_on(&b, session_job, &["succeeded"]).await;
     assert!(!pid_alive(other_pid), "the deleted session's agent was ended on A");
     assert!(!conversation.exists(), "and its conversation removed there");
     background.iter().for_each(|h| h.abort());
@@ -260,20 +229,11 @@ async fn a_down_node_is_decommissioned_and_its_tasks_move_on(app: TestApp) {
         return;
     };
     let a = app.config.node_id.clone();
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let kept = app.task(ws, "Kept", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{kept}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = uuid(&s["id"]);
+    let f = app.task_with_repo("Kept").await;
+    let (ws, repo, kept) = (f.workspace, f.repository, f.task);
+    let StartedSession { id, created: s, .. } = f.started_session("test").await;
     let lost_env = s["task_environment_id"].as_str().unwrap().to_string();
     let worktree = std::path::PathBuf::from(s["workspace_path"].as_str().unwrap());
-    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
     let doomed = app.task(ws, "Doomed", &[repo]).await;
     let d = app
         .post(

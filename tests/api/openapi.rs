@@ -428,11 +428,10 @@ both_backends!(events_on_the_wire_fit_their_member_of_the_event_union);
 /// `GET /events` serves it, fits `Event` (exactly one member, by its `type`, with its typed `data`).
 async fn events_on_the_wire_fit_their_member_of_the_event_union(app: TestApp) {
     let spec: Value = serde_json::from_str(&generated()).unwrap();
-    let ws = app.workspace("union").await;
-    let (repo, _) = app.repository(ws, "union-repo").await;
-    let task = app.task(ws, "union task", &[repo]).await;
-    let first = app.session(task, "worktree").await;
-    let second = app.session(task, "worktree").await;
+    let f = app.task_with_repo_in("union", "union-repo", "union task").await;
+    let task = f.task;
+    let first = f.session("worktree").await;
+    let second = f.session("worktree").await;
     app.patch(
         &format!("/api/v1/tasks/{task}"),
         serde_json::json!({ "title": "renamed" }),

@@ -2,7 +2,7 @@
 use reqwest::Method;
 
 use crate::both_backends;
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, code_and_text, wait_until};
 
 both_backends!(
     health_readiness_and_metrics,
@@ -18,12 +18,7 @@ fn healthcheck(vars: &[(&str, &str)]) -> (i32, String) {
         .envs(vars.iter().copied())
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
+    code_and_text(out)
 }
 
 /// `GET /version` is public; `berth healthcheck` exits by `/readyz`, on the address the same settings
@@ -227,15 +222,11 @@ async fn until(app: &TestApp, what: &str, check: impl Fn(&Exposition) -> bool) -
 }
 
 async fn until_within(app: &TestApp, what: &str, secs: u64, check: impl Fn(&Exposition) -> bool) -> Exposition {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
+    wait_until(what, std::time::Duration::from_secs(secs), || async {
         let (exp, text) = scrape(app).await;
-        if check(&exp) {
-            return exp;
-        }
-        assert!(std::time::Instant::now() < deadline, "{what}:\n{text}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+        if check(&exp) { Ok(exp) } else { Err(text) }
+    })
+    .await
 }
 
 async fn health_readiness_and_metrics(app: TestApp) {
@@ -360,10 +351,9 @@ async fn health_readiness_and_metrics(app: TestApp) {
 
     // git commands (a worktree for a session), events reaching the streams, cleanup jobs moving through
     // their states: each counted by the code that does it.
-    let w = app.workspace("metrics").await;
-    let (repo, _) = app.repository(w, "metrics-repo").await;
-    let task = app.task(w, "Metrics", &[repo]).await;
-    app.session(task, "worktree").await;
+    let f = app.task_with_repo_in("metrics", "metrics-repo", "Metrics").await;
+    let task = f.task;
+    f.session("worktree").await;
     let exp = until(&app, "git worktree add timed", |e| {
         value(e, "berth_git_command_duration_seconds", &[("outcome", "ok")]).is_some_and(|n| n >= 1.0)
     })

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, git, id_of, worktrees_of};
+use crate::helpers::{TestApp, git, id_of, uuid, wait_job, worktrees_of};
 
 both_backends!(
     every_cleanup_path_keeps_the_users_missing_worktree,
@@ -18,25 +18,10 @@ both_backends!(
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
-
 async fn wait_done(app: &TestApp, job: &Value) -> Value {
-    let id = uuid(&job["id"]);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        if j["state"] == "succeeded" || j["state"] == "failed" {
-            assert_eq!(j["state"], "succeeded", "{j}");
-            return j;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the job never finished: {j}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let j = wait_job(app, uuid(&job["id"]), WAIT, &["succeeded", "failed"]).await;
+    assert_eq!(j["state"], "succeeded", "{j}");
+    j
 }
 
 /// A task with a materialized worktree of `repo`: (task, worktree path, its admin dir under `.git/worktrees`).

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{TestApp, git};
+use crate::helpers::{TestApp, git, seen, seen_json, wait_until_every};
 use crate::landing::{GitServer, agent_writes, started, with_config};
 
 both_backends!(a_pull_request_is_opened_on_a_github_that_validates_it_and_followed);
@@ -218,15 +218,12 @@ async fn a_pull_request_is_opened_on_a_github_that_validates_it_and_followed(app
     // Merged on GitHub: the poll sees it.
     *shared.state.lock().unwrap() =
         Some(json!({"state": "closed", "merged": true, "merged_at": "2026-12-06T12:00:00Z"}));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    let every = Duration::from_millis(100);
+    wait_until_every("the merge to be seen", Duration::from_secs(60), every, || async {
         let t = app.get(&format!("/api/v1/tasks/{}", s.task)).await.ok(200);
-        if t["pull_requests"][0]["state"] == "merged" {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the merge was never seen: {t}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        seen_json(t["pull_requests"][0]["state"] == "merged", t)
+    })
+    .await;
     let events = app.get("/api/v1/events?types=pull_request.updated").await.ok(200);
     let states: Vec<&str> = events["events"]
         .as_array()
@@ -340,24 +337,24 @@ async fn the_credential_appears_in_no_log_event_answer_or_git_config() {
     let session: Value = serde_json::from_str(&session).unwrap();
     let env_id = session["task_environment_id"].as_str().unwrap().to_string();
     let wt = PathBuf::from(session["workspace_path"].as_str().unwrap());
+    // One minute for both: the agent's write, then the commit.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !wt.join("s.txt").exists() {
-        assert!(tokio::time::Instant::now() < deadline, "the agent never wrote");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (left, every) = (|| deadline - tokio::time::Instant::now(), Duration::from_millis(100));
+    wait_until_every("the agent to write", left(), every, || async {
+        seen(wt.join("s.txt").exists(), "no s.txt")
+    })
+    .await;
     let mut answers = Vec::new();
-    loop {
+    let committed = wait_until_every("a commit", left(), every, || async {
         let (status, text) = post(&format!("/environments/{env_id}/commits"), json!({"message": "s"})).await;
         if status == 201 {
-            answers.push(text);
-            break;
+            Ok(text)
+        } else {
+            Err(format!("{status} {text}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never committed: {status} {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    answers.push(committed);
     let (status, text) = post(
         &format!("/environments/{env_id}/push"),
         json!({"repository_id": repo["id"]}),

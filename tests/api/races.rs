@@ -13,7 +13,10 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Backend, TestApp, branch_exists, id_of, uuid, wait_job_settled, worktrees_of};
+use crate::helpers::{
+    Backend, HANGING_WORKER, TestApp, branch_exists, id_of, seen, uuid, wait_job, wait_job_settled, wait_until_every,
+    worktrees_of,
+};
 
 both_backends!(
     cascade_archive_and_delete_across_three_levels,
@@ -96,9 +99,8 @@ async fn child(app: &TestApp, ws: Uuid, parent: Uuid, title: &str, repo: Uuid) -
 // I5, I8: a cascade archive cleans the three levels' own environments (branches kept), a cascade
 // delete removes the three tasks and what is left, and no registration or directory leaks.
 async fn cascade_archive_and_delete_across_three_levels(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let root = app.task(ws, "Root", &[repo]).await;
+    let f = app.task_with_repo("Root").await;
+    let (ws, repo, source, root) = (f.workspace, f.repository, f.repo_dir.clone(), f.task);
     let mid = child(&app, ws, root, "Mid", repo).await;
     let leaf = child(&app, ws, mid, "Leaf", repo).await;
     let mut worktrees: Vec<(PathBuf, String)> = Vec::new();
@@ -221,8 +223,7 @@ async fn archive_racing_a_launch_leaves_no_agent_running(app: TestApp) {
             let body = json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "hang"});
             (format!("/api/v1/tasks/{task}/sessions"), body)
         } else {
-            let body = json!({"executor_type": "worktree", "agent_profile": "test", "start": false});
-            let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
+            let s = app.unstarted_agent(task, "worktree", "test").await;
             (
                 format!("/api/v1/sessions/{}/launch", uuid(&s["id"])),
                 json!({"prompt": "hang"}),
@@ -253,17 +254,19 @@ async fn archive_racing_a_launch_leaves_no_agent_running(app: TestApp) {
     for r in &jobs {
         jobs_succeed(&app, r).await;
     }
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while app.app_state.ctx.runtime.live_count() > 0 {
-        if tokio::time::Instant::now() >= deadline {
+    wait_until_every(
+        "no agent in an archived task",
+        WAIT,
+        Duration::from_millis(20),
+        || async {
             let mut live = Vec::new();
             for id in app.app_state.ctx.runtime.live_sessions() {
                 live.push(app.get(&format!("/api/v1/sessions/{id}")).await.json());
             }
-            panic!("an agent still runs in an archived task: {live:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            seen(live.is_empty(), live)
+        },
+    )
+    .await;
     for task in tasks {
         let sessions = app.get(&format!("/api/v1/tasks/{task}/sessions")).await.ok(200);
         for s in sessions["items"].as_array().unwrap() {
@@ -318,38 +321,19 @@ async fn reset_racing_session_creation_leaks_nothing(app: TestApp) {
 // task is back and its next launch materializes afresh. The job's first worker hangs holding it (a
 // failpoint); a healthy process rescues it once the lease expires.
 async fn unarchive_waits_for_the_running_archive_job(backend: Backend) {
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
-            ("BERTH_CLEANUP_FAILPOINT", "hang_after_claim"),
-            ("BERTH_CLEANUP_LEASE_SECS", "1"),
-        ],
-    )
-    .await
-    else {
+    let Some(app) = TestApp::spawn_with(backend, HANGING_WORKER).await else {
         return;
     };
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Back", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "start": false}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Back").await;
+    let (source, task) = (f.repo_dir.clone(), f.task);
+    let s = f.unstarted_agent("worktree", "test").await;
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
     let r = app
         .post(&format!("/api/v1/tasks/{task}/archive"), json!({}))
         .await
         .ok(202);
     let id = uuid(&r["cleanup_jobs"][0]["id"]);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200)["state"] != "running" {
-        assert!(tokio::time::Instant::now() < deadline, "the job was never claimed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_job(&app, id, WAIT, &["running"]).await;
 
     let unarchive_url = format!("/api/v1/tasks/{task}/unarchive");
     let unarchive = app.post(&unarchive_url, json!({}));
@@ -390,12 +374,4 @@ async fn unarchive_waits_for_the_running_archive_job(backend: Backend) {
     healthy.background().iter().for_each(|h| h.abort());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unarchive_waits_for_the_running_archive_job_sqlite() {
-    unarchive_waits_for_the_running_archive_job(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unarchive_waits_for_the_running_archive_job_postgres() {
-    unarchive_waits_for_the_running_archive_job(Backend::Postgres).await;
-}
+crate::backend_tests!(unarchive_waits_for_the_running_archive_job: unarchive_waits_for_the_running_archive_job_sqlite, unarchive_waits_for_the_running_archive_job_postgres);

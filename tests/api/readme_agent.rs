@@ -4,10 +4,8 @@
 //! this runs the new one.
 use std::collections::BTreeMap;
 
-use serde_json::json;
-
 use crate::both_backends;
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, seen_json, wait_until};
 use crate::pi::{uuid, wait_session};
 
 both_backends!(the_readmes_example_agent_runs);
@@ -38,29 +36,16 @@ async fn the_readmes_example_agent_runs(app: TestApp) {
     let Some(app) = TestApp::spawn_with_profiles(backend, &[], vec![("example".into(), profile)]).await else {
         return;
     };
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Example", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "example", "prompt": "hi"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Example").await;
+    let s = f.agent_prompted("example", "hi").await;
     let id = uuid(&s["id"]);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    let snap = loop {
+    let within = std::time::Duration::from_secs(30);
+    let snap = wait_until("the example agent's answer", within, || async {
         let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
-        if snap["state"] == "idle" && snap["transcript"].as_array().is_some_and(|t| t.len() == 2) {
-            break snap;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the example agent never answered: {snap}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+        let answered = snap["state"] == "idle" && snap["transcript"].as_array().is_some_and(|t| t.len() == 2);
+        seen_json(answered, snap)
+    })
+    .await;
     let answer = &snap["transcript"][1];
     assert_eq!(answer["role"], "assistant", "{snap}");
     assert_eq!(answer["content"]["content"][0]["text"], "hello", "{snap}");

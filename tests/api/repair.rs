@@ -52,13 +52,7 @@ struct Broken {
 async fn broken(app: &TestApp, ws: Uuid, name: &str, how: Breakage) -> Broken {
     let (repo, source) = app.repository(ws, name).await;
     let task = app.task(ws, name, &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "start": false}),
-        )
-        .await
-        .ok(201);
+    let s = app.unstarted_agent(task, "worktree", "test").await;
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
     match how {
         Breakage::Missing => std::fs::remove_dir_all(&worktree).unwrap(),

@@ -10,9 +10,9 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::agents::{execution_pid, pid_alive, uuid, wait_delivered, wait_session};
+use crate::agents::{execution_pid, pid_alive, uuid, wait_delivered, wait_exited, wait_session};
 use crate::both_backends;
-use crate::helpers::{Backend, Reply, TestApp, wait_job_settled};
+use crate::helpers::{Backend, Reply, TestApp, seen_json, wait_job_settled, wait_until, wait_until_every};
 use crate::inbox::{wait_message, wait_replies};
 
 both_backends!(
@@ -100,15 +100,8 @@ impl Replica {
 
 /// A running `test` agent on the first replica; with `prompt`, that is its first message.
 async fn session(app: &TestApp, prompt: Option<&str>) -> Uuid {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Replicas", &[repo]).await;
-    let mut body = json!({"executor_type": "worktree", "agent_profile": "test"});
-    if let Some(p) = prompt {
-        body["prompt"] = p.into();
-    }
-    let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
-    uuid(&s["id"])
+    let f = app.task_with_repo("Replicas").await;
+    uuid(&f.agent_with("test", prompt).await["id"])
 }
 
 /// The agent runs on the first replica only.
@@ -209,11 +202,7 @@ async fn a_stop_posted_to_another_replica_stops_the_agent(app: TestApp) {
         !app.app_state.ctx.runtime.is_live(id.into()),
         "the first replica's agent is gone"
     );
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while pid_alive(pid) {
-        assert!(tokio::time::Instant::now() < deadline, "the agent process still runs");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_exited(pid, WAIT).await;
     let m = wait_message(&app, id, &waiting, "cancelled").await;
     assert!(m["reason"].as_str().unwrap().contains("stopped"), "{m}");
     let events = crate::agents::all_events(&app).await;
@@ -245,15 +234,14 @@ async fn an_answer_posted_to_another_replica_reaches_the_agent(app: TestApp) {
     wait_session(&app, id, "asking", |s| s["state"] == "attention").await;
     let b = Replica::start(&app).await;
     // The question shows on the replica that does not run the agent, as its node recorded it.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let snap = loop {
+    let snap = wait_until_every("a question on b", WAIT, Duration::from_millis(20), || async {
         let snap = b.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
-        if snap["attention_requests"].as_array().is_some_and(|a| !a.is_empty()) {
-            break snap;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no question on b: {snap}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        seen_json(
+            snap["attention_requests"].as_array().is_some_and(|a| !a.is_empty()),
+            snap,
+        )
+    })
+    .await;
     assert_eq!(snap["attention_requests"][0]["method"], "confirm");
     let request_id = snap["attention_requests"][0]["id"].as_str().unwrap().to_string();
     let path = format!("/api/v1/sessions/{id}/attention/{request_id}");
@@ -308,11 +296,8 @@ async fn a_launch_posted_to_another_replica_returns_the_running_agent(app: TestA
 /// that holds its worktree; a launch sent to another node is carried out there). Returns the replica, the
 /// task, the session, the agent's pid and the worktree.
 async fn working_on_second(app: &TestApp) -> (Replica, Uuid, Uuid, i64, String) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Replicas", &[repo]).await;
-    let body = json!({"executor_type": "worktree", "agent_profile": "test", "start": false});
-    let s = app.post(&format!("/api/v1/tasks/{task}/sessions"), body).await.ok(201);
+    let f = app.task_with_repo("Replicas").await;
+    let s = f.unstarted_agent("worktree", "test").await;
     let id = uuid(&s["id"]);
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
     let b = Replica::start_as(app, &app.config.node_id).await;
@@ -322,12 +307,9 @@ async fn working_on_second(app: &TestApp) -> (Replica, Uuid, Uuid, i64, String) 
     wait_delivered(app, id, 1).await;
     let s = wait_session(app, id, "running", |s| s["state"] == "running").await;
     let pid = execution_pid(app, uuid(&s["execution_id"])).await;
-    assert!(
-        b.state.ctx.runtime.is_live(id.into()),
-        "the second replica runs the agent"
-    );
-    assert!(!app.app_state.ctx.runtime.is_live(id.into()));
-    (b, task, id, pid, worktree)
+    assert!(b.state.ctx.runtime.is_live(id), "the second replica runs the agent");
+    assert!(!app.app_state.ctx.runtime.is_live(id));
+    (b, f.task, id, pid, worktree)
 }
 
 // I8 across replicas: an archive stops the task's agent wherever it runs, before it answers, and so before
@@ -402,15 +384,14 @@ async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped(backend: Backen
         .await
         .ok(202);
     let job_id = uuid(&archived["cleanup_jobs"][0]["id"]);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let job = loop {
+    let job = wait_until("the job to retry", WAIT, || async {
         let j = app.get(&format!("/api/v1/cleanup-jobs/{job_id}")).await.ok(200);
-        if j["attempts"].as_i64().unwrap_or_default() >= 2 && j["state"] == "retry_wait" {
-            break j;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the job never retried: {j}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        seen_json(
+            j["attempts"].as_i64().unwrap_or_default() >= 2 && j["state"] == "retry_wait",
+            j,
+        )
+    })
+    .await;
     assert!(
         job["last_error"]
             .as_str()
@@ -436,15 +417,7 @@ async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped(backend: Backen
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped_sqlite() {
-    a_cleanup_job_retries_until_the_agent_elsewhere_stopped(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cleanup_job_retries_until_the_agent_elsewhere_stopped_postgres() {
-    a_cleanup_job_retries_until_the_agent_elsewhere_stopped(Backend::Postgres).await;
-}
+crate::backend_tests!(a_cleanup_job_retries_until_the_agent_elsewhere_stopped: a_cleanup_job_retries_until_the_agent_elsewhere_stopped_sqlite, a_cleanup_job_retries_until_the_agent_elsewhere_stopped_postgres);
 
 // I8 across replicas, for a delete: its rows are what names the agent's process, so once they are gone no
 // job could have it stopped. When the node running the agent does not carry the stop out, a task delete
@@ -488,14 +461,20 @@ async fn a_delete_is_refused_while_the_agent_elsewhere_runs(backend: Backend) {
     // The second replica's routing loop is back: the same delete, retried as a 503 says, stops the agent
     // there and goes through (on SQLite that node finds the command at its next poll).
     tokio::spawn(berth::domain::sessions::serve_routed(b.state.ctx.clone()));
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let deleted = loop {
-        let r = app.delete(&format!("/api/v1/tasks/{task}")).await;
-        if r.status.as_u16() != 503 || tokio::time::Instant::now() > deadline {
-            break r.ok(202);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let deleted = wait_until_every(
+        "the delete to get through",
+        WAIT,
+        Duration::from_millis(100),
+        || async {
+            let r = app.delete(&format!("/api/v1/tasks/{task}")).await;
+            if r.status.as_u16() != 503 {
+                Ok(r.ok(202))
+            } else {
+                Err(r.text)
+            }
+        },
+    )
+    .await;
     assert!(
         !pid_alive(pid),
         "stopped by the node that ran it, before the delete answered"
@@ -509,12 +488,4 @@ async fn a_delete_is_refused_while_the_agent_elsewhere_runs(backend: Backend) {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delete_is_refused_while_the_agent_elsewhere_runs_sqlite() {
-    a_delete_is_refused_while_the_agent_elsewhere_runs(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delete_is_refused_while_the_agent_elsewhere_runs_postgres() {
-    a_delete_is_refused_while_the_agent_elsewhere_runs(Backend::Postgres).await;
-}
+crate::backend_tests!(a_delete_is_refused_while_the_agent_elsewhere_runs: a_delete_is_refused_while_the_agent_elsewhere_runs_sqlite, a_delete_is_refused_while_the_agent_elsewhere_runs_postgres);

@@ -131,9 +131,10 @@ async fn repo_roots_refuse_outside_paths_and_symlinks_out(app: TestApp) {
     let outside = git_repo(&base.join("outside"), "main");
     let link_out = allowed.join("sneaky");
     symlink(&outside, &link_out).unwrap();
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(backend, &[("BERTH_REPO_ROOTS", allowed.to_str().unwrap())]).await else {
+    let Some(app) = app
+        .respawn_with(&[("BERTH_REPO_ROOTS", allowed.to_str().unwrap())])
+        .await
+    else {
         return;
     };
     let ws = app.workspace("ws").await;

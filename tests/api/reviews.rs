@@ -8,25 +8,17 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{TestApp, id_of};
+use crate::fixture::StartedSession;
+use crate::helpers::TestApp;
 
 both_backends!(a_review_is_checked_against_the_diff_and_reaches_the_agent);
 
 async fn a_review_is_checked_against_the_diff_and_reaches_the_agent(app: TestApp) {
-    let ws = app.workspace("reviews").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Reviewed", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = id_of(&s);
+    let f = app.task_with_repo_in("reviews", "svc", "Reviewed").await;
+    let repo = f.repository;
+    let StartedSession { id, created: s, .. } = f.started_session("test").await;
     let env = s["task_environment_id"].as_str().unwrap().to_string();
     let wt = PathBuf::from(s["workspace_path"].as_str().unwrap());
-    crate::agents::wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
     app.post(
         &format!("/api/v1/sessions/{id}/messages"),
         json!({"text": "write notes.txt one\ntwo\nthree\n"}),

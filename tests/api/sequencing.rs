@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::faults::{Berth, process_env, start, wait_ready};
-use crate::helpers::{Backend, TestApp, client, scalar, uuid};
+use crate::helpers::{self, Backend, TestApp, client, scalar, uuid};
 
 const WAIT: Duration = Duration::from_secs(60);
 const HTTP_WRITERS: u64 = 5;
@@ -160,8 +160,7 @@ async fn three_replicas_deliver_every_committed_event_once_in_order_through_a_le
 
 /// The index of the replica (among `among`, or all when empty) whose `/metrics` says it leads.
 async fn wait_leader(http: &reqwest::Client, bases: &[String], among: &[usize]) -> usize {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    helpers::wait_until("a replica to take sequencing leadership", WAIT, || async {
         for (n, base) in bases.iter().enumerate() {
             if !among.is_empty() && !among.contains(&n) {
                 continue;
@@ -171,27 +170,25 @@ async fn wait_leader(http: &reqwest::Client, bases: &[String], among: &[usize]) 
             };
             let text = r.text().await.unwrap_or_default();
             if text.lines().any(|l| l == "berth_event_sequencer_leader 1") {
-                return n;
+                return Ok(n);
             }
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no replica took sequencing leadership"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Err("no leader".to_string())
+    })
+    .await
 }
 
+/// [`helpers::wait_until`] for a yes/no `check`, with this file's deadline.
 async fn wait_until<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    helpers::wait_until(what, WAIT, || {
+        let done = check();
+        async move { helpers::seen(done.await, false) }
+    })
+    .await;
 }
 
 async fn post(http: &reqwest::Client, base: &str, token: &str, path: &str, body: Value) -> Value {

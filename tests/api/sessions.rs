@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, branch_exists, git, id_of, worktrees_of};
+use crate::helpers::{TestApp, branch_exists, git, id_of, uuid, wait_until, worktrees_of};
 
 both_backends!(
     two_repositories_materialize_once_and_sessions_share_them,
@@ -30,13 +30,6 @@ both_backends!(
     incomplete_or_foreign_directories_are_not_adopted,
     compensation_spares_adopted_worktrees,
 );
-
-fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
 
 fn path_of(v: &Value) -> PathBuf {
     PathBuf::from(v.as_str().unwrap_or_else(|| panic!("not a path: {v}")))
@@ -132,10 +125,9 @@ async fn two_repositories_materialize_once_and_sessions_share_them(app: TestApp)
 // Seed 001 scenarios 1 and 2; I2, I3: the only session goes, everything physical stays, and the next
 // session sees the uncommitted marker.
 async fn deleting_the_only_session_keeps_the_workspace_for_the_next(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Fix bug", &[repo]).await;
-    let session = app.session(task, "worktree").await;
+    let f = app.task_with_repo("Fix bug").await;
+    let (source, task) = (f.repo_dir.clone(), f.task);
+    let session = f.session("worktree").await;
     let env_before = environment(&app, task).await;
     let worktree = path_of(&session["workspace_path"]);
     assert_eq!(
@@ -174,7 +166,7 @@ async fn deleting_the_only_session_keeps_the_workspace_for_the_next(app: TestApp
     assert_eq!(app.count("task_sessions").await, 0);
 
     // A replacement session reuses the workspace and sees the marker.
-    let next = app.session(task, "worktree").await;
+    let next = f.session("worktree").await;
     assert_eq!(next["task_environment_id"], env_before["id"]);
     assert_eq!(next["workspace_path"], session["workspace_path"]);
     assert_eq!(next["is_primary"], true);
@@ -187,11 +179,10 @@ async fn deleting_the_only_session_keeps_the_workspace_for_the_next(app: TestApp
 
 // Seed 001 scenario 3: one of two sessions goes; the other keeps the same directory, and becomes primary.
 async fn deleting_one_of_two_sessions_leaves_the_other_in_place(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Pair", &[repo]).await;
-    let a = app.session(task, "worktree").await;
-    let b = app.session(task, "worktree").await;
+    let fixture = app.task_with_repo("Pair").await;
+    let (source, task) = (fixture.repo_dir.clone(), fixture.task);
+    let a = fixture.session("worktree").await;
+    let b = fixture.session("worktree").await;
     let worktree = path_of(&a["workspace_path"]);
     std::fs::write(worktree.join("MARKER.txt"), "shared\n").unwrap();
     let env = environment(&app, task).await;
@@ -219,10 +210,9 @@ async fn deleting_one_of_two_sessions_leaves_the_other_in_place(app: TestApp) {
 
 // I4: refused while starting, running, recovering or stopping; nothing is deleted.
 async fn busy_sessions_cannot_be_deleted(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Busy", &[repo]).await;
-    let s = uuid(&app.session(task, "worktree").await["id"]);
+    let f = app.task_with_repo("Busy").await;
+    let task = f.task;
+    let s = uuid(&f.session("worktree").await["id"]);
     for state in [
         SessionState::Starting,
         SessionState::Running,
@@ -258,12 +248,11 @@ async fn busy_sessions_cannot_be_deleted(app: TestApp) {
 
 // I4: promotion prefers a running session, then the most recently active non-terminal one, then any.
 async fn deleted_primary_promotes_running_then_recent_then_any(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Promote", &[repo]).await;
+    let f = app.task_with_repo("Promote").await;
+    let task = f.task;
     let mut ids = Vec::new();
     for _ in 0..5 {
-        ids.push(uuid(&app.session(task, "worktree").await["id"]));
+        ids.push(uuid(&f.session("worktree").await["id"]));
     }
     let t0 = chrono::Utc::now();
     let ago = |mins: i64| Some(t0 - chrono::Duration::minutes(mins));
@@ -301,11 +290,10 @@ async fn deleted_primary_promotes_running_then_recent_then_any(app: TestApp) {
 }
 
 async fn primary_can_be_moved(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Primary", &[repo]).await;
-    let a = uuid(&app.session(task, "worktree").await["id"]);
-    let b = uuid(&app.session(task, "worktree").await["id"]);
+    let f = app.task_with_repo("Primary").await;
+    let task = f.task;
+    let a = uuid(&f.session("worktree").await["id"]);
+    let b = uuid(&f.session("worktree").await["id"]);
     let moved = app
         .post(&format!("/api/v1/sessions/{b}/primary"), json!({}))
         .await
@@ -334,15 +322,14 @@ async fn primary_can_be_moved(app: TestApp) {
 
 // The local executor runs in the registered repository: no worktree, nothing created or removed.
 async fn local_executor_touches_nothing_on_disk(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Local", &[repo]).await;
+    let f = app.task_with_repo("Local").await;
+    let (ws, repo, source, task) = (f.workspace, f.repository, f.repo_dir.clone(), f.task);
     let before = (
         worktrees_of(&source),
         git(&source, &["status", "--porcelain"]),
         git(&source, &["branch", "--list"]),
     );
-    let s = app.session(task, "local").await;
+    let s = f.session("local").await;
     let env = environment(&app, task).await;
     assert_eq!(env["executor_type"], "local");
     assert_eq!(path_of(&env["workspace_path"]), source);
@@ -379,13 +366,9 @@ async fn local_executor_touches_nothing_on_disk(app: TestApp) {
     assert_eq!(body["action"], "choose_executor");
     assert_eq!(body["retryable"], false);
     // A worktree session attaches to the current (local) environment; its launch would transition (I18).
-    let attached = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "start": false}),
-        )
-        .await
-        .ok(201);
+    let attached = f
+        .session_with(json!({"executor_type": "worktree", "start": false}))
+        .await;
     assert_eq!(attached["task_environment_id"], env["id"]);
     assert_eq!(
         std::fs::read_dir(&app.config.worktree_root).unwrap().count(),
@@ -396,17 +379,9 @@ async fn local_executor_touches_nothing_on_disk(app: TestApp) {
 
 // An inherit_parent subtask attaches to its parent's environment and never gets one of its own.
 async fn inherit_parent_subtasks_use_the_parents_environment(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let parent = app.task(ws, "Parent", &[repo]).await;
-    let child = id_of(
-        &app.post(
-            &format!("/api/v1/workspaces/{ws}/tasks"),
-            json!({"title": "Child", "parent_task_id": parent, "workspace_mode": "inherit_parent"}),
-        )
-        .await
-        .ok(201),
-    );
+    let f = app.task_with_repo("Parent").await;
+    let (ws, source, parent) = (f.workspace, f.repo_dir.clone(), f.task);
+    let child = app.subtask(ws, parent, "Child").await;
     // The child's first session materializes the parent's environment, owned by the parent.
     let cs = app.session(child, "worktree").await;
     let env = environment(&app, parent).await;
@@ -418,7 +393,7 @@ async fn inherit_parent_subtasks_use_the_parents_environment(app: TestApp) {
         env,
         "the child's environment is its parent's"
     );
-    let ps = app.session(parent, "worktree").await;
+    let ps = f.session("worktree").await;
     assert_eq!(ps["task_environment_id"], env["id"]);
     assert_eq!(ps["workspace_path"], cs["workspace_path"]);
     assert_eq!(ps["is_primary"], true, "primary is per task");
@@ -596,9 +571,8 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 async fn bad_session_requests_create_nothing(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Bad", &[repo]).await;
+    let f = app.task_with_repo("Bad").await;
+    let (ws, task) = (f.workspace, f.task);
     let bare = app.task(ws, "No repos", &[]).await;
     let url = format!("/api/v1/tasks/{task}/sessions");
     app.post(&url, json!({"executor_type": "docker"}))
@@ -655,9 +629,8 @@ async fn bad_session_requests_create_nothing(app: TestApp) {
 async fn cleanup_barrier_refuses_new_sessions(app: TestApp) {
     use berth::entity::cleanup_job as job;
     use sea_orm::{ActiveValue::Set, EntityTrait};
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Barrier", &[repo]).await;
+    let f = app.task_with_repo("Barrier").await;
+    let (ws, task) = (f.workspace, f.task);
     let now = chrono::Utc::now();
     job::Entity::insert(job::ActiveModel {
         id: Set(berth::ids::CleanupJobId::now_v7()),
@@ -698,12 +671,11 @@ async fn cleanup_barrier_refuses_new_sessions(app: TestApp) {
 
 // I33: an agent's token acts on its session and reads its task and environment; nothing else.
 async fn session_bound_token_reads_its_session_task_and_environment(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Mine", &[repo]).await;
+    let f = app.task_with_repo("Mine").await;
+    let (ws, repo, task) = (f.workspace, f.repository, f.task);
     let other_task = app.task(ws, "Other", &[repo]).await;
-    let mine = app.session(task, "worktree").await;
-    let sibling = app.session(task, "worktree").await;
+    let mine = f.session("worktree").await;
+    let sibling = f.session("worktree").await;
     let theirs = app.session(other_task, "worktree").await;
     let env = uuid(&mine["task_environment_id"]);
     let other_env = uuid(&theirs["task_environment_id"]);
@@ -786,8 +758,8 @@ async fn insert_creating(app: &TestApp, task: Uuid, updated_at: chrono::DateTime
 
 /// A first session, retried as clients do while another materializer prepares the workspace.
 async fn session_retrying_while_preparing(app: &TestApp, task: Uuid) -> Value {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
+    let within = std::time::Duration::from_secs(20);
+    wait_until("the workspace to be ready", within, || async {
         let r = app
             .post(
                 &format!("/api/v1/tasks/{task}/sessions"),
@@ -795,14 +767,11 @@ async fn session_retrying_while_preparing(app: &TestApp, task: Uuid) -> Value {
             )
             .await;
         if r.status.as_u16() != 409 || r.json()["code"] != "workspace_preparing" {
-            return r.ok(201);
+            return Ok(r.ok(201));
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the workspace never became ready"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+        Err(r.text)
+    })
+    .await
 }
 
 /// Where berth puts a task's worktree for a repository (the same function berth uses).
@@ -815,9 +784,8 @@ fn slot_dir(app: &TestApp, title: &str, task: Uuid, repo_name: &str) -> PathBuf 
 
 // I14: while a materializer holds a fresh lease, every other first session is told to retry.
 async fn a_live_materializer_makes_others_wait(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Waiting", &[repo]).await;
+    let f = app.task_with_repo("Waiting").await;
+    let (source, task) = (f.repo_dir.clone(), f.task);
     insert_creating(&app, task, chrono::Utc::now()).await;
     let url = format!("/api/v1/tasks/{task}/sessions");
     let replies =
@@ -832,9 +800,8 @@ async fn a_live_materializer_makes_others_wait(app: TestApp) {
 // A materializer that died (its lease expired) is taken over; the worktree it had already made is
 // adopted, not duplicated or removed.
 async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Abandoned", &[repo]).await;
+    let f = app.task_with_repo("Abandoned").await;
+    let (source, task) = (f.repo_dir.clone(), f.task);
     // What the dead attempt had made: the slot's worktree on the task's branch, with a file in it. Made
     // before its stale row exists: the server's sweep may take the row over as soon as it is inserted.
     let dir = slot_dir(&app, "Abandoned", task, "svc");
@@ -865,9 +832,8 @@ async fn an_abandoned_materialization_is_taken_over_and_its_worktree_adopted(app
 // A directory in the slot's place that git did not finish (locked "initializing"), or that belongs to
 // another repository, is never adopted, and never removed.
 async fn incomplete_or_foreign_directories_are_not_adopted(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Locked", &[repo]).await;
+    let f = app.task_with_repo("Locked").await;
+    let (ws, repo, source, task) = (f.workspace, f.repository, f.repo_dir.clone(), f.task);
     let dir = slot_dir(&app, "Locked", task, "svc");
     std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
     let branch = format!("berth/{}", berth::executor::task_dir_name("Locked", task.into()));

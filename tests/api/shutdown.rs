@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::both_backends;
 use crate::faults::process_env;
-use crate::helpers::{TestApp, git_repo, id_of};
+use crate::helpers::{TestApp, git_repo, id_of, seen, seen_json, wait_until_every};
 
 both_backends!(
     sigterm_ends_every_stream_with_a_shutdown_frame,
@@ -25,6 +25,8 @@ const BUDGET: Duration = Duration::from_secs(4);
 /// What a loaded CI machine may add to the budget.
 const MARGIN: Duration = Duration::from_secs(3);
 const WAIT: Duration = Duration::from_secs(60);
+/// How often the waiters here probe.
+const EVERY: Duration = Duration::from_millis(20);
 
 /// A `berth serve` child process, stopped (SIGTERM, so it stops its agents; then SIGKILL) if a test ends
 /// before it exits.
@@ -56,18 +58,18 @@ impl Served {
 
     /// Waits for the exit, at most `within`.
     async fn exit(&mut self, within: Duration) -> ExitStatus {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
+        let log = self.log.clone();
+        let child = std::cell::RefCell::new(&mut self.child);
+        wait_until_every("berth to exit", within, EVERY, || async {
+            match child.borrow_mut().try_wait().unwrap() {
+                Some(status) => Ok(status),
+                None => Err(format!(
+                    "its log:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )),
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "berth did not exit within {within:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 
     fn log(&self) -> String {
@@ -102,7 +104,7 @@ async fn serve(app: &TestApp, env: &BTreeMap<String, String>) -> Served {
         .unwrap()
         .port();
     let log = app.scratch.path().join("served.log");
-    let mut served = Served {
+    let served = Served {
         child: Command::new(env!("CARGO_BIN_EXE_berth"))
             .arg("serve")
             .envs(env)
@@ -122,19 +124,22 @@ async fn serve(app: &TestApp, env: &BTreeMap<String, String>) -> Served {
         base: format!("http://127.0.0.1:{port}"),
         log,
     };
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Ok(r) = app.client.get(format!("{}/readyz", served.base)).send().await
+    let served = std::cell::RefCell::new(served);
+    wait_until_every("berth to be ready", WAIT, EVERY, || async {
+        let readyz = format!("{}/readyz", served.borrow().base);
+        if let Ok(r) = app.client.get(readyz).send().await
             && r.status().is_success()
         {
-            return served;
+            return Ok(());
         }
+        let mut served = served.borrow_mut();
         if let Some(status) = served.child.try_wait().unwrap() {
             panic!("berth exited while starting: {status}\n{}", served.log());
         }
-        assert!(tokio::time::Instant::now() < deadline, "berth never became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        Err("not ready".to_string())
+    })
+    .await;
+    served.into_inner()
 }
 
 async fn call(app: &TestApp, served: &Served, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
@@ -185,15 +190,11 @@ async fn session(app: &TestApp, served: &Served, ws: Uuid, name: &str, profile: 
 }
 
 async fn wait_state(app: &TestApp, served: &Served, id: Uuid, state: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    wait_until_every(&format!("session {id} {state}"), WAIT, EVERY, || async {
         let s = call(app, served, reqwest::Method::GET, &format!("/sessions/{id}"), None).await;
-        if s["state"] == state {
-            return s;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "session never {state}: {s}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        seen_json(s["state"] == state, s)
+    })
+    .await
 }
 
 /// The live (not zombie) processes started for a session: its agent and what the agent started, all
@@ -214,15 +215,11 @@ fn processes_of(session: Uuid) -> Vec<u32> {
 }
 
 async fn wait_processes(session: Uuid, what: &str, pred: impl Fn(&[u32]) -> bool) -> Vec<u32> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    wait_until_every(what, WAIT, EVERY, || async {
         let pids = processes_of(session);
-        if pred(&pids) {
-            return pids;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{what}: {pids:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        seen(pred(&pids), pids)
+    })
+    .await
 }
 
 fn leader(pid: u32) -> bool {

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Sse, TestApp};
+use crate::helpers::{Sse, TestApp, seen, seen_json, wait_until, wait_until_every};
 
 both_backends!(
     a_streaming_agent_is_written_once_per_interval_and_rebuilt_exactly,
@@ -19,57 +19,32 @@ const DELTAS: usize = 2000;
 /// Deltas a second: the stream lasts at least DELTAS / RATE = 4 s.
 const RATE: usize = 500;
 
-fn uuid(v: &Value) -> Uuid {
-    v.as_str().unwrap().parse().unwrap()
-}
-
 async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
-        if pred(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "session never {what}: {s}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_every(
+        &format!("session {id} {what}"),
+        WAIT,
+        Duration::from_millis(20),
+        || async {
+            let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
+            seen_json(pred(&s), s)
+        },
+    )
+    .await
 }
 
 async fn idle_session(app: &TestApp, title: &str) -> Uuid {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, title, &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = uuid(&s["id"]);
-    wait_session(app, id, "idle", |s| s["state"] == "idle").await;
-    id
+    let f = app.task_with_repo(title).await;
+    f.started_session_within("test", WAIT).await.id
 }
 
 /// The session's `runtime.output` events (their `data.event`), oldest first, through replay pages.
 async fn outputs(app: &TestApp, session: Uuid) -> Vec<Value> {
-    let mut out = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = app
-            .get(&format!("/api/v1/events?after={after}&limit=1000"))
-            .await
-            .ok(200);
-        let events = page["events"].as_array().unwrap();
-        let Some(last) = events.last() else { return out };
-        after = last["seq"].as_i64().unwrap();
-        out.extend(
-            events
-                .iter()
-                .filter(|e| e["type"] == "runtime.output" && e["session_id"] == session.to_string())
-                .map(|e| e["data"]["event"].clone()),
-        );
-    }
+    crate::agents::all_events(app)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "runtime.output" && e["session_id"] == session.to_string())
+        .map(|e| e["data"]["event"].clone())
+        .collect()
 }
 
 /// The assistant's replies, from `message_end` events.
@@ -203,19 +178,16 @@ async fn a_streaming_agent_is_written_once_per_interval_and_rebuilt_exactly(app:
 
 /// Polls the API while the agent floods; every answer comes, in time. Returns when `done` holds.
 async fn answers_while(app: &TestApp, id: Uuid, what: &str, done: impl AsyncFn() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    let mut slowest = Duration::ZERO;
-    loop {
+    let slowest = std::cell::Cell::new(Duration::ZERO);
+    wait_until(what, WAIT, || async {
         let t = Instant::now();
         app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
         app.get("/api/v1/workspaces").await.ok(200);
-        slowest = slowest.max(t.elapsed());
-        if done().await {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{what} never finished");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        slowest.set(slowest.get().max(t.elapsed()));
+        seen(done().await, "not finished")
+    })
+    .await;
+    let slowest = slowest.get();
     assert!(
         slowest < Duration::from_secs(10),
         "the API took {slowest:?} to answer during {what}"

@@ -179,11 +179,10 @@ async fn expired_and_forged_tickets_are_refused(app: TestApp) {
 
 /// I33: a ticket carries the minting token's session binding and workspaces.
 async fn a_session_bound_ticket_sees_only_its_session(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "two sessions", &[repo]).await;
-    let mine = id_of(&app.session(task, "worktree").await);
-    let theirs = id_of(&app.session(task, "worktree").await);
+    let f = app.task_with_repo("two sessions").await;
+    let ws = f.workspace;
+    let mine = id_of(&f.session("worktree").await);
+    let theirs = id_of(&f.session("worktree").await);
     let other_ws = app.workspace("other").await;
     app.post(
         &format!("/api/v1/workspaces/{other_ws}/tasks"),

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{TestApp, git, id_of};
+use crate::fixture::StartedSession;
+use crate::helpers::{TestApp, git, id_of, seen_json, wait_job, wait_until};
 
 both_backends!(
     each_turn_has_checkpoints_and_its_own_diff,
@@ -17,16 +18,13 @@ both_backends!(
 
 /// Waits until the session has `n` settled turns with their end checkpoint.
 pub(crate) async fn wait_turns(app: &TestApp, session: uuid::Uuid, n: usize) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    wait_until(&format!("{n} settled turns"), Duration::from_secs(60), || async {
         let t = app.get(&format!("/api/v1/sessions/{session}/turns")).await.ok(200);
         let items = t["items"].as_array().unwrap();
-        if items.len() == n && items.iter().all(|i| !i["end_checkpoint_id"].is_null()) {
-            return t;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never {n} settled turns: {t}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let settled = items.len() == n && items.iter().all(|i| !i["end_checkpoint_id"].is_null());
+        seen_json(settled, t)
+    })
+    .await
 }
 
 /// What a checkpoint must leave as it was: the worktree's index, the stash, every branch and tag.
@@ -40,20 +38,11 @@ pub(crate) fn kept(worktree: &Path) -> (Vec<u8>, String, String) {
 }
 
 async fn each_turn_has_checkpoints_and_its_own_diff(app: TestApp) {
-    let ws = app.workspace("turns").await;
-    let (repo, repo_path) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Turns", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = id_of(&s);
+    let fixture = app.task_with_repo_in("turns", "svc", "Turns").await;
+    let (repo_path, task) = (fixture.repo_dir.clone(), fixture.task);
+    let StartedSession { id, created: s, .. } = fixture.started_session("test").await;
     let env = s["task_environment_id"].as_str().unwrap().to_string();
     let wt = PathBuf::from(s["workspace_path"].as_str().unwrap());
-    crate::agents::wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
     let before = kept(&wt);
 
     app.post(
@@ -202,18 +191,7 @@ async fn each_turn_has_checkpoints_and_its_own_diff(app: TestApp) {
         .await
         .ok(202);
     let job = id_of(&jobs["cleanup_jobs"][0]);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{job}")).await.ok(200);
-        if j["state"] == "succeeded" {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the delete's job never ran: {j}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_job(&app, job, Duration::from_secs(60), &["succeeded"]).await;
     let refs = git(&repo_path, &["for-each-ref", "--format=%(refname)", &prefix]);
     assert!(
         refs.trim().is_empty(),

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use reqwest::Method;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, uuid};
+use crate::helpers::{TestApp, seen, uuid, wait_until};
 use crate::model_server::Reply;
 use crate::pi::{PRICES, pi_session, say, wait_message, wait_session, wait_snapshot, with_pi};
 
@@ -123,11 +123,11 @@ async fn pi_usage_is_recorded_summed_and_outlives_its_session_and_task(app: Test
         "the task after its session went",
     );
     app.delete(&format!("/api/v1/tasks/{task}")).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while app.get(&format!("/api/v1/tasks/{task}")).await.status.as_u16() != 404 {
-        assert!(tokio::time::Instant::now() < deadline, "the task was never deleted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("the task to be deleted", WAIT, || async {
+        let status = app.get(&format!("/api/v1/tasks/{task}")).await.status;
+        seen(status.as_u16() == 404, status)
+    })
+    .await;
     let r = rollup(&app, &ws, "task").await;
     assert_totals(&r["total"], 2, input, output, cost, "the workspace after its task went");
     assert_eq!(r["groups"][0]["key"], task.as_str());
@@ -136,18 +136,8 @@ async fn pi_usage_is_recorded_summed_and_outlives_its_session_and_task(app: Test
 /// An agent that reports a negative count or an impossible cost is not believed: nothing is recorded,
 /// the turn goes on. (The test agent speaks Pi's protocol; `usage` makes it report these figures.)
 async fn absurd_usage_is_refused(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Liar", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = uuid(&s["id"]);
-    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let f = app.task_with_repo("Liar").await;
+    let id = f.started_session_within("test", WAIT).await.id;
     for (n, text) in ["usage -5 3 0.1", "usage 4 2 -1", "usage 7 1 1e9", "usage 10 20 0.25"]
         .iter()
         .enumerate()

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{TestApp, id_of};
+use crate::helpers::{TestApp, id_of, seen, seen_json, wait_until, wait_until_every};
 
 both_backends!(
     deliveries_are_signed_ordered_and_survive_a_rotation,
@@ -135,20 +135,23 @@ impl Receiver {
 
     /// Waits until it took `n` events (after deduplication).
     pub(crate) async fn wait_taken(&self, n: usize) -> Vec<Value> {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        wait_until(&format!("the receiver to take {n} events"), WAIT, || async {
             let taken = self.taken().await;
             if taken.len() >= n {
-                return taken;
+                return Ok(taken);
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the receiver took {} of {n} events: {:#?}",
-                taken.len(),
-                self.log().await
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            Err(format!("took {}: {:#?}", taken.len(), self.log().await))
+        })
+        .await
+    }
+
+    /// Waits until its log holds `n` requests (probing every `every`).
+    pub(crate) async fn wait_logged(&self, n: usize, what: &str, every: Duration) {
+        wait_until_every(what, WAIT, every, || async {
+            let logged = self.log().await.len();
+            seen(logged >= n, logged)
+        })
+        .await;
     }
 }
 
@@ -291,14 +294,8 @@ async fn a_failing_receiver_gets_every_event_once_in_order_and_holds_no_one_else
     // The healthy receiver gets everything while the other fails.
     let events = expected(&app, ws, from).await;
     assert_exactly(&up.wait_taken(6).await, &events);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while down.log().await.len() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no retry reached the failing receiver"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    down.wait_logged(2, "a retry to reach the failing receiver", Duration::from_millis(50))
+        .await;
     let w = app.get(&format!("/api/v1/webhooks/{}", id_of(&a))).await.ok(200);
     assert!(w["failed_attempts"].as_i64().unwrap() >= 1, "{w}");
     assert_eq!(w["enabled"], true);
@@ -338,15 +335,16 @@ async fn a_receiver_failing_past_the_horizon_is_disabled_with_an_event(app: Test
     rx.trust(&[w["secret"].as_str().unwrap()]);
     rx.mode("fail", 0.0).await;
     task_events(&app, ws, 2).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let disabled = loop {
-        let w = app.get(&format!("/api/v1/webhooks/{id}")).await.ok(200);
-        if w["enabled"] == false {
-            break w;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never disabled: {w}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let disabled = wait_until_every(
+        "the webhook to be disabled",
+        WAIT,
+        Duration::from_millis(100),
+        || async {
+            let w = app.get(&format!("/api/v1/webhooks/{id}")).await.ok(200);
+            seen_json(w["enabled"] == false, w)
+        },
+    )
+    .await;
     let reason = disabled["disabled_reason"].as_str().unwrap();
     assert!(reason.contains("500"), "{reason}");
     let events = app
@@ -384,15 +382,21 @@ async fn two_replicas_deliver_each_event_once(app: TestApp) {
     b.stop().await;
 }
 
+/// The environment of a berth process of this test's (`faults::process_env`), with this file's settings.
+fn process_env(app: &TestApp, data: &Path) -> BTreeMap<String, String> {
+    let mut env = crate::faults::process_env(app, data);
+    for (k, v) in SETTINGS {
+        env.insert(k.into(), v.into());
+    }
+    env
+}
+
 async fn a_berth_killed_mid_delivery_is_followed_without_a_gap(app: TestApp) {
     let Some(rx) = Receiver::start() else { return };
     let dir = tempfile::TempDir::new().unwrap();
     let data = dir.path().join("data");
     let log = dir.path().join("berth.log");
-    let mut env = crate::faults::process_env(&app, &data);
-    for (k, v) in SETTINGS {
-        env.insert(k.into(), v.into());
-    }
+    let env = process_env(&app, &data);
     // The in-process server shares a PostgreSQL database: it must not deliver.
     app.stop_background();
     let client = crate::helpers::client();
@@ -438,11 +442,7 @@ async fn a_berth_killed_mid_delivery_is_followed_without_a_gap(app: TestApp) {
         )
         .await;
     }
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while rx.log().await.len() < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "nothing was delivered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    rx.wait_logged(2, "a delivery", Duration::from_millis(20)).await;
     unsafe {
         libc::kill(first.child.id() as i32, libc::SIGKILL);
     }
@@ -477,10 +477,7 @@ async fn a_berth_stopped_gracefully_gives_its_subscriptions_back_at_once(app: Te
     let dir = tempfile::TempDir::new().unwrap();
     let data = dir.path().join("data");
     let log = dir.path().join("berth.log");
-    let mut env = crate::faults::process_env(&app, &data);
-    for (k, v) in SETTINGS {
-        env.insert(k.into(), v.into());
-    }
+    let mut env = process_env(&app, &data);
     env.insert("BERTH_WEBHOOK_LEASE_SECS".into(), "600".into());
     app.stop_background();
     let client = crate::helpers::client();

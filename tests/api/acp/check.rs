@@ -7,6 +7,7 @@ use std::process::Command;
 use tempfile::TempDir;
 
 use super::{Agent, Kind, hostile};
+use crate::helpers::code_and_text;
 
 /// One `[agents.<name>]` table as an operator writes it.
 fn table(profile: &berth::config::AgentProfile) -> toml::Table {
@@ -32,12 +33,7 @@ fn check(dir: &TempDir, args: &[&str]) -> (i32, String) {
         .env("BERTH_DATA_DIR", dir.path().join("data"))
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
+    code_and_text(out)
 }
 
 #[tokio::test]

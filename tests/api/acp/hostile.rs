@@ -9,7 +9,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, wait_until};
 use crate::pi::{uuid, wait_session};
 
 both_backends!(
@@ -53,16 +53,8 @@ async fn with_hostile(app: TestApp, auth: bool) -> Option<TestApp> {
 }
 
 async fn hostile_session(app: &TestApp) -> (uuid::Uuid, String) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Hostile", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "hostile", "start": false}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Hostile").await;
+    let s = f.unstarted_agent("worktree", "hostile").await;
     (uuid(&s["id"]), s["workspace_path"].as_str().unwrap().to_string())
 }
 
@@ -82,8 +74,8 @@ async fn a_hostile_agent_gets_no_file_outside_its_worktree(app: TestApp) {
         .ok(200);
     // As long as the real agents' scenarios wait: on a loaded 2-core CI machine this test runs beside
     // four node agents starting at once (it once took over 60 s there).
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
-    let report: Value = loop {
+    let within = std::time::Duration::from_secs(120);
+    let report: Value = wait_until("the agent to report", within, || async {
         let snap = app.get(&format!("/api/v1/sessions/{id}/snapshot")).await.ok(200);
         let said = snap["transcript"]
             .as_array()
@@ -91,15 +83,12 @@ async fn a_hostile_agent_gets_no_file_outside_its_worktree(app: TestApp) {
             .iter()
             .find(|m| m["role"] == "assistant")
             .and_then(|m| m["content"]["content"][0]["text"].as_str().map(str::to_string));
-        if let Some(text) = said {
-            break serde_json::from_str(&text).unwrap();
+        match said {
+            Some(text) => Ok(serde_json::from_str(&text).unwrap()),
+            None => Err(snap.to_string()),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the agent never reported: {snap}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
     // The profile's MCP servers reach the conversation, in the protocol's shape.
     assert_eq!(

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::{Kind, with_agent};
 use crate::agents::all_events;
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, seen, wait_until_every};
 use crate::model_server::{DEFAULT_USAGE, Gate, ModelRequest, Outcome, Reply};
 use crate::pi::{
     agent_session_ref, execution_pid, pid_alive, restart, say, stop, uuid, wait_message, wait_session, wait_snapshot,
@@ -45,16 +45,8 @@ per_agent!(
 
 /// A workspace, a repository, a task and a worktree session on the agent's profile, not yet started.
 async fn session(app: &TestApp, kind: Kind) -> (Uuid, String) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "ACP", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": kind.name(), "start": false}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("ACP").await;
+    let s = f.unstarted_agent("worktree", kind.name()).await;
     let path = s["workspace_path"].as_str().expect("the worktree's path").to_string();
     (uuid(&s["id"]), path)
 }
@@ -312,14 +304,17 @@ async fn choose_a_setting(app: &TestApp, id: Uuid) {
 async fn next_minute_after(t: chrono::DateTime<chrono::Utc>) {
     use chrono::Timelike;
     let minute = |t: chrono::DateTime<chrono::Utc>| (t.date_naive(), t.hour(), t.minute());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(70);
-    while minute(chrono::Utc::now()) == minute(t) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the clock never reached the next minute"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let every = Duration::from_millis(250);
+    wait_until_every(
+        "the clock to reach the next minute",
+        Duration::from_secs(70),
+        every,
+        || async {
+            let now = chrono::Utc::now();
+            seen(minute(now) != minute(t), now)
+        },
+    )
+    .await;
 }
 
 const FIRST: &str = "Start a long answer.";

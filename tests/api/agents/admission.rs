@@ -47,17 +47,10 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 // I15, I16: a missing directory, a plain directory, a worktree of another repository: refused with the
 // category, before any process exists; git state, files and inventory are unchanged.
 async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
+    let f = app.task_with_repo("Broken").await;
+    let (source, task) = (f.repo_dir.clone(), f.task);
     let other = git_repo(&app.scratch.path().join("other"), "main");
-    let task = app.task(ws, "Broken", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "start": false}),
-        )
-        .await
-        .ok(201);
+    let s = f.unstarted_agent("worktree", "test").await;
     let id = uuid(&s["id"]);
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
     let env_before = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
@@ -158,16 +151,9 @@ async fn admission_refuses_a_broken_workspace_and_changes_nothing(app: TestApp) 
 async fn a_successful_resume_heals_a_wrong_workspace_path(app: TestApp) {
     use berth::entity::task_environment as env;
     use sea_orm::{ActiveValue::Set, EntityTrait};
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Heal", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "start": false}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Heal").await;
+    let source = f.repo_dir.clone();
+    let s = f.unstarted_agent("worktree", "test").await;
     let worktree = s["workspace_path"].as_str().unwrap().to_string();
     let env_id = uuid(&s["task_environment_id"]);
     // The old fallback order's mistake: the source repository recorded as the workspace.

@@ -14,23 +14,9 @@ both_backends!(
 // I31: an attention request belongs to one session; no other session can answer it. The snapshot shows
 // it, with the transcript and the seq to follow the stream from.
 async fn attention_requests_belong_to_their_session(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Ask", &[repo]).await;
-    let a = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "ask"}),
-        )
-        .await
-        .ok(201);
-    let b = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Ask").await;
+    let a = f.agent_prompted("test", "ask").await;
+    let b = f.agent("test").await;
     let (a_id, b_id) = (uuid(&a["id"]), uuid(&b["id"]));
     wait_session(&app, a_id, "asking", |s| s["state"] == "attention").await;
     let snap = app.get(&format!("/api/v1/sessions/{a_id}/snapshot")).await.ok(200);
@@ -105,16 +91,8 @@ async fn attention_requests_belong_to_their_session(app: TestApp) {
 // I31: fire-and-forget UI requests (notify, setStatus, setTitle; they carry ids like questions do) are
 // published as events and never put the session in `attention`.
 async fn notices_are_events_and_never_ask_for_attention(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Notices", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "notify"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Notices").await;
+    let s = f.agent_prompted("test", "notify").await;
     let id = uuid(&s["id"]);
     assert_eq!(wait_reply(&app, id, 1).await[0], "notified");
     wait_session(&app, id, "idle", |s| s["state"] == "idle").await;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use reqwest::Method;
 use serde_json::json;
 
-use super::{execution_pid, pid_alive, uuid, wait_reply, wait_session};
+use super::{execution_pid, pid_alive, session_states, uuid, wait_reply, wait_session};
 use crate::both_backends;
 use crate::helpers::{TestApp, id_of, worktrees_of};
 
@@ -35,16 +35,8 @@ async fn profiles_are_listed_without_their_environment(app: TestApp) {
 
 // I15, I17, I19: the agent's working directory is the admitted worktree; prompts and messages arrive.
 async fn an_agent_works_in_its_admitted_worktree(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Agent", &[repo]).await;
-    let r = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "pwd"}),
-        )
-        .await;
-    let s = r.ok(201);
+    let f = app.task_with_repo("Agent").await;
+    let s = f.agent_prompted("test", "pwd").await;
     let id = uuid(&s["id"]);
     assert!(s["execution_id"].is_string());
     assert_eq!(s["desired_open"], true);
@@ -91,14 +83,7 @@ async fn an_agent_works_in_its_admitted_worktree(app: TestApp) {
     wait_reply(&app, id, 4).await;
     assert_eq!(std::fs::read_to_string(worktree.join("hello.txt")).unwrap(), "hi there");
     // Events: the state went starting -> idle/running, and output is visible as runtime.output.
-    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
-    let states: Vec<String> = page["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["type"] == "session.state_changed" && e["session_id"] == id.to_string())
-        .map(|e| e["data"]["state"].as_str().unwrap().to_string())
-        .collect();
+    let states = session_states(&app, id).await;
     assert_eq!(states.first().map(String::as_str), Some("starting"));
     assert!(
         states.contains(&"running".to_string()) && states.contains(&"idle".to_string()),
@@ -113,16 +98,11 @@ async fn an_agent_works_in_its_admitted_worktree(app: TestApp) {
 }
 
 async fn a_local_agent_works_in_the_repository(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Local agent", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "local", "agent_profile": "test", "prompt": "pwd"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Local agent").await;
+    let source = f.repo_dir.clone();
+    let s = f
+        .session_with(json!({"executor_type": "local", "agent_profile": "test", "prompt": "pwd"}))
+        .await;
     assert_eq!(
         wait_reply(&app, uuid(&s["id"]), 1).await[0],
         source.display().to_string()
@@ -134,16 +114,8 @@ async fn a_local_agent_works_in_the_repository(app: TestApp) {
 
 // I27: one live process per session; launching a running session returns it.
 async fn a_second_launch_returns_the_running_session(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Once", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Once").await;
+    let s = f.agent("test").await;
     let id = uuid(&s["id"]);
     let url = format!("/api/v1/sessions/{id}/launch");
     let again = futures_util::future::join_all((0..3).map(|_| app.post(&url, json!({})))).await;
@@ -158,9 +130,8 @@ async fn a_second_launch_returns_the_running_session(app: TestApp) {
 }
 
 async fn bad_agent_requests_fail_cleanly(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Bad agents", &[repo]).await;
+    let f = app.task_with_repo("Bad agents").await;
+    let (source, task) = (f.repo_dir.clone(), f.task);
     let url = format!("/api/v1/tasks/{task}/sessions");
     app.post(&url, json!({"executor_type": "worktree", "agent_profile": "nope"}))
         .await

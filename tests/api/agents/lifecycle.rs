@@ -16,16 +16,8 @@ both_backends!(
 
 // I28: stop clears desired_open, aborts, waits, SIGTERMs, and SIGKILLs an agent that ignores both.
 async fn stop_escalates_to_sigkill_for_an_agent_that_ignores_abort(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Stubborn", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "stubborn", "prompt": "hang"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Stubborn").await;
+    let s = f.agent_prompted("stubborn", "hang").await;
     let id = uuid(&s["id"]);
     let s = wait_session(&app, id, "running", |s| s["state"] == "running").await;
     let pid = execution_pid(&app, uuid(&s["execution_id"])).await;
@@ -52,16 +44,9 @@ async fn stop_escalates_to_sigkill_for_an_agent_that_ignores_abort(app: TestApp)
 
 // I4 with a live agent: an idle session has its process stopped first; the workspace stays.
 async fn deleting_an_idle_session_stops_its_agent_and_keeps_the_workspace(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Idle delete", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "write note.txt kept"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Idle delete").await;
+    let source = f.repo_dir.clone();
+    let s = f.agent_prompted("test", "write note.txt kept").await;
     let id = uuid(&s["id"]);
     wait_reply(&app, id, 1).await;
     let s = wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
@@ -77,29 +62,17 @@ async fn deleting_an_idle_session_stops_its_agent_and_keeps_the_workspace(app: T
 // I30: an agent that dies is restarted in the same workspace (recovering), a bounded number of times in a
 // window; past that the session is failed with the reason.
 async fn a_crashed_agent_is_restarted_then_failed_past_the_threshold(app: TestApp) {
-    let backend = app.backend;
-    drop(app);
-    let Some(app) = TestApp::spawn_with(
-        backend,
-        &[
+    let Some(app) = app
+        .respawn_with(&[
             ("BERTH_AGENT_RESTART_MAX", "2"),
             ("BERTH_AGENT_RESTART_BACKOFF_MS", "10"),
-        ],
-    )
-    .await
+        ])
+        .await
     else {
         return;
     };
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Crashy", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Crashy").await;
+    let s = f.agent("test").await;
     let id = uuid(&s["id"]);
     let mut execution = s["execution_id"].clone();
     for round in 1..=2 {

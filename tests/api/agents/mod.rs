@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::helpers::{TestApp, seen, seen_json, wait_until};
+use crate::helpers::{TestApp, seen, seen_json, wait_session_within, wait_until, wait_until_every};
 
 mod admission;
 mod attention;
@@ -21,20 +21,11 @@ mod views;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-pub(crate) fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
+pub(crate) use crate::helpers::uuid;
 
-/// Polls the session until `pred` holds (with a deadline).
+/// Polls the session until `pred` holds (with a deadline of 20 s).
 pub(crate) async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    wait_until(&format!("session {id} to be {what}"), WAIT, || async {
-        let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
-        seen_json(pred(&s), s)
-    })
-    .await
+    wait_session_within(app, id, WAIT, what, pred).await
 }
 
 /// Waits until `n` of the session's inbox messages are delivered to its agent.
@@ -93,6 +84,15 @@ pub(crate) fn pid_alive(pid: i64) -> bool {
             .contains(") Z ")
 }
 
+/// Waits (with `within` as the deadline, probing every 20 ms) until the process `pid` has exited.
+pub(crate) async fn wait_exited(pid: i64, within: Duration) {
+    let every = Duration::from_millis(20);
+    wait_until_every(&format!("process {pid} to exit"), within, every, || async {
+        seen(!pid_alive(pid), pid)
+    })
+    .await;
+}
+
 pub(crate) async fn execution_pid(app: &TestApp, execution: Uuid) -> i64 {
     use sea_orm::EntityTrait;
     let e = berth::entity::agent_execution::Entity::find_by_id(execution)
@@ -101,6 +101,19 @@ pub(crate) async fn execution_pid(app: &TestApp, execution: Uuid) -> i64 {
         .unwrap()
         .unwrap();
     e.pid.expect("the durable handle records the pid") as i64
+}
+
+/// The states session `id` went through, oldest first, from its `session.state_changed` events (in the
+/// first 1000 events).
+pub(crate) async fn session_states(app: &TestApp, id: Uuid) -> Vec<String> {
+    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "session.state_changed" && e["session_id"] == id.to_string())
+        .map(|e| e["data"]["state"].as_str().unwrap().to_string())
+        .collect()
 }
 
 /// Every event, through replay pages.

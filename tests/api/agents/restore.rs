@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::{all_events, execution_pid, pid_alive, uuid, wait_session};
 use crate::both_backends;
+use crate::fixture::StartedSession;
 use crate::helpers::TestApp;
 
 both_backends!(
@@ -19,23 +20,10 @@ both_backends!(
 // I26, I29, seed 000 "Recovery": after a restart, an open session is relaunched through admission with a
 // new execution id, the same session id, in the same worktree (never the source repository).
 async fn a_restart_relaunches_open_sessions_in_the_same_worktree(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Restart", &[repo]).await;
-    let open = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let closed = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Restart").await;
+    let source = f.repo_dir.clone();
+    let open = f.agent("test").await;
+    let closed = f.agent("test").await;
     let (open_id, closed_id) = (uuid(&open["id"]), uuid(&closed["id"]));
     wait_session(&app, open_id, "idle", |s| s["state"] == "idle").await;
     app.post(&format!("/api/v1/sessions/{closed_id}/stop"), json!({}))
@@ -71,18 +59,9 @@ async fn a_restart_relaunches_open_sessions_in_the_same_worktree(app: TestApp) {
 // I29: a session whose workspace fails admission on restore is failed with its reason; berth never starts
 // it in another directory or another conversation.
 async fn an_inadmissible_session_is_failed_on_restore_never_moved(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Gone", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = uuid(&s["id"]);
-    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let f = app.task_with_repo("Gone").await;
+    let source = f.repo_dir.clone();
+    let StartedSession { id, created: s, .. } = f.started_session("test").await;
     app.app_state.ctx.runtime.stop_all().await;
     // While berth is down, the worktree disappears.
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
@@ -103,19 +82,10 @@ async fn an_inadmissible_session_is_failed_on_restore_never_moved(app: TestApp) 
 
 // I29: open sessions are relaunched two at a time.
 async fn restore_relaunches_two_at_a_time(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Many", &[repo]).await;
+    let f = app.task_with_repo("Many").await;
     let mut ids = Vec::new();
     for _ in 0..4 {
-        ids.push(uuid(
-            &app.post(
-                &format!("/api/v1/tasks/{task}/sessions"),
-                json!({"executor_type": "worktree", "agent_profile": "test"}),
-            )
-            .await
-            .ok(201)["id"],
-        ));
+        ids.push(uuid(&f.agent("test").await["id"]));
     }
     for id in &ids {
         wait_session(&app, *id, "idle", |s| s["state"] == "idle").await;
@@ -138,18 +108,8 @@ async fn restore_relaunches_two_at_a_time(app: TestApp) {
 // A berth crash in the middle of a launch leaves the session `starting` with desired_open: the next start
 // relaunches it (a fresh execution, through admission), rather than treating it as under way.
 async fn a_launch_cut_off_by_a_crash_is_restored(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Cut off", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = uuid(&s["id"]);
-    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let f = app.task_with_repo("Cut off").await;
+    let StartedSession { id, created: s, .. } = f.started_session("test").await;
     app.app_state.ctx.runtime.stop_all().await;
     app.set_session_state(id, berth::entity::task_session::SessionState::Starting, None)
         .await;
@@ -166,18 +126,8 @@ async fn a_launch_cut_off_by_a_crash_is_restored(app: TestApp) {
 // I29, I32: restore moves an open session to `recovering` before relaunching it, and that move is an
 // event like every other state change (it used to be written with none).
 async fn a_restore_that_moves_a_session_to_recovering_reports_it(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Recover", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = uuid(&s["id"]);
-    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let f = app.task_with_repo("Recover").await;
+    let id = f.started_session("test").await.id;
     app.app_state.ctx.runtime.stop_all().await;
     let before = all_events(&app).await.last().unwrap()["seq"].as_i64().unwrap();
     let restarted = berth::startup::Application::build(app.config.clone()).await.unwrap();

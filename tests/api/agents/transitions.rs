@@ -16,16 +16,11 @@ both_backends!(
 // I18: launching with another executor makes a fresh environment for it; nothing of the old one is
 // forwarded; the old one is kept, superseded and untouched; the current one changes only after the launch.
 async fn an_executor_transition_forwards_nothing_and_keeps_the_old_workspace(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Transition", &[repo]).await;
-    let local = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "local", "agent_profile": "test", "prompt": "pwd"}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Transition").await;
+    let (source, task) = (f.repo_dir.clone(), f.task);
+    let local = f
+        .session_with(json!({"executor_type": "local", "agent_profile": "test", "prompt": "pwd"}))
+        .await;
     let local_id = uuid(&local["id"]);
     assert_eq!(wait_reply(&app, local_id, 1).await[0], source.display().to_string());
     app.post(&format!("/api/v1/sessions/{local_id}/stop"), json!({}))
@@ -38,13 +33,7 @@ async fn an_executor_transition_forwards_nothing_and_keeps_the_old_workspace(app
         git(&source, &["rev-parse", "HEAD"]),
     );
 
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test", "prompt": "pwd"}),
-        )
-        .await
-        .ok(201);
+    let s = f.agent_prompted("test", "pwd").await;
     let id = uuid(&s["id"]);
     let worktree = PathBuf::from(s["workspace_path"].as_str().unwrap());
     assert!(
@@ -84,10 +73,9 @@ async fn an_executor_transition_forwards_nothing_and_keeps_the_old_workspace(app
 }
 
 async fn a_failed_transition_leaves_the_current_environment_in_place(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, source) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "No switch", &[repo]).await;
-    app.session(task, "worktree").await;
+    let f = app.task_with_repo("No switch").await;
+    let (source, task) = (f.repo_dir.clone(), f.task);
+    f.session("worktree").await;
     let current = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     // A local launch whose agent cannot start: the candidate fails, the worktree environment stays current.
     app.post(
@@ -101,8 +89,5 @@ async fn a_failed_transition_leaves_the_current_environment_in_place(app: TestAp
     assert_eq!(still["status"], "ready");
     assert_eq!(worktrees_of(&source).len(), 2);
     // It still works: a worktree session attaches to it.
-    assert_eq!(
-        app.session(task, "worktree").await["task_environment_id"],
-        current["id"]
-    );
+    assert_eq!(f.session("worktree").await["task_environment_id"], current["id"]);
 }

@@ -14,9 +14,8 @@ both_backends!(
 // Seed 002 "summary": open, working, attention and error counts per environment directory, from stored
 // state; six or more open sessions in one directory add a warning, never a cap.
 async fn the_summary_counts_agents_per_directory(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Busy dir", &[repo]).await;
+    let f = app.task_with_repo("Busy dir").await;
+    let ws = f.workspace;
     let mut ids = Vec::new();
     for i in 0..6 {
         let prompt = if i == 0 {
@@ -26,13 +25,7 @@ async fn the_summary_counts_agents_per_directory(app: TestApp) {
         } else {
             "pwd"
         };
-        let s = app
-            .post(
-                &format!("/api/v1/tasks/{task}/sessions"),
-                json!({"executor_type": "worktree", "agent_profile": "test", "prompt": prompt}),
-            )
-            .await
-            .ok(201);
+        let s = f.agent_prompted("test", prompt).await;
         ids.push(uuid(&s["id"]));
     }
     wait_session(&app, ids[0], "working", |s| s["state"] == "running").await;
@@ -67,18 +60,8 @@ async fn the_summary_counts_agents_per_directory(app: TestApp) {
 // Seed 002: load the snapshot while an agent streams, follow the stream from its latest_seq: nothing is
 // missing and nothing repeats.
 async fn a_snapshot_then_the_stream_loses_nothing_while_an_agent_streams(app: TestApp) {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Streaming", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": "test"}),
-        )
-        .await
-        .ok(201);
-    let id = uuid(&s["id"]);
-    wait_session(&app, id, "idle", |s| s["state"] == "idle").await;
+    let f = app.task_with_repo("Streaming").await;
+    let id = f.started_session("test").await.id;
     app.post(
         &format!("/api/v1/sessions/{id}/messages"),
         json!({"text": "stream 500"}),

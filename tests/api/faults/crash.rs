@@ -6,7 +6,7 @@ use reqwest::Method;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{assert_invariants, call, connect, process_env, setup, start, wait_jobs_finished, wait_ready};
+use super::{assert_invariants, call, connect, create_task, process_env, setup, start, wait_jobs_finished, wait_ready};
 use crate::both_backends;
 use crate::helpers::{TestApp, id_of};
 
@@ -21,14 +21,7 @@ async fn workload(client: reqwest::Client, base: String, token: String, ws: Uuid
         (rng >> 33) as usize
     };
     for i in 0.. {
-        let (status, t) = call(
-            &client,
-            &token,
-            Method::POST,
-            format!("{api}/workspaces/{ws}/tasks"),
-            Some(json!({"title": format!("w{seed}-{i}"), "repositories": [{"repository_id": repo}]})),
-        )
-        .await;
+        let (status, t) = create_task(&client, &token, &api, ws, repo, &format!("w{seed}-{i}")).await;
         if status != 201 {
             tokio::task::yield_now().await;
             continue;

@@ -5,7 +5,10 @@ use std::path::Path;
 use reqwest::Method;
 use serde_json::json;
 
-use super::{assert_invariants, call, connect, git_wrapper, process_env, setup, start, wait_jobs_finished, wait_ready};
+use super::{
+    assert_invariants, call, connect, create_task, git_wrapper, process_env, setup, start, wait_jobs_finished,
+    wait_ready,
+};
 use crate::both_backends;
 use crate::helpers::{TestApp, id_of};
 
@@ -37,14 +40,7 @@ async fn a_failing_git_cli_is_retried_until_jobs_complete(app: TestApp) {
     let mut tasks = Vec::new();
     let mut failures = 0;
     for i in 0..6 {
-        let (status, t) = call(
-            &client,
-            &token,
-            Method::POST,
-            format!("{api}/workspaces/{ws}/tasks"),
-            Some(json!({"title": format!("flaky {i}"), "repositories": [{"repository_id": repo}]})),
-        )
-        .await;
+        let (status, t) = create_task(&client, &token, &api, ws, repo, &format!("flaky {i}")).await;
         assert_eq!(status, 201, "{t}");
         let task = id_of(&t);
         // A failed `git worktree add` is an error answer; asking again tries again.

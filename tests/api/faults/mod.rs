@@ -17,7 +17,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{TestApp, git_repo, id_of, seen, wait_until};
+use crate::helpers::{TestApp, git_repo, id_of, seen, wait_until, wait_until_every};
 
 mod crash;
 mod flaky_git;
@@ -151,6 +151,26 @@ async fn setup(client: &reqwest::Client, base: &str, token: &str, scratch: &Path
     (ws, id_of(&r), source)
 }
 
+/// Posts a task `title` over `repo` to workspace `ws`; the status and the body.
+async fn create_task(
+    client: &reqwest::Client,
+    token: &str,
+    api: &str,
+    ws: Uuid,
+    repo: Uuid,
+    title: &str,
+) -> (u16, Value) {
+    let body = json!({"title": title, "repositories": [{"repository_id": repo}]});
+    call(
+        client,
+        token,
+        Method::POST,
+        format!("{api}/workspaces/{ws}/tasks"),
+        Some(body),
+    )
+    .await
+}
+
 /// A task over `repo` whose first session (without an agent) materialized its worktree.
 async fn task_with_worktree(
     client: &reqwest::Client,
@@ -160,14 +180,7 @@ async fn task_with_worktree(
     repo: Uuid,
     title: &str,
 ) -> Uuid {
-    let (status, t) = call(
-        client,
-        token,
-        Method::POST,
-        format!("{api}/workspaces/{ws}/tasks"),
-        Some(json!({"title": title, "repositories": [{"repository_id": repo}]})),
-    )
-    .await;
+    let (status, t) = create_task(client, token, api, ws, repo, title).await;
     assert_eq!(status, 201, "{t}");
     let task = id_of(&t);
     let (status, s) = call(
@@ -199,14 +212,11 @@ async fn rows(conn: &DatabaseConnection, sql: &str) -> Vec<sea_orm::QueryResult>
 
 /// Waits (with a deadline) until the invariants hold: work a crash interrupted is finished by the sweep.
 async fn assert_invariants(conn: &DatabaseConnection, worktree_root: &Path) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        match invariants(conn, worktree_root).await {
-            Ok(()) => return,
-            Err(e) if tokio::time::Instant::now() > deadline => panic!("{e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+    let every = Duration::from_millis(200);
+    wait_until_every("the invariants to hold", WAIT, every, || {
+        invariants(conn, worktree_root)
+    })
+    .await;
 }
 
 /// The three invariants this file's header names, checked against the disk and the database.

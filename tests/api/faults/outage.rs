@@ -12,7 +12,23 @@ use super::{
     wait_ready,
 };
 use crate::both_backends;
-use crate::helpers::{Backend, TestApp, id_of};
+use crate::helpers::{Backend, TestApp, id_of, wait_until_every};
+
+/// Posts the task `title` to `tasks` (every 200 ms, with a deadline) until it is created (201), as writes
+/// resume after an outage; returns it.
+async fn task_once_writable(client: &reqwest::Client, token: &str, tasks: &str, title: &str) -> Value {
+    let every = Duration::from_millis(200);
+    wait_until_every("writes to resume", WAIT, every, || async {
+        let body = Some(json!({ "title": title }));
+        let (status, t) = call(client, token, Method::POST, tasks.to_string(), body).await;
+        if status == 201 {
+            Ok(t)
+        } else {
+            Err(format!("{status}: {t}"))
+        }
+    })
+    .await
+}
 
 both_backends!(
     postgres_restarting_under_load_answers_503_and_loses_nothing,
@@ -197,25 +213,13 @@ async fn postgres_restarting_under_load_answers_503_and_loses_nothing(app: TestA
     assert!(b.child.try_wait().unwrap().is_none(), "berth is still running");
     pg.start();
     // Back without a restart: ready again, writes work, and what was committed before is all there.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let (status, _) = call(
-            &client,
-            &token,
-            Method::POST,
-            format!("{api}/workspaces/{ws}/tasks"),
-            Some(json!({"title": "after the outage"})),
-        )
-        .await;
-        if status == 201 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "berth never reconnected ({status})"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    task_once_writable(
+        &client,
+        &token,
+        &format!("{api}/workspaces/{ws}/tasks"),
+        "after the outage",
+    )
+    .await;
     assert!(b.child.try_wait().unwrap().is_none(), "berth did not restart");
     for task in &tasks[3..] {
         let (status, t) = call(&client, &token, Method::GET, format!("{api}/tasks/{task}"), None).await;
@@ -333,26 +337,8 @@ async fn a_full_disk_on_sqlite_answers_503_and_corrupts_nothing(app: TestApp) {
     assert!(b.child.try_wait().unwrap().is_none(), "berth is still running");
     // Space returns: writes work again without a restart.
     std::fs::remove_file(&filler).unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let (status, t) = call(
-            &client,
-            &token,
-            Method::POST,
-            format!("{api}/workspaces/{ws}/tasks"),
-            Some(json!({"title": "after"})),
-        )
-        .await;
-        if status == 201 {
-            created.push(id_of(&t));
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "writes never resumed ({status}: {t})"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let t = task_once_writable(&client, &token, &format!("{api}/workspaces/{ws}/tasks"), "after").await;
+    created.push(id_of(&t));
     for task in &created {
         let (status, _) = call(&client, &token, Method::GET, format!("{api}/tasks/{task}"), None).await;
         assert_eq!(

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::gates::{gated, held_before_worktree_add, unstarted_worktree};
 use super::{WAIT, rows, wait_jobs_finished};
 use crate::both_backends;
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, seen, wait_until, wait_until_every};
 
 both_backends!(
     a_transition_slower_than_its_lease_keeps_it,
@@ -32,21 +32,18 @@ async fn a_transition_slower_than_its_lease_keeps_it(app: TestApp) {
     let first = g.session_held(task, launch.clone(), &entered).await;
     let sql = "SELECT id, created_at, updated_at FROM task_environments WHERE status = 'creating'";
     // Well before the gate gives up by itself (60 s), after which the row changes for other reasons.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let candidate: Uuid = loop {
+    let renewed = "the candidate's lease to be renewed while its launch runs";
+    let candidate: Uuid = wait_until(renewed, Duration::from_secs(30), || async {
         let found = rows(&g.conn, sql).await;
         assert_eq!(found.len(), 1, "one candidate, still creating");
         let created: chrono::DateTime<chrono::Utc> = found[0].try_get("", "created_at").unwrap();
         let touched: chrono::DateTime<chrono::Utc> = found[0].try_get("", "updated_at").unwrap();
         if touched > created + lease + chrono::Duration::milliseconds(500) {
-            break found[0].try_get("", "id").unwrap();
+            return Ok(found[0].try_get("", "id").unwrap());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the candidate's lease was not renewed while its launch ran (updated {touched}, created {created})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        Err(format!("updated {touched}, created {created}"))
+    })
+    .await;
 
     // Past the lease of its election, the candidate is still a materialization under way.
     let (status, p) = g
@@ -84,22 +81,16 @@ async fn a_lifecycle_job_waits_in_place_for_a_materializer_of_its_process(app: T
 
         // The job has run once while git is held (it waits, or has let its claim go to look again later).
         // (Any earlier round's job has succeeded.)
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        let every = Duration::from_millis(20);
+        wait_until_every(&format!("{title}: the job to run"), WAIT, every, || async {
             let states: Vec<String> = rows(&g.conn, "SELECT state FROM task_resource_cleanup_jobs")
                 .await
                 .iter()
                 .map(|r| r.try_get("", "state").unwrap())
                 .collect();
-            if states.iter().any(|s| s == "running" || s == "retry_wait") {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{title}: the job never ran: {states:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            seen(states.iter().any(|s| s == "running" || s == "retry_wait"), states)
+        })
+        .await;
         std::fs::write(&release, "").unwrap();
         let _ = session.await;
         let jobs = wait_jobs_finished(&g.conn).await;

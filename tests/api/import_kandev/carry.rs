@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::fixture::*;
 use super::{env_of, has, session_of, succeeded, task_of};
-use crate::helpers::{TestApp, worktrees_of};
+use crate::helpers::{TestApp, wait_until, worktrees_of};
 
 /// kandev's `resource_snapshot` naming these worktrees of repository `r1`.
 fn snapshot(worktrees: &[(&Path, &str)], discard: bool) -> String {
@@ -206,15 +206,12 @@ pub(crate) async fn kandev_pending_cleanup_becomes_berth_cleanup_jobs(app: TestA
 
 /// berth with its worktree root at kandev's task directories: adopted worktrees are inside it.
 async fn wait_done(app: &TestApp, id: Uuid) -> job::Model {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    wait_until("the job to finish", Duration::from_secs(30), || async {
         let j = job::Entity::find_by_id(id).one(app.db()).await.unwrap().unwrap();
-        if matches!(j.state, job::CleanupJobState::Succeeded | job::CleanupJobState::Failed) {
-            return j;
-        }
-        assert!(std::time::Instant::now() < deadline, "the job stays {:?}", j.state);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let done = matches!(j.state, job::CleanupJobState::Succeeded | job::CleanupJobState::Failed);
+        if done { Ok(j) } else { Err(format!("{:?}", j.state)) }
+    })
+    .await
 }
 
 // The worker does what kandev owed: the archived task's worktree goes, its inventory is retired, and the

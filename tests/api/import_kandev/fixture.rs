@@ -10,7 +10,7 @@ use sea_orm::sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, SqliteCon
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde_json::Value;
 
-use crate::helpers::{Backend, PgDatabase, TestApp, git, git_repo};
+use crate::helpers::{Backend, PgDatabase, TestApp, git, git_repo, seen, wait_until_every};
 
 /// The three timestamp forms kandev files hold (§1), oldest to newest.
 pub const T1: &str = "2026-08-01 10:00:00+00:00";
@@ -558,8 +558,8 @@ pub async fn dump(app: &TestApp) -> (Vec<String>, Option<Vec<u8>>) {
         // An import commits its events outside any request, so the running server's sequencer stamps
         // them a moment later. A snapshot taken before that would differ from one taken after in
         // nothing but `seq`: wait until every committed event is stamped.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        loop {
+        let (within, every) = (std::time::Duration::from_secs(20), std::time::Duration::from_millis(10));
+        wait_until_every("every committed event to be stamped", within, every, || async {
             let pending = db
                 .query_one_raw(raw("SELECT EXISTS (SELECT 1 FROM events WHERE seq IS NULL) AS n".into()))
                 .await
@@ -567,12 +567,9 @@ pub async fn dump(app: &TestApp) -> (Vec<String>, Option<Vec<u8>>) {
                 .unwrap()
                 .try_get::<bool>("", "n")
                 .unwrap();
-            if !pending {
-                break;
-            }
-            assert!(std::time::Instant::now() < deadline, "events stay unstamped");
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+            seen(!pending, "unstamped events")
+        })
+        .await;
     }
     let tables: Vec<String> = match backend {
         DbBackend::Sqlite => db

@@ -9,7 +9,7 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde_json::json;
 
 use super::fixture::*;
-use super::{env_of, has, inventory, only_owner, p, session_of, succeeded, task_of};
+use super::{env_of, has, inventory, kandev_with_task, only_owner, p, session_of, succeeded, task_of};
 use crate::agents::wait_session;
 use crate::helpers::{TestApp, id_of, worktrees_of};
 
@@ -17,9 +17,7 @@ use crate::helpers::{TestApp, id_of, worktrees_of};
 async fn normalized(app: &TestApp) -> (World, KandevDb, std::path::PathBuf) {
     let w = World::new(app);
     let wt = w.worktree("t1", "feature/a");
-    let mut k = w.kandev(Gen::Normalized).await;
-    k.repo("r1", "proj", &w.repo).await;
-    k.task("t1", "First").await;
+    let mut k = kandev_with_task(&w, Gen::Normalized).await;
     k.task_repo("t1", "r1").await;
     k.env("e1", "t1", T2, None).await;
     k.env_repo("er1", "e1", "r1", "", "wt-1", &wt, "feature/a", "active")

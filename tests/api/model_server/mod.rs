@@ -453,6 +453,14 @@ impl ModelServer {
         self.shared.requests.lock().unwrap().clone()
     }
 
+    /// Waits (with `within` as the deadline) until exactly `n` requests came, every one completed.
+    pub async fn wait_completed(&self, n: usize, within: Duration) -> Vec<ModelRequest> {
+        self.wait_until(&format!("{n} completed requests"), within, |r| {
+            r.len() == n && r.iter().all(|r| r.outcome == Outcome::Completed)
+        })
+        .await
+    }
+
     /// Polls the requests until `pred` holds; panics with `what` and the requests after `within`.
     pub async fn wait_until(
         &self,
@@ -460,22 +468,20 @@ impl ModelServer {
         within: Duration,
         pred: impl Fn(&[ModelRequest]) -> bool,
     ) -> Vec<ModelRequest> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
+        let every = Duration::from_millis(20);
+        let what = format!("the model server to see {what}");
+        crate::helpers::wait_until_every(&what, within, every, || async {
             let requests = self.requests();
             if pred(&requests) {
-                return requests;
+                return Ok(requests);
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the model server never saw {what}; requests so far: {:#?}",
-                requests
-                    .iter()
-                    .map(|r| (&r.path, r.outcome, r.conversation()))
-                    .collect::<Vec<_>>()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            let so_far: Vec<_> = requests
+                .iter()
+                .map(|r| (&r.path, r.outcome, r.conversation()))
+                .collect();
+            Err(format!("requests so far: {so_far:#?}"))
+        })
+        .await
     }
 
     /// Waits for request number `n` (1-based) to reach `outcome` and returns it.

@@ -3,6 +3,7 @@
 use serde_json::{Value, json};
 
 use super::{pi_session, say, stop, uuid, wait_message, wait_session, wait_snapshot, with_pi};
+use crate::agents::session_states;
 use crate::both_backends;
 use crate::helpers::TestApp;
 
@@ -76,14 +77,8 @@ async fn notices_from_pi_leave_the_state_alone(app: TestApp) {
     assert!(snap["attention_requests"].as_array().unwrap().is_empty(), "{snap}");
     wait_message(&app, id, &m, "delivered").await;
     wait_session(&app, id, "idle", |v| v["state"] == "idle").await;
-    let page = app.get("/api/v1/events?after=0&limit=1000").await.ok(200);
-    let states: Vec<&str> = page["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["type"] == "session.state_changed" && e["session_id"] == id.to_string())
-        .map(|e| e["data"]["state"].as_str().unwrap())
-        .collect();
+    let states = session_states(&app, id).await;
+    let states: Vec<&str> = states.iter().map(String::as_str).collect();
     assert!(
         !states.contains(&"attention"),
         "a notice asked for attention: {states:?}"

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use uuid::Uuid;
 
-use crate::helpers::{TestApp, seen_json, wait_until};
+use crate::helpers::{TestApp, seen_json, wait_session_within, wait_until};
 use crate::model_server::{ModelRequest, ModelServer, Outcome};
 
 mod conversation;
@@ -183,19 +183,11 @@ fn conversation_header(file: &Path) -> Value {
         .unwrap_or_else(|e| panic!("{} has no JSON header ({e}): {text}", file.display()))
 }
 
-pub(crate) fn uuid(v: &Value) -> Uuid {
-    v.as_str()
-        .unwrap_or_else(|| panic!("not a string: {v}"))
-        .parse()
-        .unwrap()
-}
+pub(crate) use crate::helpers::uuid;
 
+/// Polls the session until `pred` holds (with a deadline of 60 s).
 pub(crate) async fn wait_session(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    wait_until(&format!("session {id} to be {what}"), WAIT, || async {
-        let s = app.get(&format!("/api/v1/sessions/{id}")).await.ok(200);
-        seen_json(pred(&s), s)
-    })
-    .await
+    wait_session_within(app, id, WAIT, what, pred).await
 }
 
 pub(crate) async fn wait_snapshot(app: &TestApp, id: Uuid, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
@@ -249,12 +241,7 @@ pub(crate) async fn wait_message(app: &TestApp, session: Uuid, message: &Value, 
     .await
 }
 
-pub(crate) fn pid_alive(pid: i64) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
-}
+pub(crate) use crate::agents::pid_alive;
 
 pub(crate) async fn execution_pid(app: &TestApp, execution: &Value) -> i64 {
     use sea_orm::EntityTrait;
@@ -286,16 +273,8 @@ fn conversation_file(app: &TestApp, session: Uuid) -> PathBuf {
 
 /// A workspace, a repository, a task and a worktree session on the `pi` profile, launched and idle.
 pub(crate) async fn pi_session(app: &TestApp) -> Value {
-    let ws = app.workspace("ws").await;
-    let (repo, _) = app.repository(ws, "svc").await;
-    let task = app.task(ws, "Real Pi", &[repo]).await;
-    let s = app
-        .post(
-            &format!("/api/v1/tasks/{task}/sessions"),
-            json!({"executor_type": "worktree", "agent_profile": PROFILE}),
-        )
-        .await
-        .ok(201);
+    let f = app.task_with_repo("Real Pi").await;
+    let s = f.agent(PROFILE).await;
     wait_session(app, uuid(&s["id"]), "idle after launch", |s| s["state"] == "idle").await
 }
 

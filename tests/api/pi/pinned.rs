@@ -179,12 +179,7 @@ async fn pi_queues_steers_and_follow_ups_while_it_streams() {
 
     gate.release();
     p.next_of("agent_end").await;
-    let requests = pi
-        .model
-        .wait_until("three completed requests", WAIT, |r| {
-            r.len() == 3 && r.iter().all(|r| r.outcome == Outcome::Completed)
-        })
-        .await;
+    let requests = pi.model.wait_completed(3, WAIT).await;
     assert_eq!(
         requests[1].conversation(),
         texts(&[("user", "first"), ("assistant", "echo: first"), ("user", "now")]),

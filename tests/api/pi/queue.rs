@@ -49,12 +49,7 @@ async fn a_follow_up_sent_mid_turn_reaches_the_model_after_the_turn(app: TestApp
     assert_eq!(snap["queue_length"], 2, "{snap}");
     assert_eq!(pi.model.requests().len(), 1, "nothing reached the model mid-turn");
     gate.release();
-    let requests = pi
-        .model
-        .wait_until("three completed requests", WAIT, |r| {
-            r.len() == 3 && r.iter().all(|r| r.outcome == Outcome::Completed)
-        })
-        .await;
+    let requests = pi.model.wait_completed(3, WAIT).await;
     assert_eq!(requests[1].conversation(), continued("first", "second"));
     assert_eq!(
         requests[2].conversation(),
@@ -119,12 +114,7 @@ async fn a_steer_reaches_the_model_inside_the_turn_ahead_of_follow_ups(app: Test
     })
     .await;
     gate.release();
-    let requests = pi
-        .model
-        .wait_until("three completed requests", WAIT, |r| {
-            r.len() == 3 && r.iter().all(|r| r.outcome == Outcome::Completed)
-        })
-        .await;
+    let requests = pi.model.wait_completed(3, WAIT).await;
     assert_eq!(requests[1].conversation(), continued("first", "change course"));
     assert_eq!(requests[2].last_user_text(), "afterwards");
     assert!(

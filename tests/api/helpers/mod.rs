@@ -2,8 +2,7 @@
 //! new PostgreSQL database created from `BERTH_TEST_POSTGRES_URL` and dropped afterwards).
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::Once;
 
 use berth::auth::{JwtVerifier, Scope};
@@ -14,6 +13,25 @@ use sea_orm::sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 use serde_json::Value;
 use tempfile::TempDir;
 use uuid::Uuid;
+
+mod git;
+mod process;
+mod sse;
+mod wait;
+
+pub use git::{assert_no_path, branch_exists, git, git_repo, worktrees_of};
+pub use process::{code_and_text, openssl};
+pub use sse::Sse;
+pub use wait::{
+    SETTLED, seen, seen_json, wait_job, wait_job_settled, wait_session_within, wait_until, wait_until_every,
+};
+
+/// Settings for a berth whose cleanup worker hangs holding the job it claimed (a failpoint), with a
+/// one-second lease after which another process rescues the job.
+pub const HANGING_WORKER: &[(&str, &str)] = &[
+    ("BERTH_CLEANUP_FAILPOINT", "hang_after_claim"),
+    ("BERTH_CLEANUP_LEASE_SECS", "1"),
+];
 
 pub const SECRET: &str = "test-secret-test-secret-test-secret-0123456789";
 
@@ -42,6 +60,22 @@ macro_rules! both_backends {
                 }
             }
         )*
+    };
+}
+
+/// Two tests, `$sqlite` and `$postgres`, running `async fn $run(Backend)` (a test that spawns its berth
+/// itself) with `Backend::Sqlite` and `Backend::Postgres`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($run:ident: $sqlite:ident, $postgres:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            $run($crate::helpers::Backend::Sqlite).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $postgres() {
+            $run($crate::helpers::Backend::Postgres).await;
+        }
     };
 }
 
@@ -292,6 +326,14 @@ impl TestApp {
         })
     }
 
+    /// Drops this app and spawns another on the same backend with extra `BERTH_*` settings, as
+    /// [`Self::spawn_with`] does (for a test that needs settings of its own).
+    pub async fn respawn_with(self, extra: &[(&str, &str)]) -> Option<TestApp> {
+        let backend = self.backend;
+        drop(self);
+        TestApp::spawn_with(backend, extra).await
+    }
+
     /// Stops the in-process server's background tasks (event tailer and sequencer, workers), for a test
     /// whose berth processes of its own are to do that work on this database.
     pub fn stop_background(&self) {
@@ -393,18 +435,12 @@ impl TestApp {
         use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
         let newest = scalar(self.db(), "SELECT COALESCE(MAX(id), 0) FROM events").await;
         let unstamped = format!("SELECT COUNT(*) FROM events WHERE seq IS NULL AND id <= {newest}");
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
+        let (within, every) = (std::time::Duration::from_secs(30), std::time::Duration::from_millis(10));
+        wait_until_every("the committed events to be stamped", within, every, || async {
             let left = scalar(self.db(), &unstamped).await;
-            if left == 0 {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{left} committed events were never stamped"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+            seen(left == 0, left)
+        })
+        .await;
         Entity::find()
             .filter(Column::Seq.is_not_null())
             .order_by_asc(Column::Seq)
@@ -463,110 +499,12 @@ pub fn uuid(v: &Value) -> Uuid {
         .unwrap()
 }
 
-/// Calls `probe` every 50 ms until it answers `Ok`, and returns what it answered; once `within` has passed
-/// without it, panics naming `what` (what was awaited) and what the probe last saw (its `Err`). A probe
-/// may panic itself on a state that can never turn good.
-pub async fn wait_until<T, F>(what: &str, within: std::time::Duration, mut probe: impl FnMut() -> F) -> T
-where
-    F: Future<Output = Result<T, String>>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        match probe().await {
-            Ok(found) => return found,
-            Err(seen) => assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out after {within:?} waiting for {what}; last seen: {seen}"
-            ),
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
-/// For a `wait_until` probe: `found` when `done`, else what it shows (as debug text).
-pub fn seen<T: std::fmt::Debug>(done: bool, found: T) -> Result<T, String> {
-    if done { Ok(found) } else { Err(format!("{found:?}")) }
-}
-
-/// For a `wait_until` probe: the JSON `found` when `done`, else the JSON as text.
-pub fn seen_json(done: bool, found: Value) -> Result<Value, String> {
-    if done { Ok(found) } else { Err(found.to_string()) }
-}
-
-/// Waits (with a deadline) until the cleanup job is settled (`succeeded`, `failed` or `cancelled`).
-pub async fn wait_job_settled(app: &TestApp, id: Uuid) -> Value {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let j = app.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        if j["state"] == "succeeded" || j["state"] == "failed" || j["state"] == "cancelled" {
-            return j;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "job never finished: {j}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
 pub fn id_of(v: &Value) -> Uuid {
     v["id"]
         .as_str()
         .unwrap_or_else(|| panic!("no id in {v}"))
         .parse()
         .unwrap()
-}
-
-pub fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "berth-test")
-        .env("GIT_AUTHOR_EMAIL", "test@berth.invalid")
-        .env("GIT_COMMITTER_NAME", "berth-test")
-        .env("GIT_COMMITTER_EMAIL", "test@berth.invalid")
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `git init` with one commit on `branch`; returns the canonical path.
-pub fn git_repo(dir: &Path, branch: &str) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    git(dir, &["init", "-q", "-b", branch]);
-    std::fs::write(dir.join("README.md"), "hello\n").unwrap();
-    git(dir, &["add", "README.md"]);
-    git(dir, &["commit", "-q", "-m", "init"]);
-    dir.canonicalize().unwrap()
-}
-
-/// Asserts that a response body names no filesystem path under `dir` (I34).
-#[track_caller]
-pub fn assert_no_path(reply: &Reply, dir: &Path) {
-    let dir = dir.display().to_string();
-    assert!(!reply.text.contains(&dir), "the body discloses a path: {}", reply.text);
-}
-
-/// The worktree paths git has registered for a repository (`git worktree list --porcelain`).
-pub fn worktrees_of(repo: &Path) -> Vec<String> {
-    git(repo, &["worktree", "list", "--porcelain"])
-        .lines()
-        .filter_map(|l| l.strip_prefix("worktree "))
-        .map(str::to_string)
-        .collect()
-}
-
-pub fn branch_exists(repo: &Path, branch: &str) -> bool {
-    Command::new("git")
-        .args(["rev-parse", "--verify", "--quiet", &format!("refs/heads/{branch}")])
-        .current_dir(repo)
-        .output()
-        .unwrap()
-        .status
-        .success()
 }
 
 impl TestApp {
@@ -613,92 +551,6 @@ impl TestApp {
             am.last_activity_at = Set(at);
         }
         s::Entity::update(am).exec(self.db()).await.unwrap();
-    }
-}
-
-/// One server-sent event frame.
-#[derive(Debug, Clone)]
-pub struct SseFrame {
-    pub id: Option<i64>,
-    pub event: String,
-    pub data: String,
-}
-
-/// A minimal SSE reader over a streaming response.
-pub struct Sse {
-    resp: reqwest::Response,
-    buf: String,
-    /// When set, comments (keep-alives) come back as frames with event `comment`.
-    pub return_comments: bool,
-}
-
-impl Sse {
-    pub async fn open(app: &TestApp, token: &str, query: &str, last_event_id: Option<i64>) -> Sse {
-        let mut req = app
-            .client
-            .get(format!("{}/api/v1/events/stream{query}", app.base))
-            .bearer_auth(token);
-        if let Some(id) = last_event_id {
-            req = req.header("Last-Event-ID", id.to_string());
-        }
-        Sse::from_response(req.send().await.unwrap())
-    }
-
-    pub fn from_response(resp: reqwest::Response) -> Sse {
-        assert_eq!(resp.status(), 200);
-        assert_eq!(resp.headers()["content-type"], "text/event-stream");
-        Sse {
-            resp,
-            buf: String::new(),
-            return_comments: false,
-        }
-    }
-
-    /// The next frame (comments skipped unless `return_comments`), `None` at the end of the stream. Panics after
-    /// `within` without one: tests wait on conditions with a deadline, never on fixed sleeps.
-    pub async fn next(&mut self, within: std::time::Duration) -> Option<SseFrame> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            while let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let mut frame = SseFrame {
-                    id: None,
-                    event: "message".into(),
-                    data: String::new(),
-                };
-                let mut any = false;
-                for line in block.lines() {
-                    if let Some(comment) = line.strip_prefix(':') {
-                        if self.return_comments {
-                            return Some(SseFrame {
-                                id: None,
-                                event: "comment".into(),
-                                data: comment.trim().to_string(),
-                            });
-                        }
-                    } else if let Some(v) = line.strip_prefix("id: ") {
-                        frame.id = v.parse().ok();
-                        any = true;
-                    } else if let Some(v) = line.strip_prefix("event: ") {
-                        frame.event = v.to_string();
-                        any = true;
-                    } else if let Some(v) = line.strip_prefix("data: ") {
-                        frame.data.push_str(v);
-                        any = true;
-                    }
-                }
-                if any && !frame.data.is_empty() {
-                    return Some(frame);
-                }
-            }
-            let chunk = tokio::time::timeout_at(deadline, self.resp.chunk())
-                .await
-                .expect("no SSE frame before the deadline");
-            match chunk.unwrap() {
-                Some(bytes) => self.buf.push_str(&String::from_utf8_lossy(&bytes)),
-                None => return None,
-            }
-        }
     }
 }
 
