@@ -307,8 +307,11 @@ async fn working_on_second(app: &TestApp) -> (Replica, Uuid, Uuid, i64, String) 
     wait_delivered(app, id, 1).await;
     let s = wait_session(app, id, "running", |s| s["state"] == "running").await;
     let pid = execution_pid(app, uuid(&s["execution_id"])).await;
-    assert!(b.state.ctx.runtime.is_live(id), "the second replica runs the agent");
-    assert!(!app.app_state.ctx.runtime.is_live(id));
+    assert!(
+        b.state.ctx.runtime.is_live(id.into()),
+        "the second replica runs the agent"
+    );
+    assert!(!app.app_state.ctx.runtime.is_live(id.into()));
     (b, f.task, id, pid, worktree)
 }
 
