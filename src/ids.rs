@@ -131,3 +131,32 @@ typed_ids! {
     /// One delivery attempt of a webhook (`webhook_deliveries.id`).
     DeliveryId,
 }
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::sea_query::{ColumnType, ValueType};
+
+    use super::*;
+
+    #[test]
+    fn an_id_is_the_bare_uuid_on_the_wire() {
+        let id = TaskId::now_v7();
+        let text = serde_json::to_string(&id).unwrap();
+        assert_eq!(text, serde_json::to_string(&id.uuid()).unwrap());
+        assert_eq!(serde_json::from_str::<TaskId>(&text).unwrap(), id);
+        assert_eq!(id.to_string().parse::<TaskId>().unwrap(), id);
+        assert!("not-a-uuid".parse::<SessionId>().is_err());
+    }
+
+    #[test]
+    fn an_id_is_a_uuid_column_and_value() {
+        assert_eq!(EnvironmentId::column_type(), ColumnType::Uuid);
+        let id = EnvironmentId::now_v7();
+        assert_eq!(sea_orm::Value::from(id), sea_orm::Value::from(id.uuid()));
+    }
+
+    #[test]
+    fn a_uuid_key_is_never_made_from_a_number() {
+        assert!(<CleanupJobId as sea_orm::TryFromU64>::try_from_u64(7).is_err());
+    }
+}
