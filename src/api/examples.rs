@@ -415,17 +415,7 @@ fn operation<'a>(spec: &'a mut OpenApi, operation_id: &str) -> &'a mut utoipa::o
     spec.paths
         .paths
         .values_mut()
-        .flat_map(|item| {
-            [
-                &mut item.get,
-                &mut item.post,
-                &mut item.put,
-                &mut item.patch,
-                &mut item.delete,
-            ]
-            .into_iter()
-            .flatten()
-        })
+        .flat_map(super::operations)
         .find(|op| op.operation_id.as_deref() == Some(operation_id))
         .unwrap_or_else(|| panic!("no operation {operation_id}"))
 }

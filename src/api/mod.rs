@@ -130,7 +130,7 @@ fn problem(description: &str) -> RefOr<Response> {
 }
 
 /// The operations of a path, whatever their method.
-fn operations(
+pub(super) fn operations(
     item: &mut utoipa::openapi::path::PathItem,
 ) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
     [
