@@ -75,6 +75,11 @@ struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabel {
+    decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
@@ -100,6 +105,7 @@ pub struct Metrics {
     git_failures: Family<OpLabel, Counter>,
     agents_live: Gauge,
     agent_restarts: Counter,
+    agent_egress: Family<DecisionLabel, Counter>,
     restore_max_concurrent: Gauge,
     streams_open: Gauge,
     stream_resets: Family<ReasonLabel, Counter>,
@@ -203,6 +209,12 @@ impl Metrics {
             "Restarts of crashed agents (I30)",
             agent_restarts.clone(),
         );
+        let agent_egress = Family::<DecisionLabel, Counter>::default();
+        registry.register(
+            "berth_agent_egress",
+            "Connections agents opened from their boxes to a listed endpoint (allowed: relayed; unreachable: the endpoint did not answer berth)",
+            agent_egress.clone(),
+        );
         let restore_max_concurrent = Gauge::default();
         registry.register(
             "berth_restore_max_concurrent",
@@ -278,6 +290,7 @@ impl Metrics {
             git_failures,
             agents_live,
             agent_restarts,
+            agent_egress,
             restore_max_concurrent,
             streams_open,
             stream_resets,
@@ -379,6 +392,11 @@ impl Metrics {
     }
 
     /// A crashed agent is being restarted.
+    /// A connection from an agent's box to a listed endpoint (`allowed` or `unreachable`).
+    pub fn agent_egress(&self, decision: &'static str) {
+        self.agent_egress.get_or_create(&DecisionLabel { decision }).inc();
+    }
+
     pub fn agent_restarted(&self) {
         self.agent_restarts.inc();
     }

@@ -76,9 +76,11 @@ impl Application {
             TcpListener::bind(config.bind).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.bind))?;
         let port = listener.local_addr()?.port();
         let max_body = config.max_body_bytes;
-        let (runtime, runtime_reports) = crate::runtime::Runtime::new(config.agent_stop_grace, config.agent_term_grace);
         let instance_id = crate::ids::InstanceId::now_v7();
         let metrics = Arc::new(Metrics::for_instance(&config.node_id, instance_id));
+        let boxes = crate::runtime::sandbox::Boxes::from_config(&config, Some(metrics.clone()));
+        let (runtime, runtime_reports) =
+            crate::runtime::Runtime::new(config.agent_stop_grace, config.agent_term_grace, boxes);
         let state = api::data(AppState {
             ctx: Ctx {
                 db,

@@ -9,12 +9,15 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub mod cli;
+mod profile;
 pub mod remotes;
 mod secrets;
 pub mod settings;
 pub mod signature;
+mod source;
 use secrets::{load_jwt_key, read_or_create, secret_from_file};
 use settings::{SETTINGS, Source};
+pub use profile::{AgentProfile, AgentProtocol, McpServer, McpTransport, NetworkMode, SandboxMode};
 
 #[derive(Debug, thiserror::Error)]
 #[error("invalid {setting}: {reason}")]
@@ -35,84 +38,6 @@ fn bad(setting: &str, reason: impl std::fmt::Display) -> ConfigError {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-/// An agent profile: defined only in the config file, never accepted over HTTP (decision 7).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct AgentProfile {
-    pub command: String,
-    #[serde(default)]
-    pub args: Vec<String>,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Names of berth's own environment variables handed on to the agent, when set (model
-    /// credentials come from the operator's environment, never written into the configuration file).
-    #[serde(default)]
-    pub pass_env: Vec<String>,
-    /// How berth talks to the agent beyond the JSON-lines commands every agent speaks.
-    #[serde(default)]
-    pub protocol: AgentProtocol,
-    /// ACP: the session mode berth sets once a conversation is open (an agent's own mode ids, for
-    /// example codex's `read-only`, which sends its permission requests to berth).
-    #[serde(default)]
-    pub mode: Option<String>,
-    /// ACP: whether berth offers the agent `fs/read_text_file` (default true). gemini-cli 0.61 cannot
-    /// create a new file through a client that offers reads (it mistakes "not found" for a failure).
-    #[serde(default)]
-    pub fs_read: Option<bool>,
-    /// ACP: the MCP servers handed to the agent with every conversation it opens or loads
-    /// (`[[agents.<name>.mcp_servers]]`).
-    #[serde(default)]
-    pub mcp_servers: Vec<McpServer>,
-}
-
-/// An MCP server an ACP agent connects to: one it starts (`command`, `args`, `env`), or one it reaches at
-/// a `url` (`transport` `http`, the default, or `sse`; `headers`). Values may be secrets: `berth config`
-/// redacts `env` and `headers`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(untagged)]
-pub enum McpServer {
-    Stdio {
-        name: String,
-        command: String,
-        #[serde(default)]
-        args: Vec<String>,
-        #[serde(default)]
-        env: BTreeMap<String, String>,
-    },
-    Remote {
-        name: String,
-        url: String,
-        #[serde(default)]
-        transport: McpTransport,
-        #[serde(default)]
-        headers: BTreeMap<String, String>,
-    },
-}
-
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum McpTransport {
-    #[default]
-    Http,
-    Sse,
-}
-
-/// `jsonl`: berth's minimal JSON-lines protocol, nothing kept between launches. `pi`: the Pi coding agent's
-/// RPC mode, whose conversation berth keeps in a file of its own per session and hands back on every
-/// relaunch (`--session <file>`), so the agent continues the same conversation (seed 002). `acp`: the
-/// Agent Client Protocol, whose conversation the agent keeps under an id berth records and loads again.
-/// How each is spoken lives in `crate::agent`.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-pub enum AgentProtocol {
-    #[default]
-    #[serde(rename = "jsonl")]
-    JsonLines,
-    #[serde(rename = "pi")]
-    Pi,
-    #[serde(rename = "acp")]
-    Acp,
 }
 
 /// Where the JWT verification key comes from.
@@ -198,6 +123,9 @@ pub struct Config {
     pub agent_stop_grace: Duration,
     /// After SIGTERM: how long before SIGKILL.
     pub agent_term_grace: Duration,
+    /// Limits of each agent's box (cgroups), unless its profile sets its own.
+    pub agent_memory_max_mib: u64,
+    pub agent_pids_max: u64,
     /// From SIGTERM or SIGINT to exit, streams closed and agents stopped on the way.
     pub shutdown_budget: Duration,
     /// Cleanup jobs: retry delays (the last repeats), attempts before `failed`, workers, poll, lease.
@@ -323,6 +251,8 @@ impl Config {
         let stream_interval_ms = src.positive("stream_interval_ms")?;
         let agent_stop_grace_ms = src.num("agent_stop_grace_ms")?;
         let agent_term_grace_ms = src.num("agent_term_grace_ms")?;
+        let agent_memory_max_mib = src.positive("agent_memory_max_mib")?;
+        let agent_pids_max = src.positive("agent_pids_max")?;
         let shutdown_secs = src.positive("shutdown_secs")?;
         let delays = src.get("cleanup_retry_delays_secs")?.unwrap_or_default();
         let cleanup_retry_delays = delays
@@ -485,6 +415,8 @@ impl Config {
             agent_restart_backoff: Duration::from_millis(src.num("agent_restart_backoff_ms")?),
             git_status_interval: Duration::from_millis(src.num("git_status_interval_ms")?),
             agent_term_grace: Duration::from_millis(agent_term_grace_ms),
+            agent_memory_max_mib,
+            agent_pids_max,
             shutdown_budget: Duration::from_secs(shutdown_secs),
             stream_interval: Duration::from_millis(stream_interval_ms),
             agents,

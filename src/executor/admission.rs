@@ -29,6 +29,17 @@ pub enum Refusal {
 pub struct AdmittedWorkspace {
     environment_id: EnvironmentId,
     path: PathBuf,
+    trees: Vec<Tree>,
+}
+
+/// A worktree of an admitted workspace, with its repository's common git directory: what the agent's box
+/// shows of it (`runtime::sandbox`).
+#[derive(Debug, Clone)]
+pub struct Tree {
+    pub path: PathBuf,
+    pub common_git_dir: PathBuf,
+    /// The `local` executor's source repository, its main checkout included.
+    pub local: bool,
 }
 
 impl AdmittedWorkspace {
@@ -40,6 +51,11 @@ impl AdmittedWorkspace {
     /// source repository for the local executor.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Every worktree of the workspace, as admission proved it.
+    pub fn trees(&self) -> &[Tree] {
+        &self.trees
     }
 }
 
@@ -81,6 +97,7 @@ pub fn admit(c: &Candidate<'_>, requested: ExecutorType) -> Result<AdmittedWorks
         return Err(Refusal::EnvironmentNotReady);
     }
     let mut paths = Vec::with_capacity(c.slots.len());
+    let mut trees = Vec::with_capacity(c.slots.len());
     for slot in c.slots {
         let mut matching = c
             .rows
@@ -102,6 +119,11 @@ pub fn admit(c: &Candidate<'_>, requested: ExecutorType) -> Result<AdmittedWorks
             }
         };
         check_worktree(&path, &slot.common_git_dir, c.executor, row.worktree_id.as_deref())?;
+        trees.push(Tree {
+            path: path.clone(),
+            common_git_dir: slot.common_git_dir.clone(),
+            local: c.executor == ExecutorType::Local,
+        });
         paths.push(path);
     }
     let path = match (c.executor, paths.as_slice()) {
@@ -118,6 +140,7 @@ pub fn admit(c: &Candidate<'_>, requested: ExecutorType) -> Result<AdmittedWorks
     Ok(AdmittedWorkspace {
         environment_id: c.environment_id,
         path,
+        trees,
     })
 }
 
@@ -172,7 +195,11 @@ pub fn admit_remote(
         return Err(Refusal::InventoryIncomplete);
     }
     let path = inventory.validate(environment_id, handles)?;
-    Ok(AdmittedWorkspace { environment_id, path })
+    Ok(AdmittedWorkspace {
+        environment_id,
+        path,
+        trees: Vec::new(),
+    })
 }
 
 #[cfg(test)]

@@ -13,11 +13,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use crate::agent::lines::{held_bytes, parsed_bound, skip_line};
 use crate::agent::{Delta, Inbound, Reply, Signal, Wire};
-use crate::config::AgentProfile;
+use crate::config::{AgentProfile, SandboxMode};
 
 pub mod check;
 mod commands;
 mod orphans;
+pub mod sandbox;
 mod stop;
 pub use crate::agent::lines::{MAX_LINE, REPORT_BYTES};
 use crate::executor::admission::AdmittedWorkspace;
@@ -49,6 +50,8 @@ pub enum RuntimeEvent {
         code: Option<i32>,
         expected: bool,
         stderr_tail: String,
+        /// The kernel ended it (or something it started) at its box's memory limit.
+        out_of_memory: bool,
     },
 }
 
@@ -109,6 +112,8 @@ pub struct Runtime {
     /// crash takes the lock of the one before, so its first dispatch waits until the dispatch that
     /// handed the crashed agent its message has recorded it delivered (it is not handed over again).
     dispatch_locks: Mutex<HashMap<SessionId, std::sync::Weak<tokio::sync::Mutex<()>>>>,
+    /// Where and how agents' boxes are built.
+    boxes: sandbox::Boxes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,10 +122,16 @@ pub enum SpawnError {
     AlreadyRunning,
     #[error("could not start the agent command: {0}")]
     Spawn(std::io::Error),
+    #[error("could not build the agent's box: {0}")]
+    Box(String),
 }
 
 impl Runtime {
-    pub fn new(grace: Duration, term_grace: Duration) -> (Arc<Runtime>, mpsc::Receiver<RuntimeEvent>) {
+    pub fn new(
+        grace: Duration,
+        term_grace: Duration,
+        boxes: sandbox::Boxes,
+    ) -> (Arc<Runtime>, mpsc::Receiver<RuntimeEvent>) {
         let (events, rx) = mpsc::channel(REPORT_BUFFER);
         (
             Arc::new(Runtime {
@@ -131,6 +142,7 @@ impl Runtime {
                 term_grace,
                 home: tokio::runtime::Handle::current(),
                 dispatch_locks: Mutex::new(HashMap::new()),
+                boxes,
             }),
             rx,
         )
@@ -149,13 +161,21 @@ impl Runtime {
         REPORT_BYTES - self.in_flight.available_permits()
     }
 
-    /// Starts the agent in the admitted workspace — the only way a process gets a working directory.
+    /// Where and how agents' boxes are built (the session's home, what a box allows).
+    pub fn boxes(&self) -> &sandbox::Boxes {
+        &self.boxes
+    }
+
+    /// Starts the agent in the admitted workspace — the only way a process gets a working directory — in
+    /// its box unless its profile says `sandbox = "none"`. `conversation` is the file berth keeps the
+    /// agent's conversation in (Pi), which the box shows.
     pub fn spawn(
         &self,
         ws: &AdmittedWorkspace,
         profile: &AgentProfile,
         session_id: SessionId,
         execution_id: ExecutionId,
+        conversation: Option<&std::path::Path>,
     ) -> Result<u32, SpawnError> {
         // The child, its reaping and every task below belong to the home runtime.
         let _home = self.home.enter();
@@ -165,7 +185,28 @@ impl Runtime {
         }
         // An agent sees an allow-list of berth's environment, never its secrets or database URL (an agent
         // holding BERTH_JWT_SECRET could mint an admin token): then its profile's, then its session's.
-        let mut child = agent_process(profile)
+        let (mut process, mut held) = match profile.sandbox {
+            SandboxMode::Bwrap => self
+                .boxes
+                .boxed(
+                    sandbox::Agent {
+                        profile,
+                        session_id,
+                        execution_id,
+                        cwd: ws.path(),
+                        trees: ws.trees(),
+                        conversation,
+                        dir: None,
+                    },
+                    agent_env(profile),
+                )
+                .map_err(SpawnError::Box)?,
+            SandboxMode::None => {
+                tracing::warn!(%session_id, "the agent runs without a box (its profile says sandbox = \"none\"): it can read what berth's user can");
+                (agent_process(profile), sandbox::Held::default())
+            }
+        };
+        let child = process
             .env("BERTH_SESSION_ID", session_id.to_string())
             .env("BERTH_EXECUTION_ID", execution_id.to_string())
             .current_dir(ws.path())
@@ -174,8 +215,10 @@ impl Runtime {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true)
-            .spawn()
-            .map_err(SpawnError::Spawn)?;
+            .spawn();
+        // The child holds its own copy of the seccomp filter's pipe.
+        held.filter = None;
+        let mut child = child.map_err(SpawnError::Spawn)?;
         let pid = child.id().unwrap_or_default();
         let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<String>();
         let (working, _) = watch::channel(false);
@@ -313,16 +356,24 @@ impl Runtime {
             }
         });
         // Exit: report once the output is drained, then forget the agent.
+        let boxed = profile.sandbox == SandboxMode::Bwrap;
         let events = self.events.clone();
         let agent_e = agent.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
+            // bwrap's own process ended without berth stopping it (killed, say): what it left in the box
+            // holds the pipes, so the whole group goes now.
+            if boxed && !agent_e.stopping.load(std::sync::atomic::Ordering::Acquire) {
+                orphans::signal_group(pid, libc::SIGKILL);
+            }
             let _ = stdout_task.await;
             let _ = stderr_task.await;
             let stderr_tail =
                 String::from_utf8_lossy(&tail.lock().unwrap().iter().copied().collect::<Vec<u8>>()).into_owned();
             let expected = agent_e.stopping.load(std::sync::atomic::Ordering::Acquire);
             let code = status.ok().and_then(|s| s.code());
+            let out_of_memory = held.cgroup.as_ref().is_some_and(sandbox::cgroup::Group::out_of_memory);
+            drop(held);
             *agent_e.exit_code.lock().unwrap() = code;
             let _ = exited_tx.send(true);
             let _ = events
@@ -332,6 +383,7 @@ impl Runtime {
                     code,
                     expected,
                     stderr_tail,
+                    out_of_memory,
                 })
                 .await;
         });
@@ -414,18 +466,21 @@ pub const INHERITED_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "TERM", "USER", "T
 /// environment (never its secrets or database URL), then the profile's `pass_env`, then its `env`.
 pub(crate) fn agent_process(profile: &AgentProfile) -> Process {
     let mut process = Process::new(&profile.command);
+    process.args(&profile.args).env_clear().envs(agent_env(profile));
     process
-        .args(&profile.args)
-        .env_clear()
-        .envs(inherited_env())
-        .envs(
+}
+
+/// The agent's environment: the allow-list of berth's, then the profile's `pass_env`, then its `env`.
+pub(crate) fn agent_env(profile: &AgentProfile) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    inherited_env()
+        .chain(
             profile
                 .pass_env
                 .iter()
-                .filter_map(|k| std::env::var_os(k).map(|v| (k.clone(), v))),
+                .filter_map(|k| std::env::var_os(k).map(|v| (k.into(), v))),
         )
-        .envs(&profile.env);
-    process
+        .chain(profile.env.iter().map(|(k, v)| (k.into(), v.into())))
+        .collect()
 }
 
 fn inherited_env() -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
@@ -447,7 +502,9 @@ mod tests {
     /// delivered first): the lock is the same while anything holds it, and a fresh one once nothing does.
     #[tokio::test]
     async fn a_restarted_agent_shares_the_dispatch_lock_of_one_still_in_flight() {
-        let (rt, _reports) = Runtime::new(Duration::from_millis(10), Duration::from_millis(10));
+        let dir = tempfile::tempdir().unwrap();
+        let boxes = super::sandbox::Boxes::at(dir.path().to_path_buf(), 64, 64);
+        let (rt, _reports) = Runtime::new(Duration::from_millis(10), Duration::from_millis(10), boxes);
         let session = SessionId::now_v7();
         let first = rt.session_dispatch_lock(session);
         let in_flight = first.clone().lock_owned().await;

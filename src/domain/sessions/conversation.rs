@@ -43,6 +43,11 @@ pub(super) fn file(ctx: &Ctx, session_id: SessionId) -> PathBuf {
     dir(ctx).join(format!("{session_id}.jsonl"))
 }
 
+/// The file berth keeps this profile's conversation in, if it keeps one (the agent's box shows it).
+pub(super) fn kept_in_file(ctx: &Ctx, profile: &AgentProfile, session_id: SessionId) -> Option<PathBuf> {
+    (agent::memory(profile.protocol) == Memory::File).then(|| file(ctx, session_id))
+}
+
 /// The profile to spawn: where berth keeps the conversation in a file, its arguments plus that file.
 pub(super) fn launch_profile(ctx: &Ctx, profile: &AgentProfile, session_id: SessionId) -> Result<AgentProfile> {
     let mut profile = profile.clone();
@@ -228,8 +233,10 @@ fn header_of(path: &std::path::Path, recorded: &str) -> Option<ConversationCateg
     }
 }
 
-/// Removes a deleted session's conversation (conversations are session data; worktrees are not).
+/// Removes a deleted session's conversation and its box's home, where agents keep theirs (conversations
+/// are session data; worktrees are not).
 pub(crate) async fn remove(ctx: &Ctx, session_id: SessionId) {
+    ctx.runtime.boxes().remove(session_id);
     let path = file(ctx, session_id);
     match tokio::fs::remove_file(&path).await {
         Ok(()) => {}

@@ -93,12 +93,16 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
             return Err(e);
         }
     }
-    let pid = match ctx.runtime.spawn(&launch.admitted, &profile, s.id, launch.execution_id) {
+    let kept = conversation::kept_in_file(ctx, &profile, s.id);
+    let pid = match ctx
+        .runtime
+        .spawn(&launch.admitted, &profile, s.id, launch.execution_id, kept.as_deref())
+    {
         Ok(pid) => pid,
         Err(SpawnError::AlreadyRunning) => {
             return project(ctx, reload(&ctx.db.conn, s.id).await?).await;
         }
-        Err(SpawnError::Spawn(e)) => {
+        Err(e @ (SpawnError::Spawn(_) | SpawnError::Box(_))) => {
             tracing::warn!(session = %s.id, profile = %profile_name, error = %e, "agent did not start");
             launch.abandon("the agent did not start").await;
             transition_execution(

@@ -62,11 +62,17 @@ pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>
                 code,
                 expected,
                 stderr_tail,
+                out_of_memory,
             }) => {
                 if let Some(w) = streams.flush(session_id) {
                     write(&ctx, w).await;
                 }
-                let r = on_exit(&ctx, session_id, execution_id, code, expected, &stderr_tail).await;
+                let exit = Exit {
+                    code,
+                    expected,
+                    out_of_memory,
+                };
+                let r = on_exit(&ctx, session_id, execution_id, exit, &stderr_tail).await;
                 ctx.runtime.forget(session_id, execution_id);
                 if let Err(e) = r {
                     tracing::warn!(error = %e, "could not record an agent report");
@@ -210,12 +216,23 @@ async fn on_output(ctx: &Ctx, w: Write) -> Result<()> {
     Ok(())
 }
 
+/// How an agent's process ended.
+struct Exit {
+    code: Option<i32>,
+    expected: bool,
+    /// Its box's memory limit ended it.
+    out_of_memory: bool,
+}
+
 async fn on_exit(
     ctx: &Ctx,
     session_id: SessionId,
     execution_id: ExecutionId,
-    code: Option<i32>,
-    expected: bool,
+    Exit {
+        code,
+        expected,
+        out_of_memory,
+    }: Exit,
     stderr_tail: &str,
 ) -> Result<()> {
     transition_execution(
@@ -242,6 +259,11 @@ async fn on_exit(
         return Ok(());
     };
     let message = exit_message(code, stderr_tail);
+    if out_of_memory {
+        // Its limit would end it again: failed alone, berth and every other agent going on.
+        let message = format!("the agent reached its memory limit and was ended; {message}");
+        return record_failure(ctx, &task, s.id, "out_of_memory", &message).await;
+    }
     // I30: an open session whose agent died is restarted in the same workspace, with backoff, a bounded
     // number of times in a window; past that it is failed with the reason.
     let window = chrono::Duration::from_std(ctx.config.agent_restart_window).unwrap_or(chrono::Duration::minutes(10));

@@ -272,6 +272,10 @@ enabled = false
             mode,
             fs_read,
             mcp_servers: Vec::new(),
+            // In its box: its own HOME (kept across restarts by the test) and the model server, nothing else.
+            writable_paths: vec![self.home().to_path_buf()],
+            endpoints: vec![self.model.endpoint()],
+            ..Default::default()
         }
     }
 }

@@ -419,6 +419,11 @@ impl ModelServer {
         format!("{}/v1", self.origin())
     }
 
+    /// `127.0.0.1:<port>`: the endpoint a boxed agent's profile lists to reach this server.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
     /// `http://127.0.0.1:<port>`, without a path: the base URL Anthropic's and Gemini's clients take
     /// (`ANTHROPIC_BASE_URL`, `GOOGLE_GEMINI_BASE_URL`).
     pub fn origin(&self) -> String {
