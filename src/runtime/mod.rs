@@ -373,6 +373,7 @@ impl Runtime {
             let expected = agent_e.stopping.load(std::sync::atomic::Ordering::Acquire);
             let code = status.ok().and_then(|s| s.code());
             let out_of_memory = held.cgroup.as_ref().is_some_and(sandbox::cgroup::Group::out_of_memory);
+            tracing::debug!(%session_id, ?code, expected, out_of_memory, %stderr_tail, "an agent exited");
             drop(held);
             *agent_e.exit_code.lock().unwrap() = code;
             let _ = exited_tx.send(true);

@@ -139,6 +139,15 @@ impl Boxes {
             .as_ref()
             .ok_or("bubblewrap (bwrap) is not installed; install it or set the profile's sandbox = \"none\"")?;
         let profile = agent.profile;
+        // A command that is not there fails the launch here, as it does unboxed, not inside the box.
+        let runnable = |p: &Path| p.is_file();
+        if !(if profile.command.contains('/') {
+            runnable(Path::new(&profile.command))
+        } else {
+            find_on_path(&profile.command).is_some()
+        }) {
+            return Err(format!("the agent command {:?} was not found", profile.command));
+        }
         let dir = agent.dir.clone().unwrap_or_else(|| self.dir_of(agent.session_id));
         let home = dir.join("home");
         private_dir(&self.root).map_err(|e| format!("cannot create {}: {e}", self.root.display()))?;
@@ -186,6 +195,16 @@ impl Boxes {
         for path in &profile.writable_paths {
             b.pair("--bind", path, path);
         }
+        // berth's own files, where a directory shown so far holds them; what follows is shown over them.
+        let shown: Vec<&PathBuf> = self.hidden.iter().filter(|h| b.shows(h)).collect();
+        for hidden in shown {
+            if hidden.is_dir() {
+                b.flag("--tmpfs");
+                b.path(hidden);
+            } else if hidden.is_file() {
+                b.pair("--ro-bind", Path::new("/dev/null"), hidden);
+            }
+        }
         b.pair("--bind", &home, &home);
         let operator_home = std::env::var_os("HOME").map(PathBuf::from);
         for (files, how) in [(&profile.home_files, "--ro-bind"), (&profile.home_files_writable, "--bind")] {
@@ -203,17 +222,11 @@ impl Boxes {
             }
             b.pair("--bind", file, file);
         }
-        b.pair("--bind", agent.cwd, agent.cwd);
+        if !agent.trees.iter().any(|t| t.path == agent.cwd) {
+            b.pair("--bind", agent.cwd, agent.cwd);
+        }
         for tree in agent.trees {
             show_tree(&mut b, tree);
-        }
-        for hidden in &self.hidden {
-            if hidden.is_dir() {
-                b.flag("--tmpfs");
-                b.path(hidden);
-            } else if hidden.is_file() && b.shows(hidden) {
-                b.pair("--ro-bind", Path::new("/dev/null"), hidden);
-            }
         }
 
         let mut held = Held::default();
@@ -249,9 +262,11 @@ impl Boxes {
         let filter = seccomp_pipe().map_err(|e| format!("cannot pass the seccomp filter: {e}"))?;
         b.flag("--seccomp");
         b.flag(&filter.as_raw_fd().to_string());
-        b.pair("--chdir", agent.cwd, agent.cwd);
+        b.flag("--chdir");
+        b.path(agent.cwd);
         b.flag("--");
         b.flag(&profile.command);
+        tracing::debug!(session = %agent.session_id, args = ?b.0, "the agent's box");
         let mut process = tokio::process::Command::new(bwrap);
         process
             .args(b.0)

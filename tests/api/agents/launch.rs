@@ -70,7 +70,9 @@ async fn an_agent_works_in_its_admitted_worktree(app: TestApp) {
         .filter(|k| {
             !(berth::runtime::INHERITED_ENV.contains(k)
                 || k.starts_with("LC_")
-                || ["BERTH_TEST_SECRET", "BERTH_SESSION_ID", "BERTH_EXECUTION_ID"].contains(k))
+                || ["BERTH_TEST_SECRET", "BERTH_SESSION_ID", "BERTH_EXECUTION_ID"].contains(k)
+                // The box (bwrap --chdir) names the working directory, as a shell would.
+                || *k == &"PWD")
         })
         .collect();
     assert!(leaked.is_empty(), "the agent inherited {leaked:?}");
