@@ -220,12 +220,13 @@ async fn check_agents(config: &Config, only: &[String], timeout: &str) -> ExitCo
         eprintln!("berth: the configuration has no [agents.<name>] profiles (BERTH_CONFIG)");
         return ExitCode::from(2);
     }
+    let boxes = berth::runtime::sandbox::Boxes::from_config(config, None);
     let mut failed = 0;
     for (name, profile) in &config.agents {
         if !only.is_empty() && !only.contains(name) {
             continue;
         }
-        match berth::runtime::check::check(profile, within).await {
+        match berth::runtime::check::check(profile, within, &boxes).await {
             Ok(facts) => {
                 println!("{name}: ok");
                 for (label, value) in facts {
@@ -249,6 +250,12 @@ async fn check_agents(config: &Config, only: &[String], timeout: &str) -> ExitCo
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    // Not dumpable: processes of the same user (an agent without a box) cannot read berth's memory or its
+    // /proc/<pid>/environ, where its secrets are.
+    // SAFETY: prctl with constant arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
     let bind = config.bind;
     let admin_token = match &config.jwt_key {
         // Only for the secret berth keeps itself (a laptop); an operator-supplied key prints nothing.

@@ -6,6 +6,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::AppState;
 use super::extract::{Authorized, FollowPoint, SessionsRead};
+use crate::config::{NetworkMode, SandboxMode};
 use crate::error::Error;
 
 pub fn routes(cfg: &mut ServiceConfig) {
@@ -16,6 +17,15 @@ pub fn routes(cfg: &mut ServiceConfig) {
 pub struct AgentProfile {
     pub name: String,
     pub command: String,
+    /// `bwrap`: the agent runs in its box (the default). `none`: it runs as berth's own user with berth's
+    /// filesystem, and berth warns at every start.
+    #[schema(example = "bwrap")]
+    pub sandbox: String,
+    /// `box`: the box's own network, reaching only `endpoints`. `host`: every address berth reaches.
+    #[schema(example = "box")]
+    pub network: String,
+    /// The `host:port` endpoints the agent reaches from its box.
+    pub endpoints: Vec<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -28,9 +38,9 @@ pub struct AgentProfileList {
 
 /// List agent profiles
 ///
-/// The agent profiles configured on the server (name and command, never their environment values), which
-/// sessions name in `agent_profile`. Profiles are defined only in berth's config file. Scope
-/// `sessions:read`.
+/// The agent profiles configured on the server (name, command and what their box allows, never their
+/// environment values), which sessions name in `agent_profile`. Profiles are defined only in berth's
+/// config file. Scope `sessions:read`.
 #[utoipa::path(
     operation_id = "listAgentProfiles",
     tag = "sessions",
@@ -51,6 +61,17 @@ async fn list_agent_profiles(
         .map(|(name, p)| AgentProfile {
             name: name.clone(),
             command: p.command.clone(),
+            sandbox: match p.sandbox {
+                SandboxMode::Bwrap => "bwrap",
+                SandboxMode::None => "none",
+            }
+            .into(),
+            network: match p.network {
+                NetworkMode::Box => "box",
+                NetworkMode::Host => "host",
+            }
+            .into(),
+            endpoints: p.endpoints.clone(),
         })
         .collect();
     Ok(web::Json(AgentProfileList {

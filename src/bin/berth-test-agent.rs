@@ -20,6 +20,9 @@
 //! - `flood-line BYTES`: one line of BYTES without a newline, then the newline, then `flooded`
 //! - `flood-lines COUNT`: COUNT lines of 1 MiB (tool output updates) as fast as the pipe takes them,
 //!   then `flooded`
+//! - `try WHAT ARG`: what a hostile agent would try, replying `ok ...` or `refused ...`: `read PATH`,
+//!   `write PATH`, `connect HOST:PORT` (replies with what the server sent first), `mount DIR`, `umount DIR`,
+//!   `unshare`, `ptrace PID`, `fork N` (how many of N children could start), `alloc MIB` (touches MIB)
 //! - anything else: echo it back
 //!
 //! While a turn runs (`hang`), a plain `prompt` is refused as Pi refuses it, and a `steer` or `follow_up`
@@ -269,6 +272,10 @@ fn main() {
                         );
                         reply("notified");
                     }
+                    "try" => reply(&attempt(
+                        words.next().unwrap_or_default(),
+                        words.next().unwrap_or_default(),
+                    )),
                     _ => reply(&text),
                 }
                 emit(json!({"type": "agent_end"}));
@@ -310,5 +317,95 @@ fn main() {
         loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         }
+    }
+}
+
+/// One thing a hostile agent tries (`try WHAT ARG`): `ok ...` when it worked, `refused ...` with the error.
+fn attempt(what: &str, arg: &str) -> String {
+    use std::io::{Read, Write};
+    let result: Result<String, String> = match what {
+        "read" => std::fs::read(arg)
+            .map(|b| format!("{} bytes", b.len()))
+            .map_err(|e| e.to_string()),
+        "write" => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(arg)
+            .and_then(|mut f| f.write_all(b"written by a hostile agent\n"))
+            .map(|_| "written".into())
+            .map_err(|e| e.to_string()),
+        "connect" => {
+            use std::net::ToSocketAddrs;
+            arg.to_socket_addrs()
+                .map_err(|e| e.to_string())
+                .and_then(|mut a| a.next().ok_or_else(|| "no address".to_string()))
+                .and_then(|a| {
+                    std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(3))
+                        .map_err(|e| e.to_string())
+                })
+                .and_then(|mut s| {
+                    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(3)));
+                    let mut got = String::new();
+                    let _ = s.read_to_string(&mut got);
+                    Ok(format!("connected {}", got.trim()))
+                })
+        }
+        "mount" => syscall_result(unsafe {
+            let dir = std::ffi::CString::new(arg).unwrap();
+            libc::mount(c"none".as_ptr(), dir.as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null())
+        }),
+        "umount" => syscall_result(unsafe {
+            let dir = std::ffi::CString::new(arg).unwrap();
+            libc::umount2(dir.as_ptr(), libc::MNT_DETACH)
+        }),
+        "unshare" => syscall_result(unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) }),
+        "ptrace" => syscall_result(unsafe {
+            libc::ptrace(libc::PTRACE_ATTACH, arg.parse::<libc::pid_t>().unwrap_or(1), 0, 0) as libc::c_int
+        }),
+        "fork" => {
+            let n: usize = arg.parse().unwrap_or(1);
+            let mut children = Vec::new();
+            for _ in 0..n {
+                // SAFETY: the child only pauses until it is killed.
+                match unsafe { libc::fork() } {
+                    0 => loop {
+                        unsafe { libc::pause() };
+                    },
+                    pid if pid > 0 => children.push(pid),
+                    _ => break,
+                }
+            }
+            for pid in &children {
+                unsafe {
+                    libc::kill(*pid, libc::SIGKILL);
+                    libc::waitpid(*pid, std::ptr::null_mut(), 0);
+                }
+            }
+            Ok(format!("forked {}", children.len()))
+        }
+        "alloc" => {
+            let mib: usize = arg.parse().unwrap_or(1);
+            let mut held: Vec<Vec<u8>> = Vec::new();
+            for _ in 0..mib {
+                held.push(vec![1u8; 1024 * 1024]);
+            }
+            Ok(format!(
+                "allocated {}",
+                held.iter().map(Vec::len).sum::<usize>() / (1024 * 1024)
+            ))
+        }
+        other => Err(format!("unknown attempt {other}")),
+    };
+    match result {
+        Ok(what) => format!("ok {what}"),
+        Err(why) => format!("refused {why}"),
+    }
+}
+
+fn syscall_result(rc: libc::c_int) -> Result<String, String> {
+    if rc == 0 {
+        Ok("done".into())
+    } else {
+        Err(std::io::Error::last_os_error().to_string())
     }
 }

@@ -15,9 +15,10 @@ mod secrets;
 pub mod settings;
 pub mod signature;
 mod source;
-use secrets::{load_jwt_key, read_or_create, secret_from_file};
-use settings::{SETTINGS, Source};
 pub use profile::{AgentProfile, AgentProtocol, McpServer, McpTransport, NetworkMode, SandboxMode};
+use secrets::{load_jwt_key, read_or_create, secret_from_file};
+use settings::SETTINGS;
+use source::Source;
 
 #[derive(Debug, thiserror::Error)]
 #[error("invalid {setting}: {reason}")]

@@ -126,4 +126,3 @@ pub enum AgentProtocol {
     #[serde(rename = "acp")]
     Acp,
 }
-

@@ -2,7 +2,7 @@
 //! into the data directory with mode 0600) and files created once (the node id).
 use std::path::{Path, PathBuf};
 
-use super::settings::Source;
+use super::source::Source;
 use super::{ConfigError, JwksSource, JwtKey, bad};
 use std::time::Duration;
 

@@ -6,7 +6,6 @@ use std::time::Duration;
 use toml::Value;
 
 use super::Config;
-pub(super) use super::source::Source;
 
 /// What a setting falls back to when neither a flag, the environment nor the file sets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

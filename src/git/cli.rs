@@ -185,6 +185,8 @@ impl GitCli {
         cmd.arg("-C")
             .arg(repo)
             .args(args)
+            // Nothing the repository's configuration names runs (hooks, fsmonitor, filters, merge drivers).
+            .envs(super::harden::config_env(repo))
             .envs(envs.iter().copied())
             .env("GIT_TERMINAL_PROMPT", "0")
             .env("LC_ALL", "C")

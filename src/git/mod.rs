@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod diff;
 pub mod error;
+mod harden;
 pub mod land;
 mod lock_retry;
 pub mod merge;

@@ -70,7 +70,7 @@ pub struct StatusSnapshot {
 }
 
 pub fn inspect(path: &Path) -> Result<StatusSnapshot, String> {
-    let repo = gix::open_opts(path, gix::open::Options::isolated()).map_err(|e| e.to_string())?;
+    let repo = super::harden::open_for_status(path)?;
     let branch = repo.head_name().ok().flatten().map(|n| n.shorten().to_string());
     let head_id = repo.head_id().ok().map(|id| id.detach());
     let mut snap = StatusSnapshot {

@@ -9,33 +9,105 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use super::agent_process;
+use super::sandbox::{Agent, Boxes, Held};
+use super::{agent_env, agent_process};
 use crate::agent::about::{self, Facts};
 use crate::agent::{Reply, Wire};
 use crate::config::AgentProfile;
+use crate::config::{NetworkMode, SandboxMode};
+use crate::ids::{ExecutionId, SessionId};
 
-/// Starts the agent of `profile`, asks it who it is within `within`, and stops it.
-pub async fn check(profile: &AgentProfile, within: Duration) -> Result<Facts, String> {
+/// Starts the agent of `profile` in its box (as a launch would), asks it who it is within `within`, and
+/// stops it; the facts end with what its box allows.
+pub async fn check(profile: &AgentProfile, within: Duration, boxes: &Boxes) -> Result<Facts, String> {
     let dir = std::env::temp_dir().join(format!("berth-agents-check-{}", uuid::Uuid::now_v7()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let result = run(profile, &dir, within).await;
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
+    let result = run(profile, &dir, &work, within, boxes).await;
     let _ = std::fs::remove_dir_all(&dir);
-    result
+    let mut facts = result?;
+    facts.extend(allowed(profile, boxes));
+    Ok(facts)
 }
 
-async fn run(profile: &AgentProfile, dir: &std::path::Path, within: Duration) -> Result<Facts, String> {
-    let mut process = agent_process(profile);
+/// What the profile's box allows, as `berth agents check` prints it.
+fn allowed(profile: &AgentProfile, boxes: &Boxes) -> Facts {
+    if profile.sandbox == SandboxMode::None {
+        return vec![(
+            "box",
+            "none (sandbox = \"none\"): the agent can read and write whatever berth's user can".into(),
+        )];
+    }
+    let list = |items: &[String]| {
+        if items.is_empty() {
+            "none".to_string()
+        } else {
+            items.join(", ")
+        }
+    };
+    let mut facts: Facts = vec![(
+        "box",
+        "bubblewrap: own mount, PID, IPC, UTS, user and cgroup namespaces; no capabilities; no_new_privs; seccomp"
+            .into(),
+    )];
+    facts.push((
+        "network",
+        match profile.network {
+            NetworkMode::Host => "host (network = \"host\"): every address berth can reach".into(),
+            NetworkMode::Box => format!("its own; endpoints: {}", list(&profile.endpoints)),
+        },
+    ));
+    facts.push((
+        "home files",
+        list(&[profile.home_files.clone(), profile.home_files_writable.clone()].concat()),
+    ));
+    let paths = |ps: &[std::path::PathBuf]| ps.iter().map(|p| p.display().to_string()).collect::<Vec<_>>();
+    facts.push(("read-only paths", list(&paths(&profile.read_only_paths))));
+    facts.push(("writable paths", list(&paths(&profile.writable_paths))));
+    for line in boxes.describe() {
+        let (label, value) = line.split_once(": ").unwrap_or(("box", &line));
+        facts.push((if label == "limits" { "limits" } else { "tool" }, value.to_string()));
+    }
+    facts
+}
+
+async fn run(
+    profile: &AgentProfile,
+    dir: &std::path::Path,
+    work: &std::path::Path,
+    within: Duration,
+    boxes: &Boxes,
+) -> Result<Facts, String> {
+    let mut profile = profile.clone();
+    profile
+        .args
+        .extend(Wire::launch_args(profile.protocol, &work.join("conversation.jsonl")));
+    let profile = &profile;
+    let (mut process, mut held) = match profile.sandbox {
+        SandboxMode::Bwrap => boxes.boxed(
+            Agent {
+                profile,
+                session_id: SessionId::now_v7(),
+                execution_id: ExecutionId::now_v7(),
+                cwd: work,
+                trees: &[],
+                conversation: None,
+                dir: Some(dir.join("box")),
+            },
+            agent_env(profile),
+        )?,
+        SandboxMode::None => (agent_process(profile), Held::default()),
+    };
     process
-        .args(Wire::launch_args(profile.protocol, &dir.join("conversation.jsonl")))
-        .current_dir(dir)
+        .current_dir(work)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = process
-        .spawn()
-        .map_err(|e| format!("cannot start `{}`: {e}", profile.command))?;
+    let child = process.spawn();
+    held.filter = None;
+    let mut child = child.map_err(|e| format!("cannot start `{}`: {e}", profile.command))?;
     let pgid = child.id().unwrap_or_default();
     let mut stderr = child.stderr.take().expect("piped stderr");
     let tail = tokio::spawn(async move {

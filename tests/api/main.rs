@@ -49,6 +49,7 @@ mod repair;
 mod replicas;
 mod repositories;
 mod reviews;
+mod sandbox;
 mod sequencing;
 mod sessions;
 mod settings;

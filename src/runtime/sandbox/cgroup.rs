@@ -25,9 +25,9 @@ impl Hierarchy {
                 let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
                 let own = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("/");
                 let parent = v2.join(own.trim_start_matches('/')).join("berth-agents");
-                return match std::fs::create_dir_all(&parent).and_then(|_| {
-                    std::fs::write(parent.join("cgroup.subtree_control"), "+memory +pids")
-                }) {
+                return match std::fs::create_dir_all(&parent)
+                    .and_then(|_| std::fs::write(parent.join("cgroup.subtree_control"), "+memory +pids"))
+                {
                     Ok(()) => Ok(Hierarchy::V2(parent)),
                     Err(e) => Err(format!("cgroup v2 at {} is not writable: {e}", parent.display())),
                 };

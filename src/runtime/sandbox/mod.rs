@@ -1,4 +1,4 @@
-//! Every agent in a box (issue 50): the one place the box is built. bubblewrap (`bwrap`, what Flatpak and
+//! Every agent in a box: the one place the box is built. bubblewrap (`bwrap`, what Flatpak and
 //! Claude Code's sandbox use) makes it from Linux namespaces: its own mount, PID, IPC, UTS, cgroup and user
 //! namespaces, every capability dropped, `no_new_privs`, and the seccomp filter of `seccomp.rs`. Its own
 //! network namespace is made here (`net.rs`), with a relay per listed endpoint, and its limits with cgroups
@@ -116,8 +116,9 @@ impl Boxes {
         vec![
             match &self.bwrap {
                 Some(p) => format!("box: bubblewrap ({})", p.display()),
-                None => "box: bubblewrap is not installed: boxed profiles cannot start (apt-get install bubblewrap)"
-                    .into(),
+                None => {
+                    "box: bubblewrap is not installed: boxed profiles cannot start (apt-get install bubblewrap)".into()
+                }
             },
             match &self.cgroups {
                 Ok(h) => format!(
@@ -133,7 +134,11 @@ impl Boxes {
 
     /// The agent's process in its box, and what must live as long as it. `env` is the agent's environment
     /// (the allow-list, then the profile's), laid over the box's own `HOME` and `TMPDIR`.
-    pub fn boxed(&self, agent: Agent<'_>, env: Vec<(OsString, OsString)>) -> Result<(tokio::process::Command, Held), String> {
+    pub fn boxed(
+        &self,
+        agent: Agent<'_>,
+        env: Vec<(OsString, OsString)>,
+    ) -> Result<(tokio::process::Command, Held), String> {
         let bwrap = self
             .bwrap
             .as_ref()
@@ -207,7 +212,10 @@ impl Boxes {
         }
         b.pair("--bind", &home, &home);
         let operator_home = std::env::var_os("HOME").map(PathBuf::from);
-        for (files, how) in [(&profile.home_files, "--ro-bind"), (&profile.home_files_writable, "--bind")] {
+        for (files, how) in [
+            (&profile.home_files, "--ro-bind"),
+            (&profile.home_files_writable, "--bind"),
+        ] {
             for file in files {
                 let (source, relative) = home_file(file, operator_home.as_deref())?;
                 if source.exists() {
@@ -268,13 +276,14 @@ impl Boxes {
         b.flag(&profile.command);
         tracing::debug!(session = %agent.session_id, args = ?b.0, "the agent's box");
         let mut process = tokio::process::Command::new(bwrap);
-        process
-            .args(b.0)
-            .args(&profile.args)
-            .env_clear()
-            .env("HOME", &home)
-            .env("TMPDIR", "/tmp")
-            .envs(env.into_iter().filter(|(k, _)| k != "TMPDIR"));
+        process.args(b.0).args(&profile.args).env_clear().envs(env);
+        // The box's own home and /tmp, unless the profile names its own.
+        if !profile.env.contains_key("HOME") {
+            process.env("HOME", &home);
+        }
+        if !profile.env.contains_key("TMPDIR") {
+            process.env("TMPDIR", "/tmp");
+        }
         let namespace = held.net.as_ref().map(|n| n.namespace.as_raw_fd());
         let join = held.cgroup.as_ref().map(cgroup::Group::joiner);
         let seccomp_fd = filter.as_raw_fd();
@@ -348,7 +357,10 @@ impl Args {
 /// `config`, `hooks/` and `info/` stay read-only: git runs commands named there for whoever runs git next.
 fn show_tree(b: &mut Args, tree: &Tree) {
     b.pair("--bind", &tree.path, &tree.path);
-    let common = tree.common_git_dir.canonicalize().unwrap_or_else(|_| tree.common_git_dir.clone());
+    let common = tree
+        .common_git_dir
+        .canonicalize()
+        .unwrap_or_else(|_| tree.common_git_dir.clone());
     if tree.local {
         for part in ["config", "hooks", "info"] {
             let p = common.join(part);
@@ -424,7 +436,10 @@ fn home_file(file: &str, operator_home: Option<&Path>) -> Result<(PathBuf, PathB
         .strip_prefix(home)
         .map_err(|_| format!("home file {file:?} is not in the operator's home"))?
         .to_path_buf();
-    if relative.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+    if relative
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
         return Err(format!("home file {file:?} must name a file under the home"));
     }
     Ok((source, relative))
@@ -467,7 +482,10 @@ mod tests {
         let home = Path::new("/home/op");
         assert_eq!(
             super::home_file("~/.codex/auth.json", Some(home)).unwrap(),
-            (PathBuf::from("/home/op/.codex/auth.json"), PathBuf::from(".codex/auth.json"))
+            (
+                PathBuf::from("/home/op/.codex/auth.json"),
+                PathBuf::from(".codex/auth.json")
+            )
         );
         assert!(super::home_file("/etc/passwd", Some(home)).is_err());
         assert!(super::home_file("~/../other/.ssh/id", Some(home)).is_err());

@@ -100,7 +100,12 @@ pub fn create(endpoints: &[Endpoint], session_id: SessionId, metrics: Option<Arc
         }
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        relays.push(tokio::spawn(relay(listener, endpoint.clone(), session_id, metrics.clone())));
+        relays.push(tokio::spawn(relay(
+            listener,
+            endpoint.clone(),
+            session_id,
+            metrics.clone(),
+        )));
     }
     Ok(BoxNet {
         namespace,

@@ -1,0 +1,71 @@
+//! git runs commands its repository's configuration names (hooks, `core.fsmonitor`, clean and smudge
+//! filters, merge drivers) for whoever runs git next. An agent may have written that configuration (one
+//! without a box, or anything with write access to the repository), so every git command berth runs
+//! switches them off, whatever the repository says: as `GIT_CONFIG_COUNT` entries, which weigh as `-c`
+//! does, over every configuration file. The agent's box keeps `config`, `hooks/` and `info/` read-only.
+use std::path::Path;
+
+/// The settings laid over every git command berth runs, beside the per-driver ones of `for_repository`.
+/// (`diff.external` cannot be emptied this way, git would try to run ""; every diff berth asks for says
+/// `--no-ext-diff --no-textconv`, and the others list names only.)
+const ALWAYS: [(&str, &str); 2] = [("core.hooksPath", "/dev/null"), ("core.fsmonitor", "false")];
+
+/// `GIT_CONFIG_COUNT`, `GIT_CONFIG_KEY_<n>` and `GIT_CONFIG_VALUE_<n>` for a command run in `repo`: hooks
+/// and fsmonitor off, and every filter and merge driver the repository's configuration defines emptied
+/// (an empty `clean`, `smudge` or `process` runs nothing; `required` off so git does not fail for it).
+pub fn config_env(repo: &Path) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = ALWAYS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let (filters, merges) = drivers(repo);
+    for name in filters {
+        for key in ["clean", "smudge", "process"] {
+            pairs.push((format!("filter.{name}.{key}"), String::new()));
+        }
+        pairs.push((format!("filter.{name}.required"), "false".into()));
+    }
+    for name in merges {
+        // A merge driver of `true` keeps the current side: nothing runs, and a merge berth makes with the
+        // plumbing (`merge-tree`) does not consult drivers anyway.
+        pairs.push((format!("merge.{name}.driver"), "true".into()));
+    }
+    let mut env = vec![("GIT_CONFIG_COUNT".to_string(), pairs.len().to_string())];
+    for (i, (k, v)) in pairs.into_iter().enumerate() {
+        env.push((format!("GIT_CONFIG_KEY_{i}"), k));
+        env.push((format!("GIT_CONFIG_VALUE_{i}"), v));
+    }
+    env
+}
+
+/// The names of the filter and merge drivers `repo`'s configuration defines, read with gix (which runs
+/// nothing); none when it cannot be read (then git finds none either, or fails on its own).
+fn drivers(repo: &Path) -> (Vec<String>, Vec<String>) {
+    let Ok(repo) = gix::open_opts(repo, gix::open::Options::isolated()) else {
+        return (Vec::new(), Vec::new());
+    };
+    let config = repo.config_snapshot();
+    let names = |section: &str| -> Vec<String> {
+        config
+            .plumbing()
+            .sections_by_name(section)
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.header().subsection_name().map(|n| n.to_string()))
+            .filter(|n| !n.is_empty() && !n.contains('\n'))
+            .collect()
+    };
+    (names("filter"), names("merge"))
+}
+
+/// The repository at `path`, opened for reading as git status reads it, with every filter driver its
+/// configuration defines emptied: gix runs a driver's `clean` to compare a changed file, as git does.
+pub fn open_for_status(path: &Path) -> Result<gix::Repository, String> {
+    let (filters, _) = drivers(path);
+    let overrides = filters.iter().flat_map(|name| {
+        [
+            format!("filter.{name}.clean="),
+            format!("filter.{name}.smudge="),
+            format!("filter.{name}.process="),
+            format!("filter.{name}.required=false"),
+        ]
+    });
+    gix::open_opts(path, gix::open::Options::isolated().config_overrides(overrides)).map_err(|e| e.to_string())
+}
