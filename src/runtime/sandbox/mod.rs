@@ -194,6 +194,12 @@ impl Boxes {
         for path in installation(&profile.command) {
             b.pair("--ro-bind", &path, &path);
         }
+        // A script the command runs (`python3 /opt/agents/x.py`): that file, or its npm project.
+        for arg in profile.args.iter().map(Path::new).filter(|a| a.is_absolute() && a.is_file()) {
+            for path in script(arg) {
+                b.pair("--ro-bind", &path, &path);
+            }
+        }
         for path in &profile.read_only_paths {
             b.pair("--ro-bind", path, path);
         }
@@ -420,6 +426,27 @@ fn installation(command: &str) -> Vec<PathBuf> {
         {
             shown.push(parent);
         }
+    }
+    shown
+}
+
+/// What a script argument needs shown: its npm project, or the file alone; nothing inside the system.
+fn script(arg: &Path) -> Vec<PathBuf> {
+    let Ok(real) = arg.canonicalize() else {
+        return Vec::new();
+    };
+    if SYSTEM.iter().any(|s| real.starts_with(s)) {
+        return Vec::new();
+    }
+    let project = real
+        .ancestors()
+        .filter(|a| a.file_name().is_some_and(|n| n == "node_modules"))
+        .last()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf);
+    let mut shown = vec![project.unwrap_or(real)];
+    if arg != shown[0] && !arg.starts_with(&shown[0]) {
+        shown.push(arg.to_path_buf());
     }
     shown
 }

@@ -24,7 +24,9 @@ pub(super) fn profile(auth: bool) -> berth::config::AgentProfile {
         env.insert("HOSTILE_AUTH".to_string(), "1".to_string());
     }
     berth::config::AgentProfile {
-        command: "python3".into(),
+        // The system's Python, which the box shows (a pyenv shim first on PATH would need its tree listed
+        // in read_only_paths).
+        command: "/usr/bin/python3".into(),
         args: vec![script.display().to_string()],
         env,
         protocol: berth::config::AgentProtocol::Acp,

@@ -158,8 +158,9 @@ impl Pi {
             mode: None,
             fs_read: None,
             mcp_servers: Vec::new(),
-            // In its box: its agent directory (settings, the scripted model's extension state).
+            // In its box: its agent directory (settings, models.json) and the scripted model server.
             writable_paths: vec![self.agent_dir.path().to_path_buf()],
+            endpoints: vec![self.model.endpoint()],
             ..Default::default()
         }
     }
