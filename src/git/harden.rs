@@ -56,16 +56,21 @@ fn drivers(repo: &Path) -> (Vec<String>, Vec<String>) {
 }
 
 /// The repository at `path`, opened for reading as git status reads it, with every filter driver its
-/// configuration defines emptied: gix runs a driver's `clean` to compare a changed file, as git does.
+/// configuration defines made the identity: gix runs a driver's `clean` to compare a changed file, as git
+/// does, and fails on an empty one, so `cat` stands in (a long-running `process` is emptied: gix then fails
+/// the read instead of running it).
 pub fn open_for_status(path: &Path) -> Result<gix::Repository, String> {
     let (filters, _) = drivers(path);
-    let overrides = filters.iter().flat_map(|name| {
-        [
-            format!("filter.{name}.clean="),
-            format!("filter.{name}.smudge="),
-            format!("filter.{name}.process="),
-            format!("filter.{name}.required=false"),
-        ]
-    });
+    let planted = gix::open_opts(path, gix::open::Options::isolated()).map_err(|e| e.to_string())?;
+    let config = planted.config_snapshot();
+    let mut overrides = Vec::new();
+    for name in &filters {
+        overrides.push(format!("filter.{name}.clean=cat"));
+        overrides.push(format!("filter.{name}.smudge=cat"));
+        overrides.push(format!("filter.{name}.required=false"));
+        if config.string(format!("filter.{name}.process").as_str()).is_some() {
+            overrides.push(format!("filter.{name}.process="));
+        }
+    }
     gix::open_opts(path, gix::open::Options::isolated().config_overrides(overrides)).map_err(|e| e.to_string())
 }

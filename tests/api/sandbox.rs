@@ -11,12 +11,13 @@ use uuid::Uuid;
 
 use crate::agents::{replies, wait_session};
 use crate::both_backends;
-use crate::helpers::{TestApp, wait_until};
+use crate::helpers::{TestApp, git, wait_job_settled, wait_until};
 
 both_backends!(
     a_hostile_agent_stays_in_its_box,
     an_agent_past_its_memory_limit_fails_alone,
     a_session_home_is_kept_across_launches_and_removed_with_the_session,
+    nothing_planted_in_the_git_directory_runs_for_berth,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -244,4 +245,103 @@ async fn a_session_home_is_kept_across_launches_and_removed_with_the_session(app
     })
     .await;
     assert!(worktree.is_dir(), "a session delete never touches a worktree (I2)");
+}
+
+/// Planted from outside, as an agent without a box could: hooks, a `core.fsmonitor` command and a filter
+/// driver for every file. Every git operation berth runs (worktree add, git status, diff, checkpoints,
+/// restore, commit, merge, push, worktree remove) runs none of them.
+async fn nothing_planted_in_the_git_directory_runs_for_berth(app: TestApp) {
+    let f = app.task_with_repo_in("planted", "svc", "Planted").await;
+    let marks = tempfile::TempDir::new().unwrap();
+    let mark = |name: &str| marks.path().join(name).display().to_string();
+    let remote = marks.path().join("remote.git");
+    git(marks.path(), &["init", "-q", "--bare", remote.to_str().unwrap()]);
+    git(&f.repo_dir, &["remote", "add", "origin", remote.to_str().unwrap()]);
+    let common = f.repo_dir.join(".git");
+    let script = |path: &Path, body: String| {
+        std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    let hooks = [
+        "post-checkout",
+        "pre-commit",
+        "commit-msg",
+        "post-commit",
+        "reference-transaction",
+        "pre-push",
+        "post-merge",
+        "pre-merge-commit",
+        "post-index-change",
+    ];
+    for hook in hooks {
+        script(&common.join("hooks").join(hook), format!("touch {}", mark(hook)));
+    }
+    script(&common.join("fsmonitor"), format!("touch {}", mark("fsmonitor")));
+    // The test's own last git calls: from here on, only berth runs git in this repository.
+    git(
+        &f.repo_dir,
+        &["config", "core.fsmonitor", common.join("fsmonitor").to_str().unwrap()],
+    );
+    git(
+        &f.repo_dir,
+        &["config", "filter.evil.clean", &format!("touch {}; cat", mark("clean"))],
+    );
+    git(
+        &f.repo_dir,
+        &[
+            "config",
+            "filter.evil.smudge",
+            &format!("touch {}; cat", mark("smudge")),
+        ],
+    );
+    std::fs::write(common.join("info/attributes"), "* filter=evil\n").unwrap();
+
+    let me = f.started_session("test").await;
+    let env = me.idle["task_environment_id"].as_str().unwrap().to_string();
+    let turns = |n| crate::turns::wait_turns(&app, me.id, n);
+    ask(&app, me.id, "write notes.txt first", 1).await;
+    let listed = turns(1).await;
+    app.post(&format!("/api/v1/environments/{env}/git-status/refresh"), json!({}))
+        .await
+        .ok(200);
+    app.get(&format!("/api/v1/environments/{env}/diff")).await.ok(200);
+    let start = listed["items"][0]["start_checkpoint_id"].as_str().unwrap().to_string();
+    app.post(
+        &format!("/api/v1/environments/{env}/restore"),
+        json!({"checkpoint_id": start, "discard_worktree_changes": true}),
+    )
+    .await
+    .ok(200);
+    ask(&app, me.id, "write landed.txt to land", 2).await;
+    turns(2).await;
+    app.post(
+        &format!("/api/v1/environments/{env}/commits"),
+        json!({"message": "land it"}),
+    )
+    .await
+    .ok(201);
+    app.post(
+        &format!("/api/v1/environments/{env}/merge"),
+        json!({"repository_id": f.repository, "strategy": "fast_forward"}),
+    )
+    .await
+    .ok(200);
+    app.post(
+        &format!("/api/v1/environments/{env}/push"),
+        json!({"repository_id": f.repository}),
+    )
+    .await
+    .ok(200);
+    let r = app.delete(&format!("/api/v1/tasks/{}", f.task)).await.ok(202);
+    let job = wait_job_settled(&app, crate::helpers::uuid(&r["cleanup_jobs"][0]["id"])).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(!path_of(&me.idle).exists(), "the worktree was removed");
+
+    let ran: Vec<String> = std::fs::read_dir(marks.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "remote.git")
+        .collect();
+    assert!(ran.is_empty(), "berth ran what was planted: {ran:?}");
 }

@@ -86,8 +86,9 @@ fn settings(app: &TestApp) -> BTreeMap<String, String> {
     std::fs::write(
         &config,
         format!(
-            "[agents.test]\ncommand = {agent:?}\n\n\
-             [agents.lingering]\ncommand = {agent:?}\nargs = [\"--ignore-eof\"]\n\n\
+            "[agents.test]\ncommand = {agent:?}\nsandbox = \"none\"\n\n\
+             [agents.lingering]\ncommand = {agent:?}\nargs = [\"--ignore-eof\"]\nsandbox = \"none\"\n\n\
+             [agents.boxed_lingering]\ncommand = {agent:?}\nargs = [\"--ignore-eof\"]\n\n\
              [agents.stubborn]\ncommand = {agent:?}\nargs = [\"--ignore-abort\", \"--ignore-term\", \"--ignore-eof\"]\n"
         ),
     )
@@ -298,7 +299,8 @@ async fn sigterm_kills_a_stubborn_agent_and_exits_within_the_budget(app: TestApp
     let id = session(&app, &served, ws, "stubborn", "stubborn", "hang").await;
     // Running: the agent took the prompt and works (it hangs, ignoring abort).
     wait_state(&app, &served, id, "running").await;
-    let agent = wait_processes(id, "the agent runs", |p| p.len() == 1).await[0];
+    // In its box: bwrap's own process, the box's init and the agent.
+    wait_processes(id, "the agent runs in its box", |p| p.len() == 3).await;
     let stopped = tokio::time::Instant::now();
     served.signal(libc::SIGTERM);
     let status = served.exit(BUDGET + 2 * MARGIN).await;
@@ -310,8 +312,8 @@ async fn sigterm_kills_a_stubborn_agent_and_exits_within_the_budget(app: TestApp
         "berth took {took:?} for a {BUDGET:?} budget:\n{log}"
     );
     assert!(
-        !crate::agents::pid_alive(i64::from(agent)),
-        "the agent is gone when berth exits"
+        processes_of(id).is_empty(),
+        "the agent and its box are gone when berth exits"
     );
     assert!(log.contains("agent ignored SIGTERM; sending SIGKILL"), "{log}");
 }
@@ -325,11 +327,15 @@ async fn a_start_after_sigkill_ends_the_leftover_groups_before_relaunching(app: 
     let ws = workspace(&app, &served).await;
     let tool = session(&app, &served, ws, "tool", "test", "child").await;
     let lingering = session(&app, &served, ws, "lingering", "lingering", "child").await;
+    let boxed = session(&app, &served, ws, "boxed", "boxed_lingering", "child").await;
     let mut old = Vec::new();
     for id in [tool, lingering] {
         wait_state(&app, &served, id, "idle").await;
         old.extend(wait_processes(id, "the agent and its tool run", |p| p.len() == 2).await);
     }
+    // In its box: bwrap, the box's init, the agent and its tool.
+    wait_state(&app, &served, boxed, "idle").await;
+    old.extend(wait_processes(boxed, "the boxed agent and its tool run", |p| p.len() == 4).await);
     served.signal(libc::SIGKILL);
     served.exit(WAIT).await;
     // The first agent ends when its stdin closes; its tool runs on without it. The second stays.
@@ -339,6 +345,11 @@ async fn a_start_after_sigkill_ends_the_leftover_groups_before_relaunching(app: 
         processes_of(lingering).len(),
         2,
         "the lingering agent and its tool run on"
+    );
+    assert_eq!(
+        processes_of(boxed).len(),
+        4,
+        "the boxed agent, its box and its tool run on"
     );
     drop(served);
 
@@ -354,7 +365,7 @@ async fn a_start_after_sigkill_ends_the_leftover_groups_before_relaunching(app: 
         "left running after restore: {still:?}\n{}",
         served.log()
     );
-    for id in [tool, lingering] {
+    for id in [tool, lingering, boxed] {
         let s = wait_state(&app, &served, id, "idle").await;
         assert_eq!(s["desired_open"], true);
         let now = wait_processes(id, "a new agent", |p| !p.is_empty()).await;
@@ -369,7 +380,7 @@ async fn a_start_after_sigkill_ends_the_leftover_groups_before_relaunching(app: 
     let mut served = served;
     served.signal(libc::SIGTERM);
     assert_eq!(served.exit(BUDGET + MARGIN).await.code(), Some(0), "{}", served.log());
-    for id in [tool, lingering] {
+    for id in [tool, lingering, boxed] {
         assert!(processes_of(id).is_empty(), "an agent outlived berth's shutdown");
     }
 }

@@ -195,7 +195,12 @@ impl Boxes {
             b.pair("--ro-bind", &path, &path);
         }
         // A script the command runs (`python3 /opt/agents/x.py`): that file, or its npm project.
-        for arg in profile.args.iter().map(Path::new).filter(|a| a.is_absolute() && a.is_file()) {
+        for arg in profile
+            .args
+            .iter()
+            .map(Path::new)
+            .filter(|a| a.is_absolute() && a.is_file())
+        {
             for path in script(arg) {
                 b.pair("--ro-bind", &path, &path);
             }
