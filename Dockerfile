@@ -47,9 +47,9 @@ RUN find build.rs src migration/src benches -type f -exec touch {} + \
 # ---------------------------------------------------------------------------
 FROM debian:bookworm-slim AS runtime
 
-# berth shells out to the git CLI for worktree mutations.
+# berth shells out to the git CLI for worktree mutations, and builds every agent's box with bubblewrap.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends git ca-certificates \
+ && apt-get install -y --no-install-recommends git ca-certificates bubblewrap libcap2-bin \
  && rm -rf /var/lib/apt/lists/*
 
 # The image runs as whatever uid compose gives it (`user: "${UID}:${GID}"`: the host user's, so the
@@ -61,6 +61,9 @@ RUN groupadd --system --gid 10001 berth \
  && chown berth:berth /var/lib/berth
 
 COPY --from=builder /berth /usr/local/bin/berth
+# berth runs as the host user's uid, and makes each agent box's network namespace itself: that needs
+# CAP_SYS_ADMIN (compose adds it to the container's bounding set; README "What an agent can reach").
+RUN setcap cap_sys_admin+ep /usr/local/bin/berth
 
 ENV BERTH_DATA_DIR=/var/lib/berth \
     BERTH_BIND=0.0.0.0:8080 \
@@ -86,7 +89,7 @@ CMD ["serve"]
 FROM node:22-bookworm-slim AS agents
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends git ca-certificates \
+ && apt-get install -y --no-install-recommends git ca-certificates bubblewrap libcap2-bin \
  && rm -rf /var/lib/apt/lists/*
 
 # The Pi the integration tests run (tests/pi pins it and locks its whole dependency tree): `npm ci`
@@ -106,6 +109,9 @@ RUN groupadd --system --gid 10001 berth \
  && chown berth:berth /var/lib/berth
 
 COPY --from=builder /berth /usr/local/bin/berth
+# berth runs as the host user's uid, and makes each agent box's network namespace itself: that needs
+# CAP_SYS_ADMIN (compose adds it to the container's bounding set; README "What an agent can reach").
+RUN setcap cap_sys_admin+ep /usr/local/bin/berth
 
 # HOME is the data directory: Pi keeps its settings under ~/.pi unless PI_CODING_AGENT_DIR says otherwise.
 ENV BERTH_DATA_DIR=/var/lib/berth \

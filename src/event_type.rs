@@ -99,6 +99,9 @@ pub enum EventType {
     #[sea_orm(string_value = "session.message_updated")]
     #[serde(rename = "session.message_updated")]
     SessionMessageUpdated,
+    #[sea_orm(string_value = "session.egress_refused")]
+    #[serde(rename = "session.egress_refused")]
+    SessionEgressRefused,
     #[sea_orm(string_value = "runtime.output")]
     #[serde(rename = "runtime.output")]
     RuntimeOutput,
@@ -146,6 +149,7 @@ impl EventType {
             EventType::SessionDeleted => "session.deleted",
             EventType::SessionPrimaryChanged => "session.primary_changed",
             EventType::SessionMessageUpdated => "session.message_updated",
+            EventType::SessionEgressRefused => "session.egress_refused",
             EventType::RuntimeOutput => "runtime.output",
             EventType::GitStatusUpdated => "git_status.updated",
             EventType::CleanupJobUpdated => "cleanup_job.updated",

@@ -123,6 +123,18 @@ impl Agent {
         );
         t.insert("env".into(), toml::Value::Table(env));
         t.insert("protocol".into(), protocol.into());
+        // In its box (the default): its own directory, and the model server as its one endpoint.
+        let endpoint = base_url
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        t.insert("endpoints".into(), vec![toml::Value::from(endpoint)].into());
+        t.insert(
+            "writable_paths".into(),
+            vec![toml::Value::from(home.display().to_string())].into(),
+        );
         (t, version)
     }
 }

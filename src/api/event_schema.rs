@@ -399,6 +399,15 @@ const VARIANTS: &[Variant] = &[
         data: &[("message", Field::Named("Message"), "The message as it is now.", REQ)],
     },
     Variant {
+        event_type: "session.egress_refused",
+        name: "SessionEgressRefused",
+        description: "The session's agent asked its box for an address its profile does not list (README \"What an agent can reach\"): refused. Each name is reported once per agent process.",
+        data: &[
+            ("address", Field::String, "The name the agent asked for.", REQ),
+            ("execution_id", Field::Uuid, "The agent process that asked.", REQ),
+        ],
+    },
+    Variant {
         event_type: "runtime.output",
         name: "RuntimeOutput",
         description: "The agent reported something: its own event, as it sent it.",

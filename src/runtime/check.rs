@@ -84,18 +84,21 @@ async fn run(
         .extend(Wire::launch_args(profile.protocol, &work.join("conversation.jsonl")));
     let profile = &profile;
     let (mut process, mut held) = match profile.sandbox {
-        SandboxMode::Bwrap => boxes.boxed(
-            Agent {
-                profile,
-                session_id: SessionId::now_v7(),
-                execution_id: ExecutionId::now_v7(),
-                cwd: work,
-                trees: &[],
-                conversation: None,
-                dir: Some(dir.join("box")),
-            },
-            agent_env(profile),
-        )?,
+        SandboxMode::Bwrap => boxes
+            .boxed(
+                Agent {
+                    profile,
+                    session_id: SessionId::now_v7(),
+                    execution_id: ExecutionId::now_v7(),
+                    cwd: work,
+                    trees: &[],
+                    conversation: None,
+                    dir: Some(dir.join("box")),
+                    refused: None,
+                },
+                agent_env(profile),
+            )
+            .map_err(|e| format!("cannot start `{}`: {e}", profile.command))?,
         SandboxMode::None => (agent_process(profile), Held::default()),
     };
     process

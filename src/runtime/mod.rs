@@ -53,6 +53,12 @@ pub enum RuntimeEvent {
         /// The kernel ended it (or something it started) at its box's memory limit.
         out_of_memory: bool,
     },
+    /// The agent asked its box for a name no listed endpoint has (refused; each name once per agent).
+    EgressRefused {
+        session_id: SessionId,
+        execution_id: ExecutionId,
+        address: String,
+    },
 }
 
 struct Agent {
@@ -161,6 +167,18 @@ impl Runtime {
         REPORT_BYTES - self.in_flight.available_permits()
     }
 
+    /// Reports a name the agent's box refused; dropped when the report channel is full (counted anyway).
+    fn refusals(&self, session_id: SessionId, execution_id: ExecutionId) -> sandbox::net::OnRefused {
+        let events = self.events.clone();
+        Arc::new(move |address| {
+            let _ = events.try_send(RuntimeEvent::EgressRefused {
+                session_id,
+                execution_id,
+                address,
+            });
+        })
+    }
+
     /// Where and how agents' boxes are built (the session's home, what a box allows).
     pub fn boxes(&self) -> &sandbox::Boxes {
         &self.boxes
@@ -197,6 +215,7 @@ impl Runtime {
                         trees: ws.trees(),
                         conversation,
                         dir: None,
+                        refused: Some(self.refusals(session_id, execution_id)),
                     },
                     agent_env(profile),
                 )

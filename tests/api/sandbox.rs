@@ -181,7 +181,25 @@ async fn a_hostile_agent_stays_in_its_box(app: TestApp) {
         ask(&app, neighbour.id, "pwd", 1).await,
         neighbour_tree.display().to_string()
     );
+    // The name it asked for is a session event, and counted.
+    wait_until("the refused name as a session event", WAIT, || async {
+        let page = app
+            .get("/api/v1/events?after=0&limit=1000&types=session.egress_refused")
+            .await
+            .ok(200);
+        let found = page["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["session_id"] == me.id.to_string() && e["data"]["address"] == "example.com");
+        crate::helpers::seen_json(found, page)
+    })
+    .await;
     let metrics = app.get("/metrics").await.text;
+    assert!(
+        metrics.contains("berth_agent_egress_total{decision=\"refused\"}"),
+        "{metrics}"
+    );
     assert!(
         metrics.contains("berth_agent_egress_total{decision=\"allowed\"}"),
         "{metrics}"

@@ -55,6 +55,10 @@ def compose(schema_path, name="docker-compose.yml", nodes=("",)):
         check(berth.get("user") and re.fullmatch(r"\$\{UID[^}]*\}:\$\{GID[^}]*\}", berth["user"]),
               f"{where} runs as ${{UID}}:${{GID}}")
         check(berth.get("init") is True, f"{where}: init: true")
+        check("SYS_ADMIN" in berth.get("cap_add", []), f"{where}: cap_add SYS_ADMIN (berth makes each box's network)")
+        opts = set(berth.get("security_opt", []))
+        check({"seccomp=unconfined", "apparmor=unconfined"} <= opts,
+              f"{where}: security_opt lets bubblewrap make the box's namespaces")
         grace = re.fullmatch(r"(\d+)s", str(berth.get("stop_grace_period", "")))
         budget = int(env_budget(berth.get("environment", {})))
         check(grace and int(grace.group(1)) > budget,
@@ -117,6 +121,9 @@ def dockerfile():
     stages = re.findall(r"^FROM\s+\S+(?:\s+AS\s+(\S+))?", text, re.M)
     check("runtime" in stages and "agents" in stages and "builder" in stages, f"stages builder, runtime, agents: {stages}")
     check(re.search(r"^FROM runtime\s*$", text, re.M), "the default target is the runtime stage")
+    check(text.count("bubblewrap") >= 2, "the runtime and agents stages install bubblewrap (every agent's box)")
+    check(text.count("setcap cap_sys_admin+ep /usr/local/bin/berth") >= 2,
+          "berth's binary may make the boxes' network namespaces (setcap) in both stages")
     pinned = json.loads((ROOT / "tests/pi/package.json").read_text())["dependencies"]["@mariozechner/pi-coding-agent"]
     arg = re.search(r"^ARG PI_VERSION=(\S+)", text, re.M)
     check(arg and arg.group(1) == pinned, f"the agents stage pins Pi {pinned}, as tests/pi does")

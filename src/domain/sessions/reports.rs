@@ -78,6 +78,15 @@ pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>
                     tracing::warn!(error = %e, "could not record an agent report");
                 }
             }
+            Some(RuntimeEvent::EgressRefused {
+                session_id,
+                execution_id,
+                address,
+            }) => {
+                if let Err(e) = on_refused(&ctx, session_id, execution_id, &address).await {
+                    tracing::warn!(error = %e, "could not record a refused connection");
+                }
+            }
             None => {}
         }
         // Due buffers are of different sessions (order matters only within one): written side by side,
@@ -213,6 +222,32 @@ async fn on_output(ctx: &Ctx, w: Write) -> Result<()> {
             });
         }
     }
+    Ok(())
+}
+
+/// The agent asked its box for an address its profile does not list: an event of its session.
+async fn on_refused(ctx: &Ctx, session_id: SessionId, execution_id: ExecutionId, address: &str) -> Result<()> {
+    tracing::warn!(session = %session_id, %address, "the agent's box refused an address its profile does not list");
+    let Some(s) = store::find(&ctx.db.conn, session_id).await? else {
+        return Ok(());
+    };
+    let Some(task) = task_store::find(&ctx.db.conn, s.task_id).await? else {
+        return Ok(());
+    };
+    let txn = ctx.db.begin_write().await?;
+    let subject = Subject {
+        execution_id: Some(execution_id),
+        ..super::access::subject(&task, &s)
+    };
+    events::append(
+        &txn,
+        ctx.instance_id,
+        EventType::SessionEgressRefused,
+        subject,
+        json!({ "address": address, "execution_id": execution_id }),
+    )
+    .await?;
+    ctx.commit(txn).await?;
     Ok(())
 }
 

@@ -46,6 +46,25 @@ impl Hierarchy {
         }
     }
 
+    /// Removes the empty groups a previous berth left (killed before it could): a group still holding a
+    /// process (an orphaned box, ended by restore) is kept.
+    pub fn sweep(&self) {
+        let roots = match self {
+            Hierarchy::V2(root) => vec![root.clone()],
+            Hierarchy::V1 { memory, pids } => vec![memory.clone(), pids.clone()],
+        };
+        for root in roots {
+            let Ok(entries) = std::fs::read_dir(&root) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with("agent-") {
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Hierarchy::V2(p) => format!("cgroup v2 ({})", p.display()),

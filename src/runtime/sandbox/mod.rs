@@ -65,8 +65,9 @@ impl Boxes {
             hidden.push(PathBuf::from(file));
         }
         let cgroups = cgroup::Hierarchy::detect();
-        if let Err(why) = &cgroups {
-            tracing::warn!(%why, "agents run without memory and process limits");
+        match &cgroups {
+            Ok(h) => h.sweep(),
+            Err(why) => tracing::warn!(%why, "agents run without memory and process limits"),
         }
         Boxes {
             root: config.data_dir.join("boxes"),
@@ -212,15 +213,23 @@ impl Boxes {
             b.pair("--bind", path, path);
         }
         // berth's own files, where a directory shown so far holds them; what follows is shown over them.
-        let shown: Vec<&PathBuf> = self.hidden.iter().filter(|h| b.shows(h)).collect();
-        for hidden in shown {
-            if hidden.is_dir() {
-                b.flag("--tmpfs");
-                b.path(hidden);
-            } else if hidden.is_file() {
-                b.pair("--ro-bind", Path::new("/dev/null"), hidden);
-            }
+        let hidden_now: Vec<PathBuf> = self.hidden.iter().filter(|h| b.shows(h)).cloned().collect();
+        hide(&mut b, &hidden_now);
+        if !agent.trees.iter().any(|t| t.path == agent.cwd) {
+            b.pair("--bind", agent.cwd, agent.cwd);
         }
+        for tree in agent.trees {
+            show_tree(&mut b, tree);
+        }
+        // Again inside what the workspace shows (a `local` repository holding berth's data directory).
+        let inside: Vec<PathBuf> = self
+            .hidden
+            .iter()
+            .filter(|h| agent.trees.iter().any(|t| h.starts_with(&t.path)) || h.starts_with(agent.cwd))
+            .cloned()
+            .collect();
+        hide(&mut b, &inside);
+        // The session's own, shown over berth's hidden files that hold them.
         b.pair("--bind", &home, &home);
         let operator_home = std::env::var_os("HOME").map(PathBuf::from);
         for (files, how) in [
@@ -241,12 +250,6 @@ impl Boxes {
             }
             b.pair("--bind", file, file);
         }
-        if !agent.trees.iter().any(|t| t.path == agent.cwd) {
-            b.pair("--bind", agent.cwd, agent.cwd);
-        }
-        for tree in agent.trees {
-            show_tree(&mut b, tree);
-        }
 
         let mut held = Held::default();
         if profile.network == NetworkMode::Box {
@@ -255,10 +258,32 @@ impl Boxes {
                 .iter()
                 .map(|e| net::Endpoint::parse(e))
                 .collect::<Result<Vec<_>, _>>()?;
-            let boxnet = net::create(&endpoints, agent.session_id, self.metrics.clone())
-                .map_err(|e| format!("cannot make the box's network (berth needs CAP_SYS_ADMIN for it): {e}"))?;
+            let made = net::create(
+                &endpoints,
+                agent.session_id,
+                self.metrics.clone(),
+                agent.refused.clone(),
+            );
+            let hosts_text = match made {
+                Ok(boxnet) => {
+                    let text = boxnet.hosts.clone();
+                    held.net = Some(boxnet);
+                    text
+                }
+                // berth without CAP_SYS_ADMIN (a laptop user): bwrap makes a namespace with loopback only,
+                // which is all a box without endpoints needs.
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && endpoints.is_empty() => {
+                    b.flag("--unshare-net");
+                    net::LOOPBACK_HOSTS.to_string()
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "cannot make the box's network with its endpoints (berth needs CAP_SYS_ADMIN for it: run it as root or `setcap cap_sys_admin+ep` its binary, or set the profile's network = \"host\"): {e}"
+                    ));
+                }
+            };
             let hosts = dir.join("hosts");
-            std::fs::write(&hosts, &boxnet.hosts).map_err(|e| format!("cannot write {}: {e}", hosts.display()))?;
+            std::fs::write(&hosts, hosts_text).map_err(|e| format!("cannot write {}: {e}", hosts.display()))?;
             let resolv = dir.join("resolv.conf");
             // No name server answers in the box: names are the hosts file's, or nothing.
             std::fs::write(&resolv, "nameserver 127.0.0.53\noptions timeout:1 attempts:1\n")
@@ -267,7 +292,6 @@ impl Boxes {
             if !Path::new("/etc/resolv.conf").is_symlink() {
                 b.pair("--ro-bind", &resolv, Path::new("/etc/resolv.conf"));
             }
-            held.net = Some(boxnet);
         }
         if let Ok(h) = &self.cgroups {
             let memory = profile.memory_max_mib.unwrap_or(self.memory_mib);
@@ -333,6 +357,20 @@ pub struct Agent<'a> {
     pub conversation: Option<&'a Path>,
     /// Where the home lives when not under berth's boxes (`berth agents check`).
     pub dir: Option<PathBuf>,
+    /// Told each name the agent asked for that its box does not let it reach.
+    pub refused: Option<net::OnRefused>,
+}
+
+/// Covers berth's own files: an empty directory over a directory, `/dev/null` over a file.
+fn hide(b: &mut Args, paths: &[PathBuf]) {
+    for hidden in paths {
+        if hidden.is_dir() {
+            b.flag("--tmpfs");
+            b.path(hidden);
+        } else if hidden.is_file() {
+            b.pair("--ro-bind", Path::new("/dev/null"), hidden);
+        }
+    }
 }
 
 /// bwrap's arguments, and the places they show (to know whether a hidden file would appear).

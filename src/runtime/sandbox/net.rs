@@ -10,6 +10,9 @@ use std::sync::Arc;
 use crate::ids::SessionId;
 use crate::metrics::Metrics;
 
+/// The box's `/etc/hosts` before any endpoint is named in it.
+pub const LOOPBACK_HOSTS: &str = "127.0.0.1 localhost\n::1 localhost\n";
+
 /// An endpoint a profile lists: `host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -71,28 +74,43 @@ impl Drop for BoxNet {
 
 /// Makes the namespace (on a thread of its own, which ends with it made: the namespace lives on in the
 /// returned descriptor and the listeners) and starts one relay per endpoint.
-pub fn create(endpoints: &[Endpoint], session_id: SessionId, metrics: Option<Arc<Metrics>>) -> std::io::Result<BoxNet> {
+/// Told the name an agent asked the box's resolver for (no listed endpoint has it): refused.
+pub type OnRefused = Arc<dyn Fn(String) + Send + Sync>;
+
+/// Where the box's `/etc/resolv.conf` points: berth answers every query there with a refusal and reports
+/// the name asked for (a listed name never gets here: the hosts file has it).
+pub const RESOLVER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
+
+pub fn create(
+    endpoints: &[Endpoint],
+    session_id: SessionId,
+    metrics: Option<Arc<Metrics>>,
+    on_refused: Option<OnRefused>,
+) -> std::io::Result<BoxNet> {
     let wanted: Vec<SocketAddr> = endpoints
         .iter()
         .enumerate()
         .map(|(i, e)| SocketAddr::new(e.inside(i), e.port))
         .collect();
-    let (namespace, listeners) = std::thread::spawn(move || -> std::io::Result<(OwnedFd, Vec<TcpListener>)> {
-        // SAFETY: unshare on this thread only (a network namespace is per thread until exec).
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        loopback_up()?;
-        let ns = std::fs::File::open("/proc/thread-self/ns/net")?;
-        let listeners = wanted
-            .iter()
-            .map(TcpListener::bind)
-            .collect::<std::io::Result<Vec<_>>>()?;
-        Ok((ns.into(), listeners))
-    })
+    let (namespace, listeners, resolver) = std::thread::spawn(
+        move || -> std::io::Result<(OwnedFd, Vec<TcpListener>, std::net::UdpSocket)> {
+            // SAFETY: unshare on this thread only (a network namespace is per thread until exec).
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            loopback_up()?;
+            let ns = std::fs::File::open("/proc/thread-self/ns/net")?;
+            let listeners = wanted
+                .iter()
+                .map(TcpListener::bind)
+                .collect::<std::io::Result<Vec<_>>>()?;
+            let resolver = std::net::UdpSocket::bind((RESOLVER, 53))?;
+            Ok((ns.into(), listeners, resolver))
+        },
+    )
     .join()
     .map_err(|_| std::io::Error::other("the namespace thread panicked"))??;
-    let mut hosts = String::from("127.0.0.1 localhost\n::1 localhost\n");
+    let mut hosts = String::from(LOOPBACK_HOSTS);
     let mut relays = Vec::new();
     for (i, (endpoint, listener)) in endpoints.iter().zip(listeners).enumerate() {
         if endpoint.host.parse::<IpAddr>().is_err() && endpoint.host != "localhost" {
@@ -107,6 +125,9 @@ pub fn create(endpoints: &[Endpoint], session_id: SessionId, metrics: Option<Arc
             metrics.clone(),
         )));
     }
+    resolver.set_nonblocking(true)?;
+    let resolver = tokio::net::UdpSocket::from_std(resolver)?;
+    relays.push(tokio::spawn(refuse_names(resolver, metrics, on_refused)));
     Ok(BoxNet {
         namespace,
         hosts,
@@ -145,6 +166,63 @@ async fn relay(listener: tokio::net::TcpListener, to: Endpoint, session_id: Sess
     }
 }
 
+/// The box's resolver: every query is answered `REFUSED` at once (so the agent fails fast), counted, and
+/// each name reported the first time it is asked.
+async fn refuse_names(socket: tokio::net::UdpSocket, metrics: Option<Arc<Metrics>>, on_refused: Option<OnRefused>) {
+    let mut seen = std::collections::HashSet::new();
+    let mut buf = [0u8; 512];
+    loop {
+        let Ok((n, from)) = socket.recv_from(&mut buf).await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        let Some((name, answer)) = refusal(&buf[..n]) else {
+            continue;
+        };
+        let _ = socket.send_to(&answer, from).await;
+        if let Some(m) = &metrics {
+            m.agent_egress("refused");
+        }
+        // At most 256 distinct names reported per agent: a loop over random names is counted, not logged.
+        if seen.len() < 256
+            && seen.insert(name.clone())
+            && let Some(report) = &on_refused
+        {
+            report(name);
+        }
+    }
+}
+
+/// The name a DNS query asks for, and the `REFUSED` answer to it (the query's header and question, with
+/// the response bit and rcode 5).
+fn refusal(query: &[u8]) -> Option<(String, Vec<u8>)> {
+    if query.len() < 12 || query[2] & 0x80 != 0 {
+        return None;
+    }
+    let mut labels = Vec::new();
+    let mut at = 12;
+    loop {
+        let len = *query.get(at)? as usize;
+        at += 1;
+        if len == 0 {
+            break;
+        }
+        if len > 63 {
+            return None;
+        }
+        labels.push(String::from_utf8_lossy(query.get(at..at + len)?).into_owned());
+        at += len;
+    }
+    let question_end = at + 4;
+    query.get(..question_end)?;
+    let mut answer = query[..question_end].to_vec();
+    answer[2] = 0x80 | (query[2] & 0x79); // QR, the opcode and RD as asked
+    answer[3] = 0x05; // REFUSED
+    answer[6..12].fill(0); // no answers, authorities or additionals
+    answer[4..6].copy_from_slice(&[0, 1]);
+    Some((labels.join("."), answer))
+}
+
 /// Brings `lo` up in the calling thread's network namespace (SIOCSIFFLAGS, as `ip link set lo up` does).
 fn loopback_up() -> std::io::Result<()> {
     // SAFETY: a plain datagram socket for the ioctl, closed by OwnedFd; `ifreq` is zeroed then filled.
@@ -172,6 +250,18 @@ fn loopback_up() -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::Endpoint;
+
+    #[test]
+    fn a_query_is_refused_and_its_name_read() {
+        // id 0x1234, RD, one question: example.com A IN.
+        let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        q.extend(b"\x07example\x03com\x00\x00\x01\x00\x01");
+        let (name, answer) = super::refusal(&q).unwrap();
+        assert_eq!(name, "example.com");
+        assert_eq!(&answer[..4], &[0x12, 0x34, 0x81, 0x05]);
+        assert_eq!(answer.len(), q.len());
+        assert!(super::refusal(&answer).is_none(), "an answer is not a query");
+    }
 
     #[test]
     fn endpoints_are_host_and_port_and_never_a_remote_address() {

@@ -20,6 +20,9 @@ fn table(profile: &berth::config::AgentProfile) -> toml::Table {
     if let Some(fs_read) = profile.fs_read {
         t.insert("fs_read".into(), fs_read.into());
     }
+    t.insert("endpoints".into(), profile.endpoints.clone().into());
+    let writable: Vec<String> = profile.writable_paths.iter().map(|p| p.display().to_string()).collect();
+    t.insert("writable_paths".into(), writable.into());
     t
 }
 
@@ -72,6 +75,15 @@ async fn agents_check_introduces_each_profile_and_fails_for_a_broken_one() {
     );
     assert!(out.contains("  capabilities: {"), "{out}");
     assert!(out.contains("loadSession"), "{out}");
+    // What its box allows, as the profile says.
+    assert!(out.contains("  box: bubblewrap: own mount, PID"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "  network: its own; endpoints: {}\n",
+            opencode.model.endpoint()
+        )),
+        "{out}"
+    );
     assert!(out.contains("wants-login: ok\n"), "{out}");
     assert!(out.contains("  auth methods: hostile-key (Hostile key)\n"), "{out}");
     assert!(
