@@ -61,8 +61,11 @@ pub struct Held {
 impl Boxes {
     pub fn from_config(config: &Config, metrics: Option<Arc<Metrics>>) -> Boxes {
         let mut hidden = vec![config.data_dir.clone()];
-        if let Ok(file) = std::env::var("BERTH_CONFIG") {
-            hidden.push(PathBuf::from(file));
+        // The config file and every secret berth read from a file (`BERTH_*_FILE`).
+        for (key, value) in std::env::vars() {
+            if key == "BERTH_CONFIG" || (key.starts_with("BERTH_") && key.ends_with("_FILE")) {
+                hidden.push(PathBuf::from(value));
+            }
         }
         let cgroups = cgroup::Hierarchy::detect();
         match &cgroups {
