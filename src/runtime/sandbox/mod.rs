@@ -446,39 +446,32 @@ fn worktree_admin_dir(worktree: &Path, common: &Path) -> Option<PathBuf> {
 /// Where the agent's program lives, to show read-only: the project holding its `node_modules` for an npm
 /// install, else the directory of the executable; nothing when it is part of the system.
 fn installation(command: &str) -> Vec<PathBuf> {
-    let path = if command.contains('/') {
+    let named = if command.contains('/') {
         Some(PathBuf::from(command))
     } else {
         find_on_path(command)
     };
-    let Some(real) = path.and_then(|p| p.canonicalize().ok()) else {
+    let Some(named) = named else {
         return Vec::new();
     };
-    if SYSTEM.iter().any(|s| real.starts_with(s)) {
-        return Vec::new();
-    }
-    let top_modules = real
-        .ancestors()
-        .filter(|a| a.file_name().is_some_and(|n| n == "node_modules"))
-        .last()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf);
-    let mut shown = vec![top_modules.unwrap_or_else(|| real.parent().unwrap_or(Path::new("/")).to_path_buf())];
+    let parent = |p: &Path| p.parent().unwrap_or(Path::new("/")).to_path_buf();
     // The program as named (a symlink in `.bin`, say) is shown too, when it lies elsewhere.
-    if command.contains('/') {
-        let named = PathBuf::from(command);
-        if let Some(parent) = named.parent().and_then(|p| p.canonicalize().ok())
-            && !shown.iter().any(|s| parent.starts_with(s))
-        {
-            shown.push(parent);
-        }
-    }
-    shown
+    shown_for(&named, parent, |n| named_dir(n, command))
 }
 
 /// What a script argument needs shown: its npm project, or the file alone; nothing inside the system.
 fn script(arg: &Path) -> Vec<PathBuf> {
-    let Ok(real) = arg.canonicalize() else {
+    shown_for(arg, Path::to_path_buf, |_| Some(arg.to_path_buf()))
+}
+
+/// The npm project holding `named`'s real file, else `otherwise(real)`; then `also(named)` when that lies
+/// outside what is already shown. Nothing for a file of the system.
+fn shown_for(
+    named: &Path,
+    otherwise: impl Fn(&Path) -> PathBuf,
+    also: impl Fn(&Path) -> Option<PathBuf>,
+) -> Vec<PathBuf> {
+    let Ok(real) = named.canonicalize() else {
         return Vec::new();
     };
     if SYSTEM.iter().any(|s| real.starts_with(s)) {
@@ -490,11 +483,21 @@ fn script(arg: &Path) -> Vec<PathBuf> {
         .last()
         .and_then(Path::parent)
         .map(Path::to_path_buf);
-    let mut shown = vec![project.unwrap_or(real)];
-    if arg != shown[0] && !arg.starts_with(&shown[0]) {
-        shown.push(arg.to_path_buf());
+    let mut shown = vec![project.unwrap_or_else(|| otherwise(&real))];
+    if let Some(extra) = also(named)
+        && !shown.iter().any(|s| extra.starts_with(s))
+    {
+        shown.push(extra);
     }
     shown
+}
+
+/// The directory of a command named by path, as named (not resolved); none for a bare name.
+fn named_dir(named: &Path, command: &str) -> Option<PathBuf> {
+    if !command.contains('/') {
+        return None;
+    }
+    named.parent().and_then(|p| p.canonicalize().ok())
 }
 
 /// A home file named `~/x` (or an absolute path under the operator's home): where it is, and where it goes
