@@ -195,6 +195,33 @@ async fn a_hostile_agent_stays_in_its_box(app: TestApp) {
         crate::helpers::seen_json(found, page)
     })
     .await;
+    // Only those who may see the session see its refusals: not another workspace's token, not another
+    // session's agent.
+    let refusals = |token: String| {
+        let app = &app;
+        async move {
+            let page = app
+                .call_with(
+                    reqwest::Method::GET,
+                    "/api/v1/events?after=0&limit=1000&types=session.egress_refused",
+                    Some(&token),
+                    None,
+                    &[],
+                )
+                .await
+                .ok(200);
+            page["events"].as_array().unwrap().len()
+        }
+    };
+    assert_eq!(
+        refusals(app.token_for("events:read", Some(vec![other.workspace]), None)).await,
+        0
+    );
+    assert_eq!(
+        refusals(app.token_for("events:read", None, Some(neighbour.id))).await,
+        0
+    );
+    assert!(refusals(app.token_for("events:read", Some(vec![f.workspace]), None)).await > 0);
     let metrics = app.get("/metrics").await.text;
     assert!(
         metrics.contains("berth_agent_egress_total{decision=\"refused\"}"),
