@@ -7,6 +7,8 @@ pub enum Scope {
     WorkspacesAdmin,
     TasksRead,
     TasksWrite,
+    /// Landing: merge, push, pull requests (a change outside the task's own branch).
+    TasksLand,
     TasksArchive,
     TasksDelete,
     SessionsRead,
@@ -21,10 +23,11 @@ pub enum Scope {
 }
 
 impl Scope {
-    pub const ALL: [Scope; 13] = [
+    pub const ALL: [Scope; 14] = [
         Scope::WorkspacesAdmin,
         Scope::TasksRead,
         Scope::TasksWrite,
+        Scope::TasksLand,
         Scope::TasksArchive,
         Scope::TasksDelete,
         Scope::SessionsRead,
@@ -42,6 +45,7 @@ impl Scope {
             Scope::WorkspacesAdmin => "workspaces:admin",
             Scope::TasksRead => "tasks:read",
             Scope::TasksWrite => "tasks:write",
+            Scope::TasksLand => "tasks:land",
             Scope::TasksArchive => "tasks:archive",
             Scope::TasksDelete => "tasks:delete",
             Scope::SessionsRead => "sessions:read",

@@ -35,6 +35,7 @@ scope_markers! {
     WorkspacesAdmin => Scope::WorkspacesAdmin,
     TasksRead => Scope::TasksRead,
     TasksWrite => Scope::TasksWrite,
+    TasksLand => Scope::TasksLand,
     SessionsRead => Scope::SessionsRead,
     SessionsWrite => Scope::SessionsWrite,
     SessionsDelete => Scope::SessionsDelete,

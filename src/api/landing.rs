@@ -6,7 +6,7 @@ use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::AppState;
-use super::extract::{Authorized, TasksWrite};
+use super::extract::{TasksLand, TasksWrite, Unbound};
 use super::problem::Problem;
 use crate::domain::landing::pull_requests::{self, NewPullRequest, PullRequest};
 use crate::domain::landing::{self, Committed, MergeRequest, Merged, Pushed, Strategy};
@@ -37,7 +37,7 @@ pub struct CreateCommit {
 /// berth; the committer is berth; hooks do not run. Refused while an agent's turn runs there (`409
 /// session_busy`), with nothing to commit (`409 nothing_to_commit`), on a broken environment (`409
 /// workspace_reuse_unsafe`). Event `environment.committed`; git status is observed again. Scope
-/// `tasks:write`.
+/// `tasks:write`; a session-bound token is refused (an agent's work is committed by a person).
 #[utoipa::path(
     operation_id = "commitEnvironment",
     tag = "landing",
@@ -54,7 +54,7 @@ pub struct CreateCommit {
 )]
 #[post("/environments/{id}/commits")]
 async fn commit_environment(
-    auth: Authorized<TasksWrite>,
+    auth: Unbound<TasksWrite>,
     state: web::Data<AppState>,
     id: web::Path<EnvironmentId>,
     body: web::Json<CreateCommit>,
@@ -93,11 +93,11 @@ pub struct MergeEnvironment {
 /// target is checked out, berth moves that checkout only when it is clean (a fast-forward of what it has),
 /// and otherwise refuses (`409 target_checked_out`) without touching it. The task branch and worktree
 /// are kept. Event `environment.merged`; the task moves to the column that takes merged work. Scope
-/// `tasks:write`.
+/// `tasks:land`; a target other than the slot's base branch needs `admin`; a session-bound token is refused.
 #[utoipa::path(
     operation_id = "mergeEnvironment",
     tag = "landing",
-    security(("bearer" = ["tasks:write"])),
+    security(("bearer" = ["tasks:land"])),
     params(("id" = Uuid, Path, description = "Environment id")),
     request_body = MergeEnvironment,
     responses(
@@ -110,7 +110,7 @@ pub struct MergeEnvironment {
 )]
 #[post("/environments/{id}/merge")]
 async fn merge_environment(
-    auth: Authorized<TasksWrite>,
+    auth: Unbound<TasksLand>,
     state: web::Data<AppState>,
     id: web::Path<EnvironmentId>,
     body: web::Json<MergeEnvironment>,
@@ -142,11 +142,12 @@ pub struct PushEnvironment {
 /// Pushes the slot's task branch to the remote under its own name, with the credentials configured for
 /// the remote's host (`[remotes."<host>"]`), given to git by berth's credential helper and never written
 /// into the repository. Errors: `409 push_rejected` (git's reason), `502 remote_auth_failed`, `502
-/// remote_unreachable` (retryable). Event `environment.pushed`. Scope `tasks:write`.
+/// remote_unreachable` (retryable). Event `environment.pushed`. Scope `tasks:land`;
+/// a session-bound token is refused.
 #[utoipa::path(
     operation_id = "pushEnvironment",
     tag = "landing",
-    security(("bearer" = ["tasks:write"])),
+    security(("bearer" = ["tasks:land"])),
     params(("id" = Uuid, Path, description = "Environment id")),
     request_body = PushEnvironment,
     responses(
@@ -160,7 +161,7 @@ pub struct PushEnvironment {
 )]
 #[post("/environments/{id}/push")]
 async fn push_environment(
-    auth: Authorized<TasksWrite>,
+    auth: Unbound<TasksLand>,
     state: web::Data<AppState>,
     id: web::Path<EnvironmentId>,
     body: web::Json<PushEnvironment>,
@@ -190,11 +191,12 @@ pub struct CreatePullRequest {
 /// Enterprise, `api_url`) that `origin`'s URL names, with the token configured for its host. It is
 /// recorded on the task (`pull_requests[]`), and its state is read again every
 /// `BERTH_PULL_REQUEST_POLL_SECS`. Errors as for a push; the host refusing the pull request is `409
-/// conflict` with its message. Event `pull_request.updated`. Scope `tasks:write`.
+/// conflict` with its message. Event `pull_request.updated`. Scope `tasks:land`;
+/// a session-bound token is refused.
 #[utoipa::path(
     operation_id = "createPullRequest",
     tag = "landing",
-    security(("bearer" = ["tasks:write"])),
+    security(("bearer" = ["tasks:land"])),
     params(("id" = Uuid, Path, description = "Environment id")),
     request_body = CreatePullRequest,
     responses(
@@ -208,7 +210,7 @@ pub struct CreatePullRequest {
 )]
 #[post("/environments/{id}/pull-requests")]
 async fn create_pull_request(
-    auth: Authorized<TasksWrite>,
+    auth: Unbound<TasksLand>,
     state: web::Data<AppState>,
     id: web::Path<EnvironmentId>,
     body: web::Json<CreatePullRequest>,

@@ -7,7 +7,7 @@ use utoipa::ToSchema;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::AppState;
-use super::extract::{Authorized, SessionsWrite};
+use super::extract::{SessionsWrite, Unbound};
 use super::problem::Problem;
 use super::sessions::Session;
 use crate::domain::sessions::{self, Setting};
@@ -35,7 +35,8 @@ pub struct OptionValue {
 ///
 /// Asks the session's running agent to switch to one of the modes it offers (`agent.modes` in the
 /// snapshot; ACP `session/set_mode`). The agent answers: `422` with its reason when it refuses. Carried
-/// out by the replica that runs the agent. Scope `sessions:write`.
+/// out by the replica that runs the agent. Scope `sessions:write`; a session-bound
+/// token is refused (an agent does not choose its own permission mode).
 #[utoipa::path(
     operation_id = "setSessionMode",
     tag = "sessions",
@@ -52,7 +53,7 @@ pub struct OptionValue {
 )]
 #[put("/sessions/{id}/mode")]
 async fn set_mode(
-    auth: Authorized<SessionsWrite>,
+    auth: Unbound<SessionsWrite>,
     state: web::Data<AppState>,
     id: web::Path<SessionId>,
     body: web::Json<ModeChoice>,
@@ -69,7 +70,8 @@ async fn set_mode(
 ///
 /// Asks the session's running agent to set one of the options it offers (`agent.config_options` in the
 /// snapshot, a model selector among them; ACP `session/set_config_option`). The agent answers: `422` with
-/// its reason when it refuses. Carried out by the replica that runs the agent. Scope `sessions:write`.
+/// its reason when it refuses. Carried out by the replica that runs the agent. Scope `sessions:write`; a
+/// session-bound token is refused (an agent does not choose its own model).
 #[utoipa::path(
     operation_id = "setSessionConfigOption",
     tag = "sessions",
@@ -86,7 +88,7 @@ async fn set_mode(
 )]
 #[put("/sessions/{id}/config-options/{option_id}")]
 async fn set_config_option(
-    auth: Authorized<SessionsWrite>,
+    auth: Unbound<SessionsWrite>,
     state: web::Data<AppState>,
     path: web::Path<(SessionId, String)>,
     body: web::Json<OptionValue>,

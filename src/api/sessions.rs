@@ -429,7 +429,7 @@ async fn delete_session(
 /// Make a session its task's primary
 ///
 /// A task has at most one primary session, the one a client shows first; making this one primary clears the
-/// flag on the previous one. Scope `sessions:write`.
+/// flag on the previous one. Scope `sessions:write`; a session-bound token is refused.
 #[utoipa::path(
     operation_id = "makeSessionPrimary",
     tag = "sessions",
@@ -442,7 +442,7 @@ async fn delete_session(
 )]
 #[post("/sessions/{id}/primary")]
 async fn make_primary(
-    auth: Authorized<SessionsWrite>,
+    auth: Unbound<SessionsWrite>,
     state: web::Data<AppState>,
     id: web::Path<SessionId>,
 ) -> Result<web::Json<Session>, Error> {
@@ -465,7 +465,7 @@ pub struct AttentionAnswer {
 /// select, input and editor, `confirmed` for confirm, `option_id` for a permission request (one of its
 /// `options`), or `cancelled: true` to decline. `404` when that request
 /// is not pending on this session (already answered, or another session's). The agent then goes on. Scope
-/// `sessions:write`.
+/// `sessions:write`; a session-bound token is refused (an agent never grants itself a permission).
 #[utoipa::path(
     operation_id = "answerAttentionRequest",
     tag = "sessions",
@@ -481,7 +481,7 @@ pub struct AttentionAnswer {
 )]
 #[post("/sessions/{id}/attention/{request_id}")]
 async fn answer_attention(
-    auth: Authorized<SessionsWrite>,
+    auth: Unbound<SessionsWrite>,
     state: web::Data<AppState>,
     path: web::Path<(SessionId, String)>,
     body: web::Json<AttentionAnswer>,

@@ -7,7 +7,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::AppState;
-use super::extract::{Authorized, SessionsRead, TasksWrite};
+use super::extract::{Authorized, SessionsRead, TasksWrite, Unbound};
 use super::problem::Problem;
 use crate::domain::diff::{Diff, MAX_CONTEXT};
 use crate::domain::sessions::turns;
@@ -61,7 +61,7 @@ pub struct Restored {
 )]
 #[post("/environments/{id}/restore")]
 async fn restore_environment(
-    auth: Authorized<TasksWrite>,
+    auth: Unbound<TasksWrite>,
     state: web::Data<AppState>,
     id: web::Path<EnvironmentId>,
     body: web::Json<RestoreEnvironment>,

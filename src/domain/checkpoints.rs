@@ -188,7 +188,7 @@ pub(crate) async fn forget(ctx: &Ctx, env_id: EnvironmentId, repositories: &[Str
 /// state after it is a new checkpoint; `environment.restored` says so.
 pub async fn restore(
     ctx: &Ctx,
-    p: &crate::auth::Principal,
+    p: &crate::auth::UnboundPrincipal,
     env_id: EnvironmentId,
     checkpoint_id: CheckpointId,
     discard: bool,

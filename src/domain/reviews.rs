@@ -67,7 +67,12 @@ pub struct NewReview {
 
 /// Stores a review of the environment's diff and, when a session is named, sends it to that session's
 /// agent as one message.
-pub async fn create(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, new: NewReview) -> Result<review::Model> {
+pub async fn create(
+    ctx: &Ctx,
+    p: &crate::auth::UnboundPrincipal,
+    env_id: EnvironmentId,
+    new: NewReview,
+) -> Result<review::Model> {
     let view = super::environments::get(ctx, p, env_id).await?;
     let e = view.env;
     if new.body.len() > MAX_BODY {

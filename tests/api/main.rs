@@ -33,6 +33,7 @@ mod import_kandev;
 mod inbox;
 mod jwks;
 mod landing;
+mod least_authority;
 mod leftovers;
 mod migrations;
 mod model_server;

@@ -6,7 +6,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::{Ctx, author, git_failed, idle, landable, slots};
-use crate::auth::Principal;
+use crate::auth::UnboundPrincipal;
 use crate::error::{Error, Result};
 use crate::events::{self, EventType, Subject};
 use crate::git::land::{Landed, Step};
@@ -31,7 +31,7 @@ pub struct Committed {
 
 pub async fn commit(
     ctx: &Ctx,
-    p: &Principal,
+    p: &UnboundPrincipal,
     env_id: EnvironmentId,
     message: &str,
     repository_ids: Option<&[RepositoryId]>,

@@ -12,7 +12,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::{Ctx, author, git_failed, landable, slots};
-use crate::auth::Principal;
+use crate::auth::UnboundPrincipal;
 use crate::error::{Error, Result};
 use crate::events::{self, EventType, Subject};
 use crate::git::BranchName;
@@ -53,13 +53,17 @@ pub struct Merged {
     pub checkout_updated: bool,
 }
 
-pub async fn merge(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, req: MergeRequest) -> Result<Merged> {
+pub async fn merge(ctx: &Ctx, p: &UnboundPrincipal, env_id: EnvironmentId, req: MergeRequest) -> Result<Merged> {
     let (e, task) = landable(ctx, p, env_id).await?;
     let slot = slots(ctx, &e, Some(&[req.repository_id]), "repository_id")
         .await?
         .pop()
         .ok_or_else(|| Error::invalid("repository_id", "is not a repository of this environment"))?;
     let into_name = req.into.clone().unwrap_or_else(|| slot.base_branch.clone());
+    // `tasks:land` lands a task where it was meant to go; any other branch is an operator's call.
+    if into_name != slot.base_branch {
+        p.require(crate::auth::Scope::Admin)?;
+    }
     let into = BranchName::parse(&into_name).map_err(|why| Error::invalid("into", why))?;
     if into == slot.branch {
         return Err(Error::invalid("into", "is the task branch itself"));

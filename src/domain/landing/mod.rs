@@ -39,9 +39,13 @@ pub(crate) struct Slot {
     pub base_branch: String,
 }
 
-/// The environment, when its worktrees can be landed from here: seen by the caller, not broken, ready,
-/// on this node.
-pub(crate) async fn landable(ctx: &Ctx, p: &Principal, env_id: EnvironmentId) -> Result<(env::Model, task::Model)> {
+/// The environment, when its worktrees can be landed from here: seen by a caller whose token is not an
+/// agent's (an agent never lands its own work), not broken, ready, on this node.
+pub(crate) async fn landable(
+    ctx: &Ctx,
+    p: &crate::auth::UnboundPrincipal,
+    env_id: EnvironmentId,
+) -> Result<(env::Model, task::Model)> {
     let view = super::environments::get(ctx, p, env_id).await?;
     let e = view.env;
     if e.status == EnvironmentStatus::Broken {

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use utoipa::ToSchema;
 
 use super::{Ctx, landable, slots};
-use crate::auth::Principal;
+use crate::auth::UnboundPrincipal;
 use crate::entity::pull_request as pr;
 use crate::error::{Error, Result};
 use crate::events::{self, EventType, Subject};
@@ -133,7 +133,7 @@ fn state_of(v: &Value) -> (String, bool) {
 }
 
 /// Pushes the task branch and opens a pull request for it.
-pub async fn open(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, new: NewPullRequest) -> Result<pr::Model> {
+pub async fn open(ctx: &Ctx, p: &UnboundPrincipal, env_id: EnvironmentId, new: NewPullRequest) -> Result<pr::Model> {
     if new.title.trim().is_empty() || new.title.len() > 1_000 {
         return Err(Error::invalid("title", "must be 1 to 1000 bytes"));
     }

@@ -8,7 +8,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::{Ctx, git_failed, landable, slots};
-use crate::auth::Principal;
+use crate::auth::UnboundPrincipal;
 use crate::error::{Error, Result};
 use crate::events::{self, EventType, Subject};
 use crate::git::land::{Credential, PushFailure, Step, push_failure};
@@ -39,7 +39,7 @@ fn remote_name(name: &str) -> Result<()> {
 
 pub async fn push(
     ctx: &Ctx,
-    p: &Principal,
+    p: &UnboundPrincipal,
     env_id: EnvironmentId,
     repository_id: RepositoryId,
     remote: &str,
