@@ -2,7 +2,7 @@
 //! names. berth decides the credential from the URL git really pushes to (`pushurl`, `pushInsteadOf`,
 //! as git resolves them), parsed strictly: a push URL sent elsewhere than the remote's URL, or a URL git
 //! and berth could read two ways, is refused before git sends anything (a second listener records every
-//! request it gets). Hooks (`.git/hooks`, a `core.hooksPath` the repository names) do not run; a
+//! request it gets), and so is a proxy the repository's own configuration names. Hooks (`.git/hooks`, a `core.hooksPath` the repository names) do not run; a
 //! program git does run for the push (the repository's `core.sshCommand`) sees none of berth's
 //! environment; the `ext::` transport runs nothing. Real git and git's own HTTP server, both databases.
 use std::io::{BufRead, BufReader, Write};
@@ -131,6 +131,20 @@ async fn a_push_url_pointing_elsewhere_is_refused_and_that_server_hears_nothing(
     git(repo, &["config", &key, &good]);
     refused_for_the_remote(&push(&app, &s).await.problem(422, "validation_failed"));
     git(repo, &["config", "--unset", &key]);
+    // A proxy the repository's configuration names (it would see a plain-HTTP request's credential), or
+    // the host resolved elsewhere.
+    let proxy = format!("http://127.0.0.1:{}", other.port);
+    let resolve = format!("127.0.0.1:{}:127.0.0.2", server.port);
+    for (key, value) in [
+        ("http.proxy", proxy.as_str()),
+        ("remote.origin.proxy", proxy.as_str()),
+        ("http.curloptResolve", resolve.as_str()),
+    ] {
+        git(repo, &["config", key, value]);
+        let p = push(&app, &s).await.problem(422, "validation_failed");
+        refused_for_the_remote(&p);
+        git(repo, &["config", "--unset", key]);
+    }
     assert_eq!(other.heads(), Vec::<String>::new(), "the other server heard from git");
 
     // The remote as configured still takes the push, with the credential.

@@ -55,6 +55,9 @@ pub async fn push(
     let url = remote_url(ctx, repo, remote).await?;
     let pushes = remote_urls(ctx, repo, remote, true).await?;
     let credential = decide_credential(&url, &pushes, &ctx.config.remotes)?;
+    if credential.is_some() {
+        refuse_local_transport(ctx, repo, remote).await?;
+    }
     let tip = ctx
         .git
         .branch_tip(repo, &slot.branch)
@@ -236,6 +239,58 @@ pub(crate) fn decide_credential(
     }))
 }
 
+/// The HTTP settings that decide where a request really goes and whether its peer is checked (a proxy
+/// sees a plain-HTTP request's `Authorization`; an unchecked or another CA lets anyone be the host).
+const TRANSPORT_KEYS: &[&str] = &[
+    "proxy",
+    "proxyauthmethod",
+    "curloptresolve",
+    "sslverify",
+    "sslcainfo",
+    "sslcapath",
+    "sslbackend",
+    "pinnedpubkey",
+    "followredirects",
+];
+
+/// Whether a `git config --show-scope --get-regexp` line sets, in the repository's own configuration
+/// (`local`, `worktree`, or a file either includes), one of the `TRANSPORT_KEYS` for HTTP or the remote.
+fn sets_transport_locally(line: &str, remote: &str) -> Option<String> {
+    let (scope, rest) = line.split_once('\t')?;
+    let key = rest.split(' ').next()?.to_ascii_lowercase();
+    if !matches!(scope, "local" | "worktree") {
+        return None;
+    }
+    let var = key.rsplit('.').next()?;
+    let of_remote = key.strip_prefix("remote.").and_then(|k| k.strip_suffix(var))
+        == Some(&format!("{}.", remote.to_ascii_lowercase()));
+    let hit = (key.starts_with("http.") && TRANSPORT_KEYS.contains(&var)) || (of_remote && var.starts_with("proxy"));
+    hit.then_some(key)
+}
+
+/// A push with a credential goes as berth's and the user's own configuration say: the repository's
+/// configuration (which an agent may have written) may not proxy it, resolve its host elsewhere or turn
+/// off the check of its peer (`422 remote`, before git sends anything).
+async fn refuse_local_transport(ctx: &Ctx, repo: &std::path::Path, remote: &str) -> Result<()> {
+    let args = ["config", "--show-scope", "--get-regexp", "^(http|remote)\\."];
+    let (code, out) = ctx
+        .git
+        .read_answer("config", repo, &args)
+        .await
+        .map_err(git_failed("config"))?;
+    if code != 0 {
+        return Ok(());
+    }
+    let text = String::from_utf8_lossy(&out);
+    match text.lines().find_map(|l| sets_transport_locally(l, remote)) {
+        None => Ok(()),
+        Some(key) => Err(Error::invalid(
+            "remote",
+            format!("the repository's own configuration sets {key}: berth does not push with a credential through it"),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +307,28 @@ mod tests {
         assert_eq!(host_of("git@github.com:o/r.git"), None);
         assert_eq!(host_of("/srv/git/r.git"), None);
         assert!(remote_name("origin").is_ok() && remote_name("--upload-pack=x").is_err());
+    }
+
+    #[test]
+    fn the_repositorys_own_proxy_resolve_and_tls_settings_are_found() {
+        let found = |l: &str| sets_transport_locally(l, "origin");
+        assert_eq!(found("local\thttp.proxy http://x").as_deref(), Some("http.proxy"));
+        assert_eq!(
+            found("worktree\thttp.https://a.b/.sslVerify false").as_deref(),
+            Some("http.https://a.b/.sslverify")
+        );
+        assert_eq!(
+            found("local\thttp.curloptResolve a:1:2").as_deref(),
+            Some("http.curloptresolve")
+        );
+        assert_eq!(
+            found("local\tremote.origin.proxy y").as_deref(),
+            Some("remote.origin.proxy")
+        );
+        assert_eq!(found("local\tremote.upstream.proxy y"), None);
+        assert_eq!(found("local\tremote.origin.url http://x/r"), None);
+        assert_eq!(found("local\thttp.postBuffer 1"), None);
+        assert_eq!(found("global\thttp.proxy http://x"), None);
     }
 
     #[test]
