@@ -209,7 +209,8 @@ pub(super) async fn run(git: &dyn Runner, step: &Step<'_>) -> Result<Landed, Git
                 &receive_pack,
             ];
             if credential.is_some() {
-                args.extend(["-c", &helper]);
+                // A redirect would carry the push to a host berth did not decide: not followed.
+                args.extend(["-c", &helper, "-c", "http.followRedirects=false"]);
             }
             // Not `--porcelain`: its per-ref verdicts go to stdout, and a refusal's reason is wanted in stderr.
             args.extend(["push", "--no-verify"]);

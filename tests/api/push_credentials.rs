@@ -20,6 +20,7 @@ both_backends!(
     a_push_url_pointing_elsewhere_is_refused_and_that_server_hears_nothing,
     a_url_git_and_berth_could_read_two_ways_is_refused_and_sends_nothing,
     a_push_runs_no_hook_and_nothing_git_runs_sees_berths_environment,
+    a_redirect_is_not_followed_and_its_target_hears_nothing,
 );
 
 /// A loopback HTTP listener that records the head of every request it gets and answers each with a
@@ -31,6 +32,15 @@ struct Recorder {
 
 impl Recorder {
     fn start() -> Recorder {
+        Recorder::answering(None)
+    }
+
+    /// One that redirects every request to the same path on `127.0.0.1:<port>`.
+    fn redirecting_to(port: u16) -> Recorder {
+        Recorder::answering(Some(port))
+    }
+
+    fn answering(redirect: Option<u16>) -> Recorder {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let heads = Arc::new(Mutex::new(Vec::new()));
@@ -47,10 +57,15 @@ impl Recorder {
                     }
                     head.push_str(&line);
                 }
+                let path = head.split(' ').nth(1).unwrap_or("/").to_string();
                 seen.lock().unwrap().push(head);
-                let _ = conn.write_all(
-                    b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"x\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                );
+                let answer = match redirect {
+                    Some(port) => format!(
+                        "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:{port}{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    ),
+                    None => "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"x\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string(),
+                };
+                let _ = conn.write_all(answer.as_bytes());
             }
         });
         Recorder { port, heads }
@@ -247,4 +262,38 @@ async fn a_push_runs_no_hook_and_nothing_git_runs_sees_berths_environment(app: T
         .collect();
     assert!(leaked.is_empty(), "berth's environment reached ssh: {leaked:?}");
     assert!(env.lines().any(|l| l.starts_with("PATH=")), "{env}");
+}
+
+/// The configured host answers with a redirect to another: git does not follow it (the credential
+/// helper would refuse that host anyway), the push fails typed, and the other server hears nothing.
+async fn a_redirect_is_not_followed_and_its_target_hears_nothing(app: TestApp) {
+    let other = Recorder::start();
+    let redirector = Recorder::redirecting_to(other.port);
+    let secrets = tempfile::TempDir::new().unwrap();
+    let token = secrets.path().join("token");
+    std::fs::write(&token, "right-password\n").unwrap();
+    let toml = format!(
+        "[remotes.\"127.0.0.1:{}\"]\nusername = \"berth\"\ntoken_file = \"{}\"\n",
+        redirector.port,
+        token.display()
+    );
+    let (app, _config) = with_config(app, &toml, &[]).await;
+    let s = started(&app).await;
+    let url = format!("http://127.0.0.1:{}/svc.git", redirector.port);
+    git(&s.repo_path, &["remote", "add", "origin", &url]);
+    agent_writes(&app, &s, "work.txt", "work\n").await;
+    app.post(
+        &format!("/api/v1/environments/{}/commits", s.env),
+        json!({ "message": "work" }),
+    )
+    .await
+    .ok(201);
+    let p = push(&app, &s).await.problem(502, "remote_unreachable");
+    assert!(!p.to_string().contains("right-password"), "{p}");
+    assert!(!redirector.heads().is_empty(), "git asked the configured host");
+    assert_eq!(
+        other.heads(),
+        Vec::<String>::new(),
+        "the redirect's target heard from git"
+    );
 }
