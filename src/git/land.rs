@@ -195,8 +195,9 @@ pub(super) async fn run(git: &dyn Runner, step: &Step<'_>) -> Result<Landed, Git
             let refspec = format!("refs/heads/{0}:refs/heads/{0}", branch.as_str());
             let lease = format!("--force-with-lease=refs/heads/{}", branch.as_str());
             let helper = format!("credential.helper=!{HELPER_SCRIPT}");
-            // Only the default program answers on the remote's side (a local or ssh remote runs it);
-            // hooks are off here as everywhere (`harden`), and `--no-verify` says so once more.
+            // Only the default program answers on the remote's side (a local or ssh remote runs it), no
+            // signing program runs (`push.gpgSign`); hooks are off here as everywhere (`harden`), and
+            // `--no-verify` says so once more.
             let receive_pack = format!("remote.{remote}.receivepack=git-receive-pack");
             let mut args = vec![
                 "-c",
@@ -207,6 +208,8 @@ pub(super) async fn run(git: &dyn Runner, step: &Step<'_>) -> Result<Landed, Git
                 "core.hooksPath=/dev/null",
                 "-c",
                 &receive_pack,
+                "-c",
+                "push.gpgSign=false",
             ];
             if credential.is_some() {
                 // A redirect would carry the push to a host berth did not decide: not followed.
