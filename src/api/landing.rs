@@ -140,10 +140,13 @@ pub struct PushEnvironment {
 /// Push a task branch
 ///
 /// Pushes the slot's task branch to the remote under its own name, with the credentials configured for
-/// the remote's host (`[remotes."<host>"]`), given to git by berth's credential helper and never written
-/// into the repository. Errors: `409 push_rejected` (git's reason), `502 remote_auth_failed`, `502
-/// remote_unreachable` (retryable). Event `environment.pushed`. Scope `tasks:land`;
-/// a session-bound token is refused.
+/// the host of the URL git really pushes to (`[remotes."<host>"]`), given to git by berth's credential
+/// helper for that protocol and host only, and never written into the repository. A push URL sent
+/// elsewhere than the remote's URL while a credential is at stake, several push URLs, or a URL git and
+/// berth could read two ways is refused before git sends anything (`422 validation_failed`, field
+/// `remote`). Errors: `409 push_rejected` (git's reason), `502 remote_auth_failed`, `502
+/// remote_unreachable` (retryable). Event `environment.pushed`. Scope
+/// `tasks:land`; a session-bound token is refused.
 #[utoipa::path(
     operation_id = "pushEnvironment",
     tag = "landing",
@@ -154,7 +157,7 @@ pub struct PushEnvironment {
         (status = 200, description = "Pushed", body = Pushed),
         (status = 404, description = "No such environment (`not_found`)", body = Problem),
         (status = 409, description = "The remote rejected the push (`push_rejected`), or the environment is not ready (`conflict`, `workspace_reuse_unsafe`)", body = Problem),
-        (status = 422, description = "No such remote, a repository not in the environment (`validation_failed`)", body = Problem),
+        (status = 422, description = "No such remote, a repository not in the environment, or a push URL berth refuses: elsewhere than the remote's URL, several, or readable two ways (`validation_failed`)", body = Problem),
         (status = 502, description = "The remote refused the credentials (`remote_auth_failed`) or could not be reached (`remote_unreachable`, retryable)", body = Problem),
         (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )

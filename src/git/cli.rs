@@ -185,6 +185,9 @@ impl GitCli {
         cmd.arg("-C")
             .arg(repo)
             .args(args)
+            // Only what git needs of berth's environment, nothing else of it (its secrets).
+            .env_clear()
+            .envs(super::harden::inherited_env())
             // Nothing the repository's configuration names runs (hooks, fsmonitor, filters, merge drivers).
             .envs(super::harden::config_env(repo))
             .envs(envs.iter().copied())

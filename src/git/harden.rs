@@ -8,7 +8,56 @@ use std::path::Path;
 /// The settings laid over every git command berth runs, beside the per-driver ones of `for_repository`.
 /// (`diff.external` cannot be emptied this way, git would try to run ""; every diff berth asks for says
 /// `--no-ext-diff --no-textconv`, and the others list names only.)
-const ALWAYS: [(&str, &str); 2] = [("core.hooksPath", "/dev/null"), ("core.fsmonitor", "false")];
+/// The `ext::` and `fd::` transports run a command the URL names: never, whatever the configuration allows.
+const ALWAYS: [(&str, &str); 4] = [
+    ("core.hooksPath", "/dev/null"),
+    ("core.fsmonitor", "false"),
+    ("protocol.ext.allow", "never"),
+    ("protocol.fd.allow", "never"),
+];
+
+/// The variables of berth's own environment a git command gets (its environment is cleared first): what
+/// git needs to find itself, its user's configuration, ssh's agent and the network's proxies and CAs.
+/// Nothing else of berth's (its secrets, a `token_env`, `GIT_DIR` and the like) reaches git or anything
+/// git runs (a credential helper, ssh, a remote helper).
+const INHERITED: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "TZ",
+    "TMPDIR",
+    "XDG_CONFIG_HOME",
+    "GIT_CONFIG_GLOBAL",
+    "GIT_CONFIG_SYSTEM",
+    "GIT_CONFIG_NOSYSTEM",
+    "GIT_EXEC_PATH",
+    "GIT_SSH",
+    "GIT_SSH_COMMAND",
+    "GIT_SSH_VARIANT",
+    "SSH_AUTH_SOCK",
+    "http_proxy",
+    "https_proxy",
+    "HTTPS_PROXY",
+    "all_proxy",
+    "ALL_PROXY",
+    "no_proxy",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "GIT_SSL_CAINFO",
+    "GIT_SSL_CAPATH",
+    "CURL_CA_BUNDLE",
+];
+
+/// The part of berth's environment a git command inherits (`INHERITED`, as far as it is set).
+pub fn inherited_env() -> Vec<(&'static str, std::ffi::OsString)> {
+    INHERITED
+        .iter()
+        .filter_map(|k| std::env::var_os(k).map(|v| (*k, v)))
+        .collect()
+}
 
 /// `GIT_CONFIG_COUNT`, `GIT_CONFIG_KEY_<n>` and `GIT_CONFIG_VALUE_<n>` for a command run in `repo`: hooks
 /// and fsmonitor off, and every filter and merge driver the repository's configuration defines emptied

@@ -50,16 +50,24 @@ pub struct CleanCheckout {
     pub head: String,
 }
 
-/// Credentials for one push, from the configuration (never stored in the repository).
+/// Credentials for one push, from the configuration (never stored in the repository), bound to the one
+/// `protocol` and `host` (`host[:port]`, as git names it to a credential helper) berth decided the push
+/// goes to: the helper answers git about nothing else.
 #[derive(Clone)]
 pub struct Credential {
     pub username: String,
     pub password: String,
+    pub protocol: String,
+    pub host: String,
 }
 
 impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Credential({}, <redacted>)", self.username)
+        write!(
+            f,
+            "Credential({}, <redacted>, {}://{})",
+            self.username, self.protocol, self.host
+        )
     }
 }
 
@@ -133,9 +141,12 @@ pub fn push_failure(stderr: &str) -> PushFailure {
     PushFailure::Unreachable(stderr.lines().last().unwrap_or_default().trim().to_string())
 }
 
-/// The helper git asks for credentials: it prints what berth put in the push's environment. Its text
-/// holds no secret; the secret is only in the environment of that one git process.
-const HELPER: &str = "credential.helper=!f() { test \"$1\" = get && printf 'username=%s\\npassword=%s\\n' \"$BERTH_GIT_USERNAME\" \"$BERTH_GIT_PASSWORD\"; }; f";
+/// The helper git asks for credentials (`sh`, run by git with `get`, `store` or `erase` and the request
+/// on stdin). It answers only a `get` whose `protocol` and `host` are exactly the ones berth decided
+/// (`BERTH_GIT_PROTOCOL`, `BERTH_GIT_HOST`), with what berth put in the push's environment; any other
+/// request (another host or port after a redirect or a rewritten URL) gets `quit=1`, so git asks nobody
+/// else and sends nothing. Its text holds no secret: the secret is only in that one process's environment.
+pub const HELPER_SCRIPT: &str = r#"f() { test "$1" = get || exit 0; p=; h=; while IFS= read -r l; do case "$l" in protocol=*) p=${l#protocol=};; host=*) h=${l#host=};; esac; done; if test -n "$BERTH_GIT_HOST" && test "$p" = "$BERTH_GIT_PROTOCOL" && test "$h" = "$BERTH_GIT_HOST"; then printf 'username=%s\npassword=%s\n' "$BERTH_GIT_USERNAME" "$BERTH_GIT_PASSWORD"; else echo quit=1; fi; }; f"#;
 
 pub(super) async fn run(git: &dyn Runner, step: &Step<'_>) -> Result<Landed, GitError> {
     match step {
@@ -183,12 +194,29 @@ pub(super) async fn run(git: &dyn Runner, step: &Step<'_>) -> Result<Landed, Git
         } => {
             let refspec = format!("refs/heads/{0}:refs/heads/{0}", branch.as_str());
             let lease = format!("--force-with-lease=refs/heads/{}", branch.as_str());
-            let mut args = vec!["-c", "credential.helper=", "-c", "core.askPass="];
+            let helper = format!("credential.helper=!{HELPER_SCRIPT}");
+            // Only the default program answers on the remote's side (a local or ssh remote runs it), no
+            // signing program runs (`push.gpgSign`); hooks are off here as everywhere (`harden`), and
+            // `--no-verify` says so once more.
+            let receive_pack = format!("remote.{remote}.receivepack=git-receive-pack");
+            let mut args = vec![
+                "-c",
+                "credential.helper=",
+                "-c",
+                "core.askPass=",
+                "-c",
+                "core.hooksPath=/dev/null",
+                "-c",
+                &receive_pack,
+                "-c",
+                "push.gpgSign=false",
+            ];
             if credential.is_some() {
-                args.extend(["-c", HELPER]);
+                // A redirect would carry the push to a host berth did not decide: not followed.
+                args.extend(["-c", &helper, "-c", "http.followRedirects=false"]);
             }
             // Not `--porcelain`: its per-ref verdicts go to stdout, and a refusal's reason is wanted in stderr.
-            args.push("push");
+            args.extend(["push", "--no-verify"]);
             if *force_with_lease {
                 args.push(&lease);
             }
@@ -197,6 +225,8 @@ pub(super) async fn run(git: &dyn Runner, step: &Step<'_>) -> Result<Landed, Git
             if let Some(c) = credential {
                 envs.push(("BERTH_GIT_USERNAME", OsStr::new(&c.username)));
                 envs.push(("BERTH_GIT_PASSWORD", OsStr::new(&c.password)));
+                envs.push(("BERTH_GIT_PROTOCOL", OsStr::new(&c.protocol)));
+                envs.push(("BERTH_GIT_HOST", OsStr::new(&c.host)));
             }
             git.mutate_bytes("push", repo, &args, &envs).await?;
             Ok(Landed::Done)
@@ -293,10 +323,70 @@ mod tests {
                 "{:?}",
                 Credential {
                     username: "u".into(),
-                    password: "s3cret".into()
+                    password: "s3cret".into(),
+                    protocol: "https".into(),
+                    host: "github.com".into(),
                 }
             )
             .contains("s3cret")
         );
+    }
+
+    /// The helper as git runs it (`sh -c '<helper> get'`), with a request on stdin: its answer.
+    fn ask(request: &str, env: &[(&str, &str)]) -> String {
+        use std::io::Write;
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{HELPER_SCRIPT} get"))
+            .env_clear()
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(request.as_bytes()).unwrap();
+        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+    }
+
+    #[test]
+    fn the_credential_helper_answers_only_the_protocol_and_host_berth_decided() {
+        let env = [
+            ("BERTH_GIT_USERNAME", "berth"),
+            ("BERTH_GIT_PASSWORD", "s3cret"),
+            ("BERTH_GIT_PROTOCOL", "https"),
+            ("BERTH_GIT_HOST", "git.example.com:8443"),
+        ];
+        let given = "username=berth\npassword=s3cret\n";
+        let asked = |protocol: &str, host: &str| {
+            format!(
+                "capability[]=authtype\nprotocol={protocol}\nhost={host}\npath=o/r.git\nwwwauth[]=Basic realm=\"x\"\n"
+            )
+        };
+        assert_eq!(ask(&asked("https", "git.example.com:8443"), &env), given);
+        for (protocol, host) in [
+            ("https", "git.example.com"),
+            ("https", "git.example.com:8444"),
+            ("https", "evil.example.com:8443"),
+            ("http", "git.example.com:8443"),
+            ("https", "git.example.com:8443.evil.example"),
+            ("https", ""),
+        ] {
+            assert_eq!(ask(&asked(protocol, host), &env), "quit=1\n", "{protocol}://{host}");
+        }
+        // No host or protocol in the request, or none decided: nothing.
+        assert_eq!(ask("path=o/r.git\n", &env), "quit=1\n");
+        assert_eq!(
+            ask(&asked("https", ""), &[("BERTH_GIT_PASSWORD", "s3cret")]),
+            "quit=1\n"
+        );
+        // `store` and `erase` print nothing.
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{HELPER_SCRIPT} store"))
+            .envs(env)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.stdout.is_empty());
     }
 }

@@ -44,6 +44,7 @@ mod pagination;
 mod pi;
 mod prune_scope;
 mod pull_requests;
+mod push_credentials;
 mod races;
 mod readme_agent;
 mod repair;
