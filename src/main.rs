@@ -258,8 +258,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let bind = config.bind;
     let admin_token = match &config.jwt_key {
-        // Only for the secret berth keeps itself (a laptop); an operator-supplied key prints nothing.
-        JwtKey::Secret { generated: true, .. } => Some(JwtVerifier::from_config(&config)?.mint(
+        // Only on the first start with the secret berth keeps itself (a laptop), when it was just made: a
+        // token printed at every start would sit in every log (journald, the container's) for its 7 days.
+        // An operator-supplied key prints nothing.
+        JwtKey::Secret { created: true, .. } => Some(JwtVerifier::from_config(&config)?.mint(
             "admin",
             &[Scope::Admin],
             None,
@@ -279,8 +281,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let base = format!("http://{host}:{}", app.port());
     println!("berth is listening on {base}");
     println!("API docs: {base}/docs");
-    if let Some(token) = admin_token {
-        println!("Admin token (valid 7 days; mint others with `berth token`):\n{token}");
+    match admin_token {
+        Some(token) => println!(
+            "Admin token (valid 7 days; printed only now, on first start; mint others with `berth token`):\n{token}"
+        ),
+        None => println!("Mint a token with: berth token --sub you --scope admin --ttl 1h (same data directory)"),
     }
     // Until SIGTERM or SIGINT; then streams end, agents stop and we return within BERTH_SHUTDOWN_SECS.
     berth::graceful::serve(app, signals).await

@@ -343,3 +343,54 @@ async fn landing_needs_its_own_scope_and_the_base_branch(app: TestApp) {
         assert_eq!(spec["paths"][path]["post"]["security"][0]["bearer"][0], scope, "{path}");
     }
 }
+
+/// The first start with the secret berth generates prints an admin token; every later start says how to
+/// mint one and prints none (a token in every start's log would be in journald for its 7 days).
+#[test]
+fn serve_prints_an_admin_token_only_on_first_start() {
+    let data = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap())
+            .env("BERTH_DATA_DIR", data.path())
+            .env("BERTH_BIND", "127.0.0.1:0")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("berth starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut lines = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        // Up to the line after the docs URL: the token's, or the hint's.
+        while !lines
+            .iter()
+            .any(|l: &String| l.starts_with("Mint a token") || l.starts_with("eyJ"))
+        {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(e) => panic!("berth printed {lines:?}, then {e}"),
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        lines.join("\n")
+    };
+    let first = start();
+    assert!(first.contains("Admin token") && first.contains("\neyJ"), "{first}");
+    let second = start();
+    assert!(!second.contains("eyJ") && !second.contains("Admin token"), "{second}");
+    assert!(second.contains("berth token --sub"), "{second}");
+}

@@ -38,6 +38,9 @@ async fn nodes_and_instances_are_listed(app: TestApp) {
     assert_eq!(instances[0]["id"], listed["instance_id"]);
     assert_eq!(instances[0]["pid"], std::process::id());
     assert_eq!(instances[0]["live"], true);
+    // The scheme forwarded requests (and their tokens) travel with.
+    assert_eq!(instances[0]["scheme"], "http", "{node}");
+    assert!(instances[0]["url"].as_str().unwrap().starts_with("http://"));
     assert_eq!(instances[0]["db_max_connections"], 5);
     assert_eq!(node["db_max_connections"], 5);
     assert!(!instances[0]["host"].as_str().unwrap().is_empty());

@@ -51,6 +51,20 @@ fn advertised(ctx: &Ctx, port: u16) -> String {
     format!("http://{host}:{port}")
 }
 
+/// An `http://` URL whose host is not a loopback address: what travels to it crosses a network in the clear.
+fn plain_beyond_loopback(url: &str) -> bool {
+    let Ok(parsed) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    let loopback = match parsed.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => true,
+    };
+    parsed.scheme() == "http" && !loopback
+}
+
 /// Records this instance (listening on `port`) and takes its first lease (before anything acts on
 /// other instances' work).
 pub async fn register(ctx: &Ctx, port: u16) -> crate::error::Result<()> {
@@ -70,6 +84,14 @@ pub async fn register(ctx: &Ctx, port: u16) -> crate::error::Result<()> {
         tracing::warn!(node = %node, "readmitting a decommissioned node (BERTH_NODE_READMIT)");
         store::readmit(&ctx.db.conn, node).await?;
     }
+    let url = advertised(ctx, port);
+    if plain_beyond_loopback(&url) {
+        tracing::warn!(
+            url = %url,
+            "other replicas forward requests here, bearer tokens included, over plain HTTP: put TLS in \
+             front of it and set BERTH_ADVERTISE_URL to the https URL (README, Operations)"
+        );
+    }
     let now = crate::clock::now();
     store::register(
         &ctx.db.conn,
@@ -78,7 +100,7 @@ pub async fn register(ctx: &Ctx, port: u16) -> crate::error::Result<()> {
             node_id: ctx.config.node_id.clone(),
             pid: std::process::id() as i32,
             host: this_host().to_string(),
-            url: advertised(ctx, port),
+            url,
             version: crate::version::VERSION.to_string(),
             db_max_connections: ctx.config.db_max_connections.min(i32::MAX as u32) as i32,
             started_at: now,
@@ -130,5 +152,17 @@ pub async fn hold(ctx: Ctx) {
 pub async fn give_back(ctx: &Ctx) {
     if let Err(e) = store::end(&ctx.db.conn, ctx.instance_id, crate::clock::now()).await {
         tracing::warn!(error = %e, "could not give back this instance's lease; it lapses");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_plain_http_beyond_loopback_is_warned_about() {
+        assert!(super::plain_beyond_loopback("http://10.0.0.5:8080"));
+        assert!(super::plain_beyond_loopback("http://berth-2:8080"));
+        assert!(!super::plain_beyond_loopback("http://127.0.0.1:8080"));
+        assert!(!super::plain_beyond_loopback("http://[::1]:8080"));
+        assert!(!super::plain_beyond_loopback("https://berth-2.internal"));
     }
 }

@@ -172,6 +172,9 @@ pub struct InstanceView {
     pub host: String,
     /// Where the other instances reach it.
     pub url: String,
+    /// The scheme of `url`: `http` means requests forwarded to it (and the tokens they carry) cross the
+    /// network in the clear, unless a TLS proxy or a private network is in between.
+    pub scheme: String,
     pub version: String,
     /// The most database connections it opens (`BERTH_DB_MAX_CONNECTIONS`), all its pools together.
     pub db_max_connections: i32,
@@ -253,6 +256,11 @@ pub async fn list(ctx: &Ctx) -> Result<Vec<NodeView>> {
                         id: i.id,
                         pid: i.pid,
                         host: i.host,
+                        scheme: i
+                            .url
+                            .split_once("://")
+                            .map_or("", |(scheme, _)| scheme)
+                            .to_ascii_lowercase(),
                         url: i.url,
                         version: i.version,
                         db_max_connections: i.db_max_connections,
