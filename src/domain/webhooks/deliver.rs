@@ -8,12 +8,12 @@
 //! `webhook.disabled` event.
 use crate::ids::{DeliveryId, WebhookId};
 use std::collections::{HashMap, VecDeque};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::Ctx;
+use super::{Ctx, address};
 use crate::entity::{event, webhook, webhook_delivery};
 use crate::error::Result;
 use crate::events::{self, EventType, Filter, Narrowing, Subject};
@@ -51,16 +51,27 @@ impl Outcome {
     }
 }
 
-fn client() -> &'static reqwest::Client {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            // A redirect is the receiver's answer, not a place to post the event again.
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("berth/", env!("CARGO_PKG_VERSION"), " (webhooks)"))
-            .build()
-            .expect("an HTTP client")
-    })
+/// The client for the allowed networks of this process's settings (one per set of networks, so its
+/// connections are pooled).
+fn client(allowed: &[ipnet::IpNet]) -> reqwest::Client {
+    static CLIENTS: OnceLock<Mutex<HashMap<Vec<ipnet::IpNet>, reqwest::Client>>> = OnceLock::new();
+    let mut clients = CLIENTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    clients
+        .entry(allowed.to_vec())
+        .or_insert_with(|| address::client(address::CheckedResolver::new(allowed.to_vec())))
+        .clone()
+}
+
+/// A post refused before any byte was sent.
+fn refused(why: String) -> Outcome {
+    Outcome {
+        status: None,
+        latency: Duration::ZERO,
+        error: Some(format!("not posted: {why}")),
+    }
 }
 
 /// Posts `body` to the subscription, signed, once.
@@ -69,9 +80,17 @@ pub async fn post(ctx: &Ctx, w: &webhook::Model, message_id: &str, body: &serde_
     let now = crate::clock::now();
     let timestamp = now.timestamp();
     let signature = super::sign::header(&super::signing_secrets(w, now), message_id, timestamp, &bytes);
+    // A literal address is checked here; a name by the client's resolver, at the connection itself.
+    let allowed = &ctx.config.webhook_allowed_networks;
+    let Ok(url) = reqwest::Url::parse(&w.url) else {
+        return refused("not a URL".into());
+    };
+    if let Some(why) = address::literal(&url).and_then(|ip| address::refusal(ip, allowed)) {
+        return refused(why);
+    }
     let started = Instant::now();
-    let sent = client()
-        .post(&w.url)
+    let sent = client(allowed)
+        .post(url)
         .timeout(ctx.config.webhook_timeout)
         .header("content-type", "application/json")
         .header("webhook-id", message_id)

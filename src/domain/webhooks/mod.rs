@@ -1,5 +1,6 @@
 //! Webhook subscriptions: who may make and see them, what a valid one is, and
 //! the secret that signs its deliveries. Delivery itself is `deliver`; the signature `sign`.
+pub mod address;
 pub mod deliver;
 pub mod sign;
 
@@ -39,8 +40,9 @@ pub struct Made {
     pub secret: String,
 }
 
-/// `https://`, or `http://` to a loopback host (any host with `BERTH_WEBHOOK_ALLOW_HTTP`).
-fn checked_url(ctx: &Ctx, raw: &str) -> Result<String> {
+/// `https://`, or `http://` to a loopback host (any host with `BERTH_WEBHOOK_ALLOW_HTTP`); and a host
+/// that is, or resolves to, only addresses berth may post to (`address`).
+async fn checked_url(ctx: &Ctx, raw: &str) -> Result<String> {
     let raw = raw.trim();
     if raw.len() > 2000 {
         return Err(Error::invalid("url", "at most 2000 characters"));
@@ -66,7 +68,25 @@ fn checked_url(ctx: &Ctx, raw: &str) -> Result<String> {
     if url.fragment().is_some() {
         return Err(Error::invalid("url", "must not carry a fragment"));
     }
+    address::check_url(&url, &ctx.config.webhook_allowed_networks)
+        .await
+        .map_err(|why| Error::invalid("url", why))?;
     Ok(url.to_string())
+}
+
+/// A URL as events and logs show it: without its userinfo, query and fragment (any of which may carry a
+/// credential).
+pub fn shown_url(raw: &str) -> String {
+    match reqwest::Url::parse(raw) {
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            url.to_string()
+        }
+        Err(_) => "<not a URL>".into(),
+    }
 }
 
 /// Each entry an event type or a prefix of some ending in `.` (as the event filters take them).
@@ -102,7 +122,7 @@ fn may_manage(p: &Principal, workspace_id: Option<WorkspaceId>) -> bool {
 }
 
 pub async fn create(ctx: &Ctx, p: &Principal, new: NewWebhook) -> Result<Made> {
-    let url = checked_url(ctx, &new.url)?;
+    let url = checked_url(ctx, &new.url).await?;
     let types = checked_types(new.types)?;
     let description = checked_description(&new.description)?;
     if !may_manage(p, new.workspace_id) {
@@ -161,7 +181,7 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<webhook::Mod
 pub async fn update(ctx: &Ctx, p: &Principal, id: WebhookId, patch: WebhookPatch) -> Result<webhook::Model> {
     let mut w = get(ctx, p, id).await?;
     if let Some(url) = patch.url {
-        w.url = checked_url(ctx, &url)?;
+        w.url = checked_url(ctx, &url).await?;
     }
     if let Some(types) = patch.types {
         w.types = checked_types(types)?;

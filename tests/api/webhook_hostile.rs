@@ -1,0 +1,263 @@
+//! Webhooks as a hostile caller would use them: they reach the outside only (an address of this host or
+//! its networks is refused when a subscription is made or changed, and again at every post), show a
+//! receiver's answer to the subscription's owner only and shortly, need `events:read` to take events, hold
+//! no one's retention when they lag, send nothing once deleted, and never show a URL's credentials in an
+//! event.
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::both_backends;
+use crate::helpers::{TestApp, id_of};
+use crate::webhooks::respawn;
+
+both_backends!(
+    inside_addresses_are_refused_when_made_changed_and_posted,
+    loopback_is_reached_only_when_listed,
+);
+
+/// A receiver of this test's own: answers every request with one status and body, and counts the
+/// connections and the deliveries it got (`webhook-id` and the body's `seq`).
+struct Sink {
+    port: u16,
+    state: Arc<Mutex<SinkState>>,
+}
+
+struct SinkState {
+    connections: usize,
+    /// (`webhook-id`, the event's `seq`) of each request.
+    got: Vec<(String, Option<i64>)>,
+    status: u16,
+    body: String,
+    delay: Duration,
+}
+
+impl Sink {
+    async fn start(status: u16, body: &str) -> Sink {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(Mutex::new(SinkState {
+            connections: 0,
+            got: Vec::new(),
+            status,
+            body: body.to_string(),
+            delay: Duration::ZERO,
+        }));
+        let shared = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                shared.lock().unwrap().connections += 1;
+                tokio::spawn(serve(stream, shared.clone()));
+            }
+        });
+        Sink { port, state }
+    }
+
+    fn url(&self, host: &str) -> String {
+        format!("http://{host}:{}/hook", self.port)
+    }
+
+    fn connections(&self) -> usize {
+        self.state.lock().unwrap().connections
+    }
+
+    fn got(&self) -> Vec<(String, Option<i64>)> {
+        self.state.lock().unwrap().got.clone()
+    }
+
+    fn answer(&self, status: u16, delay: Duration) {
+        let mut s = self.state.lock().unwrap();
+        s.status = status;
+        s.delay = delay;
+    }
+}
+
+/// One request per connection: its head and body read, recorded, answered after the delay.
+async fn serve(mut stream: tokio::net::TcpStream, state: Arc<Mutex<SinkState>>) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let (head, mut body) = loop {
+        let Ok(n) = stream.read(&mut chunk).await else { return };
+        if n == 0 {
+            return;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break (
+                String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase(),
+                buf[end + 4..].to_vec(),
+            );
+        }
+    };
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_string()))
+    };
+    let length: usize = header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+    while body.len() < length {
+        let Ok(n) = stream.read(&mut chunk).await else { return };
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    let seq = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|b| b["seq"].as_i64());
+    let (status, answer, delay) = {
+        let mut s = state.lock().unwrap();
+        s.got.push((header("webhook-id").unwrap_or_default(), seq));
+        (s.status, s.body.clone(), s.delay)
+    };
+    tokio::time::sleep(delay).await;
+    let reply = format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+    let _ = stream.write_all(reply.as_bytes()).await;
+}
+
+/// Writes a subscription's URL as stored, past the API's checks (as if made while an operator allowed it).
+async fn set_url(app: &TestApp, id: uuid::Uuid, url: &str) {
+    use berth::entity::webhook::{Column, Entity};
+    use sea_orm::sea_query::Expr;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    let done = Entity::update_many()
+        .col_expr(Column::Url, Expr::value(url))
+        .filter(Column::Id.eq(berth::ids::WebhookId::from(id)))
+        .exec(app.db())
+        .await
+        .unwrap();
+    assert_eq!(done.rows_affected, 1);
+}
+
+/// Settings with no network allowed besides public addresses.
+const NOTHING_INSIDE: [(&str, &str); 1] = [("BERTH_WEBHOOK_ALLOWED_NETWORKS", "")];
+
+/// Addresses of this host and of the networks it sits in, each as a URL berth must refuse.
+const INSIDE: [&str; 22] = [
+    "https://127.0.0.1/hook",
+    "http://127.0.0.1:9/hook",
+    "https://127.1.2.3/hook",
+    "https://[::1]/hook",
+    "https://localhost/hook",
+    "http://localhost:9/hook",
+    "https://10.0.0.1/hook",
+    "https://172.16.5.4/hook",
+    "https://192.168.1.1/hook",
+    "https://100.64.0.1/hook",
+    "https://169.254.169.254/latest/meta-data",
+    "https://[fc00::1]/hook",
+    "https://[fd00:ec2::254]/hook",
+    "https://[fe80::1]/hook",
+    "https://224.0.0.1/hook",
+    "https://[ff02::1]/hook",
+    "https://0.0.0.0/hook",
+    "https://0.1.2.3/hook",
+    "https://[::]/hook",
+    "https://255.255.255.255/hook",
+    "https://[::ffff:127.0.0.1]/hook",
+    "https://[::ffff:a9fe:a9fe]/hook",
+];
+
+/// A public address (TEST-NET-3) nothing answers on: accepted, never reached in these tests.
+const PUBLIC: &str = "https://203.0.113.7/hook";
+
+async fn inside_addresses_are_refused_when_made_changed_and_posted(app: TestApp) {
+    let app = respawn(app, &NOTHING_INSIDE).await;
+    let ws = app.workspace("hostile").await;
+    for url in INSIDE {
+        let p = app
+            .post("/api/v1/webhooks", json!({"url": url, "workspace_id": ws}))
+            .await
+            .problem(422, "validation_failed");
+        assert_eq!(p["errors"][0]["field"], "url", "{url}: {p}");
+    }
+    assert_eq!(app.count("webhooks").await, 0, "nothing refused was kept");
+    // Changed to an inside address: refused, and the subscription is as it was.
+    let w = app
+        .post(
+            "/api/v1/webhooks",
+            json!({"url": PUBLIC, "workspace_id": ws, "enabled": false}),
+        )
+        .await
+        .ok(201);
+    let id = id_of(&w);
+    for url in [
+        "https://10.1.2.3/x",
+        "https://localhost:8443/x",
+        "https://[::ffff:10.0.0.1]/",
+    ] {
+        let p = app
+            .patch(&format!("/api/v1/webhooks/{id}"), json!({"url": url}))
+            .await
+            .problem(422, "validation_failed");
+        assert_eq!(p["errors"][0]["field"], "url", "{url}: {p}");
+    }
+    let got = app.get(&format!("/api/v1/webhooks/{id}")).await.ok(200);
+    assert_eq!(got["url"], PUBLIC);
+
+    // A subscription stored with an inside address (made while an operator allowed it) is refused at
+    // the post itself, by literal address and by name, and nothing connects.
+    let sink = Sink::start(204, "").await;
+    for host in ["127.0.0.1", "localhost"] {
+        let url = sink.url(host);
+        set_url(&app, id, &url).await;
+        let ping = app
+            .post(&format!("/api/v1/webhooks/{id}/test"), json!({}))
+            .await
+            .ok(200);
+        assert_eq!(ping["succeeded"], false, "{ping}");
+        assert_eq!(ping["status_code"], Value::Null, "{ping}");
+        let error = ping["error"].as_str().unwrap();
+        assert!(error.contains("loopback"), "{host}: {error}");
+        assert!(error.contains("BERTH_WEBHOOK_ALLOWED_NETWORKS"), "{host}: {error}");
+    }
+    assert_eq!(sink.connections(), 0, "berth connected to no inside address");
+}
+
+async fn loopback_is_reached_only_when_listed(app: TestApp) {
+    // The webhook tests' settings list loopback (and only loopback).
+    let app = respawn(app, &[]).await;
+    let ws = app.workspace("listed").await;
+    let sink = Sink::start(204, "").await;
+    for host in ["127.0.0.1", "localhost"] {
+        let w = app
+            .post(
+                "/api/v1/webhooks",
+                json!({"url": sink.url(host), "workspace_id": ws, "enabled": false}),
+            )
+            .await
+            .ok(201);
+        let ping = app
+            .post(&format!("/api/v1/webhooks/{}/test", id_of(&w)), json!({}))
+            .await
+            .ok(200);
+        assert_eq!(ping["succeeded"], true, "{host}: {ping}");
+    }
+    assert_eq!(sink.got().len(), 2);
+    // Listing loopback lets nothing else inside through.
+    for url in [
+        "https://10.0.0.1/hook",
+        "https://169.254.169.254/",
+        "https://[fc00::1]/",
+    ] {
+        app.post("/api/v1/webhooks", json!({"url": url, "workspace_id": ws}))
+            .await
+            .problem(422, "validation_failed");
+    }
+    // Plain http still goes to loopback only.
+    app.post(
+        "/api/v1/webhooks",
+        json!({"url": "http://203.0.113.7/hook", "workspace_id": ws}),
+    )
+    .await
+    .problem(422, "validation_failed");
+    let _ = Method::GET;
+}
