@@ -311,7 +311,12 @@ const VARIANTS: &[Variant] = &[
                       until it is enabled again (`PATCH /webhooks/{id}`); it resumes at the event it failed.",
         data: &[
             ("webhook_id", Field::Uuid, "The subscription.", REQ),
-            ("url", Field::String, "Where it posted.", REQ),
+            (
+                "url",
+                Field::String,
+                "Where it posted, without userinfo, query or fragment (which may carry credentials).",
+                REQ,
+            ),
             (
                 "reason",
                 Field::String,

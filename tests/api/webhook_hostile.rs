@@ -17,6 +17,9 @@ use crate::webhooks::respawn;
 both_backends!(
     inside_addresses_are_refused_when_made_changed_and_posted,
     loopback_is_reached_only_when_listed,
+    a_receivers_answer_is_kept_short_redacted_and_for_its_owner_only,
+    taking_events_needs_events_read,
+    a_disabled_event_shows_the_url_without_its_credentials,
 );
 
 /// A receiver of this test's own: answers every request with one status and body, and counts the
@@ -259,5 +262,164 @@ async fn loopback_is_reached_only_when_listed(app: TestApp) {
     )
     .await
     .problem(422, "validation_failed");
-    let _ = Method::GET;
+}
+
+/// What an internal service might answer: credentials, then far more than an excerpt.
+const LEAKY: &str = "internal admin console\n\ttoken=sk_live_0123456789abcdefABCDEF password: hunter2hunter2 \
+     api_key abcdEFGH12345678ijkl ";
+
+async fn a_receivers_answer_is_kept_short_redacted_and_for_its_owner_only(app: TestApp) {
+    let app = respawn(app, &[]).await;
+    let (ws, other) = (app.workspace("mine").await, app.workspace("theirs").await);
+    let sink = Sink::start(500, &format!("{LEAKY}{}", "x".repeat(400))).await;
+    let w = app
+        .post(
+            "/api/v1/webhooks",
+            json!({"url": sink.url("127.0.0.1"), "workspace_id": ws, "enabled": false}),
+        )
+        .await
+        .ok(201);
+    let id = id_of(&w);
+    let ping = app
+        .post(&format!("/api/v1/webhooks/{id}/test"), json!({}))
+        .await
+        .ok(200);
+    assert_eq!(ping["succeeded"], false, "{ping}");
+    assert_eq!(ping["status_code"], 500, "{ping}");
+    let error = ping["error"].as_str().unwrap();
+    let answer = error.split_once(": ").map(|(_, a)| a).unwrap_or_default();
+    assert!(answer.starts_with("internal admin console"), "{error}");
+    assert!(
+        answer.len() <= 100 + '…'.len_utf8(),
+        "at most 100 bytes of the answer: {error}"
+    );
+    for secret in [
+        "sk_live_0123456789abcdefABCDEF",
+        "hunter2hunter2",
+        "abcdEFGH12345678ijkl",
+    ] {
+        assert!(!error.contains(secret), "{secret} shown: {error}");
+    }
+    let kept = app.get(&format!("/api/v1/webhooks/{id}/deliveries")).await;
+    assert!(!kept.text.contains("hunter2") && !kept.text.contains("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"), "{}", kept.text);
+    // Another workspace's token, even with every webhook and event scope, sees no such subscription.
+    let theirs = app.token_for("webhooks:write events:read", Some(vec![other]), None);
+    for (method, path) in [
+        (Method::POST, format!("/api/v1/webhooks/{id}/test")),
+        (Method::GET, format!("/api/v1/webhooks/{id}/deliveries")),
+        (Method::GET, format!("/api/v1/webhooks/{id}")),
+    ] {
+        let body = (method == Method::POST).then(|| json!({}));
+        app.call(method, &path, Some(&theirs), body)
+            .await
+            .problem(404, "not_found");
+    }
+    assert_eq!(sink.got().len(), 1, "the other token's test sent nothing");
+    // A subscription about every workspace belongs to tokens limited to no workspace.
+    let global = app
+        .post(
+            "/api/v1/webhooks",
+            json!({"url": sink.url("127.0.0.1"), "enabled": false}),
+        )
+        .await
+        .ok(201);
+    let mine = app.token_for("webhooks:write events:read", Some(vec![ws]), None);
+    app.call(
+        Method::POST,
+        &format!("/api/v1/webhooks/{}/test", id_of(&global)),
+        Some(&mine),
+        Some(json!({})),
+    )
+    .await
+    .problem(404, "not_found");
+}
+
+async fn taking_events_needs_events_read(app: TestApp) {
+    let app = respawn(app, &[]).await;
+    let ws = app.workspace("scopes").await;
+    let sink = Sink::start(204, "").await;
+    let body = json!({"url": sink.url("127.0.0.1"), "workspace_id": ws, "enabled": false});
+    let writer = app.token("webhooks:write");
+    let p = app
+        .call(Method::POST, "/api/v1/webhooks", Some(&writer), Some(body.clone()))
+        .await
+        .problem(403, "insufficient_scope");
+    assert_eq!(p["required_scope"], "events:read", "{p}");
+    assert_eq!(app.count("webhooks").await, 0);
+    let reader = app.token("webhooks:write events:read");
+    let w = app
+        .call(Method::POST, "/api/v1/webhooks", Some(&reader), Some(body))
+        .await
+        .ok(201);
+    let path = format!("/api/v1/webhooks/{}", id_of(&w));
+    app.call(
+        Method::PATCH,
+        &path,
+        Some(&writer),
+        Some(json!({"types": ["session."]})),
+    )
+    .await
+    .problem(403, "insufficient_scope");
+    app.call(Method::PATCH, &path, Some(&writer), Some(json!({"types": null})))
+        .await
+        .problem(403, "insufficient_scope");
+    let got = app.call(Method::GET, &path, Some(&writer), None).await.ok(200);
+    assert_eq!(got["types"], Value::Null, "unchanged: {got}");
+    // What does not widen what it takes needs no more than webhooks:write.
+    app.call(
+        Method::PATCH,
+        &path,
+        Some(&writer),
+        Some(json!({"description": "renamed"})),
+    )
+    .await
+    .ok(200);
+    app.call(Method::PATCH, &path, Some(&reader), Some(json!({"types": ["task."]})))
+        .await
+        .ok(200);
+}
+
+async fn a_disabled_event_shows_the_url_without_its_credentials(app: TestApp) {
+    let app = respawn(app, &[("BERTH_WEBHOOK_RETRY_HORIZON_SECS", "1")]).await;
+    let ws = app.workspace("credentials").await;
+    let sink = Sink::start(500, "no").await;
+    let url = format!(
+        "http://robot:pa55w0rd@127.0.0.1:{}/hook/path?key=s3cr3tvalue",
+        sink.port
+    );
+    let w = app
+        .post(
+            "/api/v1/webhooks",
+            json!({"url": url, "types": ["task."], "workspace_id": ws}),
+        )
+        .await
+        .ok(201);
+    let id = id_of(&w);
+    app.task(ws, "trigger", &[]).await;
+    let disabled = crate::helpers::wait_until_every(
+        "the webhook to be disabled",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let e = app.get("/api/v1/events?types=webhook.disabled").await.ok(200);
+            let found = e["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["data"]["webhook_id"] == id.to_string())
+                .cloned();
+            found.ok_or_else(|| e.to_string())
+        },
+    )
+    .await;
+    assert_eq!(
+        disabled["data"]["url"],
+        format!("http://127.0.0.1:{}/hook/path", sink.port),
+        "{disabled}"
+    );
+    let text = disabled.to_string();
+    assert!(
+        !text.contains("pa55w0rd") && !text.contains("s3cr3tvalue") && !text.contains("robot"),
+        "{text}"
+    );
 }

@@ -551,7 +551,7 @@ async fn bad_subscriptions_are_refused_and_secrets_never_shown_again(app: TestAp
     )
     .await
     .problem(404, "not_found");
-    // Scopes: webhooks:write (or admin); a token limited to workspaces manages theirs only.
+    // Scopes: webhooks:write and events:read (or admin); a token limited to workspaces manages theirs only.
     let reader = app.token("tasks:read events:read");
     app.call(
         Method::POST,
@@ -561,7 +561,7 @@ async fn bad_subscriptions_are_refused_and_secrets_never_shown_again(app: TestAp
     )
     .await
     .problem(403, "insufficient_scope");
-    let limited = app.token_for("webhooks:write", Some(vec![ws]), None);
+    let limited = app.token_for("webhooks:write events:read", Some(vec![ws]), None);
     app.call(
         Method::POST,
         "/api/v1/webhooks",

@@ -21,8 +21,8 @@ use crate::store::webhooks::{self as store, Position};
 
 /// Events read at once past a subscription's cursor.
 const PAGE: u64 = 200;
-/// What of a receiver's answer is read (for the attempt's error); the rest is never read.
-const ANSWER_READ: usize = 64 * 1024;
+/// What of a receiver's answer is read (its start is the attempt's excerpt); the rest is never read.
+const ANSWER_READ: usize = 4 * 1024;
 /// The longest wait between two attempts at one event.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// Old attempts are trimmed after this many new ones.
@@ -125,12 +125,11 @@ pub async fn post(ctx: &Ctx, w: &webhook::Model, message_id: &str, body: &serde_
         let to = res
             .headers()
             .get("location")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+            .map(|v| super::excerpt::excerpt(v.as_bytes()))
+            .unwrap_or_default();
         Some(format!("answered {status} (redirects are not followed): {to}"))
     } else {
-        let text: String = String::from_utf8_lossy(&answer[..answer.len().min(300)]).into();
-        Some(format!("answered {status}: {}", text.trim()))
+        Some(format!("answered {status}: {}", super::excerpt::excerpt(&answer)))
     };
     Outcome {
         status: Some(status.as_u16()),
@@ -207,6 +206,57 @@ fn backoff(attempts: i32) -> Duration {
     full.mul_f64(fraction)
 }
 
+/// The deliverers of this process, each with the switch that abandons what it does (a deleted
+/// subscription's post in flight, its waits).
+fn deliverers() -> std::sync::MutexGuard<'static, HashMap<WebhookId, tokio::sync::watch::Sender<bool>>> {
+    static DELIVERERS: OnceLock<Mutex<HashMap<WebhookId, tokio::sync::watch::Sender<bool>>>> = OnceLock::new();
+    DELIVERERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Abandons what this process's deliverer of `id` does now (its subscription is being deleted).
+pub fn cancel(id: WebhookId) {
+    if let Some(switch) = deliverers().get(&id) {
+        let _ = switch.send(true);
+    }
+}
+
+/// A deliverer's place in [`deliverers`], given up when it stops.
+struct Registered {
+    id: WebhookId,
+    cancelled: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Registered {
+    fn new(id: WebhookId) -> Registered {
+        let (switch, cancelled) = tokio::sync::watch::channel(false);
+        deliverers().insert(id, switch);
+        Registered { id, cancelled }
+    }
+
+    /// Completes once the deliverer is cancelled.
+    async fn cancelled(&self) {
+        let mut rx = self.cancelled.clone();
+        if rx.wait_for(|c| *c).await.is_err() {
+            std::future::pending::<()>().await; // its switch is gone: never cancelled
+        }
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let mut all = deliverers();
+        if all
+            .get(&self.id)
+            .is_some_and(|switch| switch.subscribe().same_channel(&self.cancelled))
+        {
+            all.remove(&self.id);
+        }
+    }
+}
+
 /// Finds subscriptions nobody delivers and delivers each this process leases, each in its own task,
 /// forever.
 pub async fn run(ctx: Ctx) {
@@ -275,6 +325,7 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
     let lease = chrono::Duration::from_std(ctx.config.webhook_lease).unwrap_or_default();
     let idle = ctx.config.webhook_lease / 3;
     let mut live = ctx.events.subscribe();
+    let me_registered = Registered::new(id);
     let Some(mut w) = store::find(conn, id).await? else {
         return Ok(());
     };
@@ -302,7 +353,10 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
             && at > now
         {
             let wait = (at - now).to_std().unwrap_or_default().min(idle);
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = me_registered.cancelled() => return Ok(()),
+            }
             continue;
         }
         if queue.is_empty() {
@@ -313,7 +367,11 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
                 if !record(ctx, &mut w, &mut unrecorded).await? {
                     return Ok(());
                 }
-                if tokio::time::timeout(idle, live.recv()).await.is_ok() {
+                let woken = tokio::select! {
+                    woken = tokio::time::timeout(idle, live.recv()) => woken.is_ok(),
+                    _ = me_registered.cancelled() => return Ok(()),
+                };
+                if woken {
                     // Let the burst the event belongs to arrive: one read for many events, not one each.
                     tokio::time::sleep(COALESCE).await;
                 }
@@ -331,7 +389,16 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
         }
         let next = queue.front().expect("a queued event");
         let message = message_id(&w, next.seq);
-        let outcome = post(ctx, &w, &message, &body(next)).await;
+        // Still this process's to deliver (not deleted, disabled, or taken over) just before the post; a
+        // delete after this check abandons the post (this process) or waits for it (another).
+        if !store::still_delivers(conn, id, me).await? {
+            return Ok(());
+        }
+        let sent = body(next);
+        let outcome = tokio::select! {
+            outcome = post(ctx, &w, &message, &sent) => outcome,
+            _ = me_registered.cancelled() => return Ok(()),
+        };
         let attempt = w.attempts + 1;
         let row = attempt_row(
             &w,
@@ -437,7 +504,7 @@ async fn disable(ctx: &Ctx, w: &webhook::Model, seq: i64, reason: &str) -> Resul
             workspace_id: w.workspace_id,
             ..Default::default()
         };
-        let data = json!({"webhook_id": w.id, "url": w.url, "reason": reason, "event_seq": seq});
+        let data = json!({"webhook_id": w.id, "url": super::shown_url(&w.url), "reason": reason, "event_seq": seq});
         events::append(&txn, ctx.instance_id, EventType::WebhookDisabled, subject, data).await?;
     }
     ctx.commit(txn).await?;

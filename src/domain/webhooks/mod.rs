@@ -2,6 +2,7 @@
 //! the secret that signs its deliveries. Delivery itself is `deliver`; the signature `sign`.
 pub mod address;
 pub mod deliver;
+pub mod excerpt;
 pub mod sign;
 
 use crate::ids::{WebhookId, WorkspaceId};
@@ -12,6 +13,7 @@ use super::Ctx;
 use crate::auth::Principal;
 use crate::entity::{webhook, webhook_delivery};
 use crate::error::{Error, Result};
+use crate::scope::Scope;
 use crate::store::webhooks as store;
 
 /// The newest attempts `deliveries` lists and keeps.
@@ -112,8 +114,10 @@ fn checked_description(d: &str) -> Result<String> {
     Ok(d.to_string())
 }
 
-/// A token limited to workspaces manages only their subscriptions; one about every workspace needs an
-/// unlimited token.
+/// A subscription's owner: a token that sees its workspace, or, for one about every workspace, a token
+/// limited to no workspace (which sees every event anyway). Only an owner sees, changes, tests or deletes
+/// it, and reads its attempts (the receiver's status and a short, redacted excerpt of its answer); to
+/// anyone else it does not exist (`404`).
 fn may_manage(p: &Principal, workspace_id: Option<WorkspaceId>) -> bool {
     match workspace_id {
         Some(ws) => p.sees_workspace(ws),
@@ -121,7 +125,13 @@ fn may_manage(p: &Principal, workspace_id: Option<WorkspaceId>) -> bool {
     }
 }
 
+/// A subscription delivers events: taking them needs the scope that reads them.
+fn may_take_events(p: &Principal) -> Result<()> {
+    p.require(Scope::EventsRead)
+}
+
 pub async fn create(ctx: &Ctx, p: &Principal, new: NewWebhook) -> Result<Made> {
+    may_take_events(p)?;
     let url = checked_url(ctx, &new.url).await?;
     let types = checked_types(new.types)?;
     let description = checked_description(&new.description)?;
@@ -180,6 +190,9 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<webhook::Mod
 
 pub async fn update(ctx: &Ctx, p: &Principal, id: WebhookId, patch: WebhookPatch) -> Result<webhook::Model> {
     let mut w = get(ctx, p, id).await?;
+    if patch.types.is_some() {
+        may_take_events(p)?;
+    }
     if let Some(url) = patch.url {
         w.url = checked_url(ctx, &url).await?;
     }
@@ -207,9 +220,20 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: WebhookId, patch: WebhookPatch
     Ok(w)
 }
 
+/// Deletes a subscription so that nothing reaches its receiver after the answer: it is stopped first
+/// (every deliverer checks that before each post), a post of this process in flight is abandoned, and a
+/// post of another replica is waited for (it holds the lease until it is done, and a post takes at most
+/// `BERTH_WEBHOOK_TIMEOUT_SECS`); then the row goes.
 pub async fn delete(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<()> {
     get(ctx, p, id).await?;
-    store::delete(&ctx.db.conn, id).await?;
+    let conn = &ctx.db.conn;
+    store::stop(conn, id).await?;
+    deliver::cancel(id);
+    let deadline = std::time::Instant::now() + ctx.config.webhook_timeout + std::time::Duration::from_secs(1);
+    while std::time::Instant::now() < deadline && !store::lease_free(conn, id, crate::clock::now()).await? {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    store::delete(conn, id).await?;
     Ok(())
 }
 
