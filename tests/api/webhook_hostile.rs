@@ -20,6 +20,7 @@ both_backends!(
     a_receivers_answer_is_kept_short_redacted_and_for_its_owner_only,
     taking_events_needs_events_read,
     a_disabled_event_shows_the_url_without_its_credentials,
+    nothing_is_delivered_once_a_delete_answered,
 );
 
 /// A receiver of this test's own: answers every request with one status and body, and counts the
@@ -33,6 +34,8 @@ struct SinkState {
     connections: usize,
     /// (`webhook-id`, the event's `seq`) of each request.
     got: Vec<(String, Option<i64>)>,
+    /// Requests answered (or whose connection berth dropped while it waited).
+    finished: usize,
     status: u16,
     body: String,
     delay: Duration,
@@ -45,6 +48,7 @@ impl Sink {
         let state = Arc::new(Mutex::new(SinkState {
             connections: 0,
             got: Vec::new(),
+            finished: 0,
             status,
             body: body.to_string(),
             delay: Duration::ZERO,
@@ -74,10 +78,17 @@ impl Sink {
         self.state.lock().unwrap().got.clone()
     }
 
-    fn answer(&self, status: u16, delay: Duration) {
-        let mut s = self.state.lock().unwrap();
-        s.status = status;
-        s.delay = delay;
+    fn finished(&self) -> usize {
+        self.state.lock().unwrap().finished
+    }
+
+    fn slow(&self, delay: Duration) {
+        self.state.lock().unwrap().delay = delay;
+    }
+
+    /// The `seq`s it got.
+    fn seqs(&self) -> Vec<i64> {
+        self.got().into_iter().filter_map(|(_, seq)| seq).collect()
     }
 }
 
@@ -124,6 +135,7 @@ async fn serve(mut stream: tokio::net::TcpStream, state: Arc<Mutex<SinkState>>) 
         answer.len()
     );
     let _ = stream.write_all(reply.as_bytes()).await;
+    state.lock().unwrap().finished += 1;
 }
 
 /// Writes a subscription's URL as stored, past the API's checks (as if made while an operator allowed it).
@@ -422,4 +434,80 @@ async fn a_disabled_event_shows_the_url_without_its_credentials(app: TestApp) {
         !text.contains("pa55w0rd") && !text.contains("s3cr3tvalue") && !text.contains("robot"),
         "{text}"
     );
+}
+
+async fn nothing_is_delivered_once_a_delete_answered(app: TestApp) {
+    // The timeout (1 s) outlasts the slow receiver's answers.
+    let app = respawn(app, &[]).await;
+    let ws = app.workspace("deleted").await;
+    let (slow, witness) = (Sink::start(204, "").await, Sink::start(204, "").await);
+    slow.slow(Duration::from_millis(700));
+    let subscribe = |url: String| {
+        let app = &app;
+        async move {
+            app.post(
+                "/api/v1/webhooks",
+                json!({"url": url, "types": ["task."], "workspace_id": ws}),
+            )
+            .await
+            .ok(201)
+        }
+    };
+    let doomed = subscribe(slow.url("127.0.0.1")).await;
+    subscribe(witness.url("127.0.0.1")).await;
+    // Several events queued for the slow receiver; delete while it answers the first.
+    for i in 0..3 {
+        app.task(ws, &format!("t{i}"), &[]).await;
+    }
+    crate::helpers::wait_until_every(
+        "a delivery in flight",
+        Duration::from_secs(60),
+        Duration::from_millis(10),
+        || async {
+            let got = slow.got().len();
+            crate::helpers::seen(got >= 1, got)
+        },
+    )
+    .await;
+    app.delete(&format!("/api/v1/webhooks/{}", id_of(&doomed)))
+        .await
+        .ok(204);
+    let before = slow.got();
+    // Until the post in flight is over (answered, or dropped by berth), and then until the other
+    // subscription has taken two events made after the delete, the deleted one gets nothing more.
+    crate::helpers::wait_until_every(
+        "the post in flight to end",
+        Duration::from_secs(60),
+        Duration::from_millis(10),
+        || async {
+            let (finished, got) = (slow.finished(), slow.got().len());
+            crate::helpers::seen(finished >= got, (finished, got))
+        },
+    )
+    .await;
+    for i in 0..2 {
+        let t = app.task(ws, &format!("after{i}"), &[]).await;
+        let seq = app
+            .get(&format!("/api/v1/events?types=task.created&task_id={t}"))
+            .await
+            .ok(200)["events"][0]["seq"]
+            .as_i64()
+            .unwrap();
+        crate::helpers::wait_until_every(
+            "the other subscription to take it",
+            Duration::from_secs(60),
+            Duration::from_millis(10),
+            || async {
+                let seqs = witness.seqs();
+                crate::helpers::seen(seqs.contains(&seq), seqs)
+            },
+        )
+        .await;
+    }
+    assert_eq!(
+        slow.got(),
+        before,
+        "nothing reached the deleted subscription's receiver after the 204"
+    );
+    assert_eq!(app.count("webhooks").await, 1);
 }
