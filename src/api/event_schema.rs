@@ -327,6 +327,47 @@ const VARIANTS: &[Variant] = &[
         ],
     },
     Variant {
+        event_type: "webhook.lagging",
+        name: "WebhookLagging",
+        description: "A webhook subscription's oldest undelivered event is older than \
+                      `BERTH_WEBHOOK_MAX_LAG_SECS`: it is marked `lagging` and retention no longer keeps events \
+                      for it. Delivery goes on; what retention takes before it is delivered is skipped \
+                      (`webhook.skipped`).",
+        data: &[
+            ("webhook_id", Field::Uuid, "The subscription.", REQ),
+            (
+                "url",
+                Field::String,
+                "Where it posts, without userinfo, query or fragment.",
+                REQ,
+            ),
+            ("cursor", Field::Integer, "The last event it passed.", REQ),
+            (
+                "behind_secs",
+                Field::Integer,
+                "The age of its oldest undelivered event.",
+                REQ,
+            ),
+        ],
+    },
+    Variant {
+        event_type: "webhook.skipped",
+        name: "WebhookSkipped",
+        description: "A webhook subscription resumed from the oldest event kept: retention took the events \
+                      `from_seq` to `to_seq` before it delivered them (it was lagging or disabled).",
+        data: &[
+            ("webhook_id", Field::Uuid, "The subscription.", REQ),
+            (
+                "url",
+                Field::String,
+                "Where it posts, without userinfo, query or fragment.",
+                REQ,
+            ),
+            ("from_seq", Field::Integer, "The first event skipped.", REQ),
+            ("to_seq", Field::Integer, "The last event skipped.", REQ),
+        ],
+    },
+    Variant {
         event_type: "pull_request.updated",
         name: "PullRequestUpdated",
         description: "A pull request of a task was opened, or its state changed on its host.",

@@ -71,6 +71,10 @@ pub struct Webhook {
     pub failed_attempts: i32,
     pub failing_since: Option<DateTime<Utc>>,
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Its oldest undelivered event is older than `BERTH_WEBHOOK_MAX_LAG_SECS`: retention no longer keeps
+    /// events for it; what retention takes before it is delivered is skipped (a `webhook.skipped` event
+    /// says which). Cleared once it has caught up.
+    pub lagging: bool,
     /// Until when the rotated-out secret still signs beside the current one.
     pub previous_secret_expires_at: Option<DateTime<Utc>>,
     pub created_by: Option<String>,
@@ -92,6 +96,7 @@ impl From<&webhook::Model> for Webhook {
             failed_attempts: w.attempts,
             failing_since: w.failing_since,
             next_attempt_at: w.next_attempt_at,
+            lagging: w.lagging,
             previous_secret_expires_at: w.previous_secret_expires_at.filter(|t| *t > crate::clock::now()),
             created_by: w.created_by.clone(),
             created_at: w.created_at,

@@ -222,16 +222,39 @@ pub async fn disable<C: ConnectionTrait>(
         == 1)
 }
 
-/// The lowest cursor of an enabled subscription: retention keeps every event after it.
-pub async fn lowest_enabled_cursor<C: ConnectionTrait>(conn: &C) -> Result<Option<i64>> {
+/// The lowest cursor of an enabled subscription that is not lagging: retention keeps every event after it.
+pub async fn lowest_holding_cursor<C: ConnectionTrait>(conn: &C) -> Result<Option<i64>> {
     let lowest: Option<Option<i64>> = webhook::Entity::find()
         .select_only()
         .column_as(webhook::Column::Cursor.min(), "lowest")
         .filter(webhook::Column::Enabled.eq(true))
+        .filter(webhook::Column::Lagging.eq(false))
         .into_tuple()
         .one(conn)
         .await?;
     Ok(lowest.flatten())
+}
+
+/// The enabled subscriptions (the sweep measures how far behind each is).
+pub async fn enabled<C: ConnectionTrait>(conn: &C) -> Result<Vec<webhook::Model>> {
+    Ok(webhook::Entity::find()
+        .filter(webhook::Column::Enabled.eq(true))
+        .all(conn)
+        .await?)
+}
+
+/// Marks an enabled subscription lagging or not; whether this call changed it (one event per change,
+/// however many replicas sweep).
+pub async fn set_lagging<C: ConnectionTrait>(conn: &C, id: WebhookId, lagging: bool) -> Result<bool> {
+    Ok(webhook::Entity::update_many()
+        .col_expr(webhook::Column::Lagging, Expr::value(lagging))
+        .filter(webhook::Column::Id.eq(id))
+        .filter(webhook::Column::Enabled.eq(true))
+        .filter(webhook::Column::Lagging.eq(!lagging))
+        .exec(conn)
+        .await?
+        .rows_affected
+        == 1)
 }
 
 pub async fn insert_delivery<C: ConnectionTrait>(conn: &C, d: delivery::Model) -> Result<()> {

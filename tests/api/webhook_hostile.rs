@@ -21,6 +21,7 @@ both_backends!(
     taking_events_needs_events_read,
     a_disabled_event_shows_the_url_without_its_credentials,
     nothing_is_delivered_once_a_delete_answered,
+    a_lagging_subscription_holds_no_retention_and_says_what_it_skipped,
 );
 
 /// A receiver of this test's own: answers every request with one status and body, and counts the
@@ -80,6 +81,10 @@ impl Sink {
 
     fn finished(&self) -> usize {
         self.state.lock().unwrap().finished
+    }
+
+    fn answer(&self, status: u16) {
+        self.state.lock().unwrap().status = status;
     }
 
     fn slow(&self, delay: Duration) {
@@ -510,4 +515,92 @@ async fn nothing_is_delivered_once_a_delete_answered(app: TestApp) {
         "nothing reached the deleted subscription's receiver after the 204"
     );
     assert_eq!(app.count("webhooks").await, 1);
+}
+
+async fn a_lagging_subscription_holds_no_retention_and_says_what_it_skipped(app: TestApp) {
+    let app = respawn(
+        app,
+        &[
+            ("BERTH_WEBHOOK_MAX_LAG_SECS", "2"),
+            ("BERTH_EVENT_RETENTION_COUNT", "5"),
+        ],
+    )
+    .await;
+    let ws = app.workspace("lagging").await;
+    let sink = Sink::start(500, "down").await;
+    let w = app
+        .post(
+            "/api/v1/webhooks",
+            json!({"url": sink.url("127.0.0.1"), "types": ["task."], "workspace_id": ws}),
+        )
+        .await
+        .ok(201);
+    let id = id_of(&w);
+    assert_eq!(w["lagging"], false, "{w}");
+    app.task(ws, "first", &[]).await;
+    let within = Duration::from_secs(60);
+    let every = Duration::from_millis(50);
+    // Failing for more than the lag allowed: marked, with an event.
+    let lagging = crate::helpers::wait_until_every("the subscription to lag", within, every, || async {
+        let w = app.get(&format!("/api/v1/webhooks/{id}")).await.ok(200);
+        crate::helpers::seen_json(w["lagging"] == true, w)
+    })
+    .await;
+    let cursor = lagging["cursor"].as_i64().unwrap();
+    let events = app.get("/api/v1/events?types=webhook.lagging").await.ok(200);
+    let marked = &events["events"][0];
+    assert_eq!(marked["data"]["webhook_id"], id.to_string(), "{events}");
+    assert_eq!(marked["data"]["cursor"], cursor, "{events}");
+    assert!(marked["data"]["behind_secs"].as_i64().unwrap() >= 2, "{events}");
+    assert_eq!(marked["workspace_id"], ws.to_string());
+    // Retention no longer keeps what it has yet to deliver.
+    for i in 0..6 {
+        app.task(ws, &format!("more{i}"), &[]).await;
+    }
+    let first_kept =
+        crate::helpers::wait_until_every("retention to take undelivered events", within, every, || async {
+            let page = app.get("/api/v1/events?limit=1").await.ok(200);
+            let first = page["first_available_seq"].as_i64().unwrap();
+            crate::helpers::seen(first > cursor + 1, first)
+        })
+        .await;
+    // Back up: it resumes from the oldest event kept and says what it skipped.
+    let seen_before = sink.seqs().len();
+    sink.answer(204);
+    let skipped = crate::helpers::wait_until_every("the skip to be reported", within, every, || async {
+        let e = app.get("/api/v1/events?types=webhook.skipped").await.ok(200);
+        let found = e["events"].as_array().unwrap().first().cloned();
+        found.ok_or_else(|| e.to_string())
+    })
+    .await;
+    assert_eq!(skipped["data"]["webhook_id"], id.to_string(), "{skipped}");
+    assert_eq!(skipped["data"]["from_seq"], cursor + 1, "{skipped}");
+    let to = skipped["data"]["to_seq"].as_i64().unwrap();
+    assert!(to >= first_kept - 1, "{skipped} (first kept {first_kept})");
+    let latest_task = app
+        .get(&format!("/api/v1/events?types=task.&workspace_id={ws}&limit=1000"))
+        .await
+        .ok(200)["events"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+    crate::helpers::wait_until_every("the newest task event to be delivered", within, every, || async {
+        let seqs = sink.seqs();
+        crate::helpers::seen(seqs.contains(&latest_task), seqs)
+    })
+    .await;
+    let after: Vec<i64> = sink.seqs().split_off(seen_before);
+    assert!(
+        after.iter().all(|s| *s > to),
+        "nothing skipped was sent: {after:?} (skipped to {to})"
+    );
+    // Caught up, it holds retention again.
+    crate::helpers::wait_until_every("the subscription to catch up", within, every, || async {
+        let w = app.get(&format!("/api/v1/webhooks/{id}")).await.ok(200);
+        crate::helpers::seen_json(w["lagging"] == false, w)
+    })
+    .await;
 }

@@ -377,6 +377,17 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
                 }
                 continue;
             };
+            // Retention took events after the cursor before they were delivered (the subscription was
+            // lagging or disabled): resume from the oldest kept, and say what was skipped.
+            if page[0].seq > w.cursor + 1 {
+                let (kept, _) = events::bounds(conn).await?;
+                if kept > w.cursor + 1 {
+                    if !skip(ctx, &mut w, &mut unrecorded, kept - 1).await? {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            }
             queue = page.into_iter().filter(|e| filter.admits(e)).collect();
             if queue.is_empty() {
                 // Nothing of this subscription's in the page: pass it.
@@ -433,8 +444,10 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
                 disable(ctx, &w, seq, &reason).await?;
                 return Ok(());
             }
-            // Past what it does not take, up to the event it failed.
+            // Past what it does not take, up to the event it failed; the retry reads the log again (retention
+            // may take that event meanwhile, if the subscription lags).
             w.cursor = next.seq - 1;
+            queue.clear();
             w.attempts = attempt;
             w.failing_since = Some(failing_since);
             w.next_attempt_at = Some(now + chrono::Duration::from_std(backoff(attempt)).unwrap_or_default());
@@ -489,6 +502,33 @@ async fn record(ctx: &Ctx, w: &mut webhook::Model, unrecorded: &mut Unrecorded) 
         }
         None => Ok(false),
     }
+}
+
+/// Moves past events retention took (up to `to`), recording what was sent before and the skip with its
+/// event; `false`: this process no longer delivers it.
+async fn skip(ctx: &Ctx, w: &mut webhook::Model, unrecorded: &mut Unrecorded, to: i64) -> Result<bool> {
+    if !record(ctx, w, unrecorded).await? {
+        return Ok(false);
+    }
+    let from = w.cursor + 1;
+    if to < from {
+        return Ok(true); // moved meanwhile
+    }
+    let position = Position {
+        cursor: to,
+        attempts: 0,
+        failing_since: None,
+        next_attempt_at: None,
+    };
+    if !super::lag::record_skip(ctx, w, &position, from).await? {
+        return Ok(false);
+    }
+    unrecorded.written = Some(position.clone());
+    w.cursor = to;
+    w.attempts = 0;
+    w.failing_since = None;
+    w.next_attempt_at = None;
+    Ok(true)
 }
 
 /// The body of an event's delivery: the event as the stream sends it.

@@ -3,6 +3,7 @@
 pub mod address;
 pub mod deliver;
 pub mod excerpt;
+pub mod lag;
 pub mod sign;
 
 use crate::ids::{WebhookId, WorkspaceId};
@@ -164,6 +165,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, new: NewWebhook) -> Result<Made> {
         attempts: 0,
         failing_since: None,
         next_attempt_at: None,
+        lagging: false,
         lease_owner: None,
         lease_expires_at: None,
         created_by: Some(p.sub.clone()),
@@ -205,9 +207,8 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: WebhookId, patch: WebhookPatch
     if let Some(enabled) = patch.enabled {
         if enabled && !w.enabled {
             // Enabled again: the retries start afresh at the event it stopped at, or at the oldest one
-            // still retained when retention took events while it was off.
-            let (first, _) = crate::events::bounds(&ctx.db.conn).await?;
-            w.cursor = w.cursor.max(first - 1);
+            // still retained when retention took events while it was off (the deliverer says what it
+            // skipped). Its lag is not reset: one still far behind holds no retention.
             w.disabled_reason = None;
             w.attempts = 0;
             w.failing_since = None;
