@@ -442,42 +442,47 @@ async fn a_disabled_event_shows_the_url_without_its_credentials(app: TestApp) {
 }
 
 async fn nothing_is_delivered_once_a_delete_answered(app: TestApp) {
-    // The timeout (1 s) outlasts the slow receiver's answers.
     let app = respawn(app, &[]).await;
     let ws = app.workspace("deleted").await;
     let (slow, witness) = (Sink::start(204, "").await, Sink::start(204, "").await);
-    slow.slow(Duration::from_millis(700));
-    let subscribe = |url: String| {
+    // Each answer takes a while (well within the 1 s timeout), so a backlog is being posted, one after
+    // another, when the delete comes.
+    slow.slow(Duration::from_millis(40));
+    let subscribe = |url: String, enabled: bool| {
         let app = &app;
         async move {
             app.post(
                 "/api/v1/webhooks",
-                json!({"url": url, "types": ["task."], "workspace_id": ws}),
+                json!({"url": url, "types": ["task."], "workspace_id": ws, "enabled": enabled}),
             )
             .await
             .ok(201)
         }
     };
-    let doomed = subscribe(slow.url("127.0.0.1")).await;
-    subscribe(witness.url("127.0.0.1")).await;
-    // Several events queued for the slow receiver; delete while it answers the first.
-    for i in 0..3 {
+    let doomed = subscribe(slow.url("127.0.0.1"), false).await;
+    subscribe(witness.url("127.0.0.1"), true).await;
+    for i in 0..10 {
         app.task(ws, &format!("t{i}"), &[]).await;
     }
+    let path = format!("/api/v1/webhooks/{}", id_of(&doomed));
+    app.patch(&path, json!({"enabled": true})).await.ok(200);
+    // Deleted while the second of ten events is in flight.
     crate::helpers::wait_until_every(
-        "a delivery in flight",
+        "the backlog's delivery to be under way",
         Duration::from_secs(60),
-        Duration::from_millis(10),
+        Duration::from_millis(2),
         || async {
             let got = slow.got().len();
-            crate::helpers::seen(got >= 1, got)
+            crate::helpers::seen(got >= 2, got)
         },
     )
     .await;
-    app.delete(&format!("/api/v1/webhooks/{}", id_of(&doomed)))
-        .await
-        .ok(204);
+    app.delete(&path).await.ok(204);
     let before = slow.got();
+    assert!(
+        before.len() < 10,
+        "the delete came while the backlog was delivered: {before:?}"
+    );
     // Until the post in flight is over (answered, or dropped by berth), and then until the other
     // subscription has taken two events made after the delete, the deleted one gets nothing more.
     crate::helpers::wait_until_every(
