@@ -161,8 +161,11 @@ async fn set_url(app: &TestApp, id: uuid::Uuid, url: &str) {
 const NOTHING_INSIDE: [(&str, &str); 1] = [("BERTH_WEBHOOK_ALLOWED_NETWORKS", "")];
 
 /// Addresses of this host and of the networks it sits in, each as a URL berth must refuse.
-const INSIDE: [&str; 22] = [
+const INSIDE: [&str; 25] = [
     "https://127.0.0.1/hook",
+    "https://2130706433/hook",
+    "https://0x7f.0.0.1/hook",
+    "https://017700000001/hook",
     "http://127.0.0.1:9/hook",
     "https://127.1.2.3/hook",
     "https://[::1]/hook",
