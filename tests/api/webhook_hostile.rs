@@ -21,6 +21,7 @@ both_backends!(
     taking_events_needs_events_read,
     a_disabled_event_shows_the_url_without_its_credentials,
     nothing_is_delivered_once_a_delete_answered,
+    nothing_is_delivered_once_another_replica_answered_a_delete,
     a_lagging_subscription_holds_no_retention_and_says_what_it_skipped,
 );
 
@@ -155,6 +156,18 @@ async fn set_url(app: &TestApp, id: uuid::Uuid, url: &str) {
         .await
         .unwrap();
     assert_eq!(done.rows_affected, 1);
+}
+
+/// The instance that holds a subscription's lease.
+async fn lease_owner(app: &TestApp, id: uuid::Uuid) -> Option<uuid::Uuid> {
+    use berth::entity::webhook::Entity;
+    use sea_orm::EntityTrait;
+    let w = Entity::find_by_id(berth::ids::WebhookId::from(id))
+        .one(app.db())
+        .await
+        .unwrap()
+        .unwrap();
+    w.lease_owner.map(|o| o.uuid())
 }
 
 /// Settings with no network allowed besides public addresses.
@@ -446,21 +459,33 @@ async fn a_disabled_event_shows_the_url_without_its_credentials(app: TestApp) {
 
 async fn nothing_is_delivered_once_a_delete_answered(app: TestApp) {
     let app = respawn(app, &[]).await;
+    delete_mid_backlog(&app, None).await;
+}
+
+/// Two replicas: the one that does not deliver the subscription answers the delete, which waits for the
+/// other's post in flight (through the database: the lease).
+async fn nothing_is_delivered_once_another_replica_answered_a_delete(app: TestApp) {
+    let app = respawn(app, &[]).await;
+    let b = crate::replicas::Replica::start(&app).await;
+    delete_mid_backlog(&app, Some(&b)).await;
+    b.stop().await;
+}
+
+/// A backlog of ten events posted to a slow receiver, the subscription deleted while the second is in
+/// flight (through the replica that does not deliver it, when there is one): nothing more arrives.
+async fn delete_mid_backlog(app: &TestApp, replica: Option<&crate::replicas::Replica>) {
     let ws = app.workspace("deleted").await;
     let (slow, witness) = (Sink::start(204, "").await, Sink::start(204, "").await);
     // Each answer takes a while (well within the 1 s timeout), so a backlog is being posted, one after
     // another, when the delete comes.
     slow.slow(Duration::from_millis(40));
-    let subscribe = |url: String, enabled: bool| {
-        let app = &app;
-        async move {
-            app.post(
-                "/api/v1/webhooks",
-                json!({"url": url, "types": ["task."], "workspace_id": ws, "enabled": enabled}),
-            )
-            .await
-            .ok(201)
-        }
+    let subscribe = |url: String, enabled: bool| async move {
+        app.post(
+            "/api/v1/webhooks",
+            json!({"url": url, "types": ["task."], "workspace_id": ws, "enabled": enabled}),
+        )
+        .await
+        .ok(201)
     };
     let doomed = subscribe(slow.url("127.0.0.1"), false).await;
     subscribe(witness.url("127.0.0.1"), true).await;
@@ -480,7 +505,20 @@ async fn nothing_is_delivered_once_a_delete_answered(app: TestApp) {
         },
     )
     .await;
-    app.delete(&path).await.ok(204);
+    match replica {
+        None => {
+            app.delete(&path).await.ok(204);
+        }
+        Some(b) => {
+            let owner = lease_owner(app, id_of(&doomed)).await;
+            if owner == Some(app.app_state.ctx.instance_id.uuid()) {
+                b.call(Method::DELETE, &path, None).await.ok(204);
+            } else {
+                assert!(owner.is_some(), "a replica delivers it");
+                app.delete(&path).await.ok(204);
+            }
+        }
+    }
     let before = slow.got();
     assert!(
         before.len() < 10,

@@ -6,7 +6,7 @@
 //! nothing else: every subscription has its own task, and no request waits for a receiver. One event
 //! failing for longer than the retry horizon disables the subscription with its reason and a
 //! `webhook.disabled` event.
-use crate::ids::{DeliveryId, WebhookId};
+use crate::ids::{DeliveryId, InstanceId, WebhookId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -208,32 +208,39 @@ fn backoff(attempts: i32) -> Duration {
 
 /// The deliverers of this process, each with the switch that abandons what it does (a deleted
 /// subscription's post in flight, its waits).
-fn deliverers() -> std::sync::MutexGuard<'static, HashMap<WebhookId, tokio::sync::watch::Sender<bool>>> {
-    static DELIVERERS: OnceLock<Mutex<HashMap<WebhookId, tokio::sync::watch::Sender<bool>>>> = OnceLock::new();
+/// Keyed by the berth instance too: two instances in one process (the tests' replicas) are as apart as two
+/// processes, and another's deliverer is reached through the database (the delete waits for its lease).
+type Switches = HashMap<(InstanceId, WebhookId), tokio::sync::watch::Sender<bool>>;
+
+fn deliverers() -> std::sync::MutexGuard<'static, Switches> {
+    static DELIVERERS: OnceLock<Mutex<Switches>> = OnceLock::new();
     DELIVERERS
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner())
 }
 
-/// Abandons what this process's deliverer of `id` does now (its subscription is being deleted).
-pub fn cancel(id: WebhookId) {
-    if let Some(switch) = deliverers().get(&id) {
+/// Abandons what this instance's deliverer of `id` does now (its subscription is being deleted).
+pub fn cancel(me: InstanceId, id: WebhookId) {
+    if let Some(switch) = deliverers().get(&(me, id)) {
         let _ = switch.send(true);
     }
 }
 
 /// A deliverer's place in [`deliverers`], given up when it stops.
 struct Registered {
-    id: WebhookId,
+    key: (InstanceId, WebhookId),
     cancelled: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Registered {
-    fn new(id: WebhookId) -> Registered {
+    fn new(me: InstanceId, id: WebhookId) -> Registered {
         let (switch, cancelled) = tokio::sync::watch::channel(false);
-        deliverers().insert(id, switch);
-        Registered { id, cancelled }
+        deliverers().insert((me, id), switch);
+        Registered {
+            key: (me, id),
+            cancelled,
+        }
     }
 
     /// Completes once the deliverer is cancelled.
@@ -249,10 +256,10 @@ impl Drop for Registered {
     fn drop(&mut self) {
         let mut all = deliverers();
         if all
-            .get(&self.id)
+            .get(&self.key)
             .is_some_and(|switch| switch.subscribe().same_channel(&self.cancelled))
         {
-            all.remove(&self.id);
+            all.remove(&self.key);
         }
     }
 }
@@ -325,7 +332,7 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
     let lease = chrono::Duration::from_std(ctx.config.webhook_lease).unwrap_or_default();
     let idle = ctx.config.webhook_lease / 3;
     let mut live = ctx.events.subscribe();
-    let me_registered = Registered::new(id);
+    let me_registered = Registered::new(me, id);
     let Some(mut w) = store::find(conn, id).await? else {
         return Ok(());
     };

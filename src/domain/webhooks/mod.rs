@@ -229,7 +229,7 @@ pub async fn delete(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<()> {
     get(ctx, p, id).await?;
     let conn = &ctx.db.conn;
     store::stop(conn, id).await?;
-    deliver::cancel(id);
+    deliver::cancel(ctx.instance_id, id);
     let deadline = std::time::Instant::now() + ctx.config.webhook_timeout + std::time::Duration::from_secs(1);
     while std::time::Instant::now() < deadline && !store::lease_free(conn, id, crate::clock::now()).await? {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
