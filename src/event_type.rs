@@ -114,6 +114,14 @@ pub enum EventType {
     #[sea_orm(string_value = "webhook.disabled")]
     #[serde(rename = "webhook.disabled")]
     WebhookDisabled,
+    /// A subscription fell too far behind: retention no longer keeps events for it.
+    #[sea_orm(string_value = "webhook.lagging")]
+    #[serde(rename = "webhook.lagging")]
+    WebhookLagging,
+    /// A subscription resumed past events retention took before it delivered them.
+    #[sea_orm(string_value = "webhook.skipped")]
+    #[serde(rename = "webhook.skipped")]
+    WebhookSkipped,
 }
 
 impl EventType {
@@ -154,6 +162,8 @@ impl EventType {
             EventType::GitStatusUpdated => "git_status.updated",
             EventType::CleanupJobUpdated => "cleanup_job.updated",
             EventType::WebhookDisabled => "webhook.disabled",
+            EventType::WebhookLagging => "webhook.lagging",
+            EventType::WebhookSkipped => "webhook.skipped",
         }
     }
 }

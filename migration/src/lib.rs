@@ -22,6 +22,7 @@ mod m20261206_000018_reviews;
 mod m20261206_000019_pull_requests;
 mod m20261207_000020_webhooks;
 mod m20261207_000021_usage;
+mod m20261207_000022_webhook_lagging;
 
 pub struct Migrator;
 
@@ -50,6 +51,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000019_pull_requests::Migration),
             Box::new(m20261207_000020_webhooks::Migration),
             Box::new(m20261207_000021_usage::Migration),
+            Box::new(m20261207_000022_webhook_lagging::Migration),
         ]
     }
 }

@@ -40,6 +40,13 @@ struct Variant {
     data: &'static [(&'static str, Field, &'static str, bool)],
 }
 
+mod webhooks;
+
+/// Every described type: the list below, then those of webhooks (`webhooks.rs`).
+fn variants() -> impl Iterator<Item = &'static Variant> {
+    VARIANTS.iter().chain(webhooks::VARIANTS)
+}
+
 const REQ: bool = true;
 const OPT: bool = false;
 
@@ -304,24 +311,6 @@ const VARIANTS: &[Variant] = &[
         ],
     },
     Variant {
-        event_type: "webhook.disabled",
-        name: "WebhookDisabled",
-        description: "berth disabled a webhook subscription: its receiver failed every attempt at one event for \
-                      longer than the retry horizon (`BERTH_WEBHOOK_RETRY_HORIZON_SECS`). Nothing more is sent \
-                      until it is enabled again (`PATCH /webhooks/{id}`); it resumes at the event it failed.",
-        data: &[
-            ("webhook_id", Field::Uuid, "The subscription.", REQ),
-            ("url", Field::String, "Where it posted.", REQ),
-            (
-                "reason",
-                Field::String,
-                "The last attempt's failure and how long it failed.",
-                REQ,
-            ),
-            ("event_seq", Field::Integer, "The event it could not deliver.", REQ),
-        ],
-    },
-    Variant {
         event_type: "pull_request.updated",
         name: "PullRequestUpdated",
         description: "A pull request of a task was opened, or its state changed on its host.",
@@ -443,7 +432,7 @@ const VARIANTS: &[Variant] = &[
 
 /// The event types the union describes (for the test that every `EventType` has one).
 pub fn described_types() -> Vec<&'static str> {
-    VARIANTS.iter().map(|v| v.event_type).collect()
+    variants().map(|v| v.event_type).collect()
 }
 
 fn event_name(v: &Variant) -> String {
@@ -574,7 +563,7 @@ impl PartialSchema for Event {
              fields are the same for all. A client should skip a `type` it does not know: new types are \
              added without a new API version.",
         ));
-        for v in VARIANTS {
+        for v in variants() {
             let name = event_name(v);
             discriminator
                 .mapping
@@ -591,7 +580,7 @@ impl ToSchema for Event {
     }
 
     fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        for v in VARIANTS {
+        for v in variants() {
             schemas.push((event_name(v), RefOr::T(event_schema(v))));
             schemas.push((data_name(v), RefOr::T(data_schema(v))));
         }

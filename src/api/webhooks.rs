@@ -71,6 +71,10 @@ pub struct Webhook {
     pub failed_attempts: i32,
     pub failing_since: Option<DateTime<Utc>>,
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Its oldest undelivered event is older than `BERTH_WEBHOOK_MAX_LAG_SECS`: retention no longer keeps
+    /// events for it; what retention takes before it is delivered is skipped (a `webhook.skipped` event
+    /// says which). Cleared once it has caught up.
+    pub lagging: bool,
     /// Until when the rotated-out secret still signs beside the current one.
     pub previous_secret_expires_at: Option<DateTime<Utc>>,
     pub created_by: Option<String>,
@@ -92,6 +96,7 @@ impl From<&webhook::Model> for Webhook {
             failed_attempts: w.attempts,
             failing_since: w.failing_since,
             next_attempt_at: w.next_attempt_at,
+            lagging: w.lagging,
             previous_secret_expires_at: w.previous_secret_expires_at.filter(|t| *t > crate::clock::now()),
             created_by: w.created_by.clone(),
             created_at: w.created_at,
@@ -140,6 +145,8 @@ pub struct WebhookDelivery {
     pub status_code: Option<i32>,
     pub succeeded: bool,
     pub latency_ms: i64,
+    /// Why it failed; a receiver's answer shows as its status and at most 100 bytes of its body, with
+    /// anything that looks like a credential replaced by `[redacted]`.
     pub error: Option<String>,
     pub created_at: DateTime<Utc>,
 }
@@ -176,8 +183,10 @@ pub struct WebhookDeliveryList {
 /// restarts and replicas (one replica delivers a subscription at a time). `webhook-id` stays the same
 /// across retries. A receiver that fails is retried with backoff and jitter for
 /// `BERTH_WEBHOOK_RETRY_HORIZON_SECS`; then the subscription is disabled with its reason and a
-/// `webhook.disabled` event. The answer carries the signing secret, shown this once. Scope
-/// `webhooks:write` (or `admin`).
+/// `webhook.disabled` event. The answer carries the signing secret, shown this once. The URL must reach
+/// a public address (checked now and at every connection; `BERTH_WEBHOOK_ALLOWED_NETWORKS` lists other
+/// networks allowed). Scopes `webhooks:write` and `events:read` (a subscription takes events), or
+/// `admin`.
 #[utoipa::path(
     operation_id = "createWebhook",
     tag = "webhooks",
@@ -185,9 +194,9 @@ pub struct WebhookDeliveryList {
     request_body = CreateWebhook,
     responses(
         (status = 201, description = "Subscribed; the secret is shown only here", body = WebhookWithSecret),
-        (status = 403, description = "A token limited to workspaces, without one of them (`forbidden`)", body = Problem),
+        (status = 403, description = "No `events:read` (`insufficient_scope`), or a token limited to workspaces without one of them", body = Problem),
         (status = 404, description = "No such workspace (`not_found`)", body = Problem),
-        (status = 422, description = "A URL that is not https (or loopback http), or an unknown type (`validation_failed`, with the field)", body = Problem),
+        (status = 422, description = "A URL that is not https (or loopback http), or whose host is or resolves to an address not public and not allowed, or an unknown type (`validation_failed`, with the field)", body = Problem),
     )
 )]
 #[post("/webhooks")]
@@ -258,7 +267,8 @@ async fn get_webhook(
 /// Change a webhook subscription
 ///
 /// Changes only the fields given. `enabled: false` stops delivery (the cursor stays); `enabled: true`
-/// on a disabled one resumes at the event it stopped at, with fresh retries. Scope `webhooks:write`.
+/// on a disabled one resumes at the event it stopped at, with fresh retries. Scope `webhooks:write`;
+/// changing `types` needs `events:read` too.
 #[utoipa::path(
     operation_id = "updateWebhook",
     tag = "webhooks",
@@ -267,6 +277,7 @@ async fn get_webhook(
     request_body = UpdateWebhook,
     responses(
         (status = 200, description = "The subscription as it is now", body = Webhook),
+        (status = 403, description = "`types` without `events:read` (`insufficient_scope`)", body = Problem),
         (status = 404, description = "No such subscription (`not_found`)", body = Problem),
         (status = 422, description = "A URL or type refused (`validation_failed`, with the field)", body = Problem),
     )
@@ -292,8 +303,8 @@ async fn update_webhook(
 
 /// Delete a webhook subscription
 ///
-/// Nothing more is sent (an attempt in flight may still arrive); its attempts go with it. Scope
-/// `webhooks:write`.
+/// Once it answers, nothing more is sent: an attempt in flight is finished or abandoned first. Its
+/// attempts go with it. Scope `webhooks:write`.
 #[utoipa::path(
     operation_id = "deleteWebhook",
     tag = "webhooks",

@@ -169,6 +169,11 @@ pub struct Config {
     pub webhook_secret_overlap: Duration,
     pub webhook_lease: Duration,
     pub webhook_allow_http: bool,
+    /// Networks webhooks may post to besides public addresses (loopback, private ranges and the like are
+    /// refused unless listed here).
+    pub webhook_allowed_networks: Vec<ipnet::IpNet>,
+    /// A subscription whose oldest undelivered event is older than this no longer holds event retention.
+    pub webhook_max_lag: Duration,
     /// Origins (`scheme://host[:port]`, compared exactly) whose pages may call the API from a browser.
     /// Empty: no CORS headers at all.
     pub cors_origins: Vec<String>,
@@ -357,6 +362,23 @@ impl Config {
         let node_readmit = src.boolean("node_readmit")?;
 
         let webhook_allow_http = src.boolean("webhook_allow_http")?;
+        let webhook_allowed_networks = src
+            .get("webhook_allowed_networks")?
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|n| {
+                n.parse::<ipnet::IpNet>()
+                    .or_else(|_| n.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|e| {
+                        bad(
+                            "BERTH_WEBHOOK_ALLOWED_NETWORKS",
+                            format!("{n:?}: {e} (give CIDRs, e.g. 127.0.0.0/8,::1/128)"),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let webhook_timeout = Duration::from_secs(src.positive("webhook_timeout_secs")?);
         let webhook_lease = Duration::from_secs(src.positive("webhook_lease_secs")?);
         // A deliverer renews its lease between attempts: an attempt must fit in a lease twice over, or a
@@ -432,6 +454,8 @@ impl Config {
             webhook_secret_overlap: Duration::from_secs(src.num("webhook_secret_overlap_secs")?),
             webhook_lease,
             webhook_allow_http,
+            webhook_allowed_networks,
+            webhook_max_lag: Duration::from_secs(src.positive("webhook_max_lag_secs")?),
             cors_origins,
         })
     }

@@ -309,6 +309,28 @@ pub static SETTINGS: &[Setting] = &[
         "Lets webhooks post over plain http to hosts other than loopback",
         |c| Some(Value::Boolean(c.webhook_allow_http)),
     ),
+    list(
+        setting(
+            "webhook_allowed_networks",
+            Unset,
+            "Comma-separated CIDRs (127.0.0.0/8,::1/128) webhooks may post to besides public addresses; loopback, private, link-local and the like are refused otherwise",
+            |c| {
+                Some(Value::Array(
+                    c.webhook_allowed_networks
+                        .iter()
+                        .filter_map(|n| text(n.to_string()))
+                        .collect(),
+                ))
+            },
+        ),
+        ',',
+    ),
+    setting(
+        "webhook_max_lag_secs",
+        Is("86400"),
+        "How far behind (the age of its oldest undelivered event) a webhook subscription may fall before it no longer holds event retention",
+        |c| secs(c.webhook_max_lag),
+    ),
     setting(
         "materialize_lease_secs",
         Is("120"),

@@ -28,6 +28,9 @@ pub struct Model {
     pub attempts: i32,
     pub failing_since: Option<DateTimeUtc>,
     pub next_attempt_at: Option<DateTimeUtc>,
+    /// Its oldest undelivered event is older than `BERTH_WEBHOOK_MAX_LAG_SECS`: retention no longer keeps
+    /// events for it (it resumes from the oldest kept, saying what it skipped).
+    pub lagging: bool,
     /// The process (its instance id) that delivers it until `lease_expires_at`.
     pub lease_owner: Option<InstanceId>,
     pub lease_expires_at: Option<DateTimeUtc>,

@@ -4,7 +4,8 @@ use crate::ids::{DeliveryId, InstanceId, WebhookId, WorkspaceId};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect,
 };
 
 use crate::entity::{webhook, webhook_delivery as delivery};
@@ -38,6 +39,39 @@ pub async fn save<C: ConnectionTrait>(conn: &C, w: webhook::Model) -> Result<()>
 
 pub async fn delete<C: ConnectionTrait>(conn: &C, id: WebhookId) -> Result<bool> {
     Ok(webhook::Entity::delete_by_id(id).exec(conn).await?.rows_affected == 1)
+}
+
+/// Stops delivery of a subscription about to be deleted: every deliverer's next check and write fail.
+pub async fn stop<C: ConnectionTrait>(conn: &C, id: WebhookId) -> Result<()> {
+    webhook::Entity::update_many()
+        .col_expr(webhook::Column::Enabled, Expr::value(false))
+        .filter(webhook::Column::Id.eq(id))
+        .exec(conn)
+        .await?;
+    Ok(())
+}
+
+/// Whether `owner` still delivers the subscription: it is there, enabled, and `owner` holds its lease
+/// (checked before each post).
+pub async fn still_delivers<C: ConnectionTrait>(conn: &C, id: WebhookId, owner: InstanceId) -> Result<bool> {
+    Ok(webhook::Entity::find()
+        .filter(webhook::Column::Id.eq(id))
+        .filter(webhook::Column::Enabled.eq(true))
+        .filter(webhook::Column::LeaseOwner.eq(owner))
+        .count(conn)
+        .await?
+        == 1)
+}
+
+/// Whether no process holds the subscription's lease now (none, or an expired one), or it is gone.
+pub async fn lease_free<C: ConnectionTrait>(conn: &C, id: WebhookId, now: DateTime<Utc>) -> Result<bool> {
+    Ok(webhook::Entity::find()
+        .filter(webhook::Column::Id.eq(id))
+        .filter(webhook::Column::LeaseOwner.is_not_null())
+        .filter(webhook::Column::LeaseExpiresAt.gte(now))
+        .count(conn)
+        .await?
+        == 0)
 }
 
 /// Enabled subscriptions nobody delivers now (no lease, or an expired one).
@@ -188,16 +222,39 @@ pub async fn disable<C: ConnectionTrait>(
         == 1)
 }
 
-/// The lowest cursor of an enabled subscription: retention keeps every event after it.
-pub async fn lowest_enabled_cursor<C: ConnectionTrait>(conn: &C) -> Result<Option<i64>> {
+/// The lowest cursor of an enabled subscription that is not lagging: retention keeps every event after it.
+pub async fn lowest_holding_cursor<C: ConnectionTrait>(conn: &C) -> Result<Option<i64>> {
     let lowest: Option<Option<i64>> = webhook::Entity::find()
         .select_only()
         .column_as(webhook::Column::Cursor.min(), "lowest")
         .filter(webhook::Column::Enabled.eq(true))
+        .filter(webhook::Column::Lagging.eq(false))
         .into_tuple()
         .one(conn)
         .await?;
     Ok(lowest.flatten())
+}
+
+/// The enabled subscriptions (the sweep measures how far behind each is).
+pub async fn enabled<C: ConnectionTrait>(conn: &C) -> Result<Vec<webhook::Model>> {
+    Ok(webhook::Entity::find()
+        .filter(webhook::Column::Enabled.eq(true))
+        .all(conn)
+        .await?)
+}
+
+/// Marks an enabled subscription lagging or not; whether this call changed it (one event per change,
+/// however many replicas sweep).
+pub async fn set_lagging<C: ConnectionTrait>(conn: &C, id: WebhookId, lagging: bool) -> Result<bool> {
+    Ok(webhook::Entity::update_many()
+        .col_expr(webhook::Column::Lagging, Expr::value(lagging))
+        .filter(webhook::Column::Id.eq(id))
+        .filter(webhook::Column::Enabled.eq(true))
+        .filter(webhook::Column::Lagging.eq(!lagging))
+        .exec(conn)
+        .await?
+        .rows_affected
+        == 1)
 }
 
 pub async fn insert_delivery<C: ConnectionTrait>(conn: &C, d: delivery::Model) -> Result<()> {

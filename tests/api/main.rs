@@ -63,5 +63,6 @@ mod turns;
 mod ui;
 mod usage;
 mod vocabulary;
+mod webhook_hostile;
 mod webhooks;
 mod workspaces;

@@ -31,8 +31,10 @@ both_backends!(
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// Quick leases and timeouts; retries for an hour unless a test says otherwise.
-const SETTINGS: [(&str, &str); 3] = [
+/// Quick leases and timeouts; retries for an hour unless a test says otherwise; the receiver is on
+/// loopback, which webhooks may reach only when it is listed.
+pub(crate) const SETTINGS: [(&str, &str); 4] = [
+    ("BERTH_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128"),
     ("BERTH_WEBHOOK_LEASE_SECS", "2"),
     ("BERTH_WEBHOOK_TIMEOUT_SECS", "1"),
     ("BERTH_SWEEP_INTERVAL_MS", "300"),
@@ -267,7 +269,7 @@ async fn deliveries_are_signed_ordered_and_survive_a_rotation(app: TestApp) {
 }
 
 /// The app `both_backends!` made, on the same backend, with the webhook settings and `extra`.
-async fn respawn(app: TestApp, extra: &[(&str, &str)]) -> TestApp {
+pub(crate) async fn respawn(app: TestApp, extra: &[(&str, &str)]) -> TestApp {
     let backend = app.backend;
     drop(app);
     let mut settings: BTreeMap<&str, &str> = SETTINGS.into_iter().collect();
@@ -549,7 +551,7 @@ async fn bad_subscriptions_are_refused_and_secrets_never_shown_again(app: TestAp
     )
     .await
     .problem(404, "not_found");
-    // Scopes: webhooks:write (or admin); a token limited to workspaces manages theirs only.
+    // Scopes: webhooks:write and events:read (or admin); a token limited to workspaces manages theirs only.
     let reader = app.token("tasks:read events:read");
     app.call(
         Method::POST,
@@ -559,7 +561,7 @@ async fn bad_subscriptions_are_refused_and_secrets_never_shown_again(app: TestAp
     )
     .await
     .problem(403, "insufficient_scope");
-    let limited = app.token_for("webhooks:write", Some(vec![ws]), None);
+    let limited = app.token_for("webhooks:write events:read", Some(vec![ws]), None);
     app.call(
         Method::POST,
         "/api/v1/webhooks",

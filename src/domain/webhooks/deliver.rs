@@ -6,14 +6,14 @@
 //! nothing else: every subscription has its own task, and no request waits for a receiver. One event
 //! failing for longer than the retry horizon disables the subscription with its reason and a
 //! `webhook.disabled` event.
-use crate::ids::{DeliveryId, WebhookId};
+use crate::ids::{DeliveryId, InstanceId, WebhookId};
 use std::collections::{HashMap, VecDeque};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::Ctx;
+use super::{Ctx, address};
 use crate::entity::{event, webhook, webhook_delivery};
 use crate::error::Result;
 use crate::events::{self, EventType, Filter, Narrowing, Subject};
@@ -21,8 +21,8 @@ use crate::store::webhooks::{self as store, Position};
 
 /// Events read at once past a subscription's cursor.
 const PAGE: u64 = 200;
-/// What of a receiver's answer is read (for the attempt's error); the rest is never read.
-const ANSWER_READ: usize = 64 * 1024;
+/// What of a receiver's answer is read (its start is the attempt's excerpt); the rest is never read.
+const ANSWER_READ: usize = 4 * 1024;
 /// The longest wait between two attempts at one event.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// Old attempts are trimmed after this many new ones.
@@ -51,16 +51,27 @@ impl Outcome {
     }
 }
 
-fn client() -> &'static reqwest::Client {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            // A redirect is the receiver's answer, not a place to post the event again.
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("berth/", env!("CARGO_PKG_VERSION"), " (webhooks)"))
-            .build()
-            .expect("an HTTP client")
-    })
+/// The client for the allowed networks of this process's settings (one per set of networks, so its
+/// connections are pooled).
+fn client(allowed: &[ipnet::IpNet]) -> reqwest::Client {
+    static CLIENTS: OnceLock<Mutex<HashMap<Vec<ipnet::IpNet>, reqwest::Client>>> = OnceLock::new();
+    let mut clients = CLIENTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    clients
+        .entry(allowed.to_vec())
+        .or_insert_with(|| address::client(address::CheckedResolver::new(allowed.to_vec())))
+        .clone()
+}
+
+/// A post refused before any byte was sent.
+fn refused(why: String) -> Outcome {
+    Outcome {
+        status: None,
+        latency: Duration::ZERO,
+        error: Some(format!("not posted: {why}")),
+    }
 }
 
 /// Posts `body` to the subscription, signed, once.
@@ -69,9 +80,17 @@ pub async fn post(ctx: &Ctx, w: &webhook::Model, message_id: &str, body: &serde_
     let now = crate::clock::now();
     let timestamp = now.timestamp();
     let signature = super::sign::header(&super::signing_secrets(w, now), message_id, timestamp, &bytes);
+    // A literal address is checked here; a name by the client's resolver, at the connection itself.
+    let allowed = &ctx.config.webhook_allowed_networks;
+    let Ok(url) = reqwest::Url::parse(&w.url) else {
+        return refused("not a URL".into());
+    };
+    if let Some(why) = address::literal(&url).and_then(|ip| address::refusal(ip, allowed)) {
+        return refused(why);
+    }
     let started = Instant::now();
-    let sent = client()
-        .post(&w.url)
+    let sent = client(allowed)
+        .post(url)
         .timeout(ctx.config.webhook_timeout)
         .header("content-type", "application/json")
         .header("webhook-id", message_id)
@@ -106,12 +125,11 @@ pub async fn post(ctx: &Ctx, w: &webhook::Model, message_id: &str, body: &serde_
         let to = res
             .headers()
             .get("location")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+            .map(|v| super::excerpt::excerpt(v.as_bytes()))
+            .unwrap_or_default();
         Some(format!("answered {status} (redirects are not followed): {to}"))
     } else {
-        let text: String = String::from_utf8_lossy(&answer[..answer.len().min(300)]).into();
-        Some(format!("answered {status}: {}", text.trim()))
+        Some(format!("answered {status}: {}", super::excerpt::excerpt(&answer)))
     };
     Outcome {
         status: Some(status.as_u16()),
@@ -188,6 +206,64 @@ fn backoff(attempts: i32) -> Duration {
     full.mul_f64(fraction)
 }
 
+/// The deliverers of this process, each with the switch that abandons what it does (a deleted
+/// subscription's post in flight, its waits).
+/// Keyed by the berth instance too: two instances in one process (the tests' replicas) are as apart as two
+/// processes, and another's deliverer is reached through the database (the delete waits for its lease).
+type Switches = HashMap<(InstanceId, WebhookId), tokio::sync::watch::Sender<bool>>;
+
+fn deliverers() -> std::sync::MutexGuard<'static, Switches> {
+    static DELIVERERS: OnceLock<Mutex<Switches>> = OnceLock::new();
+    DELIVERERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Abandons what this instance's deliverer of `id` does now (its subscription is being deleted).
+pub fn cancel(me: InstanceId, id: WebhookId) {
+    if let Some(switch) = deliverers().get(&(me, id)) {
+        let _ = switch.send(true);
+    }
+}
+
+/// A deliverer's place in [`deliverers`], given up when it stops.
+struct Registered {
+    key: (InstanceId, WebhookId),
+    cancelled: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Registered {
+    fn new(me: InstanceId, id: WebhookId) -> Registered {
+        let (switch, cancelled) = tokio::sync::watch::channel(false);
+        deliverers().insert((me, id), switch);
+        Registered {
+            key: (me, id),
+            cancelled,
+        }
+    }
+
+    /// Completes once the deliverer is cancelled.
+    async fn cancelled(&self) {
+        let mut rx = self.cancelled.clone();
+        if rx.wait_for(|c| *c).await.is_err() {
+            std::future::pending::<()>().await; // its switch is gone: never cancelled
+        }
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let mut all = deliverers();
+        if all
+            .get(&self.key)
+            .is_some_and(|switch| switch.subscribe().same_channel(&self.cancelled))
+        {
+            all.remove(&self.key);
+        }
+    }
+}
+
 /// Finds subscriptions nobody delivers and delivers each this process leases, each in its own task,
 /// forever.
 pub async fn run(ctx: Ctx) {
@@ -256,6 +332,7 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
     let lease = chrono::Duration::from_std(ctx.config.webhook_lease).unwrap_or_default();
     let idle = ctx.config.webhook_lease / 3;
     let mut live = ctx.events.subscribe();
+    let me_registered = Registered::new(me, id);
     let Some(mut w) = store::find(conn, id).await? else {
         return Ok(());
     };
@@ -283,7 +360,10 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
             && at > now
         {
             let wait = (at - now).to_std().unwrap_or_default().min(idle);
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = me_registered.cancelled() => return Ok(()),
+            }
             continue;
         }
         if queue.is_empty() {
@@ -294,12 +374,27 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
                 if !record(ctx, &mut w, &mut unrecorded).await? {
                     return Ok(());
                 }
-                if tokio::time::timeout(idle, live.recv()).await.is_ok() {
+                let woken = tokio::select! {
+                    woken = tokio::time::timeout(idle, live.recv()) => woken.is_ok(),
+                    _ = me_registered.cancelled() => return Ok(()),
+                };
+                if woken {
                     // Let the burst the event belongs to arrive: one read for many events, not one each.
                     tokio::time::sleep(COALESCE).await;
                 }
                 continue;
             };
+            // Retention took events after the cursor before they were delivered (the subscription was
+            // lagging or disabled): resume from the oldest kept, and say what was skipped.
+            if page[0].seq > w.cursor + 1 {
+                let (kept, _) = events::bounds(conn).await?;
+                if kept > w.cursor + 1 {
+                    if !skip(ctx, &mut w, &mut unrecorded, kept - 1).await? {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            }
             queue = page.into_iter().filter(|e| filter.admits(e)).collect();
             if queue.is_empty() {
                 // Nothing of this subscription's in the page: pass it.
@@ -312,7 +407,16 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
         }
         let next = queue.front().expect("a queued event");
         let message = message_id(&w, next.seq);
-        let outcome = post(ctx, &w, &message, &body(next)).await;
+        // Still this process's to deliver (not deleted, disabled, or taken over) just before the post; a
+        // delete after this check abandons the post (this process) or waits for it (another).
+        if !store::still_delivers(conn, id, me).await? {
+            return Ok(());
+        }
+        let sent = body(next);
+        let outcome = tokio::select! {
+            outcome = post(ctx, &w, &message, &sent) => outcome,
+            _ = me_registered.cancelled() => return Ok(()),
+        };
         let attempt = w.attempts + 1;
         let row = attempt_row(
             &w,
@@ -347,8 +451,10 @@ async fn deliver(ctx: &Ctx, id: WebhookId) -> Result<()> {
                 disable(ctx, &w, seq, &reason).await?;
                 return Ok(());
             }
-            // Past what it does not take, up to the event it failed.
+            // Past what it does not take, up to the event it failed; the retry reads the log again (retention
+            // may take that event meanwhile, if the subscription lags).
             w.cursor = next.seq - 1;
+            queue.clear();
             w.attempts = attempt;
             w.failing_since = Some(failing_since);
             w.next_attempt_at = Some(now + chrono::Duration::from_std(backoff(attempt)).unwrap_or_default());
@@ -405,6 +511,33 @@ async fn record(ctx: &Ctx, w: &mut webhook::Model, unrecorded: &mut Unrecorded) 
     }
 }
 
+/// Moves past events retention took (up to `to`), recording what was sent before and the skip with its
+/// event; `false`: this process no longer delivers it.
+async fn skip(ctx: &Ctx, w: &mut webhook::Model, unrecorded: &mut Unrecorded, to: i64) -> Result<bool> {
+    if !record(ctx, w, unrecorded).await? {
+        return Ok(false);
+    }
+    let from = w.cursor + 1;
+    if to < from {
+        return Ok(true); // moved meanwhile
+    }
+    let position = Position {
+        cursor: to,
+        attempts: 0,
+        failing_since: None,
+        next_attempt_at: None,
+    };
+    if !super::lag::record_skip(ctx, w, &position, from).await? {
+        return Ok(false);
+    }
+    unrecorded.written = Some(position.clone());
+    w.cursor = to;
+    w.attempts = 0;
+    w.failing_since = None;
+    w.next_attempt_at = None;
+    Ok(true)
+}
+
 /// The body of an event's delivery: the event as the stream sends it.
 fn body(e: &event::Model) -> serde_json::Value {
     serde_json::to_value(events::wire::Event::from(e)).unwrap_or_default()
@@ -418,7 +551,7 @@ async fn disable(ctx: &Ctx, w: &webhook::Model, seq: i64, reason: &str) -> Resul
             workspace_id: w.workspace_id,
             ..Default::default()
         };
-        let data = json!({"webhook_id": w.id, "url": w.url, "reason": reason, "event_seq": seq});
+        let data = json!({"webhook_id": w.id, "url": super::shown_url(&w.url), "reason": reason, "event_seq": seq});
         events::append(&txn, ctx.instance_id, EventType::WebhookDisabled, subject, data).await?;
     }
     ctx.commit(txn).await?;

@@ -1,6 +1,9 @@
 //! Webhook subscriptions: who may make and see them, what a valid one is, and
 //! the secret that signs its deliveries. Delivery itself is `deliver`; the signature `sign`.
+pub mod address;
 pub mod deliver;
+pub mod excerpt;
+pub mod lag;
 pub mod sign;
 
 use crate::ids::{WebhookId, WorkspaceId};
@@ -11,6 +14,7 @@ use super::Ctx;
 use crate::auth::Principal;
 use crate::entity::{webhook, webhook_delivery};
 use crate::error::{Error, Result};
+use crate::scope::Scope;
 use crate::store::webhooks as store;
 
 /// The newest attempts `deliveries` lists and keeps.
@@ -39,8 +43,9 @@ pub struct Made {
     pub secret: String,
 }
 
-/// `https://`, or `http://` to a loopback host (any host with `BERTH_WEBHOOK_ALLOW_HTTP`).
-fn checked_url(ctx: &Ctx, raw: &str) -> Result<String> {
+/// `https://`, or `http://` to a loopback host (any host with `BERTH_WEBHOOK_ALLOW_HTTP`); and a host
+/// that is, or resolves to, only addresses berth may post to (`address`).
+async fn checked_url(ctx: &Ctx, raw: &str) -> Result<String> {
     let raw = raw.trim();
     if raw.len() > 2000 {
         return Err(Error::invalid("url", "at most 2000 characters"));
@@ -66,7 +71,25 @@ fn checked_url(ctx: &Ctx, raw: &str) -> Result<String> {
     if url.fragment().is_some() {
         return Err(Error::invalid("url", "must not carry a fragment"));
     }
+    address::check_url(&url, &ctx.config.webhook_allowed_networks)
+        .await
+        .map_err(|why| Error::invalid("url", why))?;
     Ok(url.to_string())
+}
+
+/// A URL as events and logs show it: without its userinfo, query and fragment (any of which may carry a
+/// credential).
+pub fn shown_url(raw: &str) -> String {
+    match reqwest::Url::parse(raw) {
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            url.to_string()
+        }
+        Err(_) => "<not a URL>".into(),
+    }
 }
 
 /// Each entry an event type or a prefix of some ending in `.` (as the event filters take them).
@@ -92,8 +115,10 @@ fn checked_description(d: &str) -> Result<String> {
     Ok(d.to_string())
 }
 
-/// A token limited to workspaces manages only their subscriptions; one about every workspace needs an
-/// unlimited token.
+/// A subscription's owner: a token that sees its workspace, or, for one about every workspace, a token
+/// limited to no workspace (which sees every event anyway). Only an owner sees, changes, tests or deletes
+/// it, and reads its attempts (the receiver's status and a short, redacted excerpt of its answer); to
+/// anyone else it does not exist (`404`).
 fn may_manage(p: &Principal, workspace_id: Option<WorkspaceId>) -> bool {
     match workspace_id {
         Some(ws) => p.sees_workspace(ws),
@@ -101,8 +126,14 @@ fn may_manage(p: &Principal, workspace_id: Option<WorkspaceId>) -> bool {
     }
 }
 
+/// A subscription delivers events: taking them needs the scope that reads them.
+fn may_take_events(p: &Principal) -> Result<()> {
+    p.require(Scope::EventsRead)
+}
+
 pub async fn create(ctx: &Ctx, p: &Principal, new: NewWebhook) -> Result<Made> {
-    let url = checked_url(ctx, &new.url)?;
+    may_take_events(p)?;
+    let url = checked_url(ctx, &new.url).await?;
     let types = checked_types(new.types)?;
     let description = checked_description(&new.description)?;
     if !may_manage(p, new.workspace_id) {
@@ -134,6 +165,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, new: NewWebhook) -> Result<Made> {
         attempts: 0,
         failing_since: None,
         next_attempt_at: None,
+        lagging: false,
         lease_owner: None,
         lease_expires_at: None,
         created_by: Some(p.sub.clone()),
@@ -160,8 +192,11 @@ pub async fn get(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<webhook::Mod
 
 pub async fn update(ctx: &Ctx, p: &Principal, id: WebhookId, patch: WebhookPatch) -> Result<webhook::Model> {
     let mut w = get(ctx, p, id).await?;
+    if patch.types.is_some() {
+        may_take_events(p)?;
+    }
     if let Some(url) = patch.url {
-        w.url = checked_url(ctx, &url)?;
+        w.url = checked_url(ctx, &url).await?;
     }
     if let Some(types) = patch.types {
         w.types = checked_types(types)?;
@@ -172,9 +207,8 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: WebhookId, patch: WebhookPatch
     if let Some(enabled) = patch.enabled {
         if enabled && !w.enabled {
             // Enabled again: the retries start afresh at the event it stopped at, or at the oldest one
-            // still retained when retention took events while it was off.
-            let (first, _) = crate::events::bounds(&ctx.db.conn).await?;
-            w.cursor = w.cursor.max(first - 1);
+            // still retained when retention took events while it was off (the deliverer says what it
+            // skipped). Its lag is not reset: one still far behind holds no retention.
             w.disabled_reason = None;
             w.attempts = 0;
             w.failing_since = None;
@@ -187,9 +221,20 @@ pub async fn update(ctx: &Ctx, p: &Principal, id: WebhookId, patch: WebhookPatch
     Ok(w)
 }
 
+/// Deletes a subscription so that nothing reaches its receiver after the answer: it is stopped first
+/// (every deliverer checks that before each post), a post of this process in flight is abandoned, and a
+/// post of another replica is waited for (it holds the lease until it is done, and a post takes at most
+/// `BERTH_WEBHOOK_TIMEOUT_SECS`); then the row goes.
 pub async fn delete(ctx: &Ctx, p: &Principal, id: WebhookId) -> Result<()> {
     get(ctx, p, id).await?;
-    store::delete(&ctx.db.conn, id).await?;
+    let conn = &ctx.db.conn;
+    store::stop(conn, id).await?;
+    deliver::cancel(ctx.instance_id, id);
+    let deadline = std::time::Instant::now() + ctx.config.webhook_timeout + std::time::Duration::from_secs(1);
+    while std::time::Instant::now() < deadline && !store::lease_free(conn, id, crate::clock::now()).await? {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    store::delete(conn, id).await?;
     Ok(())
 }
 
