@@ -726,7 +726,9 @@ async fn session_bound_token_reads_its_session_task_and_environment(app: TestApp
         Some(json!({})),
     )
     .await
-    .problem(404, "not_found");
+    // Which session leads the task is never an agent's call, whichever session it names (so the answer
+    // says nothing of the sibling's existence).
+    .problem(403, "insufficient_scope");
 }
 
 async fn insert_creating(app: &TestApp, task: Uuid, updated_at: chrono::DateTime<chrono::Utc>) -> Uuid {
