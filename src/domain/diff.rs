@@ -102,7 +102,9 @@ pub(crate) struct SlotChanges {
 /// Every slot's changes in an environment whose worktrees can be read here (the typed 409s a refresh
 /// gives otherwise: what admission found stands until a reset; only a ready environment's worktrees are
 /// read; another node's disk is that node's to read).
-pub(crate) async fn slot_changes(ctx: &Ctx, e: &env::Model, q: &Query) -> Result<Vec<SlotChanges>> {
+///
+/// Each file's patch is kept to `keep` bytes as git streams it (the rest is never held).
+pub(crate) async fn slot_changes(ctx: &Ctx, e: &env::Model, q: &Query, keep: usize) -> Result<Vec<SlotChanges>> {
     if e.status == EnvironmentStatus::Broken {
         return Err(Error::WorkspaceReuseUnsafe(super::environments::broken_category(e)));
     }
@@ -144,6 +146,7 @@ pub(crate) async fn slot_changes(ctx: &Ctx, e: &env::Model, q: &Query) -> Result
             context: q.context,
             paths: &q.paths,
             scratch: &scratch,
+            keep,
         };
         let changes = git_diff::changes(ctx.git.as_ref(), &w.worktree, &req)
             .await
@@ -162,7 +165,7 @@ async fn diff(ctx: &Ctx, e: &env::Model, q: Query) -> Result<(Diff, String)> {
         Some(c) => decode_cursor(c)?,
         None => 0,
     };
-    let repos = slot_changes(ctx, e, &q).await?;
+    let repos = slot_changes(ctx, e, &q, keep(ctx)).await?;
     let total: usize = repos.iter().map(|r| r.changes.files.len()).sum();
     let limit = ctx.config.diff_max_files;
     let mut skip = offset;
@@ -218,6 +221,12 @@ pub(crate) fn tagged(answer: Diff, kind: char) -> Result<(Diff, String)> {
     let hash = sha2::Sha256::digest(&body);
     let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
     Ok((answer, format!("\"{kind}-{hex}\"")))
+}
+
+/// What a diff answer keeps of each file's patch as git streams it: one byte past the cut, so that `file`
+/// knows it was cut.
+pub(crate) fn keep(ctx: &Ctx) -> usize {
+    ctx.config.diff_max_file_bytes.saturating_add(1)
 }
 
 /// A file of the answer: its patch cut to the limit at a line, as text when it is UTF-8.

@@ -108,7 +108,8 @@ pub async fn create(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, new: NewRev
             repository_id: None,
             cursor: None,
         };
-        let slots = super::diff::slot_changes(ctx, &e, &q).await?;
+        // Whole patches: a comment may quote any line of its file.
+        let slots = super::diff::slot_changes(ctx, &e, &q, usize::MAX).await?;
         quote(&slots, new.comments)?
     };
     let task = crate::store::tasks::find(&ctx.db.conn, e.task_id)
