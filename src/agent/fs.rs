@@ -132,6 +132,16 @@ pub fn serve(worktree: &Path, op: &Op) -> Result<Value, Failure> {
     }
 }
 
+/// The size of the file a read would answer with, when it is one berth would read (for the room its
+/// answer needs before it is read); `None` otherwise (serving it then says why). Blocking.
+pub fn read_size(worktree: &Path, op: &Op) -> Option<u64> {
+    let Op::Read { path, .. } = op else {
+        return None;
+    };
+    let meta = open_inside(worktree, path, libc::O_RDONLY).ok()?.metadata().ok()?;
+    (meta.is_file() && meta.len() <= MAX_READ).then_some(meta.len())
+}
+
 fn io_failure(e: std::io::Error, path: &str) -> Failure {
     match e.kind() {
         std::io::ErrorKind::NotFound => Failure {

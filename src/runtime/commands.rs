@@ -132,8 +132,11 @@ impl Agent {
     }
 
     fn try_queue(&self, line: serde_json::Value, answer: bool) -> bool {
-        let text = line.to_string();
+        // Serialized once into a buffer of its exact size (no doubling copies of a big answer).
+        let mut text = Vec::with_capacity(super::stdin::serialized_len(&line));
+        let _ = serde_json::to_writer(&mut text, &line);
         drop(line);
+        let text = String::from_utf8(text).unwrap_or_default();
         let n = text.len() + 1;
         let stdin = self.stdin.lock().unwrap();
         let Some(tx) = stdin.as_ref() else {
@@ -238,6 +241,25 @@ fn serve_file(agent: &Arc<Agent>, request: agent::fs::Request) {
     let agent = agent.clone();
     tokio::spawn(async move {
         let one = agent.queue.serving.lock().await;
+        if agent.queue.not_reading() {
+            // Ended for not reading: nothing more is read for it.
+            agent.queue.end_request();
+            return;
+        }
+        // A file is read only once its answer has room in the queue (its size, a lower bound of the
+        // answer): an agent not reading makes berth wait, not hold another copy.
+        let (root, op) = (agent.root.clone(), request.op.clone());
+        let size = tokio::task::spawn_blocking(move || agent::fs::read_size(&root, &op))
+            .await
+            .ok()
+            .flatten();
+        if let Some(size) = size
+            && !agent.queue.room_for(size as usize, super::stdin::ROOM_WAIT).await
+        {
+            agent.queue.end_request();
+            agent.not_reading();
+            return;
+        }
         let root = agent.root.clone();
         let op = request.op.clone();
         let result = tokio::task::spawn_blocking(move || agent::fs::serve(&root, &op))

@@ -82,8 +82,13 @@ impl Served {
         v
     }
 
-    /// A session of `profile` on a fresh task over a fresh repository (no agent without a profile).
+    /// A session of `profile` on a fresh task over a fresh repository (no agent without a profile),
+    /// launched with the prompt `go` unless `prompt` is false.
     async fn session(&self, name: &str, profile: Option<&str>) -> Value {
+        self.session_with(name, profile, true).await
+    }
+
+    async fn session_with(&self, name: &str, profile: Option<&str>, prompt: bool) -> Value {
         let ws = id_of(&self.call(Method::POST, "/workspaces", Some(json!({"name": name}))).await);
         let source = git_repo(&self.scratch.join(name), "main");
         let repo = self
@@ -101,7 +106,8 @@ impl Served {
             )
             .await;
         let body = match profile {
-            Some(p) => json!({"executor_type": "worktree", "agent_profile": p, "prompt": "go"}),
+            Some(p) if prompt => json!({"executor_type": "worktree", "agent_profile": p, "prompt": "go"}),
+            Some(p) => json!({"executor_type": "worktree", "agent_profile": p}),
             None => json!({"executor_type": "worktree", "start": false}),
         };
         self.call(Method::POST, &format!("/tasks/{}/sessions", id_of(&task)), Some(body))
@@ -156,9 +162,14 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 
 async fn a_flooding_agent_that_stops_reading_is_ended_and_berth_stays_small(app: TestApp) {
     let served = serve(&app).await;
-    let before = served.peak();
-    let s = served.session("flood", Some("flood")).await;
+    let s = served.session_with("flood", Some("flood"), false).await;
     let id = id_of(&s);
+    served.wait_session(id, "running", |s| s["state"] == "idle").await;
+    // What berth holds before the flood: the session, its agent, the checkpoint a turn starts from.
+    let before = served.peak();
+    served
+        .call(Method::POST, &format!("/sessions/{id}/messages"), Some(json!({"text": "go"})))
+        .await;
     let failed = served.wait_session(id, "failed", |s| s["state"] == "failed").await;
     assert_eq!(failed["last_error"]["code"], "agent_not_reading", "{failed}");
     let grown = served.peak().saturating_sub(before);
