@@ -156,7 +156,12 @@ pub async fn between(
 /// shows them), counted as git names them: no patch is made or held.
 pub async fn count_between(git: &dyn GitMutations, worktree: &Path, from: &str, to: &str) -> Result<usize, GitError> {
     let mut args = diff_command();
-    args.extend(["--name-status".to_string(), "-z".to_string(), from.to_string(), to.to_string()]);
+    args.extend([
+        "--name-status".to_string(),
+        "-z".to_string(),
+        from.to_string(),
+        to.to_string(),
+    ]);
     // Fields: status NUL path NUL, and a second path for a rename or a copy.
     let (mut files, mut paths_due, mut field) = (0usize, 0u8, 0usize);
     let mut first = 0u8;
@@ -178,7 +183,8 @@ pub async fn count_between(git: &dyn GitMutations, worktree: &Path, from: &str, 
             }
         }
     };
-    git.read_stream("diff", worktree, &as_strs(&args), &[], &mut sink).await?;
+    git.read_stream("diff", worktree, &as_strs(&args), &[], &mut sink)
+        .await?;
     Ok(files)
 }
 
@@ -240,7 +246,8 @@ async fn files_of(
     // Each file's patch is cut as it streams: never more than `keep` of it held.
     let mut reader = stream::Reader::new(keep);
     let mut sink = |bytes: &[u8]| reader.feed(bytes);
-    git.read_stream("diff", worktree, &as_strs(&args), envs, &mut sink).await?;
+    git.read_stream("diff", worktree, &as_strs(&args), envs, &mut sink)
+        .await?;
     reader.finish().map_err(|m| GitError::Failed { op: "diff", stderr: m })
 }
 

@@ -89,7 +89,11 @@ impl Served {
     }
 
     async fn session_with(&self, name: &str, profile: Option<&str>, prompt: bool) -> Value {
-        let ws = id_of(&self.call(Method::POST, "/workspaces", Some(json!({"name": name}))).await);
+        let ws = id_of(
+            &self
+                .call(Method::POST, "/workspaces", Some(json!({"name": name})))
+                .await,
+        );
         let source = git_repo(&self.scratch.join(name), "main");
         let repo = self
             .call(
@@ -168,7 +172,11 @@ async fn a_flooding_agent_that_stops_reading_is_ended_and_berth_stays_small(app:
     // What berth holds before the flood: the session, its agent, the checkpoint a turn starts from.
     let before = served.peak();
     served
-        .call(Method::POST, &format!("/sessions/{id}/messages"), Some(json!({"text": "go"})))
+        .call(
+            Method::POST,
+            &format!("/sessions/{id}/messages"),
+            Some(json!({"text": "go"})),
+        )
         .await;
     let failed = served.wait_session(id, "failed", |s| s["state"] == "failed").await;
     assert_eq!(failed["last_error"]["code"], "agent_not_reading", "{failed}");
@@ -190,7 +198,10 @@ async fn requests_past_the_in_flight_limit_get_errors(app: TestApp) {
     assert_eq!(report["errors"], 12, "{report}");
     assert_eq!(report["codes"], json!([-32603]), "{report}");
     assert!(
-        report["message"].as_str().unwrap().contains("already answering 8 requests"),
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("already answering 8 requests"),
         "{report}"
     );
 }
@@ -219,7 +230,9 @@ async fn a_diff_of_big_untracked_files_is_cut_as_it_streams(app: TestApp) {
     let served = serve(&app).await;
     let s = served.session("big", None).await;
     let id = id_of(&s);
-    let s = served.wait_session(id, "a worktree", |s| s["workspace_path"].is_string()).await;
+    let s = served
+        .wait_session(id, "a worktree", |s| s["workspace_path"].is_string())
+        .await;
     let wt = PathBuf::from(s["workspace_path"].as_str().unwrap());
     // Text (git diffs it line by line): 150 MB each.
     let line = format!("{}\n", "y".repeat(99));

@@ -144,7 +144,12 @@ mod tests {
         let listing: &[u8] = b":100644 100644 aaa bbb M\0a.txt\0:000000 100644 000 ccc A\0b.txt\0\
 1\t1\ta.txt\0\x32\t0\tb.txt\0\0";
         let first = b"diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-diff --git x\n+y\n".to_vec();
-        let second = [b"diff --git a/b.txt b/b.txt\nnew file\n@@ -0,0 +1,2 @@\n+".to_vec(), vec![b'z'; 5000], b"\n+w".to_vec()].concat();
+        let second = [
+            b"diff --git a/b.txt b/b.txt\nnew file\n@@ -0,0 +1,2 @@\n+".to_vec(),
+            vec![b'z'; 5000],
+            b"\n+w".to_vec(),
+        ]
+        .concat();
         let out = [listing, &first, &second].concat();
         for chunk in [1, 2, 7, 13, 64, 4096, out.len()] {
             for keep in [10, 60, usize::MAX] {
@@ -155,8 +160,16 @@ mod tests {
                 let files = r.finish().unwrap();
                 assert_eq!(files.len(), 2);
                 assert_eq!(files[0].path, "a.txt");
-                assert_eq!(files[0].patch, first[..keep.min(first.len())], "chunk {chunk} keep {keep}");
-                assert_eq!(files[1].patch, second[..keep.min(second.len())], "chunk {chunk} keep {keep}");
+                assert_eq!(
+                    files[0].patch,
+                    first[..keep.min(first.len())],
+                    "chunk {chunk} keep {keep}"
+                );
+                assert_eq!(
+                    files[1].patch,
+                    second[..keep.min(second.len())],
+                    "chunk {chunk} keep {keep}"
+                );
                 assert_eq!(files[1].additions, Some(2));
             }
         }
