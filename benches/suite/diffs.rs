@@ -210,6 +210,7 @@ pub(crate) async fn diffs(table: &mut Table) {
             scratch: &scratch,
             // Whole patches, as the bare side collects them.
             keep: usize::MAX,
+            window: 0..usize::MAX,
         };
         let c = changes(&cli, wt, &req).await.unwrap();
         assert_eq!(c.files.len(), expected, "{what}");

@@ -109,7 +109,7 @@ pub async fn create(ctx: &Ctx, p: &Principal, env_id: EnvironmentId, new: NewRev
             cursor: None,
         };
         // Whole patches: a comment may quote any line of its file.
-        let slots = super::diff::slot_changes(ctx, &e, &q, usize::MAX).await?;
+        let slots = super::diff::slot_changes(ctx, &e, &q, super::diff::Keep::ALL).await?;
         quote(&slots, new.comments)?
     };
     let task = crate::store::tasks::find(&ctx.db.conn, e.task_id)

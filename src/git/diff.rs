@@ -92,6 +92,9 @@ pub struct Request<'a> {
     pub scratch: &'a Path,
     /// Bytes kept of each file's patch (the rest is read through as git writes it, never held).
     pub keep: usize,
+    /// The files (by position in this worktree's diff) whose patches are kept at all: the page an
+    /// answer shows; the others are listed and counted only.
+    pub window: std::ops::Range<usize>,
 }
 
 /// The changes of the worktree at `worktree`.
@@ -124,7 +127,8 @@ pub async fn changes(git: &dyn GitMutations, worktree: &Path, req: &Request<'_>)
             diff_args.push(from.clone());
         }
     }
-    let mut files = files_of(git, worktree, diff_args, &envs, req.context, req.paths, req.keep).await?;
+    let keep = (req.keep, req.window.clone());
+    let mut files = files_of(git, worktree, diff_args, &envs, req.context, req.paths, keep).await?;
     if req.scope != Scope::Committed {
         let untracked = untracked(git, worktree).await?;
         for f in files.iter_mut() {
@@ -149,7 +153,7 @@ pub async fn between(
     let mut args = diff_command();
     args.push(from.to_string());
     args.push(to.to_string());
-    files_of(git, worktree, args, &[], context, paths, keep).await
+    files_of(git, worktree, args, &[], context, paths, (keep, 0..usize::MAX)).await
 }
 
 /// How many files differ from tree (or commit) `from` to `to` (renames and copies paired, as a diff
@@ -233,7 +237,7 @@ async fn files_of(
     envs: &[(&str, &OsStr)],
     context: u32,
     paths: &[String],
-    keep: usize,
+    (keep, window): (usize, std::ops::Range<usize>),
 ) -> Result<Vec<FileChange>, GitError> {
     let pathspec: Vec<String> = paths.iter().map(|p| format!(":(literal){p}")).collect();
     // One pass: the listing (status, paths, modes, counts: NUL-separated) then, after an empty field, the
@@ -244,7 +248,7 @@ async fn files_of(
     args.push("--".into());
     args.extend(pathspec);
     // Each file's patch is cut as it streams: never more than `keep` of it held.
-    let mut reader = stream::Reader::new(keep);
+    let mut reader = stream::Reader::new(keep, window);
     let mut sink = |bytes: &[u8]| reader.feed(bytes);
     git.read_stream("diff", worktree, &as_strs(&args), envs, &mut sink)
         .await?;

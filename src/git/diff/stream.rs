@@ -12,6 +12,8 @@ const HEADER: &[u8] = b"diff --git ";
 pub(super) struct Reader {
     /// Bytes kept of each file's patch.
     keep: usize,
+    /// The files (by position) whose patches are kept at all: the page an answer shows.
+    window: std::ops::Range<usize>,
     /// The listing so far, until the patches start.
     listing: Vec<u8>,
     /// The listed files, once the patches started (each one's patch fills as it streams).
@@ -26,9 +28,10 @@ pub(super) struct Reader {
 }
 
 impl Reader {
-    pub(super) fn new(keep: usize) -> Reader {
+    pub(super) fn new(keep: usize, window: std::ops::Range<usize>) -> Reader {
         Reader {
             keep,
+            window,
             listing: Vec::new(),
             files: None,
             error: None,
@@ -105,10 +108,10 @@ impl Reader {
 
     /// Bytes of the current file's patch: kept up to `keep`, the rest dropped.
     fn push(&mut self, bytes: &[u8]) {
-        let keep = self.keep;
         let Some(n) = self.patches.checked_sub(1) else {
             return;
         };
+        let keep = if self.window.contains(&n) { self.keep } else { 0 };
         let Some(f) = self.files.as_mut().and_then(|files| files.get_mut(n)) else {
             return;
         };
@@ -153,7 +156,7 @@ mod tests {
         let out = [listing, &first, &second].concat();
         for chunk in [1, 2, 7, 13, 64, 4096, out.len()] {
             for keep in [10, 60, usize::MAX] {
-                let mut r = Reader::new(keep);
+                let mut r = Reader::new(keep, 0..usize::MAX);
                 for c in out.chunks(chunk) {
                     r.feed(c);
                 }
@@ -174,9 +177,15 @@ mod tests {
             }
         }
         // No change: nothing listed, nothing kept.
-        assert!(Reader::new(10).finish().unwrap().is_empty());
+        assert!(Reader::new(10, 0..usize::MAX).finish().unwrap().is_empty());
+        // Outside the window: listed and counted, no patch kept.
+        let mut r = Reader::new(usize::MAX, 1..2);
+        r.feed(&out);
+        let files = r.finish().unwrap();
+        assert!(files[0].patch.is_empty() && files[0].additions == Some(1));
+        assert_eq!(files[1].patch, second);
         // A patch missing is an error, as before.
-        let mut r = Reader::new(10);
+        let mut r = Reader::new(10, 0..usize::MAX);
         r.feed(&[listing, &first].concat());
         assert!(r.finish().is_err());
     }
