@@ -43,7 +43,11 @@ impl Api {
     async fn session(&self, source: &Path, profile: Option<&str>) -> Value {
         let ws = id_of(
             &self
-                .call(reqwest::Method::POST, "/workspaces", Some(json!({"name": "memory"})))
+                .call(
+                    reqwest::Method::POST,
+                    "/workspaces",
+                    Some(json!({"name": format!("memory-{}", Uuid::new_v4())})),
+                )
                 .await,
         );
         let repo = id_of(
