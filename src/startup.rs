@@ -79,8 +79,15 @@ impl Application {
         let instance_id = crate::ids::InstanceId::now_v7();
         let metrics = Arc::new(Metrics::for_instance(&config.node_id, instance_id));
         let boxes = crate::runtime::sandbox::Boxes::from_config(&config, Some(metrics.clone()));
-        let (runtime, runtime_reports) =
-            crate::runtime::Runtime::new(config.agent_stop_grace, config.agent_term_grace, boxes);
+        let (runtime, runtime_reports) = crate::runtime::Runtime::new(
+            config.agent_stop_grace,
+            config.agent_term_grace,
+            boxes,
+            crate::runtime::Limits {
+                requests_in_flight: config.agent_max_requests_in_flight,
+                queue_bytes: config.agent_stdin_queue_max_bytes,
+            },
+        );
         let state = api::data(AppState {
             ctx: Ctx {
                 db,

@@ -208,6 +208,9 @@ pub(crate) async fn diffs(table: &mut Table) {
             context: 3,
             paths: &[],
             scratch: &scratch,
+            // Whole patches, as the bare side collects them.
+            keep: usize::MAX,
+            window: 0..usize::MAX,
         };
         let c = changes(&cli, wt, &req).await.unwrap();
         assert_eq!(c.files.len(), expected, "{what}");

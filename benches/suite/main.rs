@@ -19,7 +19,8 @@
 //! create-session latency through a node that forwards it against the owning node), `streaming` (`cargo bench
 //! --bench suite -- streaming`), `diffs` (a diff of 1,000 files and of a 10 MiB file, a checkpoint of
 //! 10,000 files, against bare git), `webhooks` (PATCH throughput with 10 subscriptions delivering against
-//! none, and the delivery lag).
+//! none, and the delivery lag), `memory` (an ACP agent flooding `fs/read_text_file` while not reading its
+//! stdin, and diffs of three 150 MB untracked files, one and four at once: the server's VmRSS and VmHWM).
 mod admission;
 mod agents;
 mod backend;
@@ -30,6 +31,7 @@ mod fleet;
 mod git_status;
 mod load;
 mod materialize;
+mod memory;
 mod sequencing;
 mod streaming;
 mod util;
@@ -61,6 +63,7 @@ use fleet::*;
 use git_status::*;
 use load::*;
 use materialize::*;
+use memory::*;
 use sequencing::*;
 use streaming::*;
 use util::*;
@@ -209,6 +212,9 @@ pub(crate) fn main() {
             }
             if wants("agents") {
                 agents(&mut table, backend, url.clone()).await;
+            }
+            if wants("memory") {
+                memory(&mut table, backend, url.clone()).await;
             }
             if wants("streaming") {
                 streaming(&mut table, backend, url).await;

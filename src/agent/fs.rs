@@ -14,7 +14,8 @@ pub const RESOURCE_NOT_FOUND: i64 = -32002;
 pub const MAX_READ: u64 = 16 * 1024 * 1024;
 /// JSON-RPC "invalid params": a path berth does not serve.
 const REFUSED: i64 = -32602;
-const FAILED: i64 = -32603;
+/// JSON-RPC "internal error": berth could not answer (or not now).
+pub const FAILED: i64 = -32603;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -23,7 +24,7 @@ pub struct Request {
     pub op: Op,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub enum Op {
     Read {
         path: String,
@@ -34,6 +35,49 @@ pub enum Op {
         path: String,
         content: Option<String>,
     },
+}
+
+impl Op {
+    /// `read` or `write`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Read { .. } => "read",
+            Op::Write { .. } => "write",
+        }
+    }
+
+    pub fn path(&self) -> &str {
+        match self {
+            Op::Read { path, .. } | Op::Write { path, .. } => path,
+        }
+    }
+
+    /// The bytes a write carries (0 for a read): what a log says of it instead of its content.
+    pub fn size(&self) -> usize {
+        match self {
+            Op::Write { content, .. } => content.as_ref().map_or(0, String::len),
+            Op::Read { .. } => 0,
+        }
+    }
+}
+
+/// Never the content of a write: a log or a panic message shows its path and size only.
+impl std::fmt::Debug for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::Read { path, line, limit } => f
+                .debug_struct("Read")
+                .field("path", path)
+                .field("line", line)
+                .field("limit", limit)
+                .finish(),
+            Op::Write { path, content } => f
+                .debug_struct("Write")
+                .field("path", path)
+                .field("bytes", &content.as_ref().map(String::len))
+                .finish(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -86,6 +130,16 @@ pub fn serve(worktree: &Path, op: &Op) -> Result<Value, Failure> {
             Ok(Value::Null)
         }
     }
+}
+
+/// The size of the file a read would answer with, when it is one berth would read (for the room its
+/// answer needs before it is read); `None` otherwise (serving it then says why). Blocking.
+pub fn read_size(worktree: &Path, op: &Op) -> Option<u64> {
+    let Op::Read { path, .. } = op else {
+        return None;
+    };
+    let meta = open_inside(worktree, path, libc::O_RDONLY).ok()?.metadata().ok()?;
+    (meta.is_file() && meta.len() <= MAX_READ).then_some(meta.len())
 }
 
 fn io_failure(e: std::io::Error, path: &str) -> Failure {

@@ -127,6 +127,10 @@ pub struct Config {
     /// Limits of each agent's box (cgroups), unless its profile sets its own.
     pub agent_memory_max_mib: u64,
     pub agent_pids_max: u64,
+    /// Requests of one agent to berth answered at once (excess ones get a JSON-RPC error).
+    pub agent_max_requests_in_flight: usize,
+    /// Bytes queued towards one agent's stdin before berth ends it as not reading.
+    pub agent_stdin_queue_max_bytes: usize,
     /// From SIGTERM or SIGINT to exit, streams closed and agents stopped on the way.
     pub shutdown_budget: Duration,
     /// Cleanup jobs: retry delays (the last repeats), attempts before `failed`, workers, poll, lease.
@@ -259,6 +263,8 @@ impl Config {
         let agent_term_grace_ms = src.num("agent_term_grace_ms")?;
         let agent_memory_max_mib = src.positive("agent_memory_max_mib")?;
         let agent_pids_max = src.positive("agent_pids_max")?;
+        let agent_max_requests_in_flight = src.positive("agent_max_requests_in_flight")?;
+        let agent_stdin_queue_max_bytes = src.positive("agent_stdin_queue_max_bytes")?;
         let shutdown_secs = src.positive("shutdown_secs")?;
         let delays = src.get("cleanup_retry_delays_secs")?.unwrap_or_default();
         let cleanup_retry_delays = delays
@@ -440,6 +446,8 @@ impl Config {
             agent_term_grace: Duration::from_millis(agent_term_grace_ms),
             agent_memory_max_mib,
             agent_pids_max,
+            agent_max_requests_in_flight,
+            agent_stdin_queue_max_bytes,
             shutdown_budget: Duration::from_secs(shutdown_secs),
             stream_interval: Duration::from_millis(stream_interval_ms),
             agents,

@@ -425,6 +425,18 @@ pub static SETTINGS: &[Setting] = &[
         |c| int(c.agent_pids_max),
     ),
     setting(
+        "agent_max_requests_in_flight",
+        Is("8"),
+        "Requests of one agent to berth (ACP's fs/read_text_file, fs/write_text_file) answered at once; the agent gets a JSON-RPC error for each one past it",
+        |c| int(c.agent_max_requests_in_flight),
+    ),
+    setting(
+        "agent_stdin_queue_max_bytes",
+        Is("33554432"),
+        "Bytes berth holds queued towards one agent's stdin; an agent that stops reading so that its queue would pass this is ended and its session failed with agent_not_reading",
+        |c| int(c.agent_stdin_queue_max_bytes),
+    ),
+    setting(
         "shutdown_secs",
         Is("20"),
         "On SIGTERM or SIGINT: event streams end (clients are told to reconnect), agents are stopped (abort, SIGTERM, SIGKILL) and berth exits within this budget",

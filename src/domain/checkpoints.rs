@@ -134,7 +134,48 @@ pub(crate) async fn changes_between(
     to: &checkpoint::Model,
     context: u32,
     paths: &[String],
+    keep: usize,
 ) -> Result<Vec<(RepositoryId, i32, String, String, Vec<git_diff::FileChange>)>> {
+    let mut out = Vec::new();
+    for (at, old, after) in pairs(ctx, e, from, to).await? {
+        let files = git_diff::between(ctx.git.as_ref(), &at, &old.tree, &after.tree, context, paths, keep)
+            .await
+            .map_err(|err| Error::Internal(anyhow::anyhow!("checkpoint diff: {err}")))?;
+        out.push((
+            after.repository_id,
+            after.position,
+            old.tree.clone(),
+            after.tree.clone(),
+            files,
+        ));
+    }
+    Ok(out)
+}
+
+/// How many files changed from one checkpoint to another, over every slot, without making a patch
+/// (the end of a turn counts them: an agent's big files cost berth nothing).
+pub(crate) async fn files_changed(
+    ctx: &Ctx,
+    e: &env::Model,
+    from: &checkpoint::Model,
+    to: &checkpoint::Model,
+) -> Result<usize> {
+    let mut n = 0;
+    for (at, old, after) in pairs(ctx, e, from, to).await? {
+        n += git_diff::count_between(ctx.git.as_ref(), &at, &old.tree, &after.tree)
+            .await
+            .map_err(|err| Error::Internal(anyhow::anyhow!("checkpoint diff: {err}")))?;
+    }
+    Ok(n)
+}
+
+/// Each slot's tree in both checkpoints, with where its objects can be read.
+async fn pairs(
+    ctx: &Ctx,
+    e: &env::Model,
+    from: &checkpoint::Model,
+    to: &checkpoint::Model,
+) -> Result<Vec<(std::path::PathBuf, SlotTree, SlotTree)>> {
     let worktrees = worktrees(ctx, e).await?;
     let before = trees_of(from);
     let mut out = Vec::new();
@@ -147,20 +188,11 @@ pub(crate) async fn changes_between(
             continue;
         };
         let at = if slot.worktree.is_dir() {
-            &slot.worktree
+            slot.worktree.clone()
         } else {
-            &slot.repository
+            slot.repository.clone()
         };
-        let files = git_diff::between(ctx.git.as_ref(), at, &old.tree, &after.tree, context, paths)
-            .await
-            .map_err(|err| Error::Internal(anyhow::anyhow!("checkpoint diff: {err}")))?;
-        out.push((
-            after.repository_id,
-            after.position,
-            old.tree.clone(),
-            after.tree.clone(),
-            files,
-        ));
+        out.push((at, old.clone(), after));
     }
     Ok(out)
 }

@@ -102,7 +102,10 @@ pub(crate) struct SlotChanges {
 /// Every slot's changes in an environment whose worktrees can be read here (the typed 409s a refresh
 /// gives otherwise: what admission found stands until a reset; only a ready environment's worktrees are
 /// read; another node's disk is that node's to read).
-pub(crate) async fn slot_changes(ctx: &Ctx, e: &env::Model, q: &Query) -> Result<Vec<SlotChanges>> {
+///
+/// Each file's patch is kept to `keep.bytes` as git streams it, and only for the files of the page
+/// (`keep.skip`, `keep.take` over every slot in order): the rest is never held.
+pub(crate) async fn slot_changes(ctx: &Ctx, e: &env::Model, q: &Query, keep: Keep) -> Result<Vec<SlotChanges>> {
     if e.status == EnvironmentStatus::Broken {
         return Err(Error::WorkspaceReuseUnsafe(super::environments::broken_category(e)));
     }
@@ -126,6 +129,7 @@ pub(crate) async fn slot_changes(ctx: &Ctx, e: &env::Model, q: &Query) -> Result
     let slots = crate::store::tasks::slots_of(conn, e.task_id).await?;
     let scratch = super::checkpoints::scratch_dir(ctx)?;
     let mut repos = Vec::new();
+    let (mut skip, mut take) = (keep.skip, keep.take);
     for w in worktrees {
         if q.repository_id.is_some_and(|id| id != w.repository_id) {
             continue;
@@ -144,10 +148,16 @@ pub(crate) async fn slot_changes(ctx: &Ctx, e: &env::Model, q: &Query) -> Result
             context: q.context,
             paths: &q.paths,
             scratch: &scratch,
+            keep: keep.bytes,
+            window: skip..skip.saturating_add(take),
         };
         let changes = git_diff::changes(ctx.git.as_ref(), &w.worktree, &req)
             .await
             .map_err(|err| Error::Internal(anyhow::anyhow!("git diff: {err}")))?;
+        let n = changes.files.len();
+        let skipped = skip.min(n);
+        take -= (n - skipped).min(take);
+        skip -= skipped;
         repos.push(SlotChanges {
             repository_id: w.repository_id,
             base_branch,
@@ -162,9 +172,14 @@ async fn diff(ctx: &Ctx, e: &env::Model, q: Query) -> Result<(Diff, String)> {
         Some(c) => decode_cursor(c)?,
         None => 0,
     };
-    let repos = slot_changes(ctx, e, &q).await?;
-    let total: usize = repos.iter().map(|r| r.changes.files.len()).sum();
     let limit = ctx.config.diff_max_files;
+    let page = Keep {
+        bytes: keep(ctx),
+        skip: offset,
+        take: limit,
+    };
+    let repos = slot_changes(ctx, e, &q, page).await?;
+    let total: usize = repos.iter().map(|r| r.changes.files.len()).sum();
     let mut skip = offset;
     let mut room = limit;
     let mut out = Vec::new();
@@ -218,6 +233,30 @@ pub(crate) fn tagged(answer: Diff, kind: char) -> Result<(Diff, String)> {
     let hash = sha2::Sha256::digest(&body);
     let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
     Ok((answer, format!("\"{kind}-{hex}\"")))
+}
+
+/// What is kept of a diff's patches as git streams them: `bytes` of each, for the `take` files after the
+/// first `skip` (over every slot in order).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keep {
+    pub bytes: usize,
+    pub skip: usize,
+    pub take: usize,
+}
+
+impl Keep {
+    /// Every patch, whole (a review quotes any line of any file).
+    pub(crate) const ALL: Keep = Keep {
+        bytes: usize::MAX,
+        skip: 0,
+        take: usize::MAX,
+    };
+}
+
+/// What a diff answer keeps of each file's patch as git streams it: one byte past the cut, so that `file`
+/// knows it was cut.
+pub(crate) fn keep(ctx: &Ctx) -> usize {
+    ctx.config.diff_max_file_bytes.saturating_add(1)
 }
 
 /// A file of the answer: its patch cut to the limit at a line, as text when it is UTF-8.

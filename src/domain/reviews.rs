@@ -113,7 +113,8 @@ pub async fn create(
             repository_id: None,
             cursor: None,
         };
-        let slots = super::diff::slot_changes(ctx, &e, &q).await?;
+        // Whole patches: a comment may quote any line of its file.
+        let slots = super::diff::slot_changes(ctx, &e, &q, super::diff::Keep::ALL).await?;
         quote(&slots, new.comments)?
     };
     let task = crate::store::tasks::find(&ctx.db.conn, e.task_id)

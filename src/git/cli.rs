@@ -15,6 +15,7 @@ use tokio::process::Command;
 use tokio::sync::Semaphore;
 
 use super::lock_retry::backoff;
+mod stream;
 #[cfg(test)]
 use super::lock_retry::{LOCK_BACKOFF_FIRST, LOCK_BACKOFF_MAX, is_lock_contention};
 use super::{BranchDeletionConsent, BranchName, MergedBranch};
@@ -251,6 +252,20 @@ pub trait GitMutations: Send + Sync {
         args: &[&str],
         envs: &[(&str, &std::ffi::OsStr)],
     ) -> Result<Vec<u8>, GitError>;
+    /// `read_bytes`, its output handed to `sink` as it comes instead of collected (a diff is cut as it
+    /// streams). The default collects it first (test doubles).
+    async fn read_stream(
+        &self,
+        op: &'static str,
+        repo: &Path,
+        args: &[&str],
+        envs: &[(&str, &std::ffi::OsStr)],
+        sink: &mut (dyn for<'b> FnMut(&'b [u8]) + Send),
+    ) -> Result<(), GitError> {
+        let out = self.read_bytes(op, repo, args, envs).await?;
+        sink(&out);
+        Ok(())
+    }
     /// A read whose exit code 1 is an answer, not a failure (`merge-tree`: conflicts): (code, stdout).
     async fn read_answer(&self, op: &'static str, repo: &Path, args: &[&str]) -> Result<(i32, Vec<u8>), GitError>;
     /// One step of landing work, each with the proof it may change what it changes.
@@ -368,6 +383,17 @@ impl GitMutations for GitCli {
         let mut all: Vec<(&str, &std::ffi::OsStr)> = vec![("GIT_OPTIONAL_LOCKS", std::ffi::OsStr::new("0"))];
         all.extend_from_slice(envs);
         self.output_bytes(op, repo, args, &all).await
+    }
+
+    async fn read_stream(
+        &self,
+        op: &'static str,
+        repo: &Path,
+        args: &[&str],
+        envs: &[(&str, &std::ffi::OsStr)],
+        sink: &mut (dyn for<'b> FnMut(&'b [u8]) + Send),
+    ) -> Result<(), GitError> {
+        self.stream_bytes(op, repo, args, envs, sink).await
     }
 
     /// `git worktree add`: on a new branch from `base` when `new_branch`, else on the existing `branch`.

@@ -15,6 +15,8 @@ use serde::Serialize;
 
 use super::cli::{GitError, GitMutations};
 
+mod stream;
+
 /// Which changes a diff shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -88,6 +90,11 @@ pub struct Request<'a> {
     pub paths: &'a [String],
     /// Where the temporary index is made (never inside the worktree).
     pub scratch: &'a Path,
+    /// Bytes kept of each file's patch (the rest is read through as git writes it, never held).
+    pub keep: usize,
+    /// The files (by position in this worktree's diff) whose patches are kept at all: the page an
+    /// answer shows; the others are listed and counted only.
+    pub window: std::ops::Range<usize>,
 }
 
 /// The changes of the worktree at `worktree`.
@@ -120,7 +127,8 @@ pub async fn changes(git: &dyn GitMutations, worktree: &Path, req: &Request<'_>)
             diff_args.push(from.clone());
         }
     }
-    let mut files = files_of(git, worktree, diff_args, &envs, req.context, req.paths).await?;
+    let keep = (req.keep, req.window.clone());
+    let mut files = files_of(git, worktree, diff_args, &envs, req.context, req.paths, keep).await?;
     if req.scope != Scope::Committed {
         let untracked = untracked(git, worktree).await?;
         for f in files.iter_mut() {
@@ -140,11 +148,48 @@ pub async fn between(
     to: &str,
     context: u32,
     paths: &[String],
+    keep: usize,
 ) -> Result<Vec<FileChange>, GitError> {
     let mut args = diff_command();
     args.push(from.to_string());
     args.push(to.to_string());
-    files_of(git, worktree, args, &[], context, paths).await
+    files_of(git, worktree, args, &[], context, paths, (keep, 0..usize::MAX)).await
+}
+
+/// How many files differ from tree (or commit) `from` to `to` (renames and copies paired, as a diff
+/// shows them), counted as git names them: no patch is made or held.
+pub async fn count_between(git: &dyn GitMutations, worktree: &Path, from: &str, to: &str) -> Result<usize, GitError> {
+    let mut args = diff_command();
+    args.extend([
+        "--name-status".to_string(),
+        "-z".to_string(),
+        from.to_string(),
+        to.to_string(),
+    ]);
+    // Fields: status NUL path NUL, and a second path for a rename or a copy.
+    let (mut files, mut paths_due, mut field) = (0usize, 0u8, 0usize);
+    let mut first = 0u8;
+    let mut sink = |bytes: &[u8]| {
+        for &b in bytes {
+            if b != 0 {
+                if field == 0 {
+                    first = b;
+                }
+                field += 1;
+                continue;
+            }
+            field = 0;
+            if paths_due > 0 {
+                paths_due -= 1;
+            } else {
+                files += 1;
+                paths_due = if matches!(first, b'R' | b'C') { 2 } else { 1 };
+            }
+        }
+    };
+    git.read_stream("diff", worktree, &as_strs(&args), &[], &mut sink)
+        .await?;
+    Ok(files)
 }
 
 /// The paths `to` has and `from` does not (renames not paired: a renamed file's new path counts).
@@ -192,6 +237,7 @@ async fn files_of(
     envs: &[(&str, &OsStr)],
     context: u32,
     paths: &[String],
+    (keep, window): (usize, std::ops::Range<usize>),
 ) -> Result<Vec<FileChange>, GitError> {
     let pathspec: Vec<String> = paths.iter().map(|p| format!(":(literal){p}")).collect();
     // One pass: the listing (status, paths, modes, counts: NUL-separated) then, after an empty field, the
@@ -201,23 +247,12 @@ async fn files_of(
     args.push(format!("-U{context}"));
     args.push("--".into());
     args.extend(pathspec);
-    let out = git.read_bytes("diff", worktree, &as_strs(&args), envs).await?;
-    let (listed, patches) = match out.windows(13).position(|w| w == b"\0\0diff --git ") {
-        Some(i) => (&out[..=i], &out[i + 2..]),
-        None => (&out[..], &out[..0]),
-    };
-    let mut files = parse_listing(listed).map_err(|m| GitError::Failed { op: "diff", stderr: m })?;
-    let chunks = split_patches(patches);
-    if chunks.len() != files.len() {
-        return Err(GitError::Failed {
-            op: "diff",
-            stderr: format!("{} files listed, {} patches", files.len(), chunks.len()),
-        });
-    }
-    for (f, chunk) in files.iter_mut().zip(chunks) {
-        f.patch = chunk.to_vec();
-    }
-    Ok(files)
+    // Each file's patch is cut as it streams: never more than `keep` of it held.
+    let mut reader = stream::Reader::new(keep, window);
+    let mut sink = |bytes: &[u8]| reader.feed(bytes);
+    git.read_stream("diff", worktree, &as_strs(&args), envs, &mut sink)
+        .await?;
+    reader.finish().map_err(|m| GitError::Failed { op: "diff", stderr: m })
 }
 
 /// The worktree's complete state (tracked, staged, unstaged and untracked; `.gitignore` respected) as a
@@ -428,27 +463,6 @@ fn parse_listing(out: &[u8]) -> Result<Vec<FileChange>, String> {
     Ok(files)
 }
 
-/// A patch split into one chunk per file: each starts at a `diff --git ` line (a content line never
-/// does: it starts with ' ', '+', '-', '@' or '\').
-fn split_patches(out: &[u8]) -> Vec<&[u8]> {
-    let mut starts = Vec::new();
-    let mut at = 0;
-    while at < out.len() {
-        if out[at..].starts_with(b"diff --git ") {
-            starts.push(at);
-        }
-        match out[at..].iter().position(|b| *b == b'\n') {
-            Some(n) => at += n + 1,
-            None => break,
-        }
-    }
-    starts
-        .iter()
-        .enumerate()
-        .map(|(i, s)| &out[*s..starts.get(i + 1).copied().unwrap_or(out.len())])
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,14 +484,5 @@ mod tests {
         assert_eq!(files[1].additions, Some(2));
         assert!(files[2].binary && files[2].additions.is_none());
         assert_eq!(files[2].old_mode, None);
-    }
-
-    #[test]
-    fn patches_split_at_file_headers_only() {
-        let out = b"diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-diff --git a/y b/y\n+z\ndiff --git a/y b/y\nBinary files differ\n";
-        let chunks = split_patches(out);
-        assert_eq!(chunks.len(), 2);
-        assert!(chunks[0].ends_with(b"+z\n"));
-        assert_eq!(chunks[1], b"diff --git a/y b/y\nBinary files differ\n");
     }
 }

@@ -115,10 +115,59 @@ impl Runtime {
 }
 
 impl Agent {
-    /// Queues a line for the agent's stdin. False when its stdin is closed.
+    /// Queues a line for the agent's stdin. False when its stdin is closed, or when the line would take
+    /// its queue past the limit: then the agent is not reading and is ended for it.
     pub(super) fn write(&self, line: serde_json::Value) -> bool {
+        self.queue_line(line, false)
+    }
+
+    /// `write`, for the answer to one of the agent's requests (in flight until the pipe took it; given
+    /// back here when it is not queued).
+    fn queue_line(&self, line: serde_json::Value, answer: bool) -> bool {
+        let queued = self.try_queue(line, answer);
+        if !queued && answer {
+            self.queue.end_request();
+        }
+        queued
+    }
+
+    fn try_queue(&self, line: serde_json::Value, answer: bool) -> bool {
+        // Serialized once into a buffer of its exact size (no doubling copies of a big answer).
+        let mut text = Vec::with_capacity(super::stdin::serialized_len(&line));
+        let _ = serde_json::to_writer(&mut text, &line);
+        drop(line);
+        let text = String::from_utf8(text).unwrap_or_default();
+        let n = text.len() + 1;
         let stdin = self.stdin.lock().unwrap();
-        stdin.as_ref().is_some_and(|tx| tx.send(line.to_string()).is_ok())
+        let Some(tx) = stdin.as_ref() else {
+            return false;
+        };
+        if !self.queue.take(n) {
+            drop(stdin);
+            self.not_reading();
+            return false;
+        }
+        if tx.send(super::stdin::Line { text, answer }).is_err() {
+            // The writer is gone: nothing will give these bytes back.
+            self.queue.give_back(n);
+            return false;
+        }
+        true
+    }
+
+    /// The agent stopped reading its stdin with its queue full: ended at once (SIGKILL to its group), its
+    /// exit reported as `not_reading`; what was queued for it goes with its pipe.
+    pub(super) fn not_reading(&self) {
+        if self.queue.mark_not_reading() {
+            tracing::warn!(
+                pid = self.pid,
+                queued = self.queue.queued(),
+                limit = self.queue.limit(),
+                "an agent stopped reading its stdin with its queue full: ending it"
+            );
+            self.stdin.lock().unwrap().take();
+            super::orphans::signal_group(self.pid, libc::SIGKILL);
+        }
     }
 
     /// What the runtime itself keeps of the signals: whether the agent works, its pending questions, its
@@ -172,24 +221,75 @@ fn apply(
     }
 }
 
+/// Serves a file request: at most `BERTH_AGENT_MAX_REQUESTS_IN_FLIGHT` of one agent at once (each one
+/// past it is answered with an error at once), one file at a time, its answer queued only once the
+/// agent's stdin queue has room for it (waiting `stdin::ROOM_WAIT` at most, else the agent is not
+/// reading and is ended).
 fn serve_file(agent: &Arc<Agent>, request: agent::fs::Request) {
+    if !agent.queue.begin_request() {
+        let busy = agent::fs::Failure {
+            code: agent::fs::FAILED,
+            message: format!(
+                "berth is already answering {} requests of this agent; ask again once one is answered",
+                agent.queue.max_requests()
+            ),
+        };
+        let line = agent.wire.lock().unwrap().served(request.id, Err(busy));
+        agent.write(line);
+        return;
+    }
     let agent = agent.clone();
     tokio::spawn(async move {
+        let one = agent.queue.serving.lock().await;
+        if agent.queue.not_reading() {
+            // Ended for not reading: nothing more is read for it.
+            agent.queue.end_request();
+            return;
+        }
+        // A file is read only once its answer has room in the queue (its size, a lower bound of the
+        // answer): an agent not reading makes berth wait, not hold another copy.
+        let (root, op) = (agent.root.clone(), request.op.clone());
+        let size = tokio::task::spawn_blocking(move || agent::fs::read_size(&root, &op))
+            .await
+            .ok()
+            .flatten();
+        if let Some(size) = size
+            && !agent.queue.room_for(size as usize, super::stdin::ROOM_WAIT).await
+        {
+            agent.queue.end_request();
+            agent.not_reading();
+            return;
+        }
         let root = agent.root.clone();
         let op = request.op.clone();
         let result = tokio::task::spawn_blocking(move || agent::fs::serve(&root, &op))
             .await
             .unwrap_or_else(|e| {
                 Err(agent::fs::Failure {
-                    code: -32603,
+                    code: agent::fs::FAILED,
                     message: e.to_string(),
                 })
             });
         if let Err(f) = &result {
-            tracing::info!(path = ?request.op, reason = %f.message, "refused an agent's file request");
+            // Which file and how much, never what an agent wanted written.
+            tracing::info!(
+                op = request.op.name(),
+                path = request.op.path(),
+                bytes = request.op.size(),
+                reason = %f.message,
+                "refused an agent's file request"
+            );
         }
         let line = agent.wire.lock().unwrap().served(request.id, result);
-        agent.write(line);
+        let n = super::stdin::serialized_len(&line) + 1;
+        if agent.queue.room_for(n, super::stdin::ROOM_WAIT).await {
+            agent.queue_line(line, true);
+        } else {
+            drop(line);
+            agent.queue.end_request();
+            agent.not_reading();
+        }
+        drop(one);
     });
 }
 

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Command as Process;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
@@ -19,10 +19,12 @@ pub mod check;
 mod commands;
 mod orphans;
 pub mod sandbox;
+mod stdin;
 mod stop;
 pub use crate::agent::lines::{MAX_LINE, REPORT_BYTES};
 use crate::executor::admission::AdmittedWorkspace;
 pub use orphans::{Orphan, end_orphan};
+pub use stdin::Limits;
 const STDERR_TAIL: usize = 16 * 1024;
 /// Agent reports waiting to be recorded; past this, agents' output waits in their pipes.
 const REPORT_BUFFER: usize = 1024;
@@ -52,6 +54,8 @@ pub enum RuntimeEvent {
         stderr_tail: String,
         /// The kernel ended it (or something it started) at its box's memory limit.
         out_of_memory: bool,
+        /// berth ended it: it stopped reading its stdin with its queue full (`BERTH_AGENT_STDIN_QUEUE_MAX_BYTES`).
+        not_reading: bool,
     },
     /// The agent asked its box for a name no listed endpoint has (refused; each name once per agent).
     EgressRefused {
@@ -78,7 +82,9 @@ struct Agent {
     /// The tool the agent is running, between its start and its end.
     tool: Mutex<Option<String>>,
     pid: u32,
-    stdin: Mutex<Option<mpsc::UnboundedSender<String>>>,
+    stdin: Mutex<Option<mpsc::UnboundedSender<stdin::Line>>>,
+    /// The bytes queued towards its stdin and the requests it has of berth, both bounded.
+    queue: Arc<stdin::Queue>,
     working: watch::Sender<bool>,
     exited: watch::Receiver<bool>,
     /// The exit status, once the process is gone.
@@ -120,6 +126,8 @@ pub struct Runtime {
     dispatch_locks: Mutex<HashMap<SessionId, std::sync::Weak<tokio::sync::Mutex<()>>>>,
     /// Where and how agents' boxes are built.
     boxes: sandbox::Boxes,
+    /// Each agent's bounds: its requests of berth in flight, the bytes queued towards its stdin.
+    limits: Limits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +145,7 @@ impl Runtime {
         grace: Duration,
         term_grace: Duration,
         boxes: sandbox::Boxes,
+        limits: Limits,
     ) -> (Arc<Runtime>, mpsc::Receiver<RuntimeEvent>) {
         let (events, rx) = mpsc::channel(REPORT_BUFFER);
         (
@@ -149,6 +158,7 @@ impl Runtime {
                 home: tokio::runtime::Handle::current(),
                 dispatch_locks: Mutex::new(HashMap::new()),
                 boxes,
+                limits,
             }),
             rx,
         )
@@ -239,7 +249,8 @@ impl Runtime {
         held.filter = None;
         let mut child = child.map_err(SpawnError::Spawn)?;
         let pid = child.id().unwrap_or_default();
-        let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<String>();
+        let (stdin_tx, stdin_rx) = mpsc::unbounded_channel::<stdin::Line>();
+        let queue = Arc::new(stdin::Queue::new(self.limits));
         let (working, _) = watch::channel(false);
         let (exited_tx, exited) = watch::channel(false);
         let root = ws.path().canonicalize().unwrap_or_else(|_| ws.path().to_path_buf());
@@ -252,6 +263,7 @@ impl Runtime {
             dispatch: self.session_dispatch_lock(session_id),
             pid,
             stdin: Mutex::new(Some(stdin_tx)),
+            queue: queue.clone(),
             pending: Mutex::new(Vec::new()),
             tool: Mutex::new(None),
             working,
@@ -262,18 +274,9 @@ impl Runtime {
         agents.insert(session_id, agent.clone());
         drop(agents);
 
-        // stdin: commands in the order they were queued (I27: serialized per session).
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        tokio::spawn(async move {
-            while let Some(line) = stdin_rx.recv().await {
-                if stdin.write_all(line.as_bytes()).await.is_err()
-                    || stdin.write_all(b"\n").await.is_err()
-                    || stdin.flush().await.is_err()
-                {
-                    break;
-                }
-            }
-        });
+        // stdin: commands in the order they were queued (I27: serialized per session), bounded in bytes.
+        let stdin = child.stdin.take().expect("piped stdin");
+        tokio::spawn(stdin::write_lines(stdin, stdin_rx, queue));
         // stderr: a bounded tail, for the failure message.
         let tail = Arc::new(Mutex::new(VecDeque::<u8>::new()));
         let mut stderr = child.stderr.take().expect("piped stderr");
@@ -392,7 +395,8 @@ impl Runtime {
             let expected = agent_e.stopping.load(std::sync::atomic::Ordering::Acquire);
             let code = status.ok().and_then(|s| s.code());
             let out_of_memory = held.cgroup.as_ref().is_some_and(sandbox::cgroup::Group::out_of_memory);
-            tracing::debug!(%session_id, ?code, expected, out_of_memory, %stderr_tail, "an agent exited");
+            let not_reading = agent_e.queue.not_reading();
+            tracing::debug!(%session_id, ?code, expected, out_of_memory, not_reading, %stderr_tail, "an agent exited");
             drop(held);
             *agent_e.exit_code.lock().unwrap() = code;
             let _ = exited_tx.send(true);
@@ -404,6 +408,7 @@ impl Runtime {
                     expected,
                     stderr_tail,
                     out_of_memory,
+                    not_reading,
                 })
                 .await;
         });
@@ -524,7 +529,12 @@ mod tests {
     async fn a_restarted_agent_shares_the_dispatch_lock_of_one_still_in_flight() {
         let dir = tempfile::tempdir().unwrap();
         let boxes = super::sandbox::Boxes::at(dir.path().to_path_buf(), 64, 64);
-        let (rt, _reports) = Runtime::new(Duration::from_millis(10), Duration::from_millis(10), boxes);
+        let (rt, _reports) = Runtime::new(
+            Duration::from_millis(10),
+            Duration::from_millis(10),
+            boxes,
+            super::Limits::default(),
+        );
         let session = SessionId::now_v7();
         let first = rt.session_dispatch_lock(session);
         let in_flight = first.clone().lock_owned().await;

@@ -6,6 +6,7 @@ mod helpers;
 
 mod acp;
 mod actors;
+mod agent_memory;
 mod agents;
 mod architecture;
 mod async_create;

@@ -63,6 +63,7 @@ pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>
                 expected,
                 stderr_tail,
                 out_of_memory,
+                not_reading,
             }) => {
                 if let Some(w) = streams.flush(session_id) {
                     write(&ctx, w).await;
@@ -71,6 +72,7 @@ pub async fn consume(ctx: Ctx, mut rx: tokio::sync::mpsc::Receiver<RuntimeEvent>
                     code,
                     expected,
                     out_of_memory,
+                    not_reading,
                 };
                 let r = on_exit(&ctx, session_id, execution_id, exit, &stderr_tail).await;
                 ctx.runtime.forget(session_id, execution_id);
@@ -257,6 +259,8 @@ struct Exit {
     expected: bool,
     /// Its box's memory limit ended it.
     out_of_memory: bool,
+    /// berth ended it: it stopped reading its stdin with its queue full.
+    not_reading: bool,
 }
 
 async fn on_exit(
@@ -267,6 +271,7 @@ async fn on_exit(
         code,
         expected,
         out_of_memory,
+        not_reading,
     }: Exit,
     stderr_tail: &str,
 ) -> Result<()> {
@@ -298,6 +303,14 @@ async fn on_exit(
         // Its limit would end it again: failed alone, berth and every other agent going on.
         let message = format!("the agent reached its memory limit and was ended; {message}");
         return record_failure(ctx, &task, s.id, "out_of_memory", &message).await;
+    }
+    if not_reading {
+        // A restart would meet the same agent: failed alone, berth's memory as it was.
+        let message = format!(
+            "the agent stopped reading its stdin while berth held {} bytes for it (BERTH_AGENT_STDIN_QUEUE_MAX_BYTES) and was ended; {message}",
+            ctx.config.agent_stdin_queue_max_bytes
+        );
+        return record_failure(ctx, &task, s.id, "agent_not_reading", &message).await;
     }
     // I30: an open session whose agent died is restarted in the same workspace, with backoff, a bounded
     // number of times in a window; past that it is failed with the reason.

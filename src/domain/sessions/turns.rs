@@ -75,8 +75,8 @@ async fn settle(ctx: &Ctx, session_id: SessionId) -> Result<()> {
             Some(id) => store::checkpoint(conn, id).await?,
             None => None,
         } {
-            let slots = checkpoints::changes_between(ctx, e, &start, &c, 0, &[]).await?;
-            changed = Some(slots.iter().map(|s| s.4.len()).sum::<usize>() as i32);
+            // Counted, never a patch built: an agent's big files cost berth nothing here.
+            changed = Some(checkpoints::files_changed(ctx, e, &start, &c).await? as i32);
         }
         end = Some(c.id);
     }
@@ -121,7 +121,7 @@ pub async fn diff(
     let mut total = 0u64;
     let mut repositories = Vec::new();
     for (repository_id, position, base, head, files) in
-        checkpoints::changes_between(ctx, &e, &from, &to, context, &[]).await?
+        checkpoints::changes_between(ctx, &e, &from, &to, context, &[], crate::domain::diff::keep(ctx)).await?
     {
         total += files.len() as u64;
         repositories.push(RepositoryDiff {
