@@ -182,22 +182,7 @@ impl GitCli {
         answers: &[i32],
     ) -> Result<(Option<i32>, Vec<u8>, String), GitError> {
         let _slot = self.slots.acquire().await.expect("the semaphore is never closed");
-        let mut cmd = Command::new("git");
-        cmd.arg("-C")
-            .arg(repo)
-            .args(args)
-            // Only what git needs of berth's environment, nothing else of it (its secrets).
-            .env_clear()
-            .envs(super::harden::inherited_env())
-            // Nothing the repository's configuration names runs (hooks, fsmonitor, filters, merge drivers).
-            .envs(super::harden::config_env(repo))
-            .envs(envs.iter().copied())
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("LC_ALL", "C")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let mut cmd = command(repo, args, envs);
         let started = std::time::Instant::now();
         let out = tokio::time::timeout(self.timeout, cmd.output()).await;
         if let Some(m) = &self.metrics {
@@ -216,6 +201,27 @@ impl GitCli {
         let stderr = String::from_utf8_lossy(&out.stderr).trim().chars().take(2000).collect();
         Ok((out.status.code(), out.stdout, stderr))
     }
+}
+
+/// How berth runs git, every call alike: in `repo`, with only what git needs of berth's environment and
+/// nothing else of it (its secrets), nothing the repository's configuration names running (hooks,
+/// fsmonitor, filters, merge drivers), no prompt, output piped, killed with its handle.
+fn command(repo: &Path, args: &[&str], envs: &[(&str, &std::ffi::OsStr)]) -> Command {
+    let mut cmd = Command::new("git");
+    cmd.arg("-C")
+        .arg(repo)
+        .args(args)
+        .env_clear()
+        .envs(super::harden::inherited_env())
+        .envs(super::harden::config_env(repo))
+        .envs(envs.iter().copied())
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
 }
 
 /// Every git mutation berth makes (and the one status read that needs the CLI), behind one trait.

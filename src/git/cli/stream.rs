@@ -2,10 +2,7 @@
 //! reader keeps. Same rules as every call: a slot under the process-wide cap, the timeout, the hardened
 //! environment, no optional lock.
 use std::path::Path;
-use std::process::Stdio;
-
 use tokio::io::AsyncReadExt;
-use tokio::process::Command;
 
 use super::{GitCli, GitError};
 use crate::metrics::GitOutcome;
@@ -25,19 +22,8 @@ impl GitCli {
         sink: &mut (dyn for<'b> FnMut(&'b [u8]) + Send),
     ) -> Result<(), GitError> {
         let _slot = self.slots.acquire().await.expect("the semaphore is never closed");
-        let mut cmd = Command::new("git");
-        cmd.arg("-C")
-            .arg(repo)
-            .args(args)
-            .envs(super::super::harden::config_env(repo))
-            .env("GIT_OPTIONAL_LOCKS", "0")
-            .envs(envs.iter().copied())
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("LC_ALL", "C")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let mut cmd = super::command(repo, args, envs);
+        cmd.env("GIT_OPTIONAL_LOCKS", "0");
         let started = std::time::Instant::now();
         let run = async {
             let mut child = cmd.spawn()?;
