@@ -6,16 +6,6 @@ use super::*;
 
 const MIB: u64 = 1024;
 
-/// A field of `/proc/<pid>/status` in KiB.
-fn kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 struct Api {
     http: reqwest::Client,
     url: String,
@@ -94,10 +84,10 @@ fn sampler(pid: u32, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
     tokio::spawn(async move {
         let mut peak = 0;
         while !stop.load(Ordering::Relaxed) {
-            peak = peak.max(kib(pid, "VmRSS"));
+            peak = peak.max(status_kib(pid, "VmRSS"));
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        peak.max(kib(pid, "VmRSS"))
+        peak.max(status_kib(pid, "VmRSS"))
     })
 }
 
@@ -121,68 +111,19 @@ pub(crate) async fn memory(table: &mut Table, backend: &'static str, pg_server: 
         ),
     )
     .unwrap();
-    let mut env = BTreeMap::new();
-    env.insert("BERTH_DATA_DIR".to_string(), scratch.join("data").display().to_string());
-    env.insert("BERTH_JWT_SECRET".to_string(), SECRET.to_string());
-    env.insert(
-        "BERTH_WORKTREE_ROOT".to_string(),
-        scratch.join("worktrees").display().to_string(),
-    );
-    env.insert(
-        "BERTH_REPO_ROOTS".to_string(),
-        scratch.join("repos").display().to_string(),
-    );
-    env.insert("BERTH_CONFIG".to_string(), config_file.display().to_string());
-    let mut pg_db = None;
-    if let Some(server) = &pg_server {
-        let name = format!("berth_bench_{}", Uuid::new_v4().simple());
-        let admin = sea_orm::Database::connect(server.as_str()).await.unwrap();
-        exec(&admin, &format!("CREATE DATABASE \"{name}\"")).await;
-        let mut url = reqwest::Url::parse(server).unwrap();
-        url.set_path(&format!("/{name}"));
-        env.insert("BERTH_DATABASE_URL".to_string(), url.to_string());
-        pg_db = Some((admin, name));
-    }
-    let port = free_port();
-    env.insert("BERTH_BIND".to_string(), format!("127.0.0.1:{port}"));
-    let log = std::fs::File::create(scratch.join("server.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .arg("serve")
-        .envs(&env)
-        .env("BERTH_NODE_ID", "bench-memory")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-    };
-    let pid = server.child.id();
-    let http = reqwest::Client::new();
-    wait_ready(&http, &server.url).await;
-    let verifier = berth::auth::JwtVerifier::from_config(&berth::config::Config::load(&env).unwrap()).unwrap();
-    let token = verifier
-        .mint(
-            "bench",
-            &[berth::auth::Scope::Admin],
-            None,
-            None,
-            Duration::from_secs(7200),
-        )
-        .unwrap();
+    let served = Served::start(&scratch, &config_file, &pg_server, "bench-memory").await;
+    let pid = served.pid;
     let api = Api {
-        http,
-        url: server.url.clone(),
-        token,
+        http: served.http.clone(),
+        url: served.server.url.clone(),
+        token: served.token.clone(),
     };
     let bound = 64 * MIB;
 
     // The hostile agent: measured from its session idle (agent started, turn-start checkpoint taken).
     let s = id_of(&api.session(&source, Some("flood")).await);
     api.wait_state(s, |v| v["state"] == "idle").await;
-    let (rss0, hwm0) = (kib(pid, "VmRSS"), kib(pid, "VmHWM"));
+    let (rss0, hwm0) = (status_kib(pid, "VmRSS"), status_kib(pid, "VmHWM"));
     let stop = Arc::new(AtomicBool::new(false));
     let peak = sampler(pid, stop.clone());
     let t = Instant::now();
@@ -196,7 +137,7 @@ pub(crate) async fn memory(table: &mut Table, backend: &'static str, pg_server: 
     let took = t.elapsed();
     stop.store(true, Ordering::Relaxed);
     let peak = peak.await.unwrap();
-    let hwm = kib(pid, "VmHWM");
+    let hwm = status_kib(pid, "VmHWM");
     let grown = hwm.saturating_sub(hwm0).max(peak.saturating_sub(rss0));
     table.add(
         backend,
@@ -231,7 +172,7 @@ pub(crate) async fn memory(table: &mut Table, backend: &'static str, pg_server: 
         f.flush().unwrap();
     }
     for (what, at_once, limit) in [("one diff", 1, bound), ("four diffs at once", 4, 2 * bound)] {
-        let (rss0, hwm0) = (kib(pid, "VmRSS"), kib(pid, "VmHWM"));
+        let (rss0, hwm0) = (status_kib(pid, "VmRSS"), status_kib(pid, "VmHWM"));
         let stop = Arc::new(AtomicBool::new(false));
         let peak = sampler(pid, stop.clone());
         let t = Instant::now();
@@ -241,7 +182,7 @@ pub(crate) async fn memory(table: &mut Table, backend: &'static str, pg_server: 
         let took = t.elapsed();
         stop.store(true, Ordering::Relaxed);
         let peak = peak.await.unwrap();
-        let hwm = kib(pid, "VmHWM");
+        let hwm = status_kib(pid, "VmHWM");
         let cut = answers.iter().all(|d| {
             d["repositories"][0]["files"]
                 .as_array()
@@ -266,9 +207,5 @@ pub(crate) async fn memory(table: &mut Table, backend: &'static str, pg_server: 
         );
     }
 
-    drop(server);
-    if let Some((admin, name)) = pg_db {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        exec(&admin, &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await;
-    }
+    served.stop().await;
 }

@@ -12,16 +12,6 @@ const GET_EVERY: Duration = Duration::from_millis(20);
 const IDLE_SECS: u64 = 5;
 const GIB: usize = 1 << 30;
 
-/// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// CPU seconds (user + system) of a process and of its live children (the agents).
 fn cpu_secs(pid: u32) -> (f64, f64) {
     let own = proc_stat(&pid.to_string()).map_or(0.0, |s| s.own);
@@ -205,61 +195,12 @@ pub(crate) async fn streaming(table: &mut Table, backend: &'static str, pg_serve
         ),
     )
     .unwrap();
-    let mut env = BTreeMap::new();
-    env.insert("BERTH_DATA_DIR".to_string(), scratch.join("data").display().to_string());
-    env.insert("BERTH_JWT_SECRET".to_string(), SECRET.to_string());
-    env.insert(
-        "BERTH_WORKTREE_ROOT".to_string(),
-        scratch.join("worktrees").display().to_string(),
-    );
-    env.insert(
-        "BERTH_REPO_ROOTS".to_string(),
-        scratch.join("repos").display().to_string(),
-    );
-    env.insert("BERTH_CONFIG".to_string(), config_file.display().to_string());
-    let mut pg_db = None;
-    if let Some(server) = &pg_server {
-        let name = format!("berth_bench_{}", Uuid::new_v4().simple());
-        let admin = sea_orm::Database::connect(server.as_str()).await.unwrap();
-        exec(&admin, &format!("CREATE DATABASE \"{name}\"")).await;
-        let mut url = reqwest::Url::parse(server).unwrap();
-        url.set_path(&format!("/{name}"));
-        env.insert("BERTH_DATABASE_URL".to_string(), url.to_string());
-        pg_db = Some((admin, name));
-    }
-    let port = free_port();
-    env.insert("BERTH_BIND".to_string(), format!("127.0.0.1:{port}"));
-    let log = std::fs::File::create(scratch.join("server.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .arg("serve")
-        .envs(&env)
-        .env("BERTH_NODE_ID", "bench-server")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-    };
-    let pid = server.child.id();
-    let http = reqwest::Client::new();
-    wait_ready(&http, &server.url).await;
-    let verifier = berth::auth::JwtVerifier::from_config(&berth::config::Config::load(&env).unwrap()).unwrap();
-    let token = verifier
-        .mint(
-            "bench",
-            &[berth::auth::Scope::Admin],
-            None,
-            None,
-            Duration::from_secs(7200),
-        )
-        .unwrap();
+    let served = Served::start(&scratch, &config_file, &pg_server, "bench-server").await;
+    let pid = served.pid;
     let api = Arc::new(Api {
-        http,
-        url: server.url.clone(),
-        token,
+        http: served.http.clone(),
+        url: served.server.url.clone(),
+        token: served.token.clone(),
     });
 
     let ws = id_of(&api.post("/api/v1/workspaces", json!({"name": "stream"}), 201).await);
@@ -445,9 +386,5 @@ pub(crate) async fn streaming(table: &mut Table, backend: &'static str, pg_serve
         );
     }
 
-    drop(server);
-    if let Some((admin, name)) = pg_db {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        exec(&admin, &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await;
-    }
+    served.stop().await;
 }
