@@ -111,3 +111,13 @@ pub(crate) fn required_text(field: &str, value: &str, max_chars: usize) -> crate
     }
     Ok(trimmed.to_string())
 }
+
+/// Whether a URL's host is loopback (`localhost` or a loopback address, as written); `None` when it names
+/// no host. What plain `http://` may reach without crossing a network.
+pub(crate) fn names_loopback(url: &url::Url) -> Option<bool> {
+    Some(match url.host()? {
+        url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    })
+}

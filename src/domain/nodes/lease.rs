@@ -56,13 +56,7 @@ fn plain_beyond_loopback(url: &str) -> bool {
     let Ok(parsed) = reqwest::Url::parse(url) else {
         return false;
     };
-    let loopback = match parsed.host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        None => true,
-    };
-    parsed.scheme() == "http" && !loopback
+    parsed.scheme() == "http" && super::super::names_loopback(&parsed) == Some(false)
 }
 
 /// Records this instance (listening on `port`) and takes its first lease (before anything acts on

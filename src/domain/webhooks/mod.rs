@@ -51,12 +51,7 @@ async fn checked_url(ctx: &Ctx, raw: &str) -> Result<String> {
         return Err(Error::invalid("url", "at most 2000 characters"));
     }
     let url = reqwest::Url::parse(raw).map_err(|e| Error::invalid("url", format!("not a URL: {e}")))?;
-    let loopback = match url.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => return Err(Error::invalid("url", "names no host")),
-    };
+    let loopback = super::names_loopback(&url).ok_or_else(|| Error::invalid("url", "names no host"))?;
     match url.scheme() {
         "https" => {}
         "http" if loopback || ctx.config.webhook_allow_http => {}
