@@ -122,6 +122,12 @@ pub enum Error {
     /// The merge's target branch is checked out in a checkout with changes (or in several); its name only.
     #[error("{0} is checked out where it cannot be moved")]
     TargetCheckedOut(String),
+    /// The merge would move the checkout an agent of a `local` session works in; its branch name only.
+    #[error("{0} is checked out where an agent works")]
+    TargetInUse(String),
+    /// 409: another writer holds the environment's worktrees (`domain::writer`); nothing changed.
+    #[error("the environment's worktrees are held by a {}", .0.holder)]
+    WriterBusy(Box<WriterHolding>),
     /// The remote refused the push: git's reason.
     #[error("the remote rejected the push: {0}")]
     PushRejected(String),
@@ -186,6 +192,19 @@ pub struct DirtyRepository {
     /// removes (issue 38 item 2).
     pub task_environment_id: EnvironmentId,
     pub dirty_file_count: usize,
+}
+
+/// Who holds an environment's writer lease, for the `409` a writer that could not take it gets.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct WriterHolding {
+    pub task_environment_id: EnvironmentId,
+    /// `turn` (an agent's turn), `restore`, `landing` (a commit or a merge into a checkout) or `cleanup`.
+    pub holder: String,
+    /// The session whose turn, or the cleanup job, that holds it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_id: Option<uuid::Uuid>,
+    pub node_id: String,
+    pub since: chrono::DateTime<chrono::Utc>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -93,6 +93,7 @@ impl Application {
                 db,
                 runtime: runtime.clone(),
                 cleanup_wake: Arc::new(tokio::sync::Notify::new()),
+                writers: Arc::new(tokio::sync::Notify::new()),
                 metrics: metrics.clone(),
                 git_status_inspected: Default::default(),
                 restore_stats: Default::default(),

@@ -23,6 +23,7 @@ mod m20261206_000019_pull_requests;
 mod m20261207_000020_webhooks;
 mod m20261207_000021_usage;
 mod m20261207_000022_webhook_lagging;
+mod m20261208_000024_writer_leases;
 
 pub struct Migrator;
 
@@ -52,6 +53,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261207_000020_webhooks::Migration),
             Box::new(m20261207_000021_usage::Migration),
             Box::new(m20261207_000022_webhook_lagging::Migration),
+            Box::new(m20261208_000024_writer_leases::Migration),
         ]
     }
 }

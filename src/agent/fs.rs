@@ -163,6 +163,40 @@ fn io_failure(e: std::io::Error, path: &str) -> Failure {
 /// one swapped in while berth walks. With `O_CREAT` in `flags`, missing directories are made on the way.
 /// Nothing blocks on a FIFO (`O_NONBLOCK`); the caller checks it got a regular file.
 fn open_inside(worktree: &Path, path: &str, flags: libc::c_int) -> Result<std::fs::File, Failure> {
+    let (at, file) = parent_inside(worktree, path, flags & libc::O_CREAT != 0)?;
+    openat(
+        &at,
+        &file,
+        flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        0o666,
+    )
+    .map_err(|e| io_failure(e, path))
+}
+
+/// Removes the file at `path` inside the worktree, its directories walked as `open_inside` walks them (no
+/// symbolic link followed on the way; a link at the end is removed itself, never what it points at). A
+/// file already gone is no error. A restore removes what a checkpoint does not have this way.
+pub fn remove_inside(worktree: &Path, path: &str) -> Result<(), Failure> {
+    use std::os::fd::AsRawFd;
+    let (at, file) = match parent_inside(worktree, path, false) {
+        Ok(found) => found,
+        Err(f) if f.code == RESOURCE_NOT_FOUND => return Ok(()),
+        Err(f) => return Err(f),
+    };
+    let name = c_name(&file).map_err(|e| io_failure(e, path))?;
+    // SAFETY: a valid directory descriptor and a NUL-terminated name.
+    let rc = unsafe { libc::unlinkat(at.as_raw_fd(), name.as_ptr(), 0) };
+    let e = std::io::Error::last_os_error();
+    match rc {
+        0 => Ok(()),
+        _ if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        _ => Err(io_failure(e, path)),
+    }
+}
+
+/// The directory holding `path` inside the worktree, opened one `openat(O_NOFOLLOW)` at a time from the
+/// worktree's own descriptor, and the file's name in it (see `open_inside`).
+fn parent_inside(worktree: &Path, path: &str, create: bool) -> Result<(std::fs::File, std::ffi::OsString), Failure> {
     let requested = Path::new(path);
     if !requested.is_absolute() {
         return Err(refused(format!("{path} is not an absolute path")));
@@ -186,7 +220,6 @@ fn open_inside(worktree: &Path, path: &str, flags: libc::c_int) -> Result<std::f
     if parts.first().is_some_and(|p| *p == ".git") {
         return Err(refused(format!("{path} is the worktree's git link")));
     }
-    let create = flags & libc::O_CREAT != 0;
     let link = |e: std::io::Error| match e.raw_os_error() {
         Some(libc::ELOOP) | Some(libc::ENOTDIR) => refused(format!("{path} passes through a symbolic link or a file")),
         _ => io_failure(e, path),
@@ -202,13 +235,7 @@ fn open_inside(worktree: &Path, path: &str, flags: libc::c_int) -> Result<std::f
             other => other.map_err(link)?,
         };
     }
-    openat(
-        &at,
-        file,
-        flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        0o666,
-    )
-    .map_err(|e| io_failure(e, path))
+    Ok((at, file.to_os_string()))
 }
 
 fn c_name(name: &std::ffi::OsStr) -> std::io::Result<std::ffi::CString> {

@@ -5,6 +5,7 @@ pub mod columns;
 pub mod cors;
 pub mod diff;
 pub mod environments;
+pub mod error_code;
 pub mod event_schema;
 pub mod events;
 pub mod examples;

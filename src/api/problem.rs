@@ -8,82 +8,7 @@ use utoipa::ToSchema;
 
 use crate::error::{ConversationCategory, Error, FieldError, ReuseCategory};
 
-/// Stable machine-readable error codes; clients switch on these.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    Unauthenticated,
-    InsufficientScope,
-    NotFound,
-    ValidationFailed,
-    Conflict,
-    SessionBusy,
-    TaskArchived,
-    TaskCleanupInProgress,
-    WorkspacePreparing,
-    WorkspaceReuseUnsafe,
-    WorkspaceReuseUnsupported,
-    AgentSessionUnavailable,
-    AgentAuthRequired,
-    SteerUnsupported,
-    TaskDeleteDirtyWorktree,
-    RepositoryInUse,
-    NotAGitRepository,
-    PathNotAllowed,
-    InvalidCursor,
-    PreconditionFailed,
-    IdempotencyKeyReused,
-    Unavailable,
-    NodeUnavailable,
-    RepositoriesOnDifferentNodes,
-    NothingToCommit,
-    MergeConflict,
-    BranchMoved,
-    TargetCheckedOut,
-    PushRejected,
-    RemoteAuthFailed,
-    RemoteUnreachable,
-    Internal,
-}
-
-impl ErrorCode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::Unauthenticated => "unauthenticated",
-            ErrorCode::InsufficientScope => "insufficient_scope",
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::ValidationFailed => "validation_failed",
-            ErrorCode::Conflict => "conflict",
-            ErrorCode::SessionBusy => "session_busy",
-            ErrorCode::TaskArchived => "task_archived",
-            ErrorCode::TaskCleanupInProgress => "task_cleanup_in_progress",
-            ErrorCode::WorkspacePreparing => "workspace_preparing",
-            ErrorCode::WorkspaceReuseUnsafe => "workspace_reuse_unsafe",
-            ErrorCode::WorkspaceReuseUnsupported => "workspace_reuse_unsupported",
-            ErrorCode::AgentSessionUnavailable => "agent_session_unavailable",
-            ErrorCode::AgentAuthRequired => "agent_auth_required",
-            ErrorCode::SteerUnsupported => "steer_unsupported",
-            ErrorCode::TaskDeleteDirtyWorktree => "task_delete_dirty_worktree",
-            ErrorCode::RepositoryInUse => "repository_in_use",
-            ErrorCode::NotAGitRepository => "not_a_git_repository",
-            ErrorCode::PathNotAllowed => "path_not_allowed",
-            ErrorCode::InvalidCursor => "invalid_cursor",
-            ErrorCode::PreconditionFailed => "precondition_failed",
-            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
-            ErrorCode::Unavailable => "unavailable",
-            ErrorCode::NodeUnavailable => "node_unavailable",
-            ErrorCode::RepositoriesOnDifferentNodes => "repositories_on_different_nodes",
-            ErrorCode::NothingToCommit => "nothing_to_commit",
-            ErrorCode::MergeConflict => "merge_conflict",
-            ErrorCode::BranchMoved => "branch_moved",
-            ErrorCode::TargetCheckedOut => "target_checked_out",
-            ErrorCode::PushRejected => "push_rejected",
-            ErrorCode::RemoteAuthFailed => "remote_auth_failed",
-            ErrorCode::RemoteUnreachable => "remote_unreachable",
-            ErrorCode::Internal => "internal",
-        }
-    }
-}
+pub use super::error_code::ErrorCode;
 
 /// An `application/problem+json` body. Never carries a path, a token, a secret or a stack trace.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -131,6 +56,10 @@ pub struct Problem {
     /// For `merge_conflict`: the paths both sides changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conflicting_paths: Option<Vec<String>>,
+    /// For a writer refused because another holds the environment's worktrees (`session_busy`,
+    /// `restore_in_progress`, `landing_in_progress`, `task_cleanup_in_progress`): who holds them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writer: Option<crate::error::WriterHolding>,
 }
 
 /// The `category` of a problem: why a workspace may not be reused, or why a conversation is unavailable.
@@ -162,6 +91,7 @@ impl Problem {
             task_environment_id: None,
             node_id: None,
             conflicting_paths: None,
+            writer: None,
         }
     }
 
@@ -480,6 +410,45 @@ impl From<&Error> for Problem {
                     "{branch} is checked out in a checkout with changes (or in several): berth moves a checkout only when it is clean; nothing was changed"
                 ),
             ),
+            Error::TargetInUse(branch) => Problem::new(
+                S::CONFLICT,
+                C::TargetInUse,
+                "The target branch is checked out where an agent works",
+                format!(
+                    "{branch} is checked out in the checkout a local session's agent works in: a merge would change its files under it; stop the session first; nothing was changed"
+                ),
+            ),
+            Error::WriterBusy(holding) => {
+                let (code, title, detail) = match holding.holder.as_str() {
+                    "turn" => (
+                        C::SessionBusy,
+                        "Session is busy",
+                        "an agent's turn is writing the environment's worktrees",
+                    ),
+                    "cleanup" => (
+                        C::TaskCleanupInProgress,
+                        "Task cleanup in progress",
+                        "a cleanup job is removing the environment's worktrees",
+                    ),
+                    "restore" => (
+                        C::RestoreInProgress,
+                        "A restore is in progress",
+                        "a restore is writing the environment's worktrees",
+                    ),
+                    _ => (
+                        C::LandingInProgress,
+                        "A landing is in progress",
+                        "a commit or a merge is writing the environment's worktrees",
+                    ),
+                };
+                Problem {
+                    retryable: true,
+                    retry_after_ms: Some(1000),
+                    task_environment_id: Some(holding.task_environment_id),
+                    writer: Some((**holding).clone()),
+                    ..Problem::new(S::CONFLICT, code, title, format!("{detail}; nothing was changed"))
+                }
+            }
             Error::PushRejected(why) => Problem::new(
                 S::CONFLICT,
                 C::PushRejected,

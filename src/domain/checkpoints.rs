@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::Ctx;
+use super::writer::{Asking, WriterLease};
 use crate::entity::checkpoint;
 use crate::entity::task_environment::{self as env, EnvironmentStatus, ExecutorType};
 use crate::error::{Error, Result};
@@ -76,7 +77,13 @@ pub(crate) async fn take(
     ctx: &Ctx,
     e: &env::Model,
     session_id: Option<SessionId>,
+    lease: &WriterLease,
 ) -> Result<Option<checkpoint::Model>> {
+    if lease.environment_id() != e.id {
+        return Err(Error::Internal(anyhow::anyhow!(
+            "a checkpoint under another environment's lease"
+        )));
+    }
     // Only berth's worktrees: a `local` session works in the user's own checkout, where berth keeps no
     // refs of its own.
     if e.node_id != ctx.config.node_id
@@ -104,6 +111,11 @@ pub(crate) async fn take(
             .await
             .map_err(git)?;
         let refname = format!("{}{id}-{position}", ref_prefix(e.id));
+        // Never a ref after another writer began (a cleanup that took over a lapsed holding forgets the
+        // environment's refs: one written after it would stay in the user's repository for good).
+        if !super::writer::still_held(ctx, lease).await? {
+            return Ok(None);
+        }
         ctx.git.keep_object(&repo, &refname, &tree).await.map_err(git)?;
         trees.push(SlotTree {
             repository_id,
@@ -198,7 +210,17 @@ async fn pairs(
 }
 
 /// Removes the environment's checkpoint refs from its repositories (its cleanup); the rows go too.
-pub(crate) async fn forget(ctx: &Ctx, env_id: EnvironmentId, repositories: &[String]) -> Result<()> {
+pub(crate) async fn forget(
+    ctx: &Ctx,
+    env_id: EnvironmentId,
+    repositories: &[String],
+    lease: &WriterLease,
+) -> Result<()> {
+    if lease.environment_id() != env_id {
+        return Err(Error::Internal(anyhow::anyhow!(
+            "forgetting checkpoints under another environment's lease"
+        )));
+    }
     let mut seen = std::collections::HashSet::new();
     for repo in repositories.iter().filter(|r| seen.insert(r.as_str())) {
         let path = std::path::Path::new(repo);
@@ -213,11 +235,14 @@ pub(crate) async fn forget(ctx: &Ctx, env_id: EnvironmentId, repositories: &[Str
     crate::store::turns::delete_checkpoints_of(&ctx.db.conn, env_id).await
 }
 
-/// Puts the environment's worktrees back to a checkpoint: refused while an agent works in it
-/// (`409 session_busy`) and, without consent, when the worktrees changed since the last checkpoint
-/// (those changes would be lost). Files the checkpoint does not have are removed, the others written as
-/// it holds them; `.gitignore`d files are left alone; the worktree's index and refs are not touched. The
-/// state after it is a new checkpoint; `environment.restored` says so.
+/// Puts the environment's worktrees back to a checkpoint, holding the environment's writer lease: refused
+/// while another writer holds it (an agent's turn, `attention` included: `409 session_busy`; a landing,
+/// a cleanup) or an agent is starting, recovering or stopping in it, on an archived task or one being
+/// cleaned, and, without consent, when the worktrees changed since the last checkpoint (those changes
+/// would be lost). Files the checkpoint does not have are removed (walked without following a symbolic
+/// link), the others written as it holds them; `.gitignore`d files are left alone; the worktree's index
+/// and refs are not touched. The state after it is a new checkpoint and a live git status observation;
+/// `environment.restored` says so.
 pub async fn restore(
     ctx: &Ctx,
     p: &crate::auth::UnboundPrincipal,
@@ -231,22 +256,64 @@ pub async fn restore(
         return Err(Error::WorkspaceReuseUnsafe(super::environments::broken_category(&e)));
     }
     super::nodes::here(ctx, &e.node_id).await?;
-    let conn = &ctx.db.conn;
-    let target = crate::store::turns::checkpoint(conn, checkpoint_id)
+    let target = crate::store::turns::checkpoint(&ctx.db.conn, checkpoint_id)
         .await?
         .filter(|c| c.task_environment_id == e.id)
         .ok_or_else(|| Error::invalid("checkpoint_id", "is not a checkpoint of this environment"))?;
+    let lease = super::writer::acquire(ctx, e.id, Asking::Restore).await?;
+    let restored = restore_held(ctx, &e, &target, discard, &lease).await;
+    super::writer::release(ctx, lease).await;
+    let (after, changed) = restored?;
+    // What the worktrees hold now, for every reader of the git status (never the files that are gone).
+    if let Err(err) = super::git_status::inspect_and_record(
+        ctx,
+        &e,
+        crate::entity::git_status_observation::ObservationKind::Live,
+        None,
+        false,
+    )
+    .await
+    {
+        tracing::warn!(environment = %e.id, error = %err, "no git status observation after the restore");
+    }
+    if let Some(task) = crate::store::tasks::find(&ctx.db.conn, e.task_id).await? {
+        let txn = ctx.db.begin_write().await?;
+        crate::events::append(
+            &txn,
+            ctx.instance_id,
+            crate::events::EventType::EnvironmentRestored,
+            crate::events::Subject {
+                task_environment_id: Some(e.id),
+                ..crate::events::Subject::task(task.workspace_id, task.id)
+            },
+            serde_json::json!({ "checkpoint_id": target.id, "new_checkpoint_id": after.id, "discarded_changes": changed }),
+        )
+        .await?;
+        ctx.commit(txn).await?;
+    }
+    Ok(after)
+}
+
+/// The restore itself, under the lease: the checkpoint after it, and whether it discarded changes.
+async fn restore_held(
+    ctx: &Ctx,
+    e: &env::Model,
+    target: &checkpoint::Model,
+    discard: bool,
+    lease: &WriterLease,
+) -> Result<(checkpoint::Model, bool)> {
+    let conn = &ctx.db.conn;
     let busy = crate::store::sessions::in_environment(conn, e.id)
         .await?
         .iter()
-        .any(|s| s.state.is_busy());
+        .any(|s| s.state.is_busy() || s.state == crate::entity::task_session::SessionState::Attention);
     if busy {
         return Err(Error::SessionBusy);
     }
-    super::git_status::prove(ctx, &e).await?;
+    super::git_status::prove(ctx, e).await?;
     let scratch = scratch_dir(ctx)?;
     let git = |err: crate::git::cli::GitError| Error::Internal(anyhow::anyhow!("restore: {err}"));
-    let worktrees = worktrees(ctx, &e).await?;
+    let worktrees = worktrees(ctx, e).await?;
     // What is there now, per slot, against the last checkpoint.
     let last = crate::store::turns::latest_checkpoint_of(conn, e.id).await?;
     let last = last.as_ref().map(trees_of).unwrap_or_default();
@@ -267,7 +334,7 @@ pub async fn restore(
         ));
     }
     let root = crate::managed_path::ManagedRoot::from_config(&ctx.config);
-    let wanted = trees_of(&target);
+    let wanted = trees_of(target);
     for SlotPath { position, worktree, .. } in &worktrees {
         let Some(want) = wanted.iter().find(|t| t.position == *position) else {
             continue;
@@ -278,38 +345,29 @@ pub async fn restore(
         let managed = root
             .adopt(worktree)
             .map_err(|err| Error::Internal(anyhow::anyhow!("restore: {err}")))?;
-        // Files there now that the checkpoint does not have.
+        // Files there now that the checkpoint does not have: removed inside the worktree, never through
+        // a symbolic link on the way.
         let extra = git_diff::added_between(ctx.git.as_ref(), worktree, &want.tree, current)
             .await
             .map_err(git)?;
-        for path in &extra {
-            let rel = std::path::Path::new(path);
-            if rel.components().all(|c| matches!(c, std::path::Component::Normal(_))) {
-                let _ = std::fs::remove_file(managed.as_path().join(rel));
+        let base = managed.as_path().to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            for path in &extra {
+                let full = base.join(path);
+                if let Err(f) = crate::agent::fs::remove_inside(&base, &full.to_string_lossy()) {
+                    tracing::warn!(path = %path, error = %f.message, "a restore left a file it could not remove");
+                }
             }
-        }
+        })
+        .await
+        .map_err(|err| Error::Internal(err.into()))?;
         let index = scratch.join(format!("restore-{}", Uuid::now_v7()));
         let written = ctx.git.write_tree_files(&managed, &want.tree, &index).await;
         let _ = std::fs::remove_file(&index);
         written.map_err(git)?;
     }
-    let after = take(ctx, &e, None)
+    let after = take(ctx, e, None, lease)
         .await?
         .ok_or_else(|| Error::Internal(anyhow::anyhow!("no checkpoint after the restore")))?;
-    if let Some(task) = crate::store::tasks::find(conn, e.task_id).await? {
-        let txn = ctx.db.begin_write().await?;
-        crate::events::append(
-            &txn,
-            ctx.instance_id,
-            crate::events::EventType::EnvironmentRestored,
-            crate::events::Subject {
-                task_environment_id: Some(e.id),
-                ..crate::events::Subject::task(task.workspace_id, task.id)
-            },
-            serde_json::json!({ "checkpoint_id": target.id, "new_checkpoint_id": after.id, "discarded_changes": changed }),
-        )
-        .await?;
-        ctx.commit(txn).await?;
-    }
-    Ok(after)
+    Ok((after, changed))
 }

@@ -21,6 +21,7 @@ pub mod transition;
 pub mod usage;
 pub mod webhooks;
 pub mod workspaces;
+pub mod writer;
 
 use crate::ids::InstanceId;
 use std::sync::Arc;
@@ -44,6 +45,8 @@ pub struct Ctx {
     pub runtime: Arc<crate::runtime::Runtime>,
     /// Wakes the cleanup workers when a job becomes due.
     pub cleanup_wake: Arc<tokio::sync::Notify>,
+    /// Wakes what waits here for an environment's writer lease when one is released (`writer`).
+    pub writers: Arc<tokio::sync::Notify>,
     /// The metrics this process keeps (one registry per app).
     pub metrics: Arc<crate::metrics::Metrics>,
     /// When each (environment, repository) was last inspected for a live read (I25 rate limit).

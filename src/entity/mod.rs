@@ -27,3 +27,4 @@ pub mod webhook;
 pub mod webhook_delivery;
 pub mod workspace;
 pub mod workspace_column;
+pub mod writer_lease;

@@ -396,3 +396,26 @@ pub async fn workspace_paths<C: ConnectionTrait>(
         .all(conn)
         .await?)
 }
+
+/// The `local` environments still their task's that work in the repository's own checkout.
+pub async fn local_on<C: ConnectionTrait>(conn: &C, repository_id: RepositoryId) -> Result<Vec<env::Model>> {
+    let mut out: Vec<env::Model> = env_repo::Entity::find()
+        .select_also(env::Entity)
+        .join(JoinType::InnerJoin, env_repo::Relation::Environment.def())
+        .filter(env_repo::Column::RepositoryId.eq(repository_id))
+        .filter(env_repo::Column::Status.eq(EnvironmentRepoStatus::Active))
+        .filter(env::Column::ExecutorType.eq(crate::entity::task_environment::ExecutorType::Local))
+        .filter(env::Column::Status.is_not_in([
+            EnvironmentStatus::Superseded,
+            EnvironmentStatus::Lost,
+            EnvironmentStatus::Failed,
+        ]))
+        .all(conn)
+        .await?
+        .into_iter()
+        .filter_map(|(_, e)| e)
+        .collect();
+    out.sort_by_key(|e| e.id);
+    out.dedup_by_key(|e| e.id);
+    Ok(out)
+}

@@ -27,6 +27,7 @@ pub mod turns;
 pub mod usage;
 pub mod webhooks;
 pub mod workspaces;
+pub mod writer_leases;
 
 use std::time::Duration;
 

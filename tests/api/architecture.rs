@@ -525,3 +525,106 @@ fn the_checker_sees_imports() {
         "{paths:?}"
     );
 }
+
+/// The calls that change an environment's worktrees (their files, their checkout, berth's refs in their
+/// repositories), and the functions that wrap them.
+const WORKTREE_WRITES: [&str; 9] = [
+    "write_tree_files(",
+    "worktree_remove(",
+    "worktree_remove_consented(",
+    "keep_object(",
+    "drop_refs(",
+    "Step::Commit",
+    "Step::FastForward",
+    "remove_inside(",
+    "destroy_worktree(",
+];
+
+/// Each function of `src/` with its signature and its body (comments and strings removed).
+fn functions(code: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("fn ").map(|i| i + from) {
+        from = at + 3;
+        let before = code[..at].chars().last();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let name: String = code[at + 3..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        // The body opens at the first `{` after the signature's closing parenthesis (or `;`: no body).
+        let Some(open) = code[at..].find(['{', ';']).map(|i| i + at) else {
+            break;
+        };
+        if &code[open..=open] == ";" {
+            continue;
+        }
+        let mut depth = 0;
+        let mut close = open;
+        for (i, c) in code[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = open + i;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push((name, code[at..open].to_string(), code[open..=close].to_string()));
+    }
+    out
+}
+
+/// One writer at a time (`domain::writer`): a function of the domain that changes a worktree takes the
+/// environment's `WriterLease`, or takes it itself (`writer::acquire`) before it does. The git layer
+/// below is the mechanism; the executor's removal of what a failed materialization had just made is the
+/// one writer before the environment exists.
+#[test]
+fn every_worktree_write_holds_the_writer_lease() {
+    let mut unheld = Vec::new();
+    let mut seen = 0;
+    for f in source_files()
+        .iter()
+        .filter(|f| f.module.first().is_some_and(|m| m == "domain"))
+    {
+        for (name, signature, body) in functions(&code_only(&f.text)) {
+            let writes: Vec<&str> = WORKTREE_WRITES
+                .iter()
+                .copied()
+                .filter(|w| body.contains(w) && !w.starts_with(&format!("{name}(")))
+                .collect();
+            if writes.is_empty() {
+                continue;
+            }
+            seen += 1;
+            if !signature.contains("WriterLease") && !body.contains("writer::acquire(") {
+                unheld.push(format!("src/{}: fn {name} calls {writes:?}", rel(f)));
+            }
+        }
+    }
+    assert!(
+        seen >= 8,
+        "the check finds the domain's worktree writes ({seen} functions)"
+    );
+    assert!(
+        unheld.is_empty(),
+        "these change a worktree without the environment's writer lease:\n{}",
+        unheld.join("\n")
+    );
+}
+
+#[test]
+fn the_writer_rule_check_sees_a_write_without_a_lease() {
+    let code = "fn restore(ctx: &Ctx) { ctx.git.write_tree_files(&m, t, i).await; }\n\
+                fn held(ctx: &Ctx, lease: &WriterLease) { ctx.git.write_tree_files(&m, t, i).await; }";
+    let fns = functions(code);
+    assert_eq!(fns.len(), 2);
+    assert!(!fns[0].1.contains("WriterLease") && fns[0].2.contains("write_tree_files("));
+    assert!(fns[1].1.contains("WriterLease"));
+}

@@ -14,6 +14,7 @@ use super::kept::{Owner, blocking};
 use super::worktrees::{Dirty, Outcome, claimed_by_another, destroy_worktree};
 use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
+use crate::domain::writer::{self, Asking};
 use crate::entity::leftover::LeftoverReason;
 use crate::error::{Error, Result};
 use crate::managed_path::Consent;
@@ -133,11 +134,19 @@ pub async fn dispose(
                 environment_id: l.task_environment_id,
             };
             let mut kept = Vec::new();
-            match destroy_worktree(ctx, &w, Some(&consent), Dirty::Fail, owner, &mut kept).await {
-                Outcome::Done | Outcome::DoneKeeping(_) => {}
-                Outcome::Terminal(e) => return Err(Error::InvalidState(format!("{e:#}"))),
-                other => return Err(Error::Unavailable(format!("removing a leftover failed: {other:?}"))),
-            }
+            // The one writer of its environment's worktrees while it is removed; its checkpoints (kept
+            // with it) go with it.
+            let lease = writer::acquire(ctx, env_id, Asking::Cleanup(crate::ids::CleanupJobId::now_v7())).await?;
+            let removed = match destroy_worktree(ctx, &w, Some(&consent), Dirty::Fail, owner, &mut kept, &lease).await {
+                Outcome::Done | Outcome::DoneKeeping(_) => {
+                    let repositories = [w.repository_path.clone()];
+                    crate::domain::checkpoints::forget(ctx, env_id, &repositories, &lease).await
+                }
+                Outcome::Terminal(e) => Err(Error::InvalidState(format!("{e:#}"))),
+                other => Err(Error::Unavailable(format!("removing a leftover failed: {other:?}"))),
+            };
+            writer::release(ctx, lease).await;
+            removed?;
             if let Some(env_id) = l.task_environment_id {
                 let txn = ctx.db.begin_write().await?;
                 env_store::delete_inventory_paths(

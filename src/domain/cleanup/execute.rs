@@ -15,6 +15,7 @@ use super::worktrees::{
 use super::{Snapshot, snapshot_of};
 use crate::domain::branches;
 use crate::domain::cleanup::branch_report::BranchDecision;
+use crate::domain::writer::{self, Asking, WriterLease};
 use crate::domain::{Ctx, environments};
 use crate::entity::cleanup_job as job;
 use crate::entity::task_environment::EnvironmentStatus;
@@ -109,15 +110,30 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     }
     let mut kept = Vec::new();
     let mut branches = branches::deletes_branches(j.trigger).then(Vec::new);
+    // Each environment's paths are touched only by the one writer of its worktrees: a restore or a
+    // landing that holds the lease finishes first (the job is retried), a holder gone with its instance
+    // is taken over.
     if let Some(env_snap) = &snap.environment {
-        match clean_current(ctx, &snap, env_snap, lost, &mut kept, &mut branches).await {
+        let lease = match writer::acquire(ctx, env_snap.id, Asking::Cleanup(j.id)).await {
+            Ok(lease) => lease,
+            Err(e) => return retry(e),
+        };
+        let cleaned = clean_current(ctx, &snap, env_snap, lost, &mut kept, &mut branches, &lease).await;
+        writer::release(ctx, lease).await;
+        match cleaned {
             Outcome::Done => {}
             other => return other,
         }
     }
     // What earlier environments left on disk goes with the task's lifecycle too.
     for env_snap in &snap.superseded {
-        match super::leftovers::clean(ctx, &snap, env_snap, lost, &mut kept, &mut branches).await {
+        let lease = match writer::acquire(ctx, env_snap.id, Asking::Cleanup(j.id)).await {
+            Ok(lease) => lease,
+            Err(e) => return retry(e),
+        };
+        let cleaned = super::leftovers::clean(ctx, &snap, env_snap, lost, &mut kept, &mut branches, &lease).await;
+        writer::release(ctx, lease).await;
+        match cleaned {
             Outcome::Done => {}
             other => return other,
         }
@@ -155,6 +171,7 @@ async fn clean_current(
     lost: &AtomicBool,
     kept: &mut Vec<String>,
     decisions: &mut Decisions,
+    lease: &WriterLease,
 ) -> Outcome {
     if let Some(not_yet) = materializer_pending(ctx, env_snap).await {
         return not_yet;
@@ -183,7 +200,17 @@ async fn clean_current(
             task_id: Some(snap.task_id),
             environment_id: Some(env_snap.id),
         };
-        match destroy_worktree(ctx, w, snap.discard_worktree_changes.as_ref(), Dirty::Fail, owner, kept).await {
+        match destroy_worktree(
+            ctx,
+            w,
+            snap.discard_worktree_changes.as_ref(),
+            Dirty::Fail,
+            owner,
+            kept,
+            lease,
+        )
+        .await
+        {
             Outcome::Done => {}
             other => return other,
         }
@@ -200,7 +227,7 @@ async fn clean_current(
     }
     // The environment's checkpoints go with it (berth's refs in its repositories).
     let repositories: Vec<String> = env_snap.worktrees.iter().map(|w| w.repository_path.clone()).collect();
-    if let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories).await {
+    if let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories, lease).await {
         return retry(e);
     }
     match retire_environment(ctx, snap, env_snap.id).await {

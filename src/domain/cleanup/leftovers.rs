@@ -17,6 +17,7 @@ use anyhow::anyhow;
 use super::worktrees::{Decisions, Dirty, Outcome, branch_after, branch_kept, claimed_by_another, destroy_worktree};
 use super::{EnvironmentSnapshot, Snapshot};
 use crate::domain::Ctx;
+use crate::domain::writer::WriterLease;
 use crate::error::Result;
 use crate::managed_path::ManagedRoot;
 use crate::store::{environments as env_store, sessions as sessions_store, tasks as task_store};
@@ -30,6 +31,7 @@ pub async fn clean(
     lost: &AtomicBool,
     kept: &mut Vec<String>,
     decisions: &mut Decisions,
+    lease: &WriterLease,
 ) -> Outcome {
     // An executor transition's candidate, perhaps still being made.
     if let Some(not_yet) = super::worktrees::materializer_pending(ctx, env_snap).await {
@@ -61,7 +63,17 @@ pub async fn clean(
             task_id: Some(snap.task_id),
             environment_id: Some(env_snap.id),
         };
-        match destroy_worktree(ctx, w, snap.discard_worktree_changes.as_ref(), Dirty::Keep, owner, kept).await {
+        match destroy_worktree(
+            ctx,
+            w,
+            snap.discard_worktree_changes.as_ref(),
+            Dirty::Keep,
+            owner,
+            kept,
+            lease,
+        )
+        .await
+        {
             Outcome::Done => {}
             other => return other,
         }
@@ -81,9 +93,12 @@ pub async fn clean(
         // Only if empty (I13).
         let _ = std::fs::remove_dir(dir.as_path());
     }
-    // Its checkpoints go with it.
+    // Its checkpoints go with it, unless it keeps a worktree: they are that work's history (a restore
+    // point), and go when the kept worktree is disposed of.
     let repositories: Vec<String> = env_snap.worktrees.iter().map(|w| w.repository_path.clone()).collect();
-    if let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories).await {
+    if gone.len() == env_snap.worktrees.len()
+        && let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories, lease).await
+    {
         return Outcome::Retry(e.into());
     }
     match retire(ctx, snap, env_snap.id, &gone).await {

@@ -14,6 +14,7 @@ use super::{EnvironmentSnapshot, Snapshot};
 use crate::domain::Ctx;
 use crate::domain::branches;
 use crate::domain::cleanup::branch_report::{BranchAction, BranchDecision, BranchReason};
+use crate::domain::writer::WriterLease;
 use crate::entity::task_environment::EnvironmentStatus;
 use crate::error::Result;
 use crate::managed_path::{Consent, ManagedPath, RecordedRegistration, RegistrationError};
@@ -103,6 +104,7 @@ pub(super) async fn destroy_worktree(
     dirty_policy: Dirty,
     owner: super::kept::Owner,
     kept: &mut Vec<String>,
+    _lease: &WriterLease,
 ) -> Outcome {
     // I13: only inside the managed root, never through a symlink.
     let root = match w.root(&ctx.config) {

@@ -7,6 +7,7 @@ use utoipa::ToSchema;
 
 use super::{Ctx, author, git_failed, idle, landable, slots};
 use crate::auth::UnboundPrincipal;
+use crate::domain::writer::{self, Asking, WriterLease};
 use crate::error::{Error, Result};
 use crate::events::{self, EventType, Subject};
 use crate::git::land::{Landed, Step};
@@ -50,29 +51,18 @@ pub async fn commit(
         }
     }
     let (e, task) = landable(ctx, p, env_id).await?;
-    idle(ctx, &e).await?;
-    let slots = slots(ctx, &e, repository_ids, "repository_ids").await?;
-    let author = author(ctx, p);
-    let root = crate::managed_path::ManagedRoot::from_config(&ctx.config);
-    let mut commits = Vec::new();
-    for s in &slots {
-        let target = root
-            .adopt(&s.worktree)
-            .map_err(|err| Error::Internal(anyhow::anyhow!("commit: {err}")))?;
-        let step = Step::Commit {
-            target: &target,
-            paths,
-            message,
-            author: &author,
-        };
-        if let Landed::Committed(commit) = ctx.git.land(&step).await.map_err(git_failed("commit"))? {
-            commits.push(SlotCommit {
-                repository_id: s.repository_id,
-                branch: s.branch.as_str().to_string(),
-                commit,
-            });
-        }
+    // The one writer of the worktrees while it commits; a worktree that fails admission's proof (gone,
+    // replaced, re-cloned at its path) is never staged: the same problem a diff or a restore gets.
+    let lease = writer::acquire(ctx, e.id, Asking::Landing).await?;
+    let written = async {
+        idle(ctx, &e).await?;
+        crate::domain::git_status::prove(ctx, &e).await?;
+        let slots = slots(ctx, &e, repository_ids, "repository_ids").await?;
+        write_commits(ctx, &slots, paths, message, &author(ctx, p), &lease).await
     }
+    .await;
+    writer::release(ctx, lease).await;
+    let commits = written?;
     if commits.is_empty() {
         return Err(Error::NothingToCommit);
     }
@@ -97,4 +87,36 @@ pub async fn commit(
         task_environment_id: e.id,
         commits,
     })
+}
+
+/// One commit per slot with changes, under the environment's writer lease.
+async fn write_commits(
+    ctx: &Ctx,
+    slots: &[super::Slot],
+    paths: &[String],
+    message: &str,
+    author: &crate::git::land::Signature,
+    _lease: &WriterLease,
+) -> Result<Vec<SlotCommit>> {
+    let root = crate::managed_path::ManagedRoot::from_config(&ctx.config);
+    let mut commits = Vec::new();
+    for s in slots {
+        let target = root
+            .adopt(&s.worktree)
+            .map_err(|err| Error::Internal(anyhow::anyhow!("commit: {err}")))?;
+        let step = Step::Commit {
+            target: &target,
+            paths,
+            message,
+            author,
+        };
+        if let Landed::Committed(commit) = ctx.git.land(&step).await.map_err(git_failed("commit"))? {
+            commits.push(SlotCommit {
+                repository_id: s.repository_id,
+                branch: s.branch.as_str().to_string(),
+                commit,
+            });
+        }
+    }
+    Ok(commits)
 }

@@ -13,6 +13,9 @@ use utoipa::ToSchema;
 
 use super::{Ctx, author, git_failed, landable, slots};
 use crate::auth::UnboundPrincipal;
+use crate::domain::writer::{self, Asking, WriterLease};
+use crate::entity::task_environment as env;
+use crate::entity::task_session::SessionState;
 use crate::error::{Error, Result};
 use crate::events::{self, EventType, Subject};
 use crate::git::BranchName;
@@ -131,15 +134,41 @@ pub async fn merge(ctx: &Ctx, p: &UnboundPrincipal, env_id: EnvironmentId, req: 
         if checkouts.len() > 1 || git.dirty_file_count(path).await.map_err(&failed)? > 0 {
             return Err(Error::TargetCheckedOut(into_name));
         }
-        let checkout = CleanCheckout {
-            path: path.clone(),
-            head: old.clone(),
+        // The checkout is an environment's (a `local` session's agent works in the repository itself):
+        // moved only while no agent runs there, holding that environment's writer lease.
+        let users = checkout_users(ctx, e.id, &slot, path).await?;
+        let mut leases = Vec::new();
+        let mut refused = None;
+        for user in &users {
+            let live = crate::store::sessions::in_environment(&ctx.db.conn, user.id)
+                .await?
+                .iter()
+                .any(|s| ctx.runtime.is_live(s.id) || !(s.state.is_terminal() || s.state == SessionState::Stopped));
+            let lease = match live {
+                true => Err(Error::TargetInUse(into_name.clone())),
+                false => writer::acquire(ctx, user.id, Asking::Landing)
+                    .await
+                    .map_err(|err| match err {
+                        Error::WriterBusy(_) => Error::TargetInUse(into_name.clone()),
+                        other => other,
+                    }),
+            };
+            match lease {
+                Ok(lease) => leases.push(lease),
+                Err(err) => {
+                    refused = Some(err);
+                    break;
+                }
+            }
+        }
+        let moved = match refused {
+            Some(err) => Err(err),
+            None => fast_forward(ctx, path, &old, &new, &into_name, &leases).await,
         };
-        let step = Step::FastForward {
-            checkout: &checkout,
-            to: &new,
-        };
-        git.land(&step).await.map_err(|err| moved_or(err, &into_name))?;
+        for lease in leases {
+            writer::release(ctx, lease).await;
+        }
+        moved?;
     } else {
         let change = BranchMove {
             branch: into.clone(),
@@ -181,6 +210,49 @@ pub async fn merge(ctx: &Ctx, p: &UnboundPrincipal, env_id: EnvironmentId, req: 
     super::super::columns::on_merged(&txn, ctx, &locked).await?;
     ctx.commit(txn).await?;
     Ok(merged)
+}
+
+/// The environments whose files are the checkout at `path`: the `local` ones on the slot's repository
+/// (when the checkout is the repository's own) and any whose worktree it is.
+async fn checkout_users(
+    ctx: &Ctx,
+    merging: EnvironmentId,
+    slot: &super::Slot,
+    path: &std::path::Path,
+) -> Result<Vec<env::Model>> {
+    let canonical = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let here = canonical(path);
+    let mut users = Vec::new();
+    if canonical(&slot.repository) == here {
+        users.extend(crate::store::environments::local_on(&ctx.db.conn, slot.repository_id).await?);
+    }
+    for e in crate::store::environments::others_naming(&ctx.db.conn, &path.to_string_lossy(), merging).await? {
+        if !users.iter().any(|u: &env::Model| u.id == e.id) {
+            users.push(e);
+        }
+    }
+    Ok(users)
+}
+
+/// `git merge --ff-only` in the clean checkout, holding the leases of the environments that work in it.
+async fn fast_forward(
+    ctx: &Ctx,
+    path: &std::path::Path,
+    old: &str,
+    new: &str,
+    into_name: &str,
+    _leases: &[WriterLease],
+) -> Result<()> {
+    let checkout = CleanCheckout {
+        path: path.to_path_buf(),
+        head: old.to_string(),
+    };
+    let step = Step::FastForward {
+        checkout: &checkout,
+        to: new,
+    };
+    ctx.git.land(&step).await.map_err(|err| moved_or(err, into_name))?;
+    Ok(())
 }
 
 /// A move git refused because the branch (or the checkout) no longer is where it was read: retryable.

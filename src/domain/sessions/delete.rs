@@ -101,6 +101,8 @@ async fn delete_for_down_node(ctx: &Ctx, s: &session::Model, node: String) -> Re
 /// The row, its event, and the primary passed on; the caller holds the task's lock.
 async fn remove_row(txn: &DatabaseTransaction, ctx: &Ctx, task: &Task, s: &session::Model) -> Result<()> {
     store::delete(txn, s.id).await?;
+    // A turn that had not settled holds the environment's writer lease: it ends with the session.
+    crate::domain::writer::end_turn(txn, s.id).await?;
     events::append(
         txn,
         ctx.instance_id,

@@ -13,6 +13,7 @@ use super::access::{SessionView, project, reload, subject, visible, visible_with
 use crate::agent::Command;
 use crate::agent::Delivery as Sent;
 use crate::auth::Principal;
+use crate::domain::writer::{self, Asking};
 use crate::entity::session_inbox::{self as inbox, Delivery, InboxState};
 use crate::entity::session_message::MessageRole;
 use crate::entity::task;
@@ -209,10 +210,32 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: SessionId) -> Result<()> {
             // Held until the turn settles.
             (Delivery::Auto | Delivery::FollowUp, true) => continue,
         };
-        // A prompt starts a turn, recorded before the agent can finish it (taken back if the agent does
-        // not take the prompt); the worktree as the agent finds it is its checkpoint.
-        let turn = match command {
-            Command::Prompt(_) => Some(super::turns::start(ctx, &s, &m.text).await?),
+        // A prompt starts a turn, which holds the environment's writer lease until it settled: while
+        // another writer holds it (a restore, a landing, another session's turn) the prompt waits here,
+        // queued, and goes when it is released.
+        let lease = match (&command, s.task_environment_id) {
+            (Command::Prompt(_), Some(env_id)) => match writer::acquire(ctx, env_id, Asking::Turn(s.id)).await {
+                Ok(lease) => Some(lease),
+                Err(Error::WriterBusy(_)) => {
+                    wake_when_free(ctx, s.id, env_id);
+                    return Ok(());
+                }
+                Err(err) => return Err(err),
+            },
+            _ => None,
+        };
+        // The turn is recorded before the agent can finish it (taken back if the agent does not take the
+        // prompt); the worktree as the agent finds it is its checkpoint.
+        let turn = match &command {
+            Command::Prompt(_) => match super::turns::start(ctx, &s, &m.text, lease.as_ref()).await {
+                Ok(t) => Some(t),
+                Err(err) => {
+                    if let Some(lease) = lease {
+                        writer::release(ctx, lease).await;
+                    }
+                    return Err(err);
+                }
+            },
             _ => None,
         };
         // In the transcript before the agent can answer it (a reply must never come first); taken back if
@@ -236,8 +259,13 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: SessionId) -> Result<()> {
             Sent::NoAnswer => Outcome::Delivered,
             Sent::Gone => Outcome::Gone,
         };
-        if let (Some(t), false) = (turn, matches!(outcome, Outcome::Delivered)) {
-            super::turns::take_back(ctx, t).await?;
+        if !matches!(outcome, Outcome::Delivered) {
+            if let Some(lease) = lease {
+                writer::release(ctx, lease).await;
+            }
+            if let Some(t) = turn {
+                super::turns::take_back(ctx, t).await?;
+            }
         }
         match outcome {
             Outcome::Delivered => {
@@ -258,6 +286,26 @@ pub(crate) async fn dispatch(ctx: &Ctx, session_id: SessionId) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Sessions whose prompt waits for an environment's writer lease, each watched once.
+static WAITING: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<SessionId>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Delivers the session's queue again once the environment's writer lease is free.
+fn wake_when_free(ctx: &Ctx, session_id: SessionId, env_id: crate::ids::EnvironmentId) {
+    if !WAITING.lock().unwrap().insert(session_id) {
+        return;
+    }
+    let ctx = ctx.clone();
+    crate::actor::spawn(async move {
+        let free = writer::wait_free(&ctx, env_id, Duration::from_secs(3600)).await;
+        WAITING.lock().unwrap().remove(&session_id);
+        if let Err(err) = free {
+            tracing::warn!(session = %session_id, error = %err, "could not wait for the writer lease");
+        }
+        wake(&ctx, session_id);
+    });
 }
 
 enum Outcome {

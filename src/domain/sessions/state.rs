@@ -163,6 +163,16 @@ pub(crate) async fn transition(
     if !moved {
         return Ok(None);
     }
+    // A turn holds the environment's writer lease until it settled; a turn that ends any other way
+    // (stopped, crashed, failed, cancelled, a question answered to end it) gives it back here. A settled
+    // turn (`AgentEnd`) gives it back after its end checkpoint (`turns::settled`).
+    if !matches!(
+        next,
+        SessionState::Running | SessionState::Attention | SessionState::Stopping
+    ) && event != SessionEvent::AgentEnd
+    {
+        crate::domain::writer::end_turn(txn, current.id).await?;
+    }
     let subject = Subject {
         session_id: Some(current.id),
         task_environment_id: patch.task_environment_id.unwrap_or(current.task_environment_id),

@@ -8,6 +8,7 @@ use super::Ctx;
 use crate::auth::Principal;
 use crate::domain::checkpoints;
 use crate::domain::diff::{Diff, RepositoryDiff};
+use crate::domain::writer::{self, WriterLease};
 use crate::entity::session_turn as turn;
 use crate::entity::task_session as session;
 use crate::error::{Error, Result};
@@ -15,10 +16,12 @@ use crate::store::turns as store;
 
 /// The checkpoint a prompt's turn starts from; `None` when none could be taken (said in the log: a turn
 /// is never refused for it).
-async fn checkpoint_now(ctx: &Ctx, s: &session::Model) -> Option<CheckpointId> {
-    let env_id = s.task_environment_id?;
-    let e = crate::store::environments::find(&ctx.db.conn, env_id).await.ok()??;
-    match checkpoints::take(ctx, &e, Some(s.id)).await {
+async fn checkpoint_now(ctx: &Ctx, s: &session::Model, lease: Option<&WriterLease>) -> Option<CheckpointId> {
+    let lease = lease?;
+    let e = crate::store::environments::find(&ctx.db.conn, lease.environment_id())
+        .await
+        .ok()??;
+    match checkpoints::take(ctx, &e, Some(s.id), lease).await {
         Ok(c) => c.map(|c| c.id),
         Err(err) => {
             tracing::warn!(session = %s.id, error = %err, "no checkpoint at the start of the turn");
@@ -29,8 +32,8 @@ async fn checkpoint_now(ctx: &Ctx, s: &session::Model) -> Option<CheckpointId> {
 
 /// A prompt is about to go to the agent: its turn, with the checkpoint it starts from. Recorded before
 /// the agent has the prompt, so that its settling always finds it.
-pub(super) async fn start(ctx: &Ctx, s: &session::Model, prompt: &str) -> Result<TurnId> {
-    let start = checkpoint_now(ctx, s).await;
+pub(super) async fn start(ctx: &Ctx, s: &session::Model, prompt: &str, lease: Option<&WriterLease>) -> Result<TurnId> {
+    let start = checkpoint_now(ctx, s, lease).await;
     let t = turn::Model {
         id: TurnId::now_v7(),
         session_id: s.id,
@@ -52,24 +55,39 @@ pub(super) async fn take_back(ctx: &Ctx, turn_id: TurnId) -> Result<()> {
 }
 
 /// The session's open turn settled: its end checkpoint, and how many files it changed.
+/// The writer lease the turn held is given back after its end checkpoint, whatever became of it.
 pub(crate) async fn settled(ctx: &Ctx, session_id: SessionId) {
-    if let Err(err) = settle(ctx, session_id).await {
+    let lease = match writer::resume_turn(ctx, session_id).await {
+        Ok(lease) => lease,
+        Err(err) => {
+            tracing::warn!(session = %session_id, error = %err, "could not read the turn's writer lease");
+            None
+        }
+    };
+    if let Err(err) = settle(ctx, session_id, lease.as_ref()).await {
         tracing::warn!(session = %session_id, error = %err, "could not record the end of the turn");
+    }
+    if let Some(lease) = lease {
+        writer::release(ctx, lease).await;
     }
 }
 
-async fn settle(ctx: &Ctx, session_id: SessionId) -> Result<()> {
+/// Without the lease (the session stopped meanwhile, a cleanup took over) the turn settles without an
+/// end checkpoint: nothing is written after another writer began.
+async fn settle(ctx: &Ctx, session_id: SessionId, lease: Option<&WriterLease>) -> Result<()> {
     let conn = &ctx.db.conn;
     let Some(t) = store::open_turn(conn, session_id).await? else {
         return Ok(());
     };
-    let env = match t.task_environment_id {
-        Some(id) => crate::store::environments::find(conn, id).await?,
-        None => None,
+    let env = match (t.task_environment_id, lease) {
+        (Some(id), Some(lease)) if lease.environment_id() == id => {
+            crate::store::environments::find(conn, id).await?.map(|e| (e, lease))
+        }
+        _ => None,
     };
     let (mut end, mut changed) = (None, None);
-    if let Some(e) = &env
-        && let Some(c) = checkpoints::take(ctx, e, Some(session_id)).await?
+    if let Some((e, lease)) = &env
+        && let Some(c) = checkpoints::take(ctx, e, Some(session_id), lease).await?
     {
         if let Some(start) = match t.start_checkpoint_id {
             Some(id) => store::checkpoint(conn, id).await?,

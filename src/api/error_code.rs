@@ -1,0 +1,86 @@
+//! The problem codes berth answers with (`code` in problem+json), each with its wire name.
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// Stable machine-readable error codes; clients switch on these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    Unauthenticated,
+    InsufficientScope,
+    NotFound,
+    ValidationFailed,
+    Conflict,
+    SessionBusy,
+    TaskArchived,
+    TaskCleanupInProgress,
+    WorkspacePreparing,
+    WorkspaceReuseUnsafe,
+    WorkspaceReuseUnsupported,
+    AgentSessionUnavailable,
+    AgentAuthRequired,
+    SteerUnsupported,
+    TaskDeleteDirtyWorktree,
+    RepositoryInUse,
+    NotAGitRepository,
+    PathNotAllowed,
+    InvalidCursor,
+    PreconditionFailed,
+    IdempotencyKeyReused,
+    Unavailable,
+    NodeUnavailable,
+    RepositoriesOnDifferentNodes,
+    NothingToCommit,
+    MergeConflict,
+    BranchMoved,
+    TargetCheckedOut,
+    TargetInUse,
+    LandingInProgress,
+    RestoreInProgress,
+    PushRejected,
+    RemoteAuthFailed,
+    RemoteUnreachable,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::InsufficientScope => "insufficient_scope",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::ValidationFailed => "validation_failed",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::SessionBusy => "session_busy",
+            ErrorCode::TaskArchived => "task_archived",
+            ErrorCode::TaskCleanupInProgress => "task_cleanup_in_progress",
+            ErrorCode::WorkspacePreparing => "workspace_preparing",
+            ErrorCode::WorkspaceReuseUnsafe => "workspace_reuse_unsafe",
+            ErrorCode::WorkspaceReuseUnsupported => "workspace_reuse_unsupported",
+            ErrorCode::AgentSessionUnavailable => "agent_session_unavailable",
+            ErrorCode::AgentAuthRequired => "agent_auth_required",
+            ErrorCode::SteerUnsupported => "steer_unsupported",
+            ErrorCode::TaskDeleteDirtyWorktree => "task_delete_dirty_worktree",
+            ErrorCode::RepositoryInUse => "repository_in_use",
+            ErrorCode::NotAGitRepository => "not_a_git_repository",
+            ErrorCode::PathNotAllowed => "path_not_allowed",
+            ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::PreconditionFailed => "precondition_failed",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::NodeUnavailable => "node_unavailable",
+            ErrorCode::RepositoriesOnDifferentNodes => "repositories_on_different_nodes",
+            ErrorCode::NothingToCommit => "nothing_to_commit",
+            ErrorCode::MergeConflict => "merge_conflict",
+            ErrorCode::BranchMoved => "branch_moved",
+            ErrorCode::TargetCheckedOut => "target_checked_out",
+            ErrorCode::TargetInUse => "target_in_use",
+            ErrorCode::LandingInProgress => "landing_in_progress",
+            ErrorCode::RestoreInProgress => "restore_in_progress",
+            ErrorCode::PushRejected => "push_rejected",
+            ErrorCode::RemoteAuthFailed => "remote_auth_failed",
+            ErrorCode::RemoteUnreachable => "remote_unreachable",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
