@@ -117,6 +117,11 @@ pub(crate) async fn take(
             return Ok(None);
         }
         ctx.git.keep_object(&repo, &refname, &tree).await.map_err(git)?;
+        // Taken over between the check and the write: the ref goes again.
+        if super::writer::lost_after(ctx, lease).await? {
+            ctx.git.drop_refs(&repo, &refname).await.map_err(git)?;
+            return Ok(None);
+        }
         trees.push(SlotTree {
             repository_id,
             position,

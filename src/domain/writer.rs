@@ -114,10 +114,13 @@ pub async fn acquire(ctx: &Ctx, env_id: EnvironmentId, asking: Asking) -> Result
             // Released between the insert and the read: try again.
             continue;
         };
-        let own_retry = matches!(asking, Asking::Cleanup(_))
-            && held.holder == Writer::Cleanup
-            && held.holder_id == asking.holder_id();
-        if own_retry || !super::nodes::instance_alive(ctx, held.instance_id).await? {
+        // A cleanup job ended every agent of the environment before it asks (I8): a turn's holding is
+        // what an ended agent left (its session deleted with its task, say), and its own earlier holding
+        // is a retry's.
+        let stale_for_cleanup = matches!(asking, Asking::Cleanup(_))
+            && (held.holder == Writer::Turn
+                || (held.holder == Writer::Cleanup && held.holder_id == asking.holder_id()));
+        if stale_for_cleanup || !super::nodes::instance_alive(ctx, held.instance_id).await? {
             tracing::info!(environment = %env_id, holder = ?held.holder, instance = %held.instance_id,
                 "taking over a writer lease its holder no longer holds");
             store::delete_held(&ctx.db.conn, env_id, held.token).await?;
@@ -140,6 +143,13 @@ fn busy(held: &lease::Model) -> Error {
         node_id: held.node_id.clone(),
         since: held.acquired_at,
     }))
+}
+
+/// Whether the lease stopped being this holding's, after a write that must not outlast it: a write
+/// made just as another writer took over is for the caller to undo (the new writer may have cleaned
+/// already).
+pub async fn lost_after(ctx: &Ctx, lease: &WriterLease) -> Result<bool> {
+    Ok(!still_held(ctx, lease).await?)
 }
 
 /// Gives the lease back, and wakes what waits for it here (queued prompts).

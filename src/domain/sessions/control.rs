@@ -145,7 +145,15 @@ pub(super) async fn answer_session(
         let event = SessionEvent::Answered {
             working: ctx.runtime.is_working(s.id),
         };
-        transition(&txn, ctx, task, &current, event, patch).await?;
+        let moved = transition(&txn, ctx, task, &current, event, patch).await?;
+        ctx.commit(txn).await?;
+        // The answer ended the turn (the agent had finished by the time it was recorded): it settles here,
+        // as the agent's own end would have settled it (its end checkpoint, its writer lease given back).
+        if moved == Some(SessionState::Idle) {
+            let (c, id) = (ctx.clone(), s.id);
+            crate::actor::spawn(async move { super::turns::settled(&c, id).await });
+        }
+        return Ok(());
     } else if agent_state.is_some() {
         crate::store::sessions::touch_with(&txn, s.id, crate::clock::now(), agent_state).await?;
     }

@@ -188,7 +188,7 @@ pub(crate) fn wake(ctx: &Ctx, session_id: SessionId) {
     let ctx = ctx.clone();
     crate::actor::spawn(async move {
         if let Err(e) = dispatch(&ctx, session_id).await {
-            tracing::warn!(session = %session_id, error = %e, "could not deliver a queued message");
+            tracing::warn!(session = %session_id, error = ?e, "could not deliver a queued message");
         }
     });
 }

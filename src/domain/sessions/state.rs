@@ -163,14 +163,13 @@ pub(crate) async fn transition(
     if !moved {
         return Ok(None);
     }
-    // A turn holds the environment's writer lease until it settled; a turn that ends any other way
-    // (stopped, crashed, failed, cancelled, a question answered to end it) gives it back here. A settled
-    // turn (`AgentEnd`) gives it back after its end checkpoint (`turns::settled`).
+    // A turn holds the environment's writer lease until it settled: one that ends in `idle` gives it
+    // back after its end checkpoint (`turns::settled`); one that ends any other way (stopped, crashed,
+    // failed, cancelled) gives it back here.
     if !matches!(
         next,
-        SessionState::Running | SessionState::Attention | SessionState::Stopping
-    ) && event != SessionEvent::AgentEnd
-    {
+        SessionState::Running | SessionState::Attention | SessionState::Stopping | SessionState::Idle
+    ) {
         crate::domain::writer::end_turn(txn, current.id).await?;
     }
     let subject = Subject {

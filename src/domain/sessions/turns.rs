@@ -65,7 +65,7 @@ pub(crate) async fn settled(ctx: &Ctx, session_id: SessionId) {
         }
     };
     if let Err(err) = settle(ctx, session_id, lease.as_ref()).await {
-        tracing::warn!(session = %session_id, error = %err, "could not record the end of the turn");
+        tracing::warn!(session = %session_id, error = ?err, "could not record the end of the turn");
     }
     if let Some(lease) = lease {
         writer::release(ctx, lease).await;
