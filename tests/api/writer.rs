@@ -1,4 +1,4 @@
-//! One writer at a time per environment (`domain::writer`): an agent's turn (a question it waits on
+//! I36, one writer at a time per environment (`domain::writer`): an agent's turn (a question it waits on
 //! included), a restore, a commit, a merge that moves a checkout and a cleanup each hold the
 //! environment's writer lease, and whoever finds it held is refused with a problem naming the holder,
 //! or, a prompt, waits queued until it is free. Each race runs many times on both databases.
