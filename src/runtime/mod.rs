@@ -247,6 +247,13 @@ impl Runtime {
             .spawn();
         // The child holds its own copy of the seccomp filter's pipe.
         held.filter = None;
+        if let Err(e) = &child
+            && e.kind() == std::io::ErrorKind::NotFound
+        {
+            // Which one was missing: the workspace (its directory is the agent's) or the program.
+            tracing::warn!(%session_id, cwd = %ws.path().display(), cwd_exists = ws.path().is_dir(),
+                program = ?process.as_std().get_program(), "the agent's command or workspace was not found");
+        }
         let mut child = child.map_err(SpawnError::Spawn)?;
         let pid = child.id().unwrap_or_default();
         let (stdin_tx, stdin_rx) = mpsc::unbounded_channel::<stdin::Line>();

@@ -190,6 +190,17 @@ async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend
     let clean = leftover(&app, ws, "clean").await;
     let dirty = leftover(&app, ws, "dirty").await;
     std::fs::write(dirty.worktree.join("notes.txt"), "uncommitted").unwrap();
+    // A checkpoint of each superseded environment, kept alive by berth's ref (as a turn leaves one).
+    let checkpoint_ref = |l: &Leftover| format!("refs/berth/checkpoints/{}/c-0", l.old_env);
+    let refs_of = |l: &Leftover| {
+        git(
+            &l.source,
+            &["for-each-ref", "--format=%(refname)", &format!("refs/berth/checkpoints/{}/", l.old_env)],
+        )
+    };
+    for l in [&clean, &dirty] {
+        git(&l.source, &["update-ref", &checkpoint_ref(l), "HEAD"]);
+    }
     let before = source_state(&clean.source);
 
     let job = reconciled(&app, clean.task).await;
@@ -219,6 +230,10 @@ async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend
         dirty.worktree.join("notes.txt").is_file(),
         "never destroyed without consent"
     );
+    // I36: the kept worktree keeps its environment's checkpoints (its restore points); the removed one's
+    // went with it.
+    assert!(refs_of(&dirty).contains(&checkpoint_ref(&dirty)), "kept with the worktree");
+    assert!(refs_of(&clean).trim().is_empty(), "gone with the worktree");
     // It is listed too, with a way to dispose of it (consent required).
     let listed = app.get(&format!("/api/v1/workspaces/{ws}/leftovers")).await.ok(200);
     let items = listed["items"].as_array().unwrap();
@@ -250,6 +265,7 @@ async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend
         .await
         .ok(204);
     assert!(!dirty.worktree.exists(), "disposed of");
+    assert!(refs_of(&dirty).trim().is_empty(), "its checkpoints went with it");
     assert!(!worktrees_of(&dirty.source).contains(&dirty.worktree.display().to_string()));
     assert!(crate::helpers::branch_exists(&dirty.source, &dirty.branch));
     assert_eq!(
