@@ -47,7 +47,7 @@ pub struct CreateCommit {
     responses(
         (status = 201, description = "Committed: one commit per repository that had changes", body = Committed),
         (status = 404, description = "No such environment (`not_found`)", body = Problem),
-        (status = 409, description = "An agent works there (`session_busy`), nothing to commit (`nothing_to_commit`), the environment is not ready or is local (`conflict`), or it is broken (`workspace_reuse_unsafe`)", body = Problem),
+        (status = 409, description = "Another writer holds the environment's worktrees (`session_busy`: an agent's turn; `restore_in_progress`, `landing_in_progress`, `task_cleanup_in_progress`; `writer` names it), the task is archived (`task_archived`), nothing to commit (`nothing_to_commit`), the environment is not ready or is local (`conflict`), or it is broken (`workspace_reuse_unsafe`)", body = Problem),
         (status = 422, description = "An empty message, a path outside the worktree, a repository not in the environment (`validation_failed`)", body = Problem),
         (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )
@@ -103,7 +103,7 @@ pub struct MergeEnvironment {
     responses(
         (status = 200, description = "Merged: where the target points now", body = Merged),
         (status = 404, description = "No such environment (`not_found`)", body = Problem),
-        (status = 409, description = "Conflicts (`merge_conflict`), the target moved (`branch_moved`, retryable), the target is checked out with changes (`target_checked_out`), nothing to merge or not a fast-forward (`conflict`), a broken environment (`workspace_reuse_unsafe`)", body = Problem),
+        (status = 409, description = "Conflicts (`merge_conflict`), the target moved (`branch_moved`, retryable), the target is checked out with changes (`target_checked_out`) or where a `local` session's agent works (`target_in_use`), nothing to merge or not a fast-forward (`conflict`), a broken environment (`workspace_reuse_unsafe`)", body = Problem),
         (status = 422, description = "A repository not in the environment, a target branch that does not exist (`validation_failed`)", body = Problem),
         (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )

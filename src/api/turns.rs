@@ -54,7 +54,7 @@ pub struct Restored {
     responses(
         (status = 200, description = "Restored; the state after it is a new checkpoint", body = Restored),
         (status = 404, description = "No such environment (`not_found`)", body = Problem),
-        (status = 409, description = "An agent works there (`session_busy`), the worktrees changed since the last checkpoint and no consent was given (`conflict`), or the environment is broken (`workspace_reuse_unsafe`)", body = Problem),
+        (status = 409, description = "Another writer holds the environment's worktrees (`session_busy`: an agent's turn, a question it waits on included; `restore_in_progress`, `landing_in_progress`, `task_cleanup_in_progress`; `writer` names it), the task is archived or being cleaned (`task_archived`, `task_cleanup_in_progress`), the worktrees changed since the last checkpoint and no consent was given (`conflict`), or the environment is broken (`workspace_reuse_unsafe`)", body = Problem),
         (status = 422, description = "Not a checkpoint of this environment (`validation_failed`)", body = Problem),
         (status = 503, description = "The environment's node is down (`node_unavailable`, retryable)", body = Problem),
     )

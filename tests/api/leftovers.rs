@@ -195,7 +195,11 @@ async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend
     let refs_of = |l: &Leftover| {
         git(
             &l.source,
-            &["for-each-ref", "--format=%(refname)", &format!("refs/berth/checkpoints/{}/", l.old_env)],
+            &[
+                "for-each-ref",
+                "--format=%(refname)",
+                &format!("refs/berth/checkpoints/{}/", l.old_env),
+            ],
         )
     };
     for l in [&clean, &dirty] {
@@ -232,7 +236,10 @@ async fn the_reconcile_pass_heals_leaks_of_a_task_that_lives_on(backend: Backend
     );
     // I36: the kept worktree keeps its environment's checkpoints (its restore points); the removed one's
     // went with it.
-    assert!(refs_of(&dirty).contains(&checkpoint_ref(&dirty)), "kept with the worktree");
+    assert!(
+        refs_of(&dirty).contains(&checkpoint_ref(&dirty)),
+        "kept with the worktree"
+    );
     assert!(refs_of(&clean).trim().is_empty(), "gone with the worktree");
     // It is listed too, with a way to dispose of it (consent required).
     let listed = app.get(&format!("/api/v1/workspaces/{ws}/leftovers")).await.ok(200);

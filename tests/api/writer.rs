@@ -19,6 +19,7 @@ both_backends!(
     a_question_keeps_the_turn_and_a_restore_waits_for_it,
     a_prompt_waits_queued_while_a_restore_holds_the_worktrees,
     a_lease_whose_instance_is_gone_is_taken_over,
+    an_archive_waits_for_the_writer_and_then_nothing_writes,
     a_commit_never_stages_a_worktree_that_fails_proof,
     a_merge_never_moves_a_checkout_a_local_agent_works_in,
     a_turn_and_a_restore_never_overlap,
@@ -181,6 +182,45 @@ async fn a_lease_whose_instance_is_gone_is_taken_over(app: TestApp) {
         .await
         .ok(200);
     assert!(!s.worktree.join("first.txt").exists());
+}
+
+async fn an_archive_waits_for_the_writer_and_then_nothing_writes(app: TestApp) {
+    let s = started(&app).await;
+    let start = first_start(&app, &s).await;
+    // A landing holds the worktrees when the archive comes: its cleanup waits for it (spending none of
+    // its attempts), and no writer starts after the archive.
+    let instance: Uuid = app.app_state.ctx.instance_id.into();
+    hold(&app, &s.env, "landing", instance).await;
+    let archived = app
+        .post(&format!("/api/v1/tasks/{}/archive", s.task), json!({}))
+        .await
+        .ok(202);
+    let job = id_of(&archived["cleanup_jobs"][0]);
+    let waiting = wait_until("the job waiting for the writer", WAIT, || async {
+        let j = app.get(&format!("/api/v1/cleanup-jobs/{job}")).await.ok(200);
+        let waits = j["last_error"].as_str().unwrap_or_default().contains("another writer");
+        seen_json(waits, j)
+    })
+    .await;
+    assert_ne!(waiting["state"], "failed", "{waiting}");
+    assert!(
+        s.worktree.join("first.txt").exists(),
+        "nothing removed under the writer"
+    );
+    app.post(&format!("/api/v1/environments/{}/restore", s.env), restore_body(&start))
+        .await
+        .problem(409, "task_archived");
+    app.post(
+        &format!("/api/v1/environments/{}/commits", s.env),
+        json!({"message": "late"}),
+    )
+    .await
+    .problem(409, "task_archived");
+    assert!(s.worktree.join("first.txt").exists(), "refused: nothing changed");
+    let_go(&app, &s.env).await;
+    let done = wait_job(&app, job, WAIT, &["succeeded", "failed"]).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert!(!s.worktree.exists());
 }
 
 async fn a_commit_never_stages_a_worktree_that_fails_proof(app: TestApp) {

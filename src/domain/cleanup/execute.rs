@@ -116,7 +116,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     if let Some(env_snap) = &snap.environment {
         let lease = match writer::acquire(ctx, env_snap.id, Asking::Cleanup(j.id)).await {
             Ok(lease) => lease,
-            Err(e) => return retry(e),
+            Err(e) => return held_elsewhere(e),
         };
         let cleaned = clean_current(ctx, &snap, env_snap, lost, &mut kept, &mut branches, &lease).await;
         writer::release(ctx, lease).await;
@@ -129,7 +129,7 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     for env_snap in &snap.superseded {
         let lease = match writer::acquire(ctx, env_snap.id, Asking::Cleanup(j.id)).await {
             Ok(lease) => lease,
-            Err(e) => return retry(e),
+            Err(e) => return held_elsewhere(e),
         };
         let cleaned = super::leftovers::clean(ctx, &snap, env_snap, lost, &mut kept, &mut branches, &lease).await;
         writer::release(ctx, lease).await;
@@ -160,6 +160,18 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
         Outcome::Done
     } else {
         Outcome::DoneKeeping(kept)
+    }
+}
+
+/// The lease is another writer's (a restore or a landing that began before the barrier): the job waits
+/// for it without spending an attempt; any other failure is a retry.
+fn held_elsewhere(e: crate::error::Error) -> Outcome {
+    match e {
+        crate::error::Error::WriterBusy(_) => Outcome::Wait {
+            until: crate::clock::now() + chrono::Duration::seconds(1),
+            why: "another writer holds the environment's worktrees (a restore or a landing); waiting for it",
+        },
+        other => retry(other),
     }
 }
 
