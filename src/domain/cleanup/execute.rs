@@ -110,7 +110,15 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     let mut kept = Vec::new();
     let mut branches = branches::deletes_branches(j.trigger).then(Vec::new);
     if let Some(env_snap) = &snap.environment {
-        match clean_current(ctx, &snap, env_snap, lost, &mut kept, &mut branches).await {
+        let dirty = if super::marks_of(j).keep_dirty_worktrees {
+            Dirty::Keep
+        } else if j.trigger.deletes_sessions() {
+            // The task is gone: a worktree it leaves is owned by nothing unless it is listed.
+            Dirty::FailListed
+        } else {
+            Dirty::Fail
+        };
+        match clean_current(ctx, &snap, env_snap, dirty, lost, &mut kept, &mut branches).await {
             Outcome::Done => {}
             other => return other,
         }
@@ -152,6 +160,7 @@ async fn clean_current(
     ctx: &Ctx,
     snap: &Snapshot,
     env_snap: &super::EnvironmentSnapshot,
+    dirty: Dirty,
     lost: &AtomicBool,
     kept: &mut Vec<String>,
     decisions: &mut Decisions,
@@ -183,9 +192,14 @@ async fn clean_current(
             task_id: Some(snap.task_id),
             environment_id: Some(env_snap.id),
         };
-        match destroy_worktree(ctx, w, snap.discard_worktree_changes.as_ref(), Dirty::Fail, owner, kept).await {
+        match destroy_worktree(ctx, w, snap.discard_worktree_changes.as_ref(), dirty, owner, kept).await {
             Outcome::Done => {}
             other => return other,
+        }
+        if std::fs::symlink_metadata(&w.worktree_path).is_ok() {
+            // Kept (with its changes, listed): so is its branch.
+            branch_kept(decisions, w);
+            continue;
         }
         match branch_after(ctx, snap, w, decisions).await {
             Outcome::Done => {}
@@ -240,6 +254,7 @@ async fn record_branches(ctx: &Ctx, j: &job::Model, snap: &Snapshot, decisions: 
         ..snap.clone()
     };
     let value = serde_json::to_value(&recorded).map_err(|e| crate::error::Error::Internal(e.into()))?;
+    let value = super::with_marks(value, &super::marks_of(j));
     let txn = ctx.db.begin_write().await?;
     crate::store::cleanup_jobs::set_snapshot(&txn, j.id, value).await?;
     ctx.commit(txn).await
