@@ -181,15 +181,14 @@ async fn delete_workspace(
     id: web::Path<WorkspaceId>,
     query: web::Query<DeleteWorkspaceQuery>,
 ) -> Result<HttpResponse, Error> {
-    let jobs =
-        crate::domain::task_lifecycle::delete_workspace(
-            &state.ctx,
-            &auth,
-            *id,
-            query.confirm_name.as_deref(),
-            query.keep_dirty_worktrees == Some(true),
-        )
-        .await?;
+    let jobs = crate::domain::task_lifecycle::delete_workspace(
+        &state.ctx,
+        &auth,
+        *id,
+        query.confirm_name.as_deref(),
+        query.keep_dirty_worktrees == Some(true),
+    )
+    .await?;
     let branches = crate::domain::branches::predict(&state.ctx, &jobs).await;
     Ok(HttpResponse::Accepted().json(super::tasks::CleanupJobs {
         cleanup_jobs: super::cleanup_jobs::CleanupJob::views(&state.ctx, jobs).await?,

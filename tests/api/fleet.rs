@@ -511,12 +511,21 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     let session_job = id_of(&listed["items"][0]);
     // Its task's delete cannot check b's worktree for changes: refused, nothing changed.
     let (status, problem, _) = fleet.call(&a, Method::DELETE, &format!("/tasks/{task}"), None).await;
-    assert_eq!((status, problem["code"].as_str()), (503, Some("node_unavailable")), "{problem}");
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (503, Some("node_unavailable")),
+        "{problem}"
+    );
     assert_eq!(problem["node_id"], "node-b", "{problem}");
     fleet.ok(&c, Method::GET, &format!("/tasks/{task}"), None).await;
     // Consenting to keep dirty work, it is accepted; the job waits for b, and says so.
     let jobs = fleet
-        .ok(&a, Method::DELETE, &format!("/tasks/{task}?keep_dirty_worktrees=true"), None)
+        .ok(
+            &a,
+            Method::DELETE,
+            &format!("/tasks/{task}?keep_dirty_worktrees=true"),
+            None,
+        )
         .await;
     let job = id_of(&jobs["cleanup_jobs"][0]);
     assert_eq!(jobs["cleanup_jobs"][0]["node_id"], "node-b", "{jobs}");
@@ -527,9 +536,18 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     assert!(waiting["waiting_for"]["since"].is_string(), "{waiting}");
     // So is a workspace delete: refused, then with consent its task's job waits for b too.
     let (status, problem, _) = fleet
-        .call(&c, Method::DELETE, &format!("/workspaces/{web_ws}?confirm_name=web"), None)
+        .call(
+            &c,
+            Method::DELETE,
+            &format!("/workspaces/{web_ws}?confirm_name=web"),
+            None,
+        )
         .await;
-    assert_eq!((status, problem["code"].as_str()), (503, Some("node_unavailable")), "{problem}");
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (503, Some("node_unavailable")),
+        "{problem}"
+    );
     let deleted = fleet
         .ok(
             &c,

@@ -37,7 +37,12 @@ async fn worktree_task(app: &TestApp, ws: Uuid, name: &str) -> (Uuid, PathBuf, P
         .ok(201);
     let env = app.get(&format!("/api/v1/tasks/{task}/environment")).await.ok(200);
     let branch = env["repos"][0]["worktree_branch"].as_str().unwrap().to_string();
-    (task, source, PathBuf::from(s["workspace_path"].as_str().unwrap()), branch)
+    (
+        task,
+        source,
+        PathBuf::from(s["workspace_path"].as_str().unwrap()),
+        branch,
+    )
 }
 
 async fn wait_node(b: &Replica, node: &str, state: &str) -> Value {
@@ -61,9 +66,7 @@ async fn job_on(b: &Replica, id: Uuid, states: &[&str]) -> Value {
 
 /// The cleanup jobs of a task, as `b` lists them.
 async fn jobs_of(b: &Replica, task: Uuid) -> Vec<Value> {
-    b.get(&format!("/api/v1/cleanup-jobs?task_id={task}"))
-        .await
-        .ok(200)["items"]
+    b.get(&format!("/api/v1/cleanup-jobs?task_id={task}")).await.ok(200)["items"]
         .as_array()
         .unwrap()
         .clone()
@@ -95,21 +98,23 @@ async fn a_delete_while_its_node_is_down_keeps_dirty_work_only_with_consent(app:
     app.stop_server();
     wait_node(&b, &a, "down").await;
 
-    // Refused: the work on A's disk cannot be checked; nothing changes (a clean worktree is not known
-    // clean either).
+    // I11: refused, the work on A's disk cannot be checked; nothing changes (a clean worktree is not
+    // known clean either).
     for task in [dirty, clean] {
-        let r = b
-            .call(Method::DELETE, &format!("/api/v1/tasks/{task}"), None)
-            .await;
+        let r = b.call(Method::DELETE, &format!("/api/v1/tasks/{task}"), None).await;
         let problem = r.problem(503, "node_unavailable");
         assert_eq!(problem["node_id"], a.as_str(), "{problem}");
         b.get(&format!("/api/v1/tasks/{task}")).await.ok(200);
         assert!(jobs_of(&b, task).await.is_empty(), "no job was written");
     }
     // A workspace delete needs the same consent.
-    b.call(Method::DELETE, &format!("/api/v1/workspaces/{ws}?confirm_name=ws"), None)
-        .await
-        .problem(503, "node_unavailable");
+    b.call(
+        Method::DELETE,
+        &format!("/api/v1/workspaces/{ws}?confirm_name=ws"),
+        None,
+    )
+    .await
+    .problem(503, "node_unavailable");
     b.get(&format!("/api/v1/workspaces/{ws}")).await.ok(200);
     // Keeping and discarding at once is no consent at all.
     b.call(
@@ -143,7 +148,10 @@ async fn a_delete_while_its_node_is_down_keeps_dirty_work_only_with_consent(app:
     assert_eq!(listed[0]["state"], "pending");
     waits_for_node(&listed[0], &a);
     waits_for_node(&b.get(&format!("/api/v1/cleanup-jobs/{}", jobs[1])).await.ok(200), &a);
-    assert!(dirty_wt.exists() && clean_wt.exists(), "nothing on A's disk is touched while it is down");
+    assert!(
+        dirty_wt.exists() && clean_wt.exists(),
+        "nothing on A's disk is touched while it is down"
+    );
 
     // A comes back: its jobs run there.
     let back = berth::startup::Application::build(app.config.clone())
@@ -156,13 +164,19 @@ async fn a_delete_while_its_node_is_down_keeps_dirty_work_only_with_consent(app:
     assert_eq!(done["state"], "succeeded", "{done}");
     assert!(done["waiting_for"].is_null(), "{done}");
     assert!(
-        done["last_error"].as_str().unwrap_or_default().contains("kept the worktree"),
+        done["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("kept the worktree"),
         "{done}"
     );
-    // The dirty worktree is kept, byte for byte, still a worktree of its repository, with its branch.
+    // I11: the dirty worktree is kept, byte for byte, still a worktree of its repository, with its branch.
     assert_eq!(std::fs::read(dirty_wt.join("precious.bin")).unwrap(), precious);
     assert!(worktrees_of(&dirty_source).contains(&dirty_wt.display().to_string()));
-    assert!(branch_exists(&dirty_source, &dirty_branch), "its branch is kept with it");
+    assert!(
+        branch_exists(&dirty_source, &dirty_branch),
+        "its branch is kept with it"
+    );
     // And owned: listed under the workspace's leftovers.
     let listed = b.get(&format!("/api/v1/workspaces/{ws}/leftovers")).await.ok(200);
     let items = listed["items"].as_array().unwrap();
@@ -230,6 +244,7 @@ async fn a_job_a_decommission_ended_still_names_its_worktrees(app: TestApp) {
 /// owns it.
 async fn a_dirty_worktree_a_delete_finds_without_consent_is_listed(app: TestApp) {
     use sea_orm::EntityTrait;
+    // I11: no consent, nothing removed; I13: nothing the inventory does not name is touched.
     let ws = app.workspace("ws").await;
     let (task, _, worktree, _) = worktree_task(&app, ws, "svc").await;
     std::fs::write(worktree.join("notes.txt"), "keep me").unwrap();

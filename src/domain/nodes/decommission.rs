@@ -9,8 +9,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{Ctx, NodeState};
-use crate::domain::cleanup::{Abandoned, Marks, marks_of, snapshot_of, with_marks};
 use crate::domain::cleanup::state::{JobEvent, transition};
+use crate::domain::cleanup::{Abandoned, Marks, marks_of, snapshot_of, with_marks};
 use crate::error::{Error, Result};
 use crate::store::cleanup_jobs::JobPatch;
 use crate::store::nodes as store;
