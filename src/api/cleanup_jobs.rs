@@ -46,10 +46,39 @@ pub struct CleanupJob {
     pub completed_at: Option<DateTime<Utc>>,
     /// Who asked for it; `null` when berth did on its own (the reconcile pass).
     pub actor: Option<super::events::Actor>,
+    /// Set while the job, not over yet, cannot run: `node_unavailable` when only its node may run it and
+    /// that node is down (`since`: when its last lease ran out, if known). `null` for a job that runs
+    /// as soon as it is due.
+    pub waiting_for: Option<cleanup::WaitingFor>,
+    /// Set on a job a decommission ended: the node given up, when, and the worktree paths the job would
+    /// have removed there (still on that disk: the job's own record of them).
+    pub would_have_removed: Option<cleanup::Abandoned>,
+}
+
+impl CleanupJob {
+    /// The views of `jobs`, each saying whether it waits for a node that is down.
+    pub async fn views(ctx: &crate::domain::Ctx, jobs: Vec<cleanup_job::Model>) -> Result<Vec<CleanupJob>, Error> {
+        let mut waiting = cleanup::waiting_for(ctx, &jobs).await?;
+        Ok(jobs
+            .into_iter()
+            .map(|j| {
+                let w = waiting.remove(&j.id);
+                CleanupJob {
+                    waiting_for: w,
+                    ..j.into()
+                }
+            })
+            .collect())
+    }
+
+    pub async fn view(ctx: &crate::domain::Ctx, job: cleanup_job::Model) -> Result<CleanupJob, Error> {
+        Ok(Self::views(ctx, vec![job]).await?.remove(0))
+    }
 }
 
 impl From<cleanup_job::Model> for CleanupJob {
     fn from(j: cleanup_job::Model) -> Self {
+        let would_have_removed = cleanup::marks_of(&j).abandoned;
         CleanupJob {
             id: j.id,
             operation_id: j.operation_id,
@@ -68,6 +97,8 @@ impl From<cleanup_job::Model> for CleanupJob {
             updated_at: j.updated_at,
             completed_at: j.completed_at,
             actor: super::events::Actor::of(&j.actor_sub, j.actor_session_id),
+            waiting_for: None,
+            would_have_removed,
         }
     }
 }
@@ -183,7 +214,7 @@ async fn list_jobs(
     };
     let page = cleanup::list(&state.ctx, &auth, filter, page).await?;
     Ok(web::Json(CleanupJobList {
-        items: page.items.into_iter().map(Into::into).collect(),
+        items: CleanupJob::views(&state.ctx, page.items).await?,
         next_cursor: page.next_cursor,
         latest_seq: seq.0,
     }))
@@ -208,7 +239,8 @@ async fn get_job(
     state: web::Data<AppState>,
     id: web::Path<CleanupJobId>,
 ) -> Result<web::Json<CleanupJob>, Error> {
-    Ok(web::Json(cleanup::get(&state.ctx, &auth, *id).await?.into()))
+    let job = cleanup::get(&state.ctx, &auth, *id).await?;
+    Ok(web::Json(CleanupJob::view(&state.ctx, job).await?))
 }
 
 /// Retry a failed cleanup job
@@ -232,7 +264,8 @@ async fn retry_job(
     state: web::Data<AppState>,
     id: web::Path<CleanupJobId>,
 ) -> Result<web::Json<CleanupJob>, Error> {
-    Ok(web::Json(cleanup::retry(&state.ctx, &auth, *id).await?.into()))
+    let job = cleanup::retry(&state.ctx, &auth, *id).await?;
+    Ok(web::Json(CleanupJob::view(&state.ctx, job).await?))
 }
 
 /// Cancel a cleanup job
@@ -256,5 +289,6 @@ async fn cancel_job(
     state: web::Data<AppState>,
     id: web::Path<CleanupJobId>,
 ) -> Result<web::Json<CleanupJob>, Error> {
-    Ok(web::Json(cleanup::cancel(&state.ctx, &auth, *id).await?.into()))
+    let job = cleanup::cancel(&state.ctx, &auth, *id).await?;
+    Ok(web::Json(CleanupJob::view(&state.ctx, job).await?))
 }

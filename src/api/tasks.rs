@@ -329,6 +329,11 @@ pub struct DeleteQuery {
     pub cascade: Option<bool>,
     /// Consent to remove worktrees that hold uncommitted or untracked changes.
     pub discard_worktree_changes: Option<bool>,
+    /// Consent to delete without the dirty check, keeping dirty work: each worktree that holds changes
+    /// when the job runs is left where it is, untouched, and listed under the workspace's leftovers. The
+    /// way to delete a task whose node is down (the check cannot be made there: `503 node_unavailable`
+    /// otherwise). Not together with `discard_worktree_changes`.
+    pub keep_dirty_worktrees: Option<bool>,
     /// Consent to delete the branches berth created for the task even when they are not merged into
     /// their base and their upstream lacks commits. Branches the user named or that existed before the
     /// task are never deleted.
@@ -397,7 +402,7 @@ async fn archive_task(
     let (task, jobs) = lifecycle::archive(&state.ctx, &auth, *id, query.cascade.unwrap_or(false)).await?;
     Ok(HttpResponse::Accepted().json(ArchiveResult {
         task: task.into(),
-        cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
+        cleanup_jobs: super::cleanup_jobs::CleanupJob::views(&state.ctx, jobs).await?,
     }))
 }
 
@@ -439,7 +444,11 @@ async fn unarchive_task(
 /// Deletes the task and hands the removal of its worktrees, branches and environment to durable cleanup
 /// jobs. Uncommitted work is never lost silently: if a worktree is dirty, the answer is `409
 /// task_delete_dirty_worktree` listing each repository with its count of dirty files, and nothing changes;
-/// repeat with `discard_worktree_changes=true` to consent. With `cascade=true` its subtasks are deleted too.
+/// repeat with `discard_worktree_changes=true` to consent. While the node that holds a worktree is down the
+/// check cannot be made: the answer is `503 node_unavailable` and nothing changes, unless the request says
+/// `keep_dirty_worktrees=true`; then the job, run on that node once it is back, keeps each worktree with
+/// changes where it is and lists it under the workspace's leftovers. With `cascade=true` its subtasks are
+/// deleted too.
 /// Once a worktree is gone, its branch is deleted only if berth created it and it is fully merged into its
 /// base, or its upstream has every commit, or the request says `delete_branches=true`; a branch the user
 /// named or that existed before the task is always kept. `branches` says, per branch, `delete` or `keep`
@@ -455,6 +464,8 @@ async fn unarchive_task(
         (status = 202, description = "The task is deleted; durable jobs remove its worktrees and registrations", body = CleanupJobs),
         (status = 404, description = "No such task (`not_found`)", body = Problem),
         (status = 409, description = "`task_delete_dirty_worktree` (with `repositories: [{repository_id, dirty_file_count}]`; nothing changed) or `task_cleanup_in_progress`", body = Problem),
+        (status = 422, description = "`keep_dirty_worktrees` and `discard_worktree_changes` both given (`validation_failed`)", body = Problem),
+        (status = 503, description = "A worktree's node is down, so the dirty check cannot be made (`node_unavailable`, retryable; nothing changed): repeat with `keep_dirty_worktrees=true` to keep dirty work", body = Problem),
     )
 )]
 #[delete("/tasks/{id}")]
@@ -464,13 +475,13 @@ async fn delete_task(
     id: web::Path<TaskId>,
     query: web::Query<DeleteQuery>,
 ) -> Result<HttpResponse, Error> {
-    let consent = Consent::from_discard_flag(query.discard_worktree_changes);
+    let dirty = lifecycle::DirtyConsent::from_flags(query.discard_worktree_changes, query.keep_dirty_worktrees)?;
     let branch_consent = BranchDeletionConsent::from_flag(query.delete_branches);
     let cascade = query.cascade.unwrap_or(false);
-    let jobs = lifecycle::delete(&state.ctx, &auth, *id, cascade, consent, branch_consent).await?;
+    let jobs = lifecycle::delete(&state.ctx, &auth, *id, cascade, dirty, branch_consent).await?;
     let branches = crate::domain::branches::predict(&state.ctx, &jobs).await;
     Ok(HttpResponse::Accepted().json(CleanupJobs {
-        cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
+        cleanup_jobs: super::cleanup_jobs::CleanupJob::views(&state.ctx, jobs).await?,
         branches,
     }))
 }

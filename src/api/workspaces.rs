@@ -145,6 +145,10 @@ async fn get_workspace(
 pub struct DeleteWorkspaceQuery {
     /// Must equal the workspace's name.
     pub confirm_name: Option<String>,
+    /// Consent to delete while a node holding a task's worktrees is down (`503 node_unavailable`
+    /// otherwise): each worktree that holds changes when its job runs there is kept, untouched, and
+    /// listed under leftovers.
+    pub keep_dirty_worktrees: Option<bool>,
 }
 
 /// Delete a workspace with its tasks and repositories
@@ -152,7 +156,9 @@ pub struct DeleteWorkspaceQuery {
 /// Deletes the workspace, its repositories and every task in it, in one step, once `confirm_name` repeats the
 /// workspace's name (a mismatch is `400` and changes nothing). Files are never removed inline: each task's
 /// worktrees and environment are removed by a durable cleanup job, returned here, which survives restarts
-/// and is retried. Refused with `409 task_cleanup_in_progress` while a task's cleanup already runs, and
+/// and is retried. While a node holding a task's worktrees is down the answer is `503 node_unavailable` and
+/// nothing changes, unless `keep_dirty_worktrees=true`: then its jobs keep each worktree with changes, listed
+/// under leftovers. Refused with `409 task_cleanup_in_progress` while a task's cleanup already runs, and
 /// with `503 unavailable` (retryable, nothing changed) when a replica running one of its agents does not
 /// carry out the stop in time. Scope `workspaces:admin`.
 #[utoipa::path(
@@ -165,6 +171,7 @@ pub struct DeleteWorkspaceQuery {
         (status = 400, description = "confirm_name does not match (`validation_failed`)", body = Problem),
         (status = 404, description = "No such workspace (`not_found`)", body = Problem),
         (status = 409, description = "A task's cleanup is already in progress (`task_cleanup_in_progress`)", body = Problem),
+        (status = 503, description = "A node holding a task's worktrees is down (`node_unavailable`, retryable; nothing changed): repeat with `keep_dirty_worktrees=true`", body = Problem),
     )
 )]
 #[delete("/workspaces/{id}")]
@@ -174,11 +181,17 @@ async fn delete_workspace(
     id: web::Path<WorkspaceId>,
     query: web::Query<DeleteWorkspaceQuery>,
 ) -> Result<HttpResponse, Error> {
-    let jobs =
-        crate::domain::task_lifecycle::delete_workspace(&state.ctx, &auth, *id, query.confirm_name.as_deref()).await?;
+    let jobs = crate::domain::task_lifecycle::delete_workspace(
+        &state.ctx,
+        &auth,
+        *id,
+        query.confirm_name.as_deref(),
+        query.keep_dirty_worktrees == Some(true),
+    )
+    .await?;
     let branches = crate::domain::branches::predict(&state.ctx, &jobs).await;
     Ok(HttpResponse::Accepted().json(super::tasks::CleanupJobs {
-        cleanup_jobs: jobs.into_iter().map(Into::into).collect(),
+        cleanup_jobs: super::cleanup_jobs::CleanupJob::views(&state.ctx, jobs).await?,
         branches,
     }))
 }

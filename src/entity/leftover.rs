@@ -9,7 +9,8 @@ use utoipa::ToSchema;
 #[sea_orm(rs_type = "String", db_type = "Text")]
 #[serde(rename_all = "snake_case")]
 pub enum LeftoverReason {
-    /// A superseded environment's worktree with changes: kept where it is, still a git worktree.
+    /// A worktree with changes nobody consented to discard (a superseded environment's, or a deleted
+    /// task's): kept where it is, still a git worktree.
     #[sea_orm(string_value = "dirty_worktree")]
     DirtyWorktree,
     /// What sat in a worktree's place that admission refused (no longer the worktree, or no longer the

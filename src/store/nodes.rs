@@ -90,6 +90,18 @@ pub async fn instances_since<C: ConnectionTrait>(conn: &C, since: DateTime<Utc>)
         .await?)
 }
 
+/// Since when none of the node's recorded instances holds a lease: the latest end of one (its lease
+/// running out, or given back); `None` when none is recorded any more.
+pub async fn unreachable_since<C: ConnectionTrait>(conn: &C, node_id: &str) -> Result<Option<DateTime<Utc>>> {
+    Ok(instance::Entity::find()
+        .filter(instance::Column::NodeId.eq(node_id))
+        .all(conn)
+        .await?
+        .into_iter()
+        .map(|i| i.ended_at.map_or(i.lease_until, |e| e.min(i.lease_until)))
+        .max())
+}
+
 pub async fn find_instance<C: ConnectionTrait>(conn: &C, id: InstanceId) -> Result<Option<instance::Model>> {
     Ok(super::by_key(instance::Entity::find_by_id(id), conn).await?)
 }

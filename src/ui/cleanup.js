@@ -7,6 +7,23 @@ import { Live, followPoint } from './live.js';
 const CANCELLABLE = new Set(['prepared', 'pending', 'retry_wait']);
 const STATES = ['', 'prepared', 'pending', 'running', 'retry_wait', 'succeeded', 'failed', 'cancelled'];
 
+/** What a job that is not over waits for: its node, down (and since when, if known). */
+function waiting(j) {
+  const w = j.waiting_for;
+  if (!w) return null;
+  return h('div', { class: 'small warn', dataset: { waitingFor: w.reason } },
+    `waiting for node ${w.node_id}`, w.since ? h('span', {}, ', down since ', time(w.since)) : ', down');
+}
+
+/** A job a decommission ended: how many worktrees it would have removed on the node given up. */
+function abandoned(j) {
+  const a = j.would_have_removed;
+  if (!a) return null;
+  const n = a.worktree_paths.length;
+  return h('div', { class: 'small muted', title: a.worktree_paths.join('\n') },
+    `node ${a.node_id} given up: ${n} worktree${n === 1 ? '' : 's'} left on its disk`);
+}
+
 /** A table of jobs; `changed()` is called after a retry or cancel went through. */
 export function jobsTable(jobs, changed, { showTask = true } = {}) {
   if (!jobs.length) return h('p', { class: 'muted' }, 'No cleanup job.');
@@ -33,10 +50,10 @@ export function jobsTable(jobs, changed, { showTask = true } = {}) {
       h('tbody', {}, jobs.map((j) => h('tr', { dataset: { jobId: j.id, state: j.state } },
         h('td', {}, h('code', { title: j.id }, shortId(j.id))),
         h('td', {}, j.trigger.replace(/_/g, ' ')),
-        h('td', {}, badge(j.state), j.state === 'retry_wait' && j.next_attempt_at ? h('span', { class: 'small muted' }, ' next ', time(j.next_attempt_at)) : null),
+        h('td', {}, badge(j.state), j.state === 'retry_wait' && j.next_attempt_at ? h('span', { class: 'small muted' }, ' next ', time(j.next_attempt_at)) : null, waiting(j)),
         h('td', {}, `${j.attempts} / ${j.max_attempts}`),
         showTask ? h('td', {}, h('a', { href: `#/t/${j.task_id}` }, shortId(j.task_id))) : null,
-        h('td', { class: 'error-text' }, j.last_error ?? ''),
+        h('td', { class: 'error-text' }, j.last_error ?? '', abandoned(j)),
         h('td', {}, time(j.created_at)),
         h('td', {}, j.completed_at ? time(j.completed_at) : ''),
         h('td', {},

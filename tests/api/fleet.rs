@@ -426,6 +426,10 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     }
     // Work on node b: its worktree is on b's disk and nowhere else, under the same path.
     let (task, id, worktree) = fleet.working_session(&b, &disk_b, "svc").await;
+    let svc_ws = fleet.ok(&a, Method::GET, &format!("/tasks/{task}"), None).await["workspace_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(disk_b.exists(&worktree));
     assert!(
         !disk_a.exists(&worktree) && !disk_c.exists(&worktree),
@@ -463,6 +467,8 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     disk_b.sh(&format!(
         "mkdir -p $(dirname {conversation}) && echo '{{}}' > {conversation}"
     ));
+    // Uncommitted work in the task's worktree, on b's disk only.
+    disk_b.sh(&format!("printf 'precious\\n' > {worktree}/precious.txt"));
     // b dies.
     b.child.kill().unwrap();
     b.child.wait().unwrap();
@@ -503,16 +509,50 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     assert_eq!(listed["items"][0]["node_id"], "node-b", "{listed}");
     assert_eq!(listed["items"][0]["state"], "pending", "{listed}");
     let session_job = id_of(&listed["items"][0]);
-    // Its task's delete is accepted; the job waits for b.
-    let jobs = fleet.ok(&a, Method::DELETE, &format!("/tasks/{task}"), None).await;
+    // Its task's delete cannot check b's worktree for changes: refused, nothing changed.
+    let (status, problem, _) = fleet.call(&a, Method::DELETE, &format!("/tasks/{task}"), None).await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (503, Some("node_unavailable")),
+        "{problem}"
+    );
+    assert_eq!(problem["node_id"], "node-b", "{problem}");
+    fleet.ok(&c, Method::GET, &format!("/tasks/{task}"), None).await;
+    // Consenting to keep dirty work, it is accepted; the job waits for b, and says so.
+    let jobs = fleet
+        .ok(
+            &a,
+            Method::DELETE,
+            &format!("/tasks/{task}?keep_dirty_worktrees=true"),
+            None,
+        )
+        .await;
     let job = id_of(&jobs["cleanup_jobs"][0]);
     assert_eq!(jobs["cleanup_jobs"][0]["node_id"], "node-b", "{jobs}");
-    // So is a workspace delete: its task's job waits for b too.
+    let waiting = fleet.ok(&c, Method::GET, &format!("/cleanup-jobs/{job}"), None).await;
+    assert_eq!(waiting["state"], "pending", "{waiting}");
+    assert_eq!(waiting["waiting_for"]["reason"], "node_unavailable", "{waiting}");
+    assert_eq!(waiting["waiting_for"]["node_id"], "node-b", "{waiting}");
+    assert!(waiting["waiting_for"]["since"].is_string(), "{waiting}");
+    // So is a workspace delete: refused, then with consent its task's job waits for b too.
+    let (status, problem, _) = fleet
+        .call(
+            &c,
+            Method::DELETE,
+            &format!("/workspaces/{web_ws}?confirm_name=web"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (503, Some("node_unavailable")),
+        "{problem}"
+    );
     let deleted = fleet
         .ok(
             &c,
             Method::DELETE,
-            &format!("/workspaces/{web_ws}?confirm_name=web"),
+            &format!("/workspaces/{web_ws}?confirm_name=web&keep_dirty_worktrees=true"),
             None,
         )
         .await;
@@ -530,7 +570,17 @@ async fn a_killed_node_strands_nothing_on_separate_disks() {
     let b = fleet.start(&disk_b, "node-b", "b2.log").await;
     let done = fleet.wait_job(&c, job).await;
     assert_eq!(done["state"], "succeeded", "{done}");
-    assert!(!disk_b.exists(&worktree), "removed on b's disk");
+    assert!(done["waiting_for"].is_null(), "{done}");
+    // The dirty worktree is kept on b's disk, its work byte for byte, and listed as a leftover.
+    assert_eq!(disk_b.sh(&format!("cat {worktree}/precious.txt")), "precious\n");
+    let kept = fleet
+        .ok(&a, Method::GET, &format!("/workspaces/{svc_ws}/leftovers"), None)
+        .await;
+    let items = kept["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{kept}");
+    assert_eq!(items[0]["reason"], "dirty_worktree", "{kept}");
+    assert_eq!(items[0]["path"], worktree.as_str(), "{kept}");
+    assert_eq!(items[0]["node_id"], "node-b", "{kept}");
     let j = fleet.wait_job(&c, web_job).await;
     assert_eq!(j["state"], "succeeded", "{j}");
     assert!(

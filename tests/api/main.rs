@@ -38,6 +38,7 @@ mod least_authority;
 mod leftovers;
 mod migrations;
 mod model_server;
+mod node_down_delete;
 mod nodes;
 mod openapi;
 mod ops;

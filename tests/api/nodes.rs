@@ -190,12 +190,21 @@ async fn a_dead_node_answers_at_once_and_its_delete_waits_for_it(app: TestApp) {
     );
     let session_job = uuid(&session_job["id"]);
     assert!(pid_alive(other_pid) && conversation.exists(), "A's to end and remove");
-    // A task delete is accepted (a waiting session_delete job does not hold it up); its job waits for A,
+    // A task delete cannot check A's worktrees for changes: refused, unless dirty work is to be kept.
+    b.call(reqwest::Method::DELETE, &format!("/api/v1/tasks/{task}"), None)
+        .await
+        .problem(503, "node_unavailable");
+    // Then it is accepted (a waiting session_delete job does not hold it up); its job waits for A,
     // visibly.
     let r = b
-        .call(reqwest::Method::DELETE, &format!("/api/v1/tasks/{task}"), None)
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/api/v1/tasks/{task}?keep_dirty_worktrees=true"),
+            None,
+        )
         .await;
     let jobs = r.ok(202);
+    assert_eq!(jobs["cleanup_jobs"][0]["waiting_for"]["node_id"], a.as_str(), "{jobs}");
     let job = uuid(&jobs["cleanup_jobs"][0]["id"]);
     assert_eq!(jobs["cleanup_jobs"][0]["node_id"], a.as_str(), "{jobs}");
     let seen = wait_node(&b, &a, "down").await;
@@ -253,9 +262,13 @@ async fn a_down_node_is_decommissioned_and_its_tasks_move_on(app: TestApp) {
         .problem(409, "conflict");
     app.stop_server();
     wait_node(&b, &a, "down").await;
-    // The doomed task's delete waits for A.
+    // The doomed task's delete (keeping dirty work: A's disk cannot be checked) waits for A.
     let jobs = b
-        .call(reqwest::Method::DELETE, &format!("/api/v1/tasks/{doomed}"), None)
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/api/v1/tasks/{doomed}?keep_dirty_worktrees=true"),
+            None,
+        )
         .await
         .ok(202);
     let job = uuid(&jobs["cleanup_jobs"][0]["id"]);

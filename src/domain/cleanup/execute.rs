@@ -114,11 +114,19 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
     // landing that holds the lease finishes first (the job is retried), a holder gone with its instance
     // is taken over.
     if let Some(env_snap) = &snap.environment {
+        let dirty = if super::marks_of(j).keep_dirty_worktrees {
+            Dirty::Keep
+        } else if j.trigger.deletes_sessions() {
+            // The task is gone: a worktree it leaves is owned by nothing unless it is listed.
+            Dirty::FailListed
+        } else {
+            Dirty::Fail
+        };
         let lease = match writer::acquire(ctx, env_snap.id, Asking::Cleanup(j.id)).await {
             Ok(lease) => lease,
             Err(e) => return held_elsewhere(e),
         };
-        let cleaned = clean_current(ctx, &snap, env_snap, lost, &mut kept, &mut branches, &lease).await;
+        let cleaned = clean_current(ctx, &snap, env_snap, dirty, lost, &mut kept, &mut branches, &lease).await;
         writer::release(ctx, lease).await;
         match cleaned {
             Outcome::Done => {}
@@ -180,6 +188,7 @@ async fn clean_current(
     ctx: &Ctx,
     snap: &Snapshot,
     env_snap: &super::EnvironmentSnapshot,
+    dirty: Dirty,
     lost: &AtomicBool,
     kept: &mut Vec<String>,
     decisions: &mut Decisions,
@@ -194,6 +203,7 @@ async fn clean_current(
         Err(e) => return retry(e),
     }
     let root = ManagedRoot::from_config(&ctx.config);
+    let mut keeps_one = false;
     for w in &env_snap.worktrees {
         if lost.load(Ordering::Acquire) {
             return Outcome::Retry(anyhow!("the lease was lost"));
@@ -212,19 +222,15 @@ async fn clean_current(
             task_id: Some(snap.task_id),
             environment_id: Some(env_snap.id),
         };
-        match destroy_worktree(
-            ctx,
-            w,
-            snap.discard_worktree_changes.as_ref(),
-            Dirty::Fail,
-            owner,
-            kept,
-            lease,
-        )
-        .await
-        {
+        match destroy_worktree(ctx, w, snap.discard_worktree_changes.as_ref(), dirty, owner, kept, lease).await {
             Outcome::Done => {}
             other => return other,
+        }
+        if std::fs::symlink_metadata(&w.worktree_path).is_ok() {
+            // Kept (with its changes, listed): so are its branch and its checkpoints.
+            branch_kept(decisions, w);
+            keeps_one = true;
+            continue;
         }
         match branch_after(ctx, snap, w, decisions).await {
             Outcome::Done => {}
@@ -237,9 +243,12 @@ async fn clean_current(
         // Only if empty: berth never removes what the inventory does not name (I13).
         let _ = std::fs::remove_dir(dir.as_path());
     }
-    // The environment's checkpoints go with it (berth's refs in its repositories).
+    // The environment's checkpoints go with it (berth's refs in its repositories), unless it keeps a
+    // worktree: they are that work's restore points, and go when it is disposed of.
     let repositories: Vec<String> = env_snap.worktrees.iter().map(|w| w.repository_path.clone()).collect();
-    if let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories, lease).await {
+    if !keeps_one
+        && let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories, lease).await
+    {
         return retry(e);
     }
     match retire_environment(ctx, snap, env_snap.id).await {
@@ -279,6 +288,7 @@ async fn record_branches(ctx: &Ctx, j: &job::Model, snap: &Snapshot, decisions: 
         ..snap.clone()
     };
     let value = serde_json::to_value(&recorded).map_err(|e| crate::error::Error::Internal(e.into()))?;
+    let value = super::with_marks(value, &super::marks_of(j));
     let txn = ctx.db.begin_write().await?;
     crate::store::cleanup_jobs::set_snapshot(&txn, j.id, value).await?;
     ctx.commit(txn).await

@@ -34,6 +34,62 @@ fn known<T>(filter: Option<Filter<T>>) -> Option<Option<T>> {
     }
 }
 
+/// Why a job that is not over does not run now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitReason {
+    /// Only its node may run it, and no instance of that node holds a lease.
+    NodeUnavailable,
+}
+
+/// What a job waits for before it can run.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct WaitingFor {
+    pub reason: WaitReason,
+    /// The node whose disk the job needs.
+    pub node_id: String,
+    /// Since when the node is unreachable (its last lease ran out or was given back), when known.
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Which of these jobs (not over yet) wait for a node that is down, read from its instances' leases.
+pub async fn waiting_for(
+    ctx: &Ctx,
+    jobs: &[job::Model],
+) -> Result<std::collections::HashMap<CleanupJobId, WaitingFor>> {
+    use crate::domain::nodes::{self, NodeState};
+    let open = |j: &&job::Model| {
+        matches!(
+            j.state,
+            CleanupJobState::Pending | CleanupJobState::Running | CleanupJobState::RetryWait
+        ) && j.node_id != ctx.config.node_id
+    };
+    if !jobs.iter().any(|j| open(&j)) {
+        return Ok(Default::default());
+    }
+    // Read now: the view may still call a node up for a renewal period after its lease ran out.
+    nodes::refresh(ctx).await?;
+    let mut down: std::collections::HashMap<String, Option<WaitingFor>> = std::collections::HashMap::new();
+    let mut out = std::collections::HashMap::new();
+    for j in jobs.iter().filter(open) {
+        if !down.contains_key(&j.node_id) {
+            let waiting = match ctx.nodes.cached(&j.node_id) {
+                NodeState::Down => Some(WaitingFor {
+                    reason: WaitReason::NodeUnavailable,
+                    node_id: j.node_id.clone(),
+                    since: crate::store::nodes::unreachable_since(&ctx.db.conn, &j.node_id).await?,
+                }),
+                NodeState::Up | NodeState::Decommissioned => None,
+            };
+            down.insert(j.node_id.clone(), waiting);
+        }
+        if let Some(Some(w)) = down.get(&j.node_id) {
+            out.insert(j.id, w.clone());
+        }
+    }
+    Ok(out)
+}
+
 pub struct JobFilter {
     pub state: Option<Filter<CleanupJobState>>,
     pub task_id: Option<TaskId>,

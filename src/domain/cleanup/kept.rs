@@ -1,8 +1,9 @@
 //! What a cleanup leaves on disk, and how it is listed and disposed of. Nothing holding someone's work
 //! is lost without consent, and nothing kept goes unlisted:
 //!
-//! - a superseded environment's worktree with changes nobody consented to discard stays where it is
-//!   (`dirty_worktree`);
+//! - a worktree with changes nobody consented to discard stays where it is (`dirty_worktree`): a
+//!   superseded environment's, one a delete consented to keep (`keep_dirty_worktrees`), and one a delete's
+//!   job failed on (its task is gone: listed, it is owned);
 //! - a directory in a worktree's place that admission refuses (no longer the worktree, or no longer the
 //!   repository's: a user replaced or re-cloned it) is never given to git. With consent it is removed;
 //!   empty, it is removed; otherwise it is moved aside, whole, to
@@ -63,7 +64,7 @@ pub(crate) async fn examine(target: &ManagedPath, w: &WorktreeSnapshot) -> Found
     .unwrap_or(Found::RepositoryAway)
 }
 
-/// A superseded worktree with `dirty` changed files stays where it is: listed.
+/// A worktree with `dirty` changed files stays where it is: listed.
 pub(super) async fn keep_dirty(ctx: &Ctx, owner: Owner, w: &WorktreeSnapshot, dirty: usize) -> Result<()> {
     let detail = format!("{dirty} changed files; removing them was not consented to");
     record(ctx, owner, w, &w.worktree_path, LeftoverReason::DirtyWorktree, detail).await

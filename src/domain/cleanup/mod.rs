@@ -29,7 +29,7 @@ use crate::managed_path::{Consent, ManagedRoot};
 use branch_report::BranchDecision;
 
 pub use crate::entity::cleanup_job::{CleanupJobState, CleanupTrigger};
-pub use jobs::{JobFilter, cancel, get, list, retry};
+pub use jobs::{JobFilter, WaitReason, WaitingFor, cancel, get, list, retry, waiting_for};
 pub use state::{InvalidTransition, JobEvent};
 
 /// What a job destroys, captured before the mutation (I6). Survives the task row.
@@ -67,6 +67,44 @@ pub struct Snapshot {
     /// What the job did with each worktree's branch, written once it ran.
     #[serde(default)]
     pub branches: Vec<BranchDecision>,
+}
+
+/// What a job records beside its snapshot, in the same JSON object but read and written on its own (every
+/// writer of a `Snapshot` keeps them: `with_marks`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Marks {
+    /// Consent to go ahead without the dirty check (`keep_dirty_worktrees=true`, for a delete whose
+    /// node was down, where the check could not be made): a worktree with changes is kept where it is
+    /// and listed under leftovers, never removed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_dirty_worktrees: bool,
+    /// Set when a decommission ended the job: what it would have removed, kept for the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abandoned: Option<Abandoned>,
+}
+
+/// What a job a decommission ended would have removed on its node's disk.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Abandoned {
+    /// The node given up.
+    pub node_id: String,
+    /// When it was.
+    pub at: chrono::DateTime<chrono::Utc>,
+    /// The worktree paths of every environment the snapshot names.
+    pub worktree_paths: Vec<String>,
+}
+
+/// The marks a job's snapshot carries (none on an unreadable one).
+pub fn marks_of(j: &job::Model) -> Marks {
+    serde_json::from_value(j.resource_snapshot.clone()).unwrap_or_default()
+}
+
+/// `snapshot` with `marks` written into it.
+pub fn with_marks(mut snapshot: serde_json::Value, marks: &Marks) -> serde_json::Value {
+    if let (Some(obj), Ok(serde_json::Value::Object(m))) = (snapshot.as_object_mut(), serde_json::to_value(marks)) {
+        obj.extend(m);
+    }
+    snapshot
 }
 
 /// An agent process as a job recorded it.

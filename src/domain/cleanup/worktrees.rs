@@ -89,9 +89,14 @@ pub(super) async fn claimed_by_another(ctx: &Ctx, env_id: EnvironmentId, path: &
 /// What a worktree with changes and no consent does to the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Dirty {
-    /// The task's current worktree: the job fails, touching nothing (I11).
+    /// The current worktree of a task that is still there (archive, reset): the job fails, touching
+    /// nothing (I11); the task still owns it.
     Fail,
-    /// A superseded environment's: kept, reported, and the job goes on.
+    /// The current worktree of a task that is gone (a delete): the job fails touching nothing, and the
+    /// worktree, owned by nothing now, is listed under leftovers.
+    FailListed,
+    /// A superseded environment's, or one whose delete consented to keeping dirty work: kept, listed,
+    /// and the job goes on.
     Keep,
 }
 
@@ -152,17 +157,22 @@ pub(super) async fn destroy_worktree(
         // I11: forced only with the consent the job recorded.
         (_, Some(consent)) => ctx.git.worktree_remove_consented(repo, &target, consent).await,
         (_, None) if dirty_policy == Dirty::Keep => {
-            tracing::warn!(repository = %w.repository_id, dirty, "kept a superseded worktree holding changes");
+            tracing::warn!(repository = %w.repository_id, dirty, "kept a worktree holding changes");
             if let Err(e) = super::kept::keep_dirty(ctx, owner, w, dirty).await {
                 return retry(e);
             }
             kept.push(format!(
-                "kept the worktree of repository {} of a superseded environment: {dirty} changed files and removing them was not consented to",
+                "kept the worktree of repository {}: {dirty} changed files and removing them was not consented to; listed under leftovers",
                 w.repository_id
             ));
             return Outcome::Done;
         }
         (_, None) => {
+            if dirty_policy == Dirty::FailListed
+                && let Err(e) = super::kept::keep_dirty(ctx, owner, w, dirty).await
+            {
+                return retry(e);
+            }
             return Outcome::Terminal(anyhow!(
                 "the worktree of repository {} has {dirty} changed files and removing them was not consented to",
                 w.repository_id

@@ -2,15 +2,15 @@
 //! What it held is lost: its environments become `lost` (no task's current environment: the next session
 //! of the task gets a new one where it is carried out), its sessions `failed` with `node_lost`, its
 //! agents' records over, and its waiting cleanup jobs end (`cancelled`) recording what they would have
-//! removed. Nothing is deleted anywhere. A decommissioned node that comes back refuses to start until an
-//! operator lets it (`BERTH_NODE_READMIT=true`).
+//! removed (the job view's `would_have_removed`). Nothing is deleted anywhere. A decommissioned node that
+//! comes back refuses to start until an operator lets it (`BERTH_NODE_READMIT=true`).
 use crate::ids::EnvironmentId;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{Ctx, NodeState};
-use crate::domain::cleanup::snapshot_of;
 use crate::domain::cleanup::state::{JobEvent, transition};
+use crate::domain::cleanup::{Abandoned, Marks, marks_of, snapshot_of, with_marks};
 use crate::error::{Error, Result};
 use crate::store::cleanup_jobs::JobPatch;
 use crate::store::nodes as store;
@@ -70,6 +70,25 @@ pub async fn decommission(ctx: &Ctx, by: Option<String>, node_id: &str, repeated
     }
     let jobs = store::open_jobs_on(&txn, node_id).await?;
     for j in &jobs {
+        // The job keeps naming the worktrees it would have removed: they are still on that disk.
+        let worktree_paths: Vec<String> = snapshot_of(j)
+            .map(|s| {
+                s.environment
+                    .iter()
+                    .chain(s.superseded.iter())
+                    .flat_map(|e| e.worktrees.iter().map(|w| w.worktree_path.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let marks = Marks {
+            abandoned: Some(Abandoned {
+                node_id: node_id.to_string(),
+                at: now,
+                worktree_paths,
+            }),
+            ..marks_of(j)
+        };
+        crate::store::cleanup_jobs::set_snapshot(&txn, j.id, with_marks(j.resource_snapshot.clone(), &marks)).await?;
         let would = snapshot_of(j)
             .map(|s| {
                 s.environment

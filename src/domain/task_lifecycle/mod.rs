@@ -9,6 +9,6 @@ mod reset;
 mod workspace_delete;
 
 pub use archive::{BranchRecovery, BranchStatus, archive, unarchive};
-pub use delete::{delete, expire_quick_chats};
+pub use delete::{DirtyConsent, delete, expire_quick_chats};
 pub use reset::reset_environment;
 pub use workspace_delete::delete_workspace;

@@ -2,6 +2,7 @@
 use crate::ids::WorkspaceId;
 use serde_json::json;
 
+use super::delete::{keep_dirty, refuse_down_nodes};
 use crate::auth::UnboundPrincipal;
 use crate::domain::Ctx;
 use crate::domain::cleanup::CleanupTrigger;
@@ -19,10 +20,15 @@ pub async fn delete_workspace(
     p: &UnboundPrincipal,
     workspace_id: WorkspaceId,
     confirm_name: Option<&str>,
+    keep_dirty_worktrees: bool,
 ) -> Result<Vec<job::Model>> {
     let ws = workspaces::visible(&ctx.db.conn, p, workspace_id).await?;
     if confirm_name != Some(ws.name.as_str()) {
         return Err(Error::BadRequest("confirm_name must equal the workspace's name".into()));
+    }
+    if !keep_dirty_worktrees {
+        // Work on a down node's disk cannot be looked at: refused unless the caller consents to keeping it.
+        refuse_down_nodes(ctx, &task_store::of_workspace(&ctx.db.conn, workspace_id).await?).await?;
     }
     let txn = ctx.db.begin_write().await?;
     // The workspace row first: task creation share-locks it and refuses a `deleting` workspace, so the
@@ -34,7 +40,11 @@ pub async fn delete_workspace(
     let mut jobs = Vec::new();
     for t in &tasks {
         let t = lock_task(&txn, t.id).await?;
-        jobs.push(prepare(&txn, ctx, &t, CleanupTrigger::WorkspaceDelete, None).await?);
+        let mut j = prepare(&txn, ctx, &t, CleanupTrigger::WorkspaceDelete, None).await?;
+        if keep_dirty_worktrees {
+            keep_dirty(&txn, &mut j).await?;
+        }
+        jobs.push(j);
     }
     workspace_store::mark_deleting(&txn, workspace_id, crate::clock::now()).await?;
     ctx.commit(txn).await?;
