@@ -222,7 +222,17 @@ async fn clean_current(
             task_id: Some(snap.task_id),
             environment_id: Some(env_snap.id),
         };
-        match destroy_worktree(ctx, w, snap.discard_worktree_changes.as_ref(), dirty, owner, kept, lease).await {
+        match destroy_worktree(
+            ctx,
+            w,
+            snap.discard_worktree_changes.as_ref(),
+            dirty,
+            owner,
+            kept,
+            lease,
+        )
+        .await
+        {
             Outcome::Done => {}
             other => return other,
         }
@@ -246,9 +256,7 @@ async fn clean_current(
     // The environment's checkpoints go with it (berth's refs in its repositories), unless it keeps a
     // worktree: they are that work's restore points, and go when it is disposed of.
     let repositories: Vec<String> = env_snap.worktrees.iter().map(|w| w.repository_path.clone()).collect();
-    if !keeps_one
-        && let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories, lease).await
-    {
+    if !keeps_one && let Err(e) = crate::domain::checkpoints::forget(ctx, env_snap.id, &repositories, lease).await {
         return retry(e);
     }
     match retire_environment(ctx, snap, env_snap.id).await {
