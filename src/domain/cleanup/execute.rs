@@ -126,7 +126,8 @@ pub async fn execute(ctx: &Ctx, j: &job::Model, lost: &AtomicBool) -> Outcome {
             Ok(lease) => lease,
             Err(e) => return held_elsewhere(e),
         };
-        let cleaned = clean_current(ctx, &snap, env_snap, dirty, lost, &mut kept, &mut branches, &lease).await;
+        let how = Removal { dirty, lease: &lease };
+        let cleaned = clean_current(ctx, &snap, env_snap, how, lost, &mut kept, &mut branches).await;
         writer::release(ctx, lease).await;
         match cleaned {
             Outcome::Done => {}
@@ -183,16 +184,21 @@ fn held_elsewhere(e: crate::error::Error) -> Outcome {
     }
 }
 
+/// How the current environment's worktrees are removed: what a dirty one gets, under which lease.
+struct Removal<'a> {
+    dirty: Dirty,
+    lease: &'a WriterLease,
+}
+
 /// The task's current environment: its worktrees, its branches (on a delete), its root, its record.
 async fn clean_current(
     ctx: &Ctx,
     snap: &Snapshot,
     env_snap: &super::EnvironmentSnapshot,
-    dirty: Dirty,
+    Removal { dirty, lease }: Removal<'_>,
     lost: &AtomicBool,
     kept: &mut Vec<String>,
     decisions: &mut Decisions,
-    lease: &WriterLease,
 ) -> Outcome {
     if let Some(not_yet) = materializer_pending(ctx, env_snap).await {
         return not_yet;
