@@ -67,3 +67,4 @@ mod vocabulary;
 mod webhook_hostile;
 mod webhooks;
 mod workspaces;
+mod writer_races_sessions;
