@@ -236,10 +236,10 @@ async fn wait_node(b: &Replica, node: &str, state: &str) {
 const NODE_ROUNDS: usize = 50;
 
 // I8 after a node returns: while node A is down, a session is deleted (its agent and conversation left
-// as a `session_delete` job) and then its task (a delete job for A). When A is back the two jobs may run at
-// once on A's two workers; the task's job still ends the deleted session's agent before it removes the
-// worktree. An agent that ignores SIGTERM lingers for the whole grace, so a worktree removed under it is
-// seen. Its committed work stays on its branch.
+// as a `session_delete` job) and then its task (a delete job for A). When A is back the two jobs may run in
+// either order or at once on A's two workers; the task's job still ends the deleted session's agent before
+// it removes the worktree (a watcher checks the pid whenever the worktree is gone). Its committed work
+// stays on its branch.
 async fn a_task_delete_job_never_removes_a_worktree_under_a_deleted_sessions_agent(app: TestApp) {
     let backend: Backend = app.backend;
     drop(app);
@@ -265,7 +265,7 @@ async fn a_task_delete_job_never_removes_a_worktree_under_a_deleted_sessions_age
     let mut rounds = Vec::new();
     for i in 0..NODE_ROUNDS {
         let task = app.task(ws, &format!("node race {i}"), &[repo]).await;
-        let started = app.started_agent(task, "stubborn").await;
+        let started = app.started_agent(task, "test").await;
         let worktree = PathBuf::from(started.created["workspace_path"].as_str().unwrap());
         // Work committed on the task's branch: the delete must keep it (unmerged).
         std::fs::write(worktree.join("work.txt"), format!("round {i}\n")).unwrap();
@@ -334,13 +334,39 @@ async fn a_task_delete_job_never_removes_a_worktree_under_a_deleted_sessions_age
             seen_under
         })
     };
-    // A comes back: both kinds of job run there, two workers at once.
-    let restarted = berth::startup::Application::build(app.config.clone())
-        .await
-        .expect("node A restarts");
+    // A comes back, its two workers played here so that the interleaving is chosen: in even rounds the
+    // task's job runs to its end before the session_delete job starts (the order a second worker may
+    // take), in odd rounds both run at once.
+    let mut config = app.config.clone();
+    config.cleanup_workers = 0;
+    let restarted = berth::startup::Application::build(config).await.expect("node A restarts");
+    let ctx = restarted.state.ctx.clone();
     let background = restarted.background();
     let handle = restarted.handle();
     tokio::spawn(restarted.run_until_stopped());
+    let owner = "played-worker";
+    let mut claimed = HashMap::new();
+    while let Some(j) = berth::domain::cleanup::claim::claim(&ctx, owner).await.unwrap() {
+        claimed.insert(Uuid::from(j.id), j);
+    }
+    let run = |j: berth::domain::cleanup::claim::CleanupJob| {
+        let ctx = ctx.clone();
+        async move {
+            let lost = AtomicBool::new(false);
+            let outcome = berth::domain::cleanup::execute::execute(&ctx, &j, &lost).await;
+            berth::domain::cleanup::claim::record(&ctx, owner, &j, outcome).await.unwrap();
+        }
+    };
+    for (i, (sj, tj)) in session_jobs.iter().zip(task_jobs.iter()).enumerate() {
+        let sj = claimed.remove(sj).expect("the session_delete job was claimable on A");
+        let tj = claimed.remove(tj).expect("the task's job was claimable on A");
+        if i % 2 == 0 {
+            run(tj).await;
+            run(sj).await;
+        } else {
+            tokio::join!(run(tj), run(sj));
+        }
+    }
     for id in session_jobs.iter().chain(task_jobs.iter()) {
         let done = job_on(&b, *id, SETTLED).await;
         assert_eq!(done["state"], "succeeded", "{done}");
