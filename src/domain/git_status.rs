@@ -143,9 +143,19 @@ pub async fn read_current_on<C: sea_orm::ConnectionTrait>(
     Ok(out)
 }
 
+/// I25: whether an agent is live in the environment, whichever instance runs it: this process's
+/// runtime, or a live execution recorded by another instance that still holds its lease.
 async fn agent_live(ctx: &Ctx, env_id: EnvironmentId) -> Result<bool> {
     let ids = sessions_store::ids_in_environment(&ctx.db.conn, env_id).await?;
-    Ok(ids.into_iter().any(|id| ctx.runtime.is_live(id)))
+    if ids.iter().any(|id| ctx.runtime.is_live(*id)) {
+        return Ok(true);
+    }
+    for e in crate::store::executions::live_in_environment(&ctx.db.conn, env_id, &ids).await? {
+        if e.instance_id != ctx.instance_id && super::nodes::sibling_alive(ctx, e.instance_id, false).await? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Refresh: berth inspects the environment's worktrees itself and records live observations.

@@ -383,6 +383,8 @@ impl Runtime {
                     })
                     .await;
             }
+            // No answer can come any more: whoever waits for one hears so now, not at its deadline.
+            agent_r.waiting.lock().unwrap().clear();
         });
         // Exit: report once the output is drained, then forget the agent.
         let boxed = profile.sandbox == SandboxMode::Bwrap;

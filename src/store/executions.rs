@@ -126,3 +126,22 @@ pub async fn live_of_sessions<C: ConnectionTrait>(
         .all(conn)
         .await?)
 }
+
+/// The executions still starting or running in an environment: recorded for it, or of one of its
+/// `sessions` (what a reader asks before it trusts a stored observation, I25).
+pub async fn live_in_environment<C: ConnectionTrait>(
+    conn: &C,
+    env_id: crate::ids::EnvironmentId,
+    sessions: &[SessionId],
+) -> Result<Vec<execution::Model>> {
+    use sea_orm::Condition;
+    let mut either = Condition::any().add(execution::Column::TaskEnvironmentId.eq(env_id));
+    if !sessions.is_empty() {
+        either = either.add(execution::Column::SessionId.is_in(sessions.iter().copied()));
+    }
+    Ok(execution::Entity::find()
+        .filter(either)
+        .filter(execution::Column::State.is_in([ExecutionState::Starting, ExecutionState::Running]))
+        .all(conn)
+        .await?)
+}

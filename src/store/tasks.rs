@@ -43,7 +43,9 @@ pub async fn ensure_no_cleanup<C: ConnectionTrait>(conn: &C, task_ids: &[TaskId]
 
 /// No active cleanup job of any kind, `superseded_cleanup` included: before another job is written for
 /// these tasks (two jobs never remove the same environment's worktrees at once). A `session_delete` job
-/// counts for neither: it touches no environment, and the task's lifecycle never waits for it.
+/// counts for neither: it touches no environment, so it never holds a lifecycle up; instead the barrier
+/// carries the agents it owes into the lifecycle job's snapshot (`cleanup::barrier::prepare`), and that
+/// job ends them before it touches a worktree.
 pub async fn ensure_no_cleanup_job<C: ConnectionTrait>(conn: &C, task_ids: &[TaskId]) -> Result<()> {
     active_jobs(conn, task_ids, false).await
 }

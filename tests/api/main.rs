@@ -69,3 +69,4 @@ mod webhook_hostile;
 mod webhooks;
 mod workspaces;
 mod writer;
+mod writer_races_sessions;

@@ -84,6 +84,11 @@ impl Replica {
         Reply { status, headers, text }
     }
 
+    /// Whether this replica's own runtime runs the session's agent.
+    pub(crate) fn runs(&self, id: Uuid) -> bool {
+        self.state.ctx.runtime.is_live(id.into())
+    }
+
     /// Ends this replica's background loops (its routing loop among them); its agents keep running.
     fn stop_background(&self) {
         self.background.iter().for_each(|b| b.abort());

@@ -190,6 +190,19 @@ async fn subsume_superseded_cleanups(txn: &DatabaseTransaction, ctx: &Ctx, task_
     Ok(())
 }
 
+/// I8: the agents that `session_delete` jobs of the task still owe their node (sessions deleted while it
+/// was down, so no row names them any more). A lifecycle job ends them itself, from its own snapshot,
+/// before it touches a worktree: it never relies on the other job having run first (both may be claimed
+/// at once when the node is back). The caller holds the task's lock, as a session delete does.
+async fn agents_of_session_deletes(txn: &DatabaseTransaction, task_id: TaskId) -> Result<Vec<AgentProcess>> {
+    let jobs = store::of_task(txn, task_id, &[CleanupTrigger::SessionDelete], &job::ACTIVE_STATES).await?;
+    let mut agents = Vec::new();
+    for j in jobs {
+        agents.extend(snapshot_of(&j)?.agents);
+    }
+    Ok(agents)
+}
+
 /// Writes the `prepared` barrier job for a task (I6); the caller holds the task's lock.
 pub(crate) async fn prepare(
     txn: &DatabaseTransaction,
@@ -203,7 +216,7 @@ pub(crate) async fn prepare(
     let owned = owned_environment(txn, ctx, t).await?;
     let superseded = leftover_environments(txn, ctx, t, owned.as_ref().map(|(e, _)| e.id)).await?;
     let sessions = sessions_store::ids_of_task(txn, t.id).await?;
-    let agents = crate::store::executions::live_of_sessions(txn, &sessions)
+    let mut agents: Vec<AgentProcess> = crate::store::executions::live_of_sessions(txn, &sessions)
         .await?
         .into_iter()
         .map(|e| AgentProcess {
@@ -212,6 +225,7 @@ pub(crate) async fn prepare(
             pid: e.pid,
         })
         .collect();
+    agents.extend(agents_of_session_deletes(txn, t.id).await?);
     let snapshot = Snapshot {
         task_id: t.id,
         workspace_id: t.workspace_id,

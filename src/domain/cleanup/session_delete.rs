@@ -1,8 +1,10 @@
 //! The `session_delete` job: what a session delete accepted while the session's node was down owes that
 //! node. It names no environment and no worktree: only the agent the session's row named (ended if its
 //! process group is proven to be that agent's) and the conversation berth keeps for the session. Written
-//! `pending` in the delete's own transaction, for the session's node; the task's lifecycle never waits for
-//! it (`store::tasks::ensure_no_cleanup`).
+//! `pending` in the delete's own transaction, for the session's node. The task's lifecycle never waits for
+//! it (`store::tasks::ensure_no_cleanup`), but a lifecycle job's barrier copies the agents it owes into
+//! its own snapshot (`barrier::prepare`) and ends them before touching a worktree (I8): when the node is
+//! back both jobs may run at once. Why seed 001's "no cleanup job" allows it: decision 11.
 use crate::ids::SessionId;
 use sea_orm::DatabaseTransaction;
 

@@ -57,7 +57,15 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
     // Seed 002: a relaunch continues the exact conversation it recorded, or does not start at all.
     if let Some(category) = conversation::check(ctx, &profile, &s).await? {
         let message = format!("the session's agent conversation is unavailable: {category:?}").to_lowercase();
-        record_failure(ctx, &task, s.id, "agent_session_unavailable", &message).await?;
+        record_failure(
+            ctx,
+            &task,
+            s.id,
+            Seen::exactly(&s),
+            "agent_session_unavailable",
+            &message,
+        )
+        .await?;
         return Err(Error::AgentSessionUnavailable(category));
     }
     let profile = conversation::launch_profile(ctx, &profile, s.id)?;
@@ -68,7 +76,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
         Ok(admitted) => admitted,
         Err(category) => {
             let message = format!("workspace admission refused: {category:?}");
-            record_failure(ctx, &task, s.id, "workspace_reuse_unsafe", &message).await?;
+            record_failure(ctx, &task, s.id, Seen::exactly(&s), "workspace_reuse_unsafe", &message).await?;
             return Err(Error::WorkspaceReuseUnsafe(category));
         }
     };
@@ -119,6 +127,7 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
                 ctx,
                 &task,
                 s.id,
+                launch.seen_starting(),
                 "agent_start_failed",
                 &format!("could not start the command of agent profile {profile_name}"),
             )
@@ -146,12 +155,9 @@ pub(crate) async fn launch_session(ctx: &Ctx, s: session::Model, prompt: Option<
             conversation::OpenFailure::Failed(message) => ("agent_start_failed", message, Error::AgentStartFailed),
         };
         tracing::warn!(session = %s.id, profile = %profile_name, %message, "agent did not open its conversation");
-        if reload(&ctx.db.conn, s.id)
-            .await
-            .is_ok_and(|c| c.execution_id == Some(launch.execution_id))
-        {
-            record_failure(ctx, &task, s.id, code, &message).await?;
-        }
+        // Unless something else (an archive's cancellation, an exit report) moved the session on meanwhile.
+        let seen = Seen::on_execution(Some(launch.execution_id));
+        record_failure(ctx, &task, s.id, seen, code, &message).await?;
         return Err(error);
     }
     if let Err(e) = launch.record_running(pid, prompt.is_some()).await {
@@ -277,16 +283,18 @@ impl Launch<'_> {
     /// something else (an archive's cancellation, an exit report) moved it on meanwhile.
     async fn give_up(&self, e: &Error) {
         let ctx = self.ctx;
-        let still_ours = match reload(&ctx.db.conn, self.session_id).await {
-            Ok(s) => s.state == SessionState::Starting && s.execution_id == Some(self.execution_id),
-            Err(_) => false,
-        };
-        if !still_ours {
-            return;
-        }
         let message = format!("the launch could not be recorded: {e}");
-        if let Err(e) = record_failure(ctx, self.task, self.session_id, "agent_start_failed", &message).await {
+        let seen = self.seen_starting();
+        if let Err(e) = record_failure(ctx, self.task, self.session_id, seen, "agent_start_failed", &message).await {
             tracing::warn!(session = %self.session_id, error = %e, "could not record a launch given up");
+        }
+    }
+
+    /// The session as this launch left it: starting, on its execution.
+    fn seen_starting(&self) -> Seen {
+        Seen {
+            state: Some(SessionState::Starting),
+            execution_id: Some(self.execution_id),
         }
     }
 
@@ -408,7 +416,6 @@ impl Launch<'_> {
     }
 }
 
-/// A launch or an agent failed: the session is `failed` with `last_error`; nothing else changes.
 /// A session whose node was decommissioned is failed with `node_lost`.
 pub(crate) async fn fail_node_lost(ctx: &Ctx, session_id: SessionId, node_id: &str) -> Result<()> {
     let Some(s) = crate::store::sessions::find(&ctx.db.conn, session_id).await? else {
@@ -421,18 +428,70 @@ pub(crate) async fn fail_node_lost(ctx: &Ctx, session_id: SessionId, node_id: &s
         return Ok(());
     };
     let message = format!("node {node_id}, which held its workspace and ran its agent, was decommissioned");
-    record_failure(ctx, &task, session_id, "node_lost", &message).await
+    record_failure(
+        ctx,
+        &task,
+        session_id,
+        Seen::on_execution(s.execution_id),
+        "node_lost",
+        &message,
+    )
+    .await?;
+    Ok(())
 }
 
-pub(super) async fn record_failure(
+/// What a failing party read of the session: its failure is recorded only while the session is still so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// `None`: any state that is not over (an agent's end applies to its execution whatever it was doing).
+    pub state: Option<SessionState>,
+    pub execution_id: Option<ExecutionId>,
+}
+
+impl Seen {
+    /// Exactly as read.
+    pub fn exactly(s: &session::Model) -> Seen {
+        Seen {
+            state: Some(s.state),
+            execution_id: s.execution_id,
+        }
+    }
+
+    /// Still on this execution and not over.
+    pub fn on_execution(execution_id: Option<ExecutionId>) -> Seen {
+        Seen {
+            state: None,
+            execution_id,
+        }
+    }
+
+    fn holds(&self, current: &session::Model) -> bool {
+        current.execution_id == self.execution_id
+            && match self.state {
+                Some(state) => current.state == state,
+                None => !current.state.is_terminal(),
+            }
+    }
+}
+
+/// A launch or an agent failed: the session is `failed` with `last_error`; nothing else changes. A
+/// compare-and-set on what the caller `seen` (state and execution), under the row lock: a session that
+/// moved on meanwhile (an archive cancelled it, another launch or an exit report came first) is left as
+/// it is, with no event. `Ok(false)`: nothing was recorded.
+pub async fn record_failure(
     ctx: &Ctx,
     task: &task::Model,
     session_id: SessionId,
+    seen: Seen,
     code: &str,
     message: &str,
-) -> Result<()> {
+) -> Result<bool> {
     let txn = ctx.db.begin_write().await?;
     let current = reload_locked(&txn, session_id).await?;
+    if !seen.holds(&current) || current.state.on(SessionEvent::Fail).is_err() {
+        txn.rollback().await?;
+        return Ok(false);
+    }
     // A launch that failed leaves nothing to keep open: only a resume asks for it again. (An archive whose
     // prepared job made the launch fail skips a session that is over already, so this is the one place
     // that clears the wish the launch recorded.)
@@ -442,8 +501,15 @@ pub(super) async fn record_failure(
         ended_at: Some(crate::clock::now()),
         ..Default::default()
     };
-    transition(&txn, ctx, task, &current, SessionEvent::Fail, patch).await?;
+    if transition(&txn, ctx, task, &current, SessionEvent::Fail, patch)
+        .await?
+        .is_none()
+    {
+        txn.rollback().await?;
+        return Ok(false);
+    }
     ctx.commit(txn).await?;
     // A failed session's agent will not take what was waiting: cancelled, visibly.
-    inbox::cancel_queued(ctx, task, &current, "the session failed").await
+    inbox::cancel_queued(ctx, task, &current, "the session failed").await?;
+    Ok(true)
 }

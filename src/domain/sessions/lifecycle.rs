@@ -334,7 +334,9 @@ async fn prepare(ctx: &Ctx, session_id: SessionId) -> Result<()> {
             }
             Err(e) => {
                 let (code, message) = preparation_error(&e);
-                super::launch::record_failure(ctx, &task, session_id, code, &message).await?;
+                // Unless an archive or a stop moved it on while it was being prepared.
+                super::launch::record_failure(ctx, &task, session_id, super::launch::Seen::exactly(&s), code, &message)
+                    .await?;
                 return Ok(());
             }
         }

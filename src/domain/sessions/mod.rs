@@ -37,7 +37,7 @@ pub use delete::delete;
 pub use inbox::{abort, cancel as cancel_message, list as list_messages, post as post_message, view as message_view};
 pub(crate) use inbox::{enqueue_in as enqueue_message_in, taking_messages, wake as wake_inbox};
 pub(crate) use launch::fail_node_lost;
-pub use launch::launch;
+pub use launch::{Seen, launch, record_failure};
 pub use lifecycle::{NewSession, create, create_async, get, list, make_primary, resume_preparing};
 pub use reports::consume;
 pub(crate) use restore::end_lost_execution;

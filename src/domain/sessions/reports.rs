@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::Ctx;
-use super::launch::record_failure;
+use super::launch::{Seen, record_failure};
 use super::state::{ExecutionEvent, SessionEvent, transition, transition_execution};
 use super::stream::{Coalescer, Offer, STREAM_CAP, Write};
 use crate::agent::Signal;
@@ -302,7 +302,16 @@ async fn on_exit(
     if out_of_memory {
         // Its limit would end it again: failed alone, berth and every other agent going on.
         let message = format!("the agent reached its memory limit and was ended; {message}");
-        return record_failure(ctx, &task, s.id, "out_of_memory", &message).await;
+        record_failure(
+            ctx,
+            &task,
+            s.id,
+            Seen::on_execution(Some(execution_id)),
+            "out_of_memory",
+            &message,
+        )
+        .await?;
+        return Ok(());
     }
     if not_reading {
         // A restart would meet the same agent: failed alone, berth's memory as it was.
@@ -310,7 +319,16 @@ async fn on_exit(
             "the agent stopped reading its stdin while berth held {} bytes for it (BERTH_AGENT_STDIN_QUEUE_MAX_BYTES) and was ended; {message}",
             ctx.config.agent_stdin_queue_max_bytes
         );
-        return record_failure(ctx, &task, s.id, "agent_not_reading", &message).await;
+        record_failure(
+            ctx,
+            &task,
+            s.id,
+            Seen::on_execution(Some(execution_id)),
+            "agent_not_reading",
+            &message,
+        )
+        .await?;
+        return Ok(());
     }
     // I30: an open session whose agent died is restarted in the same workspace, with backoff, a bounded
     // number of times in a window; past that it is failed with the reason.
@@ -323,7 +341,16 @@ async fn on_exit(
         } else {
             message
         };
-        return record_failure(ctx, &task, s.id, "agent_exited", &message).await;
+        record_failure(
+            ctx,
+            &task,
+            s.id,
+            Seen::on_execution(Some(execution_id)),
+            "agent_exited",
+            &message,
+        )
+        .await?;
+        return Ok(());
     }
     let txn = ctx.db.begin_write().await?;
     if let Some(current) = store::find_locked(&txn, session_id).await?

@@ -262,14 +262,17 @@ async fn fail_if_recovering(ctx: &Ctx, session_id: SessionId, e: &crate::error::
         let Some(task) = task_store::find(&ctx.db.conn, s.task_id).await? else {
             return Ok(());
         };
+        let seen = super::launch::Seen::exactly(&s);
         super::launch::record_failure(
             ctx,
             &task,
             session_id,
+            seen,
             "restore_failed",
             &format!("restore failed: {e}"),
         )
-        .await
+        .await?;
+        Ok(())
     }
     .await;
     if let Err(e) = result {

@@ -107,7 +107,9 @@ impl SessionState {
             (S::Recovering, E::Restore { open: true }) => None,
             (_, E::Restore { open: true }) if claimed => Some(S::Recovering),
             (_, E::Restore { open: false }) if claimed => Some(S::Stopped),
-            // A repeated failure replaces the last error.
+            // A repeated failure replaces the last error; an archive's cancellation is final (a launch or
+            // an agent failing after it never rewrites it).
+            (S::Cancelled, E::Fail) => None,
             (_, E::Fail) => Some(S::Failed),
             (s, E::Archive) if !s.is_terminal() => Some(S::Cancelled),
             _ => None,
@@ -293,7 +295,7 @@ mod tests {
         ] {
             t.push((from, E::Restore { open: false }, S::Stopped));
         }
-        for from in S::iter() {
+        for from in S::iter().filter(|s| *s != S::Cancelled) {
             t.push((from, E::Fail, S::Failed));
         }
         for from in [
@@ -348,6 +350,8 @@ mod tests {
         assert!(S::Stopped.on(E::Settled).is_err());
         assert!(S::Stopped.on(E::Crashed).is_err());
         assert!(S::Cancelled.on(E::Archive).is_err());
+        // A cancelled session is never failed after the archive.
+        assert!(S::Cancelled.on(E::Fail).is_err());
         // Reports of a finished agent do not revive a session.
         assert!(S::Stopped.on(E::AgentStart).is_err());
         assert!(S::Failed.on(E::AgentEnd).is_err());
