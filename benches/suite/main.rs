@@ -20,7 +20,9 @@
 //! --bench suite -- streaming`), `diffs` (a diff of 1,000 files and of a 10 MiB file, a checkpoint of
 //! 10,000 files, against bare git), `webhooks` (PATCH throughput with 10 subscriptions delivering against
 //! none, and the delivery lag), `memory` (an ACP agent flooding `fs/read_text_file` while not reading its
-//! stdin, and diffs of three 150 MB untracked files, one and four at once: the server's VmRSS and VmHWM).
+//! stdin, and diffs of three 150 MB untracked files, one and four at once: the server's VmRSS and VmHWM),
+//! `writer` (a turn's prompt-to-first-token and a restore, 40 of each, median and p90: what the writer
+//! lease costs).
 mod admission;
 mod agents;
 mod backend;
@@ -36,6 +38,7 @@ mod sequencing;
 mod streaming;
 mod util;
 mod webhooks;
+mod writer;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -68,6 +71,7 @@ use sequencing::*;
 use streaming::*;
 use util::*;
 use webhooks::*;
+use writer::*;
 
 pub(crate) const SECRET: &str = "bench-secret-bench-secret-bench-secret-0123";
 pub(crate) const READ_CONNECTIONS: usize = 64;
@@ -215,6 +219,9 @@ pub(crate) fn main() {
             }
             if wants("memory") {
                 memory(&mut table, backend, url.clone()).await;
+            }
+            if wants("writer") {
+                writer(&mut table, backend, url.clone()).await;
             }
             if wants("streaming") {
                 streaming(&mut table, backend, url).await;
