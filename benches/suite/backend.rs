@@ -107,6 +107,33 @@ impl Served {
         }
     }
 
+    /// A scratch directory with a repository (`repos/svc`) and a config whose one profile, `test`, is
+    /// `berth-test-agent`, and the release berth serving it: (the directory's guard, its path, the
+    /// repository, the server).
+    pub(crate) async fn with_test_agent(
+        pg_server: &Option<String>,
+        node: &str,
+    ) -> (tempfile::TempDir, PathBuf, PathBuf, Served) {
+        let dir = tempfile::TempDir::new().unwrap();
+        let scratch = dir.path().canonicalize().unwrap();
+        for d in ["data", "worktrees", "repos"] {
+            std::fs::create_dir_all(scratch.join(d)).unwrap();
+        }
+        let source = scratch.join("repos/svc");
+        git_init(&source);
+        let config_file = scratch.join("berth.toml");
+        std::fs::write(
+            &config_file,
+            format!(
+                "[agents.test]\ncommand = \"{}\"\n",
+                env!("CARGO_BIN_EXE_berth-test-agent")
+            ),
+        )
+        .unwrap();
+        let served = Served::start(&scratch, &config_file, pg_server, node).await;
+        (dir, scratch, source, served)
+    }
+
     /// Stops the server and drops its database.
     pub(crate) async fn stop(self) {
         let Served { server, pg_db, .. } = self;

@@ -179,23 +179,7 @@ async fn flood(api: &Api, pid: u32, session: Uuid, prompt: &str) -> (u64, Durati
 
 pub(crate) async fn streaming(table: &mut Table, backend: &'static str, pg_server: Option<String>) {
     eprintln!("\n== {backend}: streaming");
-    let dir = tempfile::TempDir::new().unwrap();
-    let scratch = dir.path().canonicalize().unwrap();
-    for d in ["data", "worktrees", "repos"] {
-        std::fs::create_dir_all(scratch.join(d)).unwrap();
-    }
-    let source = scratch.join("repos/svc");
-    git_init(&source);
-    let config_file = scratch.join("berth.toml");
-    std::fs::write(
-        &config_file,
-        format!(
-            "[agents.test]\ncommand = \"{}\"\n",
-            env!("CARGO_BIN_EXE_berth-test-agent")
-        ),
-    )
-    .unwrap();
-    let served = Served::start(&scratch, &config_file, &pg_server, "bench-server").await;
+    let (_dir, _, source, served) = Served::with_test_agent(&pg_server, "bench-server").await;
     let pid = served.pid;
     let api = Arc::new(Api {
         http: served.http.clone(),

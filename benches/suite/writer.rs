@@ -108,23 +108,7 @@ fn median_p90(v: &mut [Duration]) -> String {
 
 pub(crate) async fn writer(table: &mut Table, backend: &'static str, pg_server: Option<String>) {
     eprintln!("\n== {backend}: writer");
-    let dir = tempfile::TempDir::new().unwrap();
-    let scratch = dir.path().canonicalize().unwrap();
-    for d in ["data", "worktrees", "repos"] {
-        std::fs::create_dir_all(scratch.join(d)).unwrap();
-    }
-    let source = scratch.join("repos/svc");
-    git_init(&source);
-    let config_file = scratch.join("berth.toml");
-    std::fs::write(
-        &config_file,
-        format!(
-            "[agents.test]\ncommand = \"{}\"\n",
-            env!("CARGO_BIN_EXE_berth-test-agent")
-        ),
-    )
-    .unwrap();
-    let served = Served::start(&scratch, &config_file, &pg_server, "bench-writer").await;
+    let (_dir, _, source, served) = Served::with_test_agent(&pg_server, "bench-writer").await;
     let api = Arc::new(Api {
         http: served.http.clone(),
         url: served.server.url.clone(),
