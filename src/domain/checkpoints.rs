@@ -112,13 +112,10 @@ pub(crate) async fn take(
             .map_err(git)?;
         let refname = format!("{}{id}-{position}", ref_prefix(e.id));
         // Never a ref after another writer began (a cleanup that took over a lapsed holding forgets the
-        // environment's refs: one written after it would stay in the user's repository for good).
-        if !super::writer::still_held(ctx, lease).await? {
-            return Ok(None);
-        }
+        // environment's refs: one left after it would stay in the user's repository for good): written,
+        // then the lease read; lost meanwhile, the ref goes again.
         ctx.git.keep_object(&repo, &refname, &tree).await.map_err(git)?;
-        // Taken over between the check and the write: the ref goes again.
-        if super::writer::lost_after(ctx, lease).await? {
+        if !super::writer::still_held(ctx, lease).await? {
             ctx.git.drop_refs(&repo, &refname).await.map_err(git)?;
             return Ok(None);
         }

@@ -145,13 +145,6 @@ fn busy(held: &lease::Model) -> Error {
     }))
 }
 
-/// Whether the lease stopped being this holding's, after a write that must not outlast it: a write
-/// made just as another writer took over is for the caller to undo (the new writer may have cleaned
-/// already).
-pub async fn lost_after(ctx: &Ctx, lease: &WriterLease) -> Result<bool> {
-    Ok(!still_held(ctx, lease).await?)
-}
-
 /// Gives the lease back, and wakes what waits for it here (queued prompts).
 pub async fn release(ctx: &Ctx, lease: WriterLease) {
     if let Err(err) = store::delete_held(&ctx.db.conn, lease.environment_id, lease.token).await {
@@ -161,8 +154,9 @@ pub async fn release(ctx: &Ctx, lease: WriterLease) {
     ctx.writers.notify_waiters();
 }
 
-/// Whether the lease is still this holding's (nothing took it over): checked right before a write that
-/// must not come after another writer began (a checkpoint's ref after a cleanup's).
+/// Whether the lease is still this holding's (nothing took it over): read after a write that must not
+/// outlast it (a checkpoint's ref, which a cleanup that took over may have forgotten already), so the
+/// writer undoes it.
 pub async fn still_held(ctx: &Ctx, lease: &WriterLease) -> Result<bool> {
     Ok(store::find(&ctx.db.conn, lease.environment_id)
         .await?

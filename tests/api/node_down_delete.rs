@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_backends;
-use crate::helpers::{Backend, SETTLED, TestApp, branch_exists, seen_json, uuid, wait_until, worktrees_of};
+use crate::helpers::{Backend, SETTLED, TestApp, branch_exists, uuid, worktrees_of};
+use crate::nodes::{job_on, wait_node};
 use crate::replicas::Replica;
 
 both_backends!(
@@ -43,25 +44,6 @@ async fn worktree_task(app: &TestApp, ws: Uuid, name: &str) -> (Uuid, PathBuf, P
         PathBuf::from(s["workspace_path"].as_str().unwrap()),
         branch,
     )
-}
-
-async fn wait_node(b: &Replica, node: &str, state: &str) -> Value {
-    wait_until(&format!("node {node} {state}"), WAIT, || async {
-        let listed = b.get("/api/v1/nodes").await.ok(200);
-        match listed["items"].as_array().unwrap().iter().find(|n| n["id"] == node) {
-            Some(n) if n["state"] == state => Ok(n.clone()),
-            _ => Err(listed.to_string()),
-        }
-    })
-    .await
-}
-
-async fn job_on(b: &Replica, id: Uuid, states: &[&str]) -> Value {
-    wait_until(&format!("cleanup job {id} in {states:?}"), WAIT, || async {
-        let j = b.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
-        seen_json(states.iter().any(|s| j["state"] == *s), j)
-    })
-    .await
 }
 
 /// The cleanup jobs of a task, as `b` lists them.

@@ -90,7 +90,8 @@ async fn nodes_and_instances_are_listed(app: TestApp) {
     b.stop().await;
 }
 
-async fn wait_node(b: &Replica, node: &str, state: &str) -> Value {
+/// Waits (with a deadline) until `b` lists node `node` in `state`.
+pub(crate) async fn wait_node(b: &Replica, node: &str, state: &str) -> Value {
     wait_until(&format!("node {node} {state}"), WAIT, || async {
         let listed = b.get("/api/v1/nodes").await.ok(200);
         match listed["items"].as_array().unwrap().iter().find(|n| n["id"] == node) {
@@ -102,7 +103,7 @@ async fn wait_node(b: &Replica, node: &str, state: &str) -> Value {
 }
 
 /// Waits (with a deadline) until the cleanup job `id`, as `b` reads it, is in one of `states`.
-async fn job_on(b: &Replica, id: Uuid, states: &[&str]) -> Value {
+pub(crate) async fn job_on(b: &Replica, id: Uuid, states: &[&str]) -> Value {
     wait_until(&format!("cleanup job {id} in {states:?}"), WAIT, || async {
         let j = b.get(&format!("/api/v1/cleanup-jobs/{id}")).await.ok(200);
         seen_json(states.iter().any(|s| j["state"] == *s), j)
