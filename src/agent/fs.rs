@@ -279,6 +279,34 @@ fn mkdirat(dir: &std::fs::File, name: &std::ffi::OsStr) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_removal_never_follows_a_link_out_of_the_worktree() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wt, outside) = (dir.path().join("wt"), dir.path().join("outside"));
+        std::fs::create_dir_all(wt.join("real")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "keep").unwrap();
+        std::fs::write(wt.join("real/f"), "x").unwrap();
+        // An agent swapped a directory for a link to somewhere else, and linked a file too.
+        std::os::unix::fs::symlink(&outside, wt.join("dir")).unwrap();
+        std::os::unix::fs::symlink(outside.join("secret"), wt.join("link")).unwrap();
+        let at = |p: &str| wt.join(p).display().to_string();
+        assert!(
+            remove_inside(&wt, &at("dir/secret")).is_err(),
+            "a link on the way is refused"
+        );
+        remove_inside(&wt, &at("link")).unwrap();
+        assert!(
+            std::fs::symlink_metadata(wt.join("link")).is_err(),
+            "the link itself goes"
+        );
+        assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), "keep");
+        remove_inside(&wt, &at("real/f")).unwrap();
+        assert!(!wt.join("real/f").exists());
+        remove_inside(&wt, &at("real/gone")).unwrap();
+        assert!(remove_inside(&wt, &at(".git/config")).is_err());
+    }
+
     fn read(root: &Path, p: &str) -> Result<Value, Failure> {
         serve(
             root,
